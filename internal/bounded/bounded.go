@@ -1,0 +1,135 @@
+// Package bounded runs blocking reads (kernel files, pid files, agent calls)
+// under a deadline, with at most one call in flight per key, shared by every
+// caller that asks for that key meanwhile.
+//
+// A read that never returns (a FIFO with no writer, a hung agent) then costs
+// its callers only the deadline and costs the process one goroutine per key,
+// however many polls arrive: the next caller joins the hung call instead of
+// starting another. Every file-reading source uses it.
+package bounded
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// DefaultMaxFileBytes bounds one file read; kernel stat files are far smaller.
+const DefaultMaxFileBytes = 1 << 20
+
+// Group shares in-flight calls by key. The zero value is not usable: make one
+// with New.
+type Group struct {
+	timeout time.Duration
+
+	mu    sync.Mutex
+	calls map[string]*call
+}
+
+type call struct {
+	done chan struct{}
+	val  any
+	err  error
+}
+
+// New returns a Group whose calls each get at most timeout (0 means only the
+// caller's context bounds them).
+func New(timeout time.Duration) *Group {
+	return &Group{timeout: timeout, calls: make(map[string]*call)}
+}
+
+// Timeout is the per-call bound the Group applies.
+func (g *Group) Timeout() time.Duration { return g.timeout }
+
+// Do runs fn for key unless a call for key is already in flight, in which case
+// it waits for that one. It returns when the call finishes or when ctx (capped
+// by the Group's timeout) is done, whichever is first; on the deadline the
+// error wraps source.ErrTimeout and the call goes on alone, still shared, until
+// it returns. fn gets no context: it is the blocking part.
+func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) (T, error) {
+	if g.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, g.timeout)
+		defer cancel()
+	}
+	g.mu.Lock()
+	c, ok := g.calls[key]
+	if !ok {
+		c = &call{done: make(chan struct{})}
+		g.calls[key] = c
+		go g.run(key, c, func() (any, error) { return fn() })
+	}
+	g.mu.Unlock()
+
+	var zero T
+	select {
+	case <-c.done:
+		if c.err != nil {
+			return zero, c.err
+		}
+		return c.val.(T), nil
+	case <-ctx.Done():
+		return zero, fmt.Errorf("%w: %s: %w", source.ErrTimeout, key, ctx.Err())
+	}
+}
+
+func (g *Group) run(key string, c *call, fn func() (any, error)) {
+	defer func() {
+		g.mu.Lock()
+		delete(g.calls, key)
+		g.mu.Unlock()
+		close(c.done)
+	}()
+	c.val, c.err = fn()
+}
+
+// InFlight reports how many calls are running now (hung ones included).
+func (g *Group) InFlight() int {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return len(g.calls)
+}
+
+// ReadFile reads a whole file of at most DefaultMaxFileBytes under the
+// Group's bound. Errors name the path; os.ErrNotExist stays detectable with
+// errors.Is.
+func (g *Group) ReadFile(ctx context.Context, path string) ([]byte, error) {
+	return Do(ctx, g, path, func() ([]byte, error) {
+		f, err := os.Open(path)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return readAllLimited(f, path)
+	})
+}
+
+// ReadRootFile is ReadFile for a name inside root: the open cannot escape
+// root, through ".." or a symlink. key should name root and name together.
+func (g *Group) ReadRootFile(ctx context.Context, root *os.Root, name string) ([]byte, error) {
+	key := root.Name() + "\x00" + name
+	return Do(ctx, g, key, func() ([]byte, error) {
+		f, err := root.Open(name)
+		if err != nil {
+			return nil, err
+		}
+		defer f.Close()
+		return readAllLimited(f, root.Name()+"/"+name)
+	})
+}
+
+func readAllLimited(r io.Reader, path string) ([]byte, error) {
+	b, err := io.ReadAll(io.LimitReader(r, DefaultMaxFileBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	if len(b) > DefaultMaxFileBytes {
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", source.ErrMalformed, path, DefaultMaxFileBytes)
+	}
+	return b, nil
+}

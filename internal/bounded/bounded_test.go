@@ -1,0 +1,102 @@
+package bounded
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+func TestReadFile(t *testing.T) {
+	dir := t.TempDir()
+	p := filepath.Join(dir, "memory.current")
+	if err := os.WriteFile(p, []byte("4096\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	g := New(time.Second)
+	b, err := g.ReadFile(context.Background(), p)
+	if err != nil || string(b) != "4096\n" {
+		t.Fatalf("ReadFile = %q, %v", b, err)
+	}
+	if _, err := g.ReadFile(context.Background(), filepath.Join(dir, "missing")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("missing file: err = %v, want ErrNotExist", err)
+	}
+}
+
+func TestReadRootFileStaysInRoot(t *testing.T) {
+	dir := t.TempDir()
+	inner := filepath.Join(dir, "root")
+	if err := os.Mkdir(inner, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "secret"), []byte("x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink("../secret", filepath.Join(inner, "escape")); err != nil {
+		t.Fatal(err)
+	}
+	root, err := os.OpenRoot(inner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer root.Close()
+	g := New(time.Second)
+	for _, name := range []string{"escape", "../secret"} {
+		if _, err := g.ReadRootFile(context.Background(), root, name); err == nil {
+			t.Errorf("ReadRootFile(%q) escaped the root", name)
+		}
+	}
+}
+
+// TestHungReadIsBoundedAndShared puts a FIFO with no writer where a kernel
+// file would be: opening it never returns. Every caller must get ErrTimeout
+// within the bound, and 100 concurrent callers must share one hung open.
+func TestHungReadIsBoundedAndShared(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "memory.current")
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Unblock the hung open at the end so the test leaks nothing.
+	t.Cleanup(func() {
+		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
+	const timeout = 200 * time.Millisecond
+	g := New(timeout)
+	before := runtime.NumGoroutine()
+
+	start := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for range 100 {
+		wg.Go(func() {
+			_, err := g.ReadFile(context.Background(), fifo)
+			errs <- err
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if elapsed := time.Since(start); elapsed > timeout+time.Second {
+		t.Errorf("100 polls of a hung read took %v, want about %v", elapsed, timeout)
+	}
+	for err := range errs {
+		if !errors.Is(err, source.ErrTimeout) {
+			t.Fatalf("err = %v, want ErrTimeout", err)
+		}
+	}
+	if n := g.InFlight(); n != 1 {
+		t.Errorf("in-flight reads = %d, want 1 shared hung read", n)
+	}
+	// The waiting goroutines are gone; only the one hung read remains.
+	if after := runtime.NumGoroutine(); after > before+2 {
+		t.Errorf("goroutines: %d before, %d after 100 polls of a hung read", before, after)
+	}
+}

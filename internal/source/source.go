@@ -1,0 +1,130 @@
+// Package source defines what every measurement source of statsd provides
+// (a Source opened for one SandboxRef), the Reading it returns, and the few
+// error sentinels that internal/server turns into gRPC codes.
+//
+// A source knows nothing of gRPC or identity: it reads the sandbox it was
+// opened for and says, through the sentinels, why it could not.
+package source
+
+import (
+	"context"
+	"errors"
+	"slices"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// Sentinels wrapped by every source's errors. internal/server maps them to
+// status codes; anything else is INTERNAL.
+var (
+	// ErrNotMeasurable: the sandbox is bound but cannot be measured yet or
+	// right now (cgroup not created yet, agent not answering). UNAVAILABLE.
+	ErrNotMeasurable = errors.New("not measurable")
+	// ErrTimeout: a bounded read ran out of time. DEADLINE_EXCEEDED.
+	ErrTimeout = errors.New("read timed out")
+	// ErrMalformed: a kernel file or agent reply could not be parsed; the
+	// wrapping error names the path or call and the token. INTERNAL.
+	ErrMalformed = errors.New("malformed source")
+)
+
+// Class is the kind of sandbox.
+type Class int
+
+const (
+	ClassUnspecified Class = iota
+	ClassGVisor
+	ClassMicroVM
+)
+
+// String returns the lower-case name used in flags, state files and labels.
+func (c Class) String() string {
+	switch c {
+	case ClassGVisor:
+		return "gvisor"
+	case ClassMicroVM:
+		return "microvm"
+	default:
+		return "unspecified"
+	}
+}
+
+// SandboxRef says where to measure a workload. It mirrors
+// sandboxstatsv1.SandboxRef; see the proto for each field's rules.
+type SandboxRef struct {
+	Class Class `json:"class"`
+	// gVisor: exactly one of CgroupPath and SentryPID.
+	CgroupPath string `json:"cgroup_path,omitempty"`
+	SentryPID  int    `json:"sentry_pid,omitempty"`
+	// Micro-VM.
+	AgentAddress string   `json:"agent_address,omitempty"`
+	ContainerIDs []string `json:"container_ids,omitempty"`
+	// Optional, either class: the VMM process and its QMP socket.
+	VMMPID     int    `json:"vmm_pid,omitempty"`
+	VMMPIDFile string `json:"vmm_pid_file,omitempty"`
+	QMPSocket  string `json:"qmp_socket,omitempty"`
+}
+
+// Equal reports whether two refs name the same sandbox.
+func (r SandboxRef) Equal(o SandboxRef) bool {
+	return r.Class == o.Class && r.CgroupPath == o.CgroupPath && r.SentryPID == o.SentryPID &&
+		r.AgentAddress == o.AgentAddress && slices.Equal(r.ContainerIDs, o.ContainerIDs) &&
+		r.VMMPID == o.VMMPID && r.VMMPIDFile == o.VMMPIDFile && r.QMPSocket == o.QMPSocket
+}
+
+// Kind is where a Reading's numbers come from.
+type Kind int
+
+const (
+	KindUnspecified Kind = iota
+	// KindCgroup: the sandbox's host cgroup.
+	KindCgroup
+	// KindGuestAgent: the guest agent inside a micro-VM.
+	KindGuestAgent
+)
+
+// Absent records a measurement the source could not offer, and why.
+type Absent struct {
+	Field  string // the WorkloadStatsSample field name, e.g. "memory_peak_bytes"
+	Reason string
+}
+
+// ContainerError records a workload container a guest agent could not report.
+type ContainerError struct {
+	ID     string
+	Reason string
+}
+
+// Reading is one measurement of a sandbox. Units are in the field names.
+type Reading struct {
+	Kind   Kind
+	Detail string // which cgroup mode and paths, or which agent and version
+
+	MemoryCurrentBytes    uint64  // gauge
+	MemoryPeakBytes       *uint64 // peak within the epoch; nil when not offered (see Absent)
+	MemoryWorkingSetBytes uint64  // gauge, current minus inactive file, floored at 0
+	CPUUsageUsec          uint64  // counter
+
+	// SandboxProcesses is the number of processes in the sandbox cgroup; nil
+	// when the source cannot tell. 0 means a dead sandbox.
+	SandboxProcesses *uint32
+	// UnreadContainers lists the containers missing from a partial reading.
+	UnreadContainers []ContainerError
+	// Absent lists the measurements the source could not offer.
+	Absent []Absent
+}
+
+// Source reads one sandbox. Sample must honour ctx's deadline and must be
+// safe for concurrent use; Close releases connections and must be safe to
+// call more than once.
+type Source interface {
+	Sample(ctx context.Context) (Reading, error)
+	Close() error
+}
+
+// HostSampler reads the runner-layer (host) views of one sandbox. Each view
+// reports its own shortfall inside the returned message, so an error means no
+// view at all could be produced.
+type HostSampler interface {
+	SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, error)
+	Close() error
+}
