@@ -45,3 +45,6 @@ bench:
 
 clean:
 	rm -rf $(BIN)
+
+demo: build
+	./scripts/demo.sh
