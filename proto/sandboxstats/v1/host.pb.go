@@ -21,17 +21,260 @@ const (
 	_ = protoimpl.EnforceVersion(protoimpl.MaxVersion - 20)
 )
 
+// VmmThreadClass splits VMM threads by what they do.
+type VmmThreadClass int32
+
+const (
+	VmmThreadClass_VMM_THREAD_CLASS_UNSPECIFIED VmmThreadClass = 0
+	// A vCPU thread: QEMU "CPU <n>/KVM", Cloud Hypervisor "vcpu<n>",
+	// Firecracker "fc_vcpu <n>".
+	VmmThreadClass_VMM_THREAD_CLASS_VCPU VmmThreadClass = 1
+	// Everything else: VMM overhead (IO threads, workers, vhost, the main
+	// loop), which no guest counter sees.
+	VmmThreadClass_VMM_THREAD_CLASS_OTHER VmmThreadClass = 2
+)
+
+// Enum value maps for VmmThreadClass.
+var (
+	VmmThreadClass_name = map[int32]string{
+		0: "VMM_THREAD_CLASS_UNSPECIFIED",
+		1: "VMM_THREAD_CLASS_VCPU",
+		2: "VMM_THREAD_CLASS_OTHER",
+	}
+	VmmThreadClass_value = map[string]int32{
+		"VMM_THREAD_CLASS_UNSPECIFIED": 0,
+		"VMM_THREAD_CLASS_VCPU":        1,
+		"VMM_THREAD_CLASS_OTHER":       2,
+	}
+)
+
+func (x VmmThreadClass) Enum() *VmmThreadClass {
+	p := new(VmmThreadClass)
+	*p = x
+	return p
+}
+
+func (x VmmThreadClass) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (VmmThreadClass) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_host_proto_enumTypes[0].Descriptor()
+}
+
+func (VmmThreadClass) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_host_proto_enumTypes[0]
+}
+
+func (x VmmThreadClass) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use VmmThreadClass.Descriptor instead.
+func (VmmThreadClass) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{0}
+}
+
+// KvmCounterKind says how a KVM counter may be used.
+type KvmCounterKind int32
+
+const (
+	KvmCounterKind_KVM_COUNTER_KIND_UNSPECIFIED KvmCounterKind = 0
+	// Grows until reset; differences and rates are meaningful.
+	KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE KvmCounterKind = 1
+	// A current level (KVM "instant"); never differenced.
+	KvmCounterKind_KVM_COUNTER_KIND_GAUGE KvmCounterKind = 2
+	// A high-water mark; never differenced.
+	KvmCounterKind_KVM_COUNTER_KIND_PEAK KvmCounterKind = 3
+)
+
+// Enum value maps for KvmCounterKind.
+var (
+	KvmCounterKind_name = map[int32]string{
+		0: "KVM_COUNTER_KIND_UNSPECIFIED",
+		1: "KVM_COUNTER_KIND_CUMULATIVE",
+		2: "KVM_COUNTER_KIND_GAUGE",
+		3: "KVM_COUNTER_KIND_PEAK",
+	}
+	KvmCounterKind_value = map[string]int32{
+		"KVM_COUNTER_KIND_UNSPECIFIED": 0,
+		"KVM_COUNTER_KIND_CUMULATIVE":  1,
+		"KVM_COUNTER_KIND_GAUGE":       2,
+		"KVM_COUNTER_KIND_PEAK":        3,
+	}
+)
+
+func (x KvmCounterKind) Enum() *KvmCounterKind {
+	p := new(KvmCounterKind)
+	*p = x
+	return p
+}
+
+func (x KvmCounterKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KvmCounterKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_host_proto_enumTypes[1].Descriptor()
+}
+
+func (KvmCounterKind) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_host_proto_enumTypes[1]
+}
+
+func (x KvmCounterKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KvmCounterKind.Descriptor instead.
+func (KvmCounterKind) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{1}
+}
+
+// KvmSource names where KVM counters were read.
+type KvmSource int32
+
+const (
+	KvmSource_KVM_SOURCE_UNSPECIFIED KvmSource = 0
+	// Per-VM files under <debugfs>/kvm/<pid>-<fd>/.
+	KvmSource_KVM_SOURCE_DEBUGFS KvmSource = 1
+	// QEMU QMP query-stats (provider kvm).
+	KvmSource_KVM_SOURCE_QMP KvmSource = 2
+)
+
+// Enum value maps for KvmSource.
+var (
+	KvmSource_name = map[int32]string{
+		0: "KVM_SOURCE_UNSPECIFIED",
+		1: "KVM_SOURCE_DEBUGFS",
+		2: "KVM_SOURCE_QMP",
+	}
+	KvmSource_value = map[string]int32{
+		"KVM_SOURCE_UNSPECIFIED": 0,
+		"KVM_SOURCE_DEBUGFS":     1,
+		"KVM_SOURCE_QMP":         2,
+	}
+)
+
+func (x KvmSource) Enum() *KvmSource {
+	p := new(KvmSource)
+	*p = x
+	return p
+}
+
+func (x KvmSource) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KvmSource) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_host_proto_enumTypes[2].Descriptor()
+}
+
+func (KvmSource) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_host_proto_enumTypes[2]
+}
+
+func (x KvmSource) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KvmSource.Descriptor instead.
+func (KvmSource) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{2}
+}
+
+// KvmSourceState is how far a KVM source could be read.
+type KvmSourceState int32
+
+const (
+	KvmSourceState_KVM_SOURCE_STATE_UNSPECIFIED KvmSourceState = 0
+	// Every counter the source offers was read.
+	KvmSourceState_KVM_SOURCE_STATE_AVAILABLE KvmSourceState = 1
+	// Some counters were read, others refused (see absent).
+	KvmSourceState_KVM_SOURCE_STATE_PARTIAL KvmSourceState = 2
+	// Nothing usable was read; see reason.
+	KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE KvmSourceState = 3
+	// The source was not asked for (e.g. no QMP socket in the SandboxRef).
+	KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED KvmSourceState = 4
+)
+
+// Enum value maps for KvmSourceState.
+var (
+	KvmSourceState_name = map[int32]string{
+		0: "KVM_SOURCE_STATE_UNSPECIFIED",
+		1: "KVM_SOURCE_STATE_AVAILABLE",
+		2: "KVM_SOURCE_STATE_PARTIAL",
+		3: "KVM_SOURCE_STATE_UNAVAILABLE",
+		4: "KVM_SOURCE_STATE_NOT_CONFIGURED",
+	}
+	KvmSourceState_value = map[string]int32{
+		"KVM_SOURCE_STATE_UNSPECIFIED":    0,
+		"KVM_SOURCE_STATE_AVAILABLE":      1,
+		"KVM_SOURCE_STATE_PARTIAL":        2,
+		"KVM_SOURCE_STATE_UNAVAILABLE":    3,
+		"KVM_SOURCE_STATE_NOT_CONFIGURED": 4,
+	}
+)
+
+func (x KvmSourceState) Enum() *KvmSourceState {
+	p := new(KvmSourceState)
+	*p = x
+	return p
+}
+
+func (x KvmSourceState) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KvmSourceState) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_host_proto_enumTypes[3].Descriptor()
+}
+
+func (KvmSourceState) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_host_proto_enumTypes[3]
+}
+
+func (x KvmSourceState) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KvmSourceState.Descriptor instead.
+func (KvmSourceState) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{3}
+}
+
 // HostStats holds the runner-layer (host) views of a sandbox: the host
 // kernel's /proc/stat, the VMM's threads and KVM counters. Each view reports
 // its own shortfall, so one failing view never loses the others.
+//
+// Units are in the field names (_usec, _ns, _ticks). Kinds: "counter" grows
+// monotonically and may be differenced between two samples (a decrease is a
+// reset or a departed thread/VM, never a negative rate); "gauge" is a current
+// level and is never differenced; "peak" is a high-water mark and is never
+// differenced; "label" is descriptive text.
 type HostStats struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// When the host views were read, unix nanoseconds.
+	// When the host views were read, unix nanoseconds. Layer: statsd. Kind: label
+	// (a timestamp).
 	ObservedAtUnixNano int64 `protobuf:"varint,1,opt,name=observed_at_unix_nano,json=observedAtUnixNano,proto3" json:"observed_at_unix_nano,omitempty"`
-	// Set when no host view could be produced at all, with the reason.
+	// Set when no host view could be produced at all, with the reason. Each view
+	// below also carries its own shortfall. Kind: label.
 	UnavailableReason string `protobuf:"bytes,2,opt,name=unavailable_reason,json=unavailableReason,proto3" json:"unavailable_reason,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The guest's name: the directory holding the VMM pid file (".../srv1/qemu.pid"
+	// gives "srv1") or QEMU's "-name guest=<x>"; "anonymous" when neither gives a
+	// usable name (never invented). Layer: VMM. Kind: label.
+	GuestName string `protobuf:"bytes,3,opt,name=guest_name,json=guestName,proto3" json:"guest_name,omitempty"`
+	// Where guest_name came from: "pid-file-dir", "qemu-cmdline" or "none".
+	// Kind: label.
+	GuestNameSource string `protobuf:"bytes,4,opt,name=guest_name_source,json=guestNameSource,proto3" json:"guest_name_source,omitempty"`
+	// The runner (host) kernel's /proc/stat CPU columns.
+	RunnerKernel *RunnerKernelView `protobuf:"bytes,5,opt,name=runner_kernel,json=runnerKernel,proto3" json:"runner_kernel,omitempty"`
+	// The VMM's threads as the host scheduler accounted them.
+	VmmThreads *VmmThreadsView `protobuf:"bytes,6,opt,name=vmm_threads,json=vmmThreads,proto3" json:"vmm_threads,omitempty"`
+	// KVM counters from every source this host allows, each saying which.
+	Kvm           *KvmView `protobuf:"bytes,7,opt,name=kvm,proto3" json:"kvm,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *HostStats) Reset() {
@@ -78,14 +321,1028 @@ func (x *HostStats) GetUnavailableReason() string {
 	return ""
 }
 
+func (x *HostStats) GetGuestName() string {
+	if x != nil {
+		return x.GuestName
+	}
+	return ""
+}
+
+func (x *HostStats) GetGuestNameSource() string {
+	if x != nil {
+		return x.GuestNameSource
+	}
+	return ""
+}
+
+func (x *HostStats) GetRunnerKernel() *RunnerKernelView {
+	if x != nil {
+		return x.RunnerKernel
+	}
+	return nil
+}
+
+func (x *HostStats) GetVmmThreads() *VmmThreadsView {
+	if x != nil {
+		return x.VmmThreads
+	}
+	return nil
+}
+
+func (x *HostStats) GetKvm() *KvmView {
+	if x != nil {
+		return x.Kvm
+	}
+	return nil
+}
+
+// RunnerKernelView is the host kernel's /proc/stat, CPU lines only.
+type RunnerKernelView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How to read the columns: user already includes guest and nice already
+	// includes guest_nice (adding them double counts); steal is filled only when
+	// this host is itself a guest with a paravirt steal clock, so rising steal
+	// proves preemption while zero proves nothing. Kind: label.
+	Legend string `protobuf:"bytes,1,opt,name=legend,proto3" json:"legend,omitempty"`
+	// Why the view could not be read (path and cause); empty when it was read.
+	// When set, the figures below are absent. Kind: label.
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// The "cpu" line: every CPU of the host summed. Layer: runner kernel.
+	Total *CpuTimes `protobuf:"bytes,3,opt,name=total,proto3" json:"total,omitempty"`
+	// One entry per "cpuN" line, ordered by CPU number. Layer: runner kernel.
+	PerCpu        []*CpuTimes `protobuf:"bytes,4,rep,name=per_cpu,json=perCpu,proto3" json:"per_cpu,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *RunnerKernelView) Reset() {
+	*x = RunnerKernelView{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[1]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *RunnerKernelView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*RunnerKernelView) ProtoMessage() {}
+
+func (x *RunnerKernelView) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[1]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use RunnerKernelView.ProtoReflect.Descriptor instead.
+func (*RunnerKernelView) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{1}
+}
+
+func (x *RunnerKernelView) GetLegend() string {
+	if x != nil {
+		return x.Legend
+	}
+	return ""
+}
+
+func (x *RunnerKernelView) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *RunnerKernelView) GetTotal() *CpuTimes {
+	if x != nil {
+		return x.Total
+	}
+	return nil
+}
+
+func (x *RunnerKernelView) GetPerCpu() []*CpuTimes {
+	if x != nil {
+		return x.PerCpu
+	}
+	return nil
+}
+
+// CpuTimes is one /proc/stat CPU line converted from USER_HZ ticks to
+// microseconds. Every field is a counter of CPU time since host boot. Layer:
+// runner kernel.
+type CpuTimes struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// "cpu" for the total line, "cpu<N>" for one CPU. Kind: label.
+	Cpu string `protobuf:"bytes,1,opt,name=cpu,proto3" json:"cpu,omitempty"`
+	// Time in user mode, usec. Kind: counter. INCLUDES guest_usec.
+	UserUsec uint64 `protobuf:"varint,2,opt,name=user_usec,json=userUsec,proto3" json:"user_usec,omitempty"`
+	// Time in user mode at positive nice, usec. Kind: counter. INCLUDES
+	// guest_nice_usec.
+	NiceUsec uint64 `protobuf:"varint,3,opt,name=nice_usec,json=niceUsec,proto3" json:"nice_usec,omitempty"`
+	// Time in kernel mode, usec. Kind: counter.
+	SystemUsec uint64 `protobuf:"varint,4,opt,name=system_usec,json=systemUsec,proto3" json:"system_usec,omitempty"`
+	// Idle time, usec. Kind: counter.
+	IdleUsec uint64 `protobuf:"varint,5,opt,name=idle_usec,json=idleUsec,proto3" json:"idle_usec,omitempty"`
+	// Idle while IO was outstanding, usec (unreliable, per the kernel). Kind:
+	// counter.
+	IowaitUsec uint64 `protobuf:"varint,6,opt,name=iowait_usec,json=iowaitUsec,proto3" json:"iowait_usec,omitempty"`
+	// Hard interrupt time, usec. Kind: counter.
+	IrqUsec uint64 `protobuf:"varint,7,opt,name=irq_usec,json=irqUsec,proto3" json:"irq_usec,omitempty"`
+	// Soft interrupt time, usec. Kind: counter.
+	SoftirqUsec uint64 `protobuf:"varint,8,opt,name=softirq_usec,json=softirqUsec,proto3" json:"softirq_usec,omitempty"`
+	// Time this host's CPUs were preempted by the hypervisor underneath, usec;
+	// only with a paravirt steal clock, so 0 proves nothing. Kind: counter.
+	StealUsec uint64 `protobuf:"varint,9,opt,name=steal_usec,json=stealUsec,proto3" json:"steal_usec,omitempty"`
+	// Time spent running guests of this host, usec; already inside user_usec.
+	// Kind: counter.
+	GuestUsec uint64 `protobuf:"varint,10,opt,name=guest_usec,json=guestUsec,proto3" json:"guest_usec,omitempty"`
+	// Time spent running niced guests, usec; already inside nice_usec. Kind:
+	// counter.
+	GuestNiceUsec uint64 `protobuf:"varint,11,opt,name=guest_nice_usec,json=guestNiceUsec,proto3" json:"guest_nice_usec,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *CpuTimes) Reset() {
+	*x = CpuTimes{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *CpuTimes) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*CpuTimes) ProtoMessage() {}
+
+func (x *CpuTimes) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use CpuTimes.ProtoReflect.Descriptor instead.
+func (*CpuTimes) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *CpuTimes) GetCpu() string {
+	if x != nil {
+		return x.Cpu
+	}
+	return ""
+}
+
+func (x *CpuTimes) GetUserUsec() uint64 {
+	if x != nil {
+		return x.UserUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetNiceUsec() uint64 {
+	if x != nil {
+		return x.NiceUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetSystemUsec() uint64 {
+	if x != nil {
+		return x.SystemUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetIdleUsec() uint64 {
+	if x != nil {
+		return x.IdleUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetIowaitUsec() uint64 {
+	if x != nil {
+		return x.IowaitUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetIrqUsec() uint64 {
+	if x != nil {
+		return x.IrqUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetSoftirqUsec() uint64 {
+	if x != nil {
+		return x.SoftirqUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetStealUsec() uint64 {
+	if x != nil {
+		return x.StealUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetGuestUsec() uint64 {
+	if x != nil {
+		return x.GuestUsec
+	}
+	return 0
+}
+
+func (x *CpuTimes) GetGuestNiceUsec() uint64 {
+	if x != nil {
+		return x.GuestNiceUsec
+	}
+	return 0
+}
+
+// VmmThreadsView lists the VMM's threads (or, for gVisor, the sandbox's own
+// processes' threads) with the host scheduler's accounting.
+type VmmThreadsView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How to read the view: utime/stime/guest come from task stat in USER_HZ
+	// ticks converted to usec (tick resolution); run_ns/run_delay_ns come from
+	// schedstat in ns; run_delay of a vCPU thread is the host-side analogue of
+	// the guest's steal; guest time may stay 0 where the host accounts guest
+	// execution as system time (PVM). Kind: label.
+	Legend string `protobuf:"bytes,1,opt,name=legend,proto3" json:"legend,omitempty"`
+	// Why the view could not be read at all (no VMM configured, pid file not
+	// readable, process gone); empty when it was read. Kind: label.
+	Error string `protobuf:"bytes,2,opt,name=error,proto3" json:"error,omitempty"`
+	// How the processes were found, e.g. "vmm_pid_file /run/srv1/qemu.pid" or
+	// "sentry_pid 1234". Kind: label.
+	ProcessSource string `protobuf:"bytes,3,opt,name=process_source,json=processSource,proto3" json:"process_source,omitempty"`
+	// The host pids (tgids) whose threads are listed. Layer: host kernel. Kind:
+	// label.
+	Pids []int32 `protobuf:"varint,4,rep,packed,name=pids,proto3" json:"pids,omitempty"`
+	// Every thread read, ordered by pid then tid.
+	Threads []*VmmThread `protobuf:"bytes,5,rep,name=threads,proto3" json:"threads,omitempty"`
+	// Sum over the vCPU threads listed. Kind: counter (the sum drops when a
+	// thread exits).
+	VcpuTotals *VmmThreadTotals `protobuf:"bytes,6,opt,name=vcpu_totals,json=vcpuTotals,proto3" json:"vcpu_totals,omitempty"`
+	// Sum over the other (VMM overhead) threads listed. Kind: counter (the sum
+	// drops when a thread exits).
+	OtherTotals *VmmThreadTotals `protobuf:"bytes,7,opt,name=other_totals,json=otherTotals,proto3" json:"other_totals,omitempty"`
+	// Thread ids that were seen in this sampler's previous sample with another
+	// start time: the tid was reused by a new thread, so its counters restarted.
+	// Kind: label.
+	ReusedTids []int32 `protobuf:"varint,8,rep,packed,name=reused_tids,json=reusedTids,proto3" json:"reused_tids,omitempty"`
+	// Threads that could not be read fully (they may have exited mid-sample),
+	// "tid: reason". Kind: label.
+	ThreadErrors []string `protobuf:"bytes,9,rep,name=thread_errors,json=threadErrors,proto3" json:"thread_errors,omitempty"`
+	// Clock ticks per second used to convert stat's tick fields (USER_HZ, 100
+	// on Linux). Kind: label.
+	UserHz        uint32 `protobuf:"varint,10,opt,name=user_hz,json=userHz,proto3" json:"user_hz,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VmmThreadsView) Reset() {
+	*x = VmmThreadsView{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VmmThreadsView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VmmThreadsView) ProtoMessage() {}
+
+func (x *VmmThreadsView) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VmmThreadsView.ProtoReflect.Descriptor instead.
+func (*VmmThreadsView) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *VmmThreadsView) GetLegend() string {
+	if x != nil {
+		return x.Legend
+	}
+	return ""
+}
+
+func (x *VmmThreadsView) GetError() string {
+	if x != nil {
+		return x.Error
+	}
+	return ""
+}
+
+func (x *VmmThreadsView) GetProcessSource() string {
+	if x != nil {
+		return x.ProcessSource
+	}
+	return ""
+}
+
+func (x *VmmThreadsView) GetPids() []int32 {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
+func (x *VmmThreadsView) GetThreads() []*VmmThread {
+	if x != nil {
+		return x.Threads
+	}
+	return nil
+}
+
+func (x *VmmThreadsView) GetVcpuTotals() *VmmThreadTotals {
+	if x != nil {
+		return x.VcpuTotals
+	}
+	return nil
+}
+
+func (x *VmmThreadsView) GetOtherTotals() *VmmThreadTotals {
+	if x != nil {
+		return x.OtherTotals
+	}
+	return nil
+}
+
+func (x *VmmThreadsView) GetReusedTids() []int32 {
+	if x != nil {
+		return x.ReusedTids
+	}
+	return nil
+}
+
+func (x *VmmThreadsView) GetThreadErrors() []string {
+	if x != nil {
+		return x.ThreadErrors
+	}
+	return nil
+}
+
+func (x *VmmThreadsView) GetUserHz() uint32 {
+	if x != nil {
+		return x.UserHz
+	}
+	return 0
+}
+
+// VmmThread is one host thread of the VMM. Layer: host scheduler.
+type VmmThread struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The thread group (process) id. Kind: label.
+	Pid int32 `protobuf:"varint,1,opt,name=pid,proto3" json:"pid,omitempty"`
+	// The thread id. Kind: label.
+	Tid int32 `protobuf:"varint,2,opt,name=tid,proto3" json:"tid,omitempty"`
+	// The thread name from comm (at most 15 bytes; may contain spaces and
+	// slashes, e.g. "CPU 0/KVM"). Kind: label.
+	Name string `protobuf:"bytes,3,opt,name=name,proto3" json:"name,omitempty"`
+	// Thread start time after host boot, USER_HZ ticks (stat field 22); with tid
+	// it identifies the thread across samples. Kind: label.
+	StartTimeTicks uint64 `protobuf:"varint,4,opt,name=start_time_ticks,json=startTimeTicks,proto3" json:"start_time_ticks,omitempty"`
+	// vCPU or other. Kind: label.
+	Class VmmThreadClass `protobuf:"varint,5,opt,name=class,proto3,enum=sandboxstats.v1.VmmThreadClass" json:"class,omitempty"`
+	// The vCPU number parsed from the name; set only for vCPU threads. Kind:
+	// label.
+	VcpuIndex *int32 `protobuf:"varint,6,opt,name=vcpu_index,json=vcpuIndex,proto3,oneof" json:"vcpu_index,omitempty"`
+	// User-mode CPU time, usec (tick resolution). Kind: counter. Includes
+	// guest_time_usec.
+	UtimeUsec uint64 `protobuf:"varint,7,opt,name=utime_usec,json=utimeUsec,proto3" json:"utime_usec,omitempty"`
+	// Kernel-mode CPU time, usec (tick resolution). Kind: counter. Under PVM
+	// guest execution lands here.
+	StimeUsec uint64 `protobuf:"varint,8,opt,name=stime_usec,json=stimeUsec,proto3" json:"stime_usec,omitempty"`
+	// Time running the guest, usec (tick resolution); already inside
+	// utime_usec. Kind: counter.
+	GuestTimeUsec uint64 `protobuf:"varint,9,opt,name=guest_time_usec,json=guestTimeUsec,proto3" json:"guest_time_usec,omitempty"`
+	// Time on a CPU, ns (schedstat sum_exec_runtime); absent when schedstat
+	// could not be read. Kind: counter.
+	RunNs *uint64 `protobuf:"varint,10,opt,name=run_ns,json=runNs,proto3,oneof" json:"run_ns,omitempty"`
+	// Time runnable but waiting for a CPU, ns (schedstat run_delay); absent when
+	// schedstat could not be read. Kind: counter.
+	RunDelayNs *uint64 `protobuf:"varint,11,opt,name=run_delay_ns,json=runDelayNs,proto3,oneof" json:"run_delay_ns,omitempty"`
+	// Number of times the thread was scheduled in (schedstat pcount). Kind:
+	// counter.
+	RunCount      *uint64 `protobuf:"varint,12,opt,name=run_count,json=runCount,proto3,oneof" json:"run_count,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VmmThread) Reset() {
+	*x = VmmThread{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VmmThread) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VmmThread) ProtoMessage() {}
+
+func (x *VmmThread) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VmmThread.ProtoReflect.Descriptor instead.
+func (*VmmThread) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *VmmThread) GetPid() int32 {
+	if x != nil {
+		return x.Pid
+	}
+	return 0
+}
+
+func (x *VmmThread) GetTid() int32 {
+	if x != nil {
+		return x.Tid
+	}
+	return 0
+}
+
+func (x *VmmThread) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *VmmThread) GetStartTimeTicks() uint64 {
+	if x != nil {
+		return x.StartTimeTicks
+	}
+	return 0
+}
+
+func (x *VmmThread) GetClass() VmmThreadClass {
+	if x != nil {
+		return x.Class
+	}
+	return VmmThreadClass_VMM_THREAD_CLASS_UNSPECIFIED
+}
+
+func (x *VmmThread) GetVcpuIndex() int32 {
+	if x != nil && x.VcpuIndex != nil {
+		return *x.VcpuIndex
+	}
+	return 0
+}
+
+func (x *VmmThread) GetUtimeUsec() uint64 {
+	if x != nil {
+		return x.UtimeUsec
+	}
+	return 0
+}
+
+func (x *VmmThread) GetStimeUsec() uint64 {
+	if x != nil {
+		return x.StimeUsec
+	}
+	return 0
+}
+
+func (x *VmmThread) GetGuestTimeUsec() uint64 {
+	if x != nil {
+		return x.GuestTimeUsec
+	}
+	return 0
+}
+
+func (x *VmmThread) GetRunNs() uint64 {
+	if x != nil && x.RunNs != nil {
+		return *x.RunNs
+	}
+	return 0
+}
+
+func (x *VmmThread) GetRunDelayNs() uint64 {
+	if x != nil && x.RunDelayNs != nil {
+		return *x.RunDelayNs
+	}
+	return 0
+}
+
+func (x *VmmThread) GetRunCount() uint64 {
+	if x != nil && x.RunCount != nil {
+		return *x.RunCount
+	}
+	return 0
+}
+
+// VmmThreadTotals sums one class of threads. Layer: host scheduler.
+type VmmThreadTotals struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which class. Kind: label.
+	Class VmmThreadClass `protobuf:"varint,1,opt,name=class,proto3,enum=sandboxstats.v1.VmmThreadClass" json:"class,omitempty"`
+	// Threads summed. Kind: gauge.
+	Threads uint32 `protobuf:"varint,2,opt,name=threads,proto3" json:"threads,omitempty"`
+	// Sum of utime, usec. Kind: counter.
+	UtimeUsec uint64 `protobuf:"varint,3,opt,name=utime_usec,json=utimeUsec,proto3" json:"utime_usec,omitempty"`
+	// Sum of stime, usec. Kind: counter.
+	StimeUsec uint64 `protobuf:"varint,4,opt,name=stime_usec,json=stimeUsec,proto3" json:"stime_usec,omitempty"`
+	// Sum of guest time, usec. Kind: counter.
+	GuestTimeUsec uint64 `protobuf:"varint,5,opt,name=guest_time_usec,json=guestTimeUsec,proto3" json:"guest_time_usec,omitempty"`
+	// Sum of schedstat run time, ns, over the threads whose schedstat was read.
+	// Kind: counter.
+	RunNs uint64 `protobuf:"varint,6,opt,name=run_ns,json=runNs,proto3" json:"run_ns,omitempty"`
+	// Sum of schedstat run delay, ns, over the threads whose schedstat was read.
+	// Kind: counter.
+	RunDelayNs    uint64 `protobuf:"varint,7,opt,name=run_delay_ns,json=runDelayNs,proto3" json:"run_delay_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *VmmThreadTotals) Reset() {
+	*x = VmmThreadTotals{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *VmmThreadTotals) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*VmmThreadTotals) ProtoMessage() {}
+
+func (x *VmmThreadTotals) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use VmmThreadTotals.ProtoReflect.Descriptor instead.
+func (*VmmThreadTotals) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *VmmThreadTotals) GetClass() VmmThreadClass {
+	if x != nil {
+		return x.Class
+	}
+	return VmmThreadClass_VMM_THREAD_CLASS_UNSPECIFIED
+}
+
+func (x *VmmThreadTotals) GetThreads() uint32 {
+	if x != nil {
+		return x.Threads
+	}
+	return 0
+}
+
+func (x *VmmThreadTotals) GetUtimeUsec() uint64 {
+	if x != nil {
+		return x.UtimeUsec
+	}
+	return 0
+}
+
+func (x *VmmThreadTotals) GetStimeUsec() uint64 {
+	if x != nil {
+		return x.StimeUsec
+	}
+	return 0
+}
+
+func (x *VmmThreadTotals) GetGuestTimeUsec() uint64 {
+	if x != nil {
+		return x.GuestTimeUsec
+	}
+	return 0
+}
+
+func (x *VmmThreadTotals) GetRunNs() uint64 {
+	if x != nil {
+		return x.RunNs
+	}
+	return 0
+}
+
+func (x *VmmThreadTotals) GetRunDelayNs() uint64 {
+	if x != nil {
+		return x.RunDelayNs
+	}
+	return 0
+}
+
+// KvmView gathers the KVM sources. Each reports its own state; a source that
+// could not be read is unavailable with a reason, never zero.
+type KvmView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// How to read the view: values are per VM (debugfs per-VM files sum the
+	// VM's vCPUs) or per vCPU (QMP); top-level debugfs sums are never used;
+	// only cumulative counters may be differenced, a decrease means a reset or
+	// a new VM. Kind: label.
+	Legend string `protobuf:"bytes,1,opt,name=legend,proto3" json:"legend,omitempty"`
+	// The debugfs per-VM directory of this VMM.
+	Debugfs *KvmSourceView `protobuf:"bytes,2,opt,name=debugfs,proto3" json:"debugfs,omitempty"`
+	// QEMU QMP query-stats.
+	Qmp           *KvmSourceView `protobuf:"bytes,3,opt,name=qmp,proto3" json:"qmp,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KvmView) Reset() {
+	*x = KvmView{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KvmView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KvmView) ProtoMessage() {}
+
+func (x *KvmView) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KvmView.ProtoReflect.Descriptor instead.
+func (*KvmView) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *KvmView) GetLegend() string {
+	if x != nil {
+		return x.Legend
+	}
+	return ""
+}
+
+func (x *KvmView) GetDebugfs() *KvmSourceView {
+	if x != nil {
+		return x.Debugfs
+	}
+	return nil
+}
+
+func (x *KvmView) GetQmp() *KvmSourceView {
+	if x != nil {
+		return x.Qmp
+	}
+	return nil
+}
+
+// KvmSourceView is what one KVM source gave. Layer: host KVM.
+type KvmSourceView struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Which source. Kind: label.
+	Source KvmSource `protobuf:"varint,1,opt,name=source,proto3,enum=sandboxstats.v1.KvmSource" json:"source,omitempty"`
+	// How far it could be read. Kind: label.
+	State KvmSourceState `protobuf:"varint,2,opt,name=state,proto3,enum=sandboxstats.v1.KvmSourceState" json:"state,omitempty"`
+	// Why it is unavailable, partial or not configured (path and cause, e.g.
+	// "open .../exits: operation not permitted (kernel lockdown)"); empty when
+	// available. Kind: label.
+	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
+	// Where the values came from: the debugfs directory ("kvm/1234-11") or the
+	// QMP socket path. Kind: label.
+	Origin string `protobuf:"bytes,4,opt,name=origin,proto3" json:"origin,omitempty"`
+	// The counters read.
+	Counters []*KvmCounter `protobuf:"bytes,5,rep,name=counters,proto3" json:"counters,omitempty"`
+	// Counters the source lists but could not deliver, "name: reason". Kind:
+	// label.
+	Absent        []string `protobuf:"bytes,6,rep,name=absent,proto3" json:"absent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KvmSourceView) Reset() {
+	*x = KvmSourceView{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KvmSourceView) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KvmSourceView) ProtoMessage() {}
+
+func (x *KvmSourceView) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KvmSourceView.ProtoReflect.Descriptor instead.
+func (*KvmSourceView) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *KvmSourceView) GetSource() KvmSource {
+	if x != nil {
+		return x.Source
+	}
+	return KvmSource_KVM_SOURCE_UNSPECIFIED
+}
+
+func (x *KvmSourceView) GetState() KvmSourceState {
+	if x != nil {
+		return x.State
+	}
+	return KvmSourceState_KVM_SOURCE_STATE_UNSPECIFIED
+}
+
+func (x *KvmSourceView) GetReason() string {
+	if x != nil {
+		return x.Reason
+	}
+	return ""
+}
+
+func (x *KvmSourceView) GetOrigin() string {
+	if x != nil {
+		return x.Origin
+	}
+	return ""
+}
+
+func (x *KvmSourceView) GetCounters() []*KvmCounter {
+	if x != nil {
+		return x.Counters
+	}
+	return nil
+}
+
+func (x *KvmSourceView) GetAbsent() []string {
+	if x != nil {
+		return x.Absent
+	}
+	return nil
+}
+
+// KvmCounter is one KVM statistic. Layer: host KVM.
+type KvmCounter struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The KVM statistic name, e.g. "exits", "halt_wait_ns", "pages_4k". Kind:
+	// label.
+	Name string `protobuf:"bytes,1,opt,name=name,proto3" json:"name,omitempty"`
+	// Cumulative, gauge or peak. Kind: label.
+	Kind KvmCounterKind `protobuf:"varint,2,opt,name=kind,proto3,enum=sandboxstats.v1.KvmCounterKind" json:"kind,omitempty"`
+	// What it covers: "vm" (a VM statistic), "vcpu-sum" (debugfs: summed over
+	// this VM's vCPUs) or "vcpu<N>" (QMP: one vCPU). Kind: label.
+	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
+	// The value in unit. Booleans are 0 or 1. Kind: see kind.
+	Value uint64 `protobuf:"varint,4,opt,name=value,proto3" json:"value,omitempty"`
+	// The value's unit: "count", "ns", "bytes", "cycles", "boolean" (or
+	// "<unit>*<base>^<exp>" when KVM gives an unusual scale). Kind: label.
+	Unit          string `protobuf:"bytes,5,opt,name=unit,proto3" json:"unit,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *KvmCounter) Reset() {
+	*x = KvmCounter{}
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *KvmCounter) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*KvmCounter) ProtoMessage() {}
+
+func (x *KvmCounter) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_host_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use KvmCounter.ProtoReflect.Descriptor instead.
+func (*KvmCounter) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_host_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *KvmCounter) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *KvmCounter) GetKind() KvmCounterKind {
+	if x != nil {
+		return x.Kind
+	}
+	return KvmCounterKind_KVM_COUNTER_KIND_UNSPECIFIED
+}
+
+func (x *KvmCounter) GetScope() string {
+	if x != nil {
+		return x.Scope
+	}
+	return ""
+}
+
+func (x *KvmCounter) GetValue() uint64 {
+	if x != nil {
+		return x.Value
+	}
+	return 0
+}
+
+func (x *KvmCounter) GetUnit() string {
+	if x != nil {
+		return x.Unit
+	}
+	return ""
+}
+
 var File_sandboxstats_v1_host_proto protoreflect.FileDescriptor
 
 const file_sandboxstats_v1_host_proto_rawDesc = "" +
 	"\n" +
-	"\x1asandboxstats/v1/host.proto\x12\x0fsandboxstats.v1\"m\n" +
+	"\x1asandboxstats/v1/host.proto\x12\x0fsandboxstats.v1\"\xee\x02\n" +
 	"\tHostStats\x121\n" +
 	"\x15observed_at_unix_nano\x18\x01 \x01(\x03R\x12observedAtUnixNano\x12-\n" +
-	"\x12unavailable_reason\x18\x02 \x01(\tR\x11unavailableReasonBKZIgithub.com/sandboxstats/sandboxstats/proto/sandboxstats/v1;sandboxstatsv1b\x06proto3"
+	"\x12unavailable_reason\x18\x02 \x01(\tR\x11unavailableReason\x12\x1d\n" +
+	"\n" +
+	"guest_name\x18\x03 \x01(\tR\tguestName\x12*\n" +
+	"\x11guest_name_source\x18\x04 \x01(\tR\x0fguestNameSource\x12F\n" +
+	"\rrunner_kernel\x18\x05 \x01(\v2!.sandboxstats.v1.RunnerKernelViewR\frunnerKernel\x12@\n" +
+	"\vvmm_threads\x18\x06 \x01(\v2\x1f.sandboxstats.v1.VmmThreadsViewR\n" +
+	"vmmThreads\x12*\n" +
+	"\x03kvm\x18\a \x01(\v2\x18.sandboxstats.v1.KvmViewR\x03kvm\"\xa5\x01\n" +
+	"\x10RunnerKernelView\x12\x16\n" +
+	"\x06legend\x18\x01 \x01(\tR\x06legend\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12/\n" +
+	"\x05total\x18\x03 \x01(\v2\x19.sandboxstats.v1.CpuTimesR\x05total\x122\n" +
+	"\aper_cpu\x18\x04 \x03(\v2\x19.sandboxstats.v1.CpuTimesR\x06perCpu\"\xd9\x02\n" +
+	"\bCpuTimes\x12\x10\n" +
+	"\x03cpu\x18\x01 \x01(\tR\x03cpu\x12\x1b\n" +
+	"\tuser_usec\x18\x02 \x01(\x04R\buserUsec\x12\x1b\n" +
+	"\tnice_usec\x18\x03 \x01(\x04R\bniceUsec\x12\x1f\n" +
+	"\vsystem_usec\x18\x04 \x01(\x04R\n" +
+	"systemUsec\x12\x1b\n" +
+	"\tidle_usec\x18\x05 \x01(\x04R\bidleUsec\x12\x1f\n" +
+	"\viowait_usec\x18\x06 \x01(\x04R\n" +
+	"iowaitUsec\x12\x19\n" +
+	"\birq_usec\x18\a \x01(\x04R\airqUsec\x12!\n" +
+	"\fsoftirq_usec\x18\b \x01(\x04R\vsoftirqUsec\x12\x1d\n" +
+	"\n" +
+	"steal_usec\x18\t \x01(\x04R\tstealUsec\x12\x1d\n" +
+	"\n" +
+	"guest_usec\x18\n" +
+	" \x01(\x04R\tguestUsec\x12&\n" +
+	"\x0fguest_nice_usec\x18\v \x01(\x04R\rguestNiceUsec\"\x96\x03\n" +
+	"\x0eVmmThreadsView\x12\x16\n" +
+	"\x06legend\x18\x01 \x01(\tR\x06legend\x12\x14\n" +
+	"\x05error\x18\x02 \x01(\tR\x05error\x12%\n" +
+	"\x0eprocess_source\x18\x03 \x01(\tR\rprocessSource\x12\x12\n" +
+	"\x04pids\x18\x04 \x03(\x05R\x04pids\x124\n" +
+	"\athreads\x18\x05 \x03(\v2\x1a.sandboxstats.v1.VmmThreadR\athreads\x12A\n" +
+	"\vvcpu_totals\x18\x06 \x01(\v2 .sandboxstats.v1.VmmThreadTotalsR\n" +
+	"vcpuTotals\x12C\n" +
+	"\fother_totals\x18\a \x01(\v2 .sandboxstats.v1.VmmThreadTotalsR\votherTotals\x12\x1f\n" +
+	"\vreused_tids\x18\b \x03(\x05R\n" +
+	"reusedTids\x12#\n" +
+	"\rthread_errors\x18\t \x03(\tR\fthreadErrors\x12\x17\n" +
+	"\auser_hz\x18\n" +
+	" \x01(\rR\x06userHz\"\xcc\x03\n" +
+	"\tVmmThread\x12\x10\n" +
+	"\x03pid\x18\x01 \x01(\x05R\x03pid\x12\x10\n" +
+	"\x03tid\x18\x02 \x01(\x05R\x03tid\x12\x12\n" +
+	"\x04name\x18\x03 \x01(\tR\x04name\x12(\n" +
+	"\x10start_time_ticks\x18\x04 \x01(\x04R\x0estartTimeTicks\x125\n" +
+	"\x05class\x18\x05 \x01(\x0e2\x1f.sandboxstats.v1.VmmThreadClassR\x05class\x12\"\n" +
+	"\n" +
+	"vcpu_index\x18\x06 \x01(\x05H\x00R\tvcpuIndex\x88\x01\x01\x12\x1d\n" +
+	"\n" +
+	"utime_usec\x18\a \x01(\x04R\tutimeUsec\x12\x1d\n" +
+	"\n" +
+	"stime_usec\x18\b \x01(\x04R\tstimeUsec\x12&\n" +
+	"\x0fguest_time_usec\x18\t \x01(\x04R\rguestTimeUsec\x12\x1a\n" +
+	"\x06run_ns\x18\n" +
+	" \x01(\x04H\x01R\x05runNs\x88\x01\x01\x12%\n" +
+	"\frun_delay_ns\x18\v \x01(\x04H\x02R\n" +
+	"runDelayNs\x88\x01\x01\x12 \n" +
+	"\trun_count\x18\f \x01(\x04H\x03R\brunCount\x88\x01\x01B\r\n" +
+	"\v_vcpu_indexB\t\n" +
+	"\a_run_nsB\x0f\n" +
+	"\r_run_delay_nsB\f\n" +
+	"\n" +
+	"_run_count\"\x81\x02\n" +
+	"\x0fVmmThreadTotals\x125\n" +
+	"\x05class\x18\x01 \x01(\x0e2\x1f.sandboxstats.v1.VmmThreadClassR\x05class\x12\x18\n" +
+	"\athreads\x18\x02 \x01(\rR\athreads\x12\x1d\n" +
+	"\n" +
+	"utime_usec\x18\x03 \x01(\x04R\tutimeUsec\x12\x1d\n" +
+	"\n" +
+	"stime_usec\x18\x04 \x01(\x04R\tstimeUsec\x12&\n" +
+	"\x0fguest_time_usec\x18\x05 \x01(\x04R\rguestTimeUsec\x12\x15\n" +
+	"\x06run_ns\x18\x06 \x01(\x04R\x05runNs\x12 \n" +
+	"\frun_delay_ns\x18\a \x01(\x04R\n" +
+	"runDelayNs\"\x8d\x01\n" +
+	"\aKvmView\x12\x16\n" +
+	"\x06legend\x18\x01 \x01(\tR\x06legend\x128\n" +
+	"\adebugfs\x18\x02 \x01(\v2\x1e.sandboxstats.v1.KvmSourceViewR\adebugfs\x120\n" +
+	"\x03qmp\x18\x03 \x01(\v2\x1e.sandboxstats.v1.KvmSourceViewR\x03qmp\"\xfb\x01\n" +
+	"\rKvmSourceView\x122\n" +
+	"\x06source\x18\x01 \x01(\x0e2\x1a.sandboxstats.v1.KvmSourceR\x06source\x125\n" +
+	"\x05state\x18\x02 \x01(\x0e2\x1f.sandboxstats.v1.KvmSourceStateR\x05state\x12\x16\n" +
+	"\x06reason\x18\x03 \x01(\tR\x06reason\x12\x16\n" +
+	"\x06origin\x18\x04 \x01(\tR\x06origin\x127\n" +
+	"\bcounters\x18\x05 \x03(\v2\x1b.sandboxstats.v1.KvmCounterR\bcounters\x12\x16\n" +
+	"\x06absent\x18\x06 \x03(\tR\x06absent\"\x95\x01\n" +
+	"\n" +
+	"KvmCounter\x12\x12\n" +
+	"\x04name\x18\x01 \x01(\tR\x04name\x123\n" +
+	"\x04kind\x18\x02 \x01(\x0e2\x1f.sandboxstats.v1.KvmCounterKindR\x04kind\x12\x14\n" +
+	"\x05scope\x18\x03 \x01(\tR\x05scope\x12\x14\n" +
+	"\x05value\x18\x04 \x01(\x04R\x05value\x12\x12\n" +
+	"\x04unit\x18\x05 \x01(\tR\x04unit*i\n" +
+	"\x0eVmmThreadClass\x12 \n" +
+	"\x1cVMM_THREAD_CLASS_UNSPECIFIED\x10\x00\x12\x19\n" +
+	"\x15VMM_THREAD_CLASS_VCPU\x10\x01\x12\x1a\n" +
+	"\x16VMM_THREAD_CLASS_OTHER\x10\x02*\x8a\x01\n" +
+	"\x0eKvmCounterKind\x12 \n" +
+	"\x1cKVM_COUNTER_KIND_UNSPECIFIED\x10\x00\x12\x1f\n" +
+	"\x1bKVM_COUNTER_KIND_CUMULATIVE\x10\x01\x12\x1a\n" +
+	"\x16KVM_COUNTER_KIND_GAUGE\x10\x02\x12\x19\n" +
+	"\x15KVM_COUNTER_KIND_PEAK\x10\x03*S\n" +
+	"\tKvmSource\x12\x1a\n" +
+	"\x16KVM_SOURCE_UNSPECIFIED\x10\x00\x12\x16\n" +
+	"\x12KVM_SOURCE_DEBUGFS\x10\x01\x12\x12\n" +
+	"\x0eKVM_SOURCE_QMP\x10\x02*\xb7\x01\n" +
+	"\x0eKvmSourceState\x12 \n" +
+	"\x1cKVM_SOURCE_STATE_UNSPECIFIED\x10\x00\x12\x1e\n" +
+	"\x1aKVM_SOURCE_STATE_AVAILABLE\x10\x01\x12\x1c\n" +
+	"\x18KVM_SOURCE_STATE_PARTIAL\x10\x02\x12 \n" +
+	"\x1cKVM_SOURCE_STATE_UNAVAILABLE\x10\x03\x12#\n" +
+	"\x1fKVM_SOURCE_STATE_NOT_CONFIGURED\x10\x04BKZIgithub.com/sandboxstats/sandboxstats/proto/sandboxstats/v1;sandboxstatsv1b\x06proto3"
 
 var (
 	file_sandboxstats_v1_host_proto_rawDescOnce sync.Once
@@ -99,16 +1356,45 @@ func file_sandboxstats_v1_host_proto_rawDescGZIP() []byte {
 	return file_sandboxstats_v1_host_proto_rawDescData
 }
 
-var file_sandboxstats_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 1)
+var file_sandboxstats_v1_host_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
+var file_sandboxstats_v1_host_proto_msgTypes = make([]protoimpl.MessageInfo, 9)
 var file_sandboxstats_v1_host_proto_goTypes = []any{
-	(*HostStats)(nil), // 0: sandboxstats.v1.HostStats
+	(VmmThreadClass)(0),      // 0: sandboxstats.v1.VmmThreadClass
+	(KvmCounterKind)(0),      // 1: sandboxstats.v1.KvmCounterKind
+	(KvmSource)(0),           // 2: sandboxstats.v1.KvmSource
+	(KvmSourceState)(0),      // 3: sandboxstats.v1.KvmSourceState
+	(*HostStats)(nil),        // 4: sandboxstats.v1.HostStats
+	(*RunnerKernelView)(nil), // 5: sandboxstats.v1.RunnerKernelView
+	(*CpuTimes)(nil),         // 6: sandboxstats.v1.CpuTimes
+	(*VmmThreadsView)(nil),   // 7: sandboxstats.v1.VmmThreadsView
+	(*VmmThread)(nil),        // 8: sandboxstats.v1.VmmThread
+	(*VmmThreadTotals)(nil),  // 9: sandboxstats.v1.VmmThreadTotals
+	(*KvmView)(nil),          // 10: sandboxstats.v1.KvmView
+	(*KvmSourceView)(nil),    // 11: sandboxstats.v1.KvmSourceView
+	(*KvmCounter)(nil),       // 12: sandboxstats.v1.KvmCounter
 }
 var file_sandboxstats_v1_host_proto_depIdxs = []int32{
-	0, // [0:0] is the sub-list for method output_type
-	0, // [0:0] is the sub-list for method input_type
-	0, // [0:0] is the sub-list for extension type_name
-	0, // [0:0] is the sub-list for extension extendee
-	0, // [0:0] is the sub-list for field type_name
+	5,  // 0: sandboxstats.v1.HostStats.runner_kernel:type_name -> sandboxstats.v1.RunnerKernelView
+	7,  // 1: sandboxstats.v1.HostStats.vmm_threads:type_name -> sandboxstats.v1.VmmThreadsView
+	10, // 2: sandboxstats.v1.HostStats.kvm:type_name -> sandboxstats.v1.KvmView
+	6,  // 3: sandboxstats.v1.RunnerKernelView.total:type_name -> sandboxstats.v1.CpuTimes
+	6,  // 4: sandboxstats.v1.RunnerKernelView.per_cpu:type_name -> sandboxstats.v1.CpuTimes
+	8,  // 5: sandboxstats.v1.VmmThreadsView.threads:type_name -> sandboxstats.v1.VmmThread
+	9,  // 6: sandboxstats.v1.VmmThreadsView.vcpu_totals:type_name -> sandboxstats.v1.VmmThreadTotals
+	9,  // 7: sandboxstats.v1.VmmThreadsView.other_totals:type_name -> sandboxstats.v1.VmmThreadTotals
+	0,  // 8: sandboxstats.v1.VmmThread.class:type_name -> sandboxstats.v1.VmmThreadClass
+	0,  // 9: sandboxstats.v1.VmmThreadTotals.class:type_name -> sandboxstats.v1.VmmThreadClass
+	11, // 10: sandboxstats.v1.KvmView.debugfs:type_name -> sandboxstats.v1.KvmSourceView
+	11, // 11: sandboxstats.v1.KvmView.qmp:type_name -> sandboxstats.v1.KvmSourceView
+	2,  // 12: sandboxstats.v1.KvmSourceView.source:type_name -> sandboxstats.v1.KvmSource
+	3,  // 13: sandboxstats.v1.KvmSourceView.state:type_name -> sandboxstats.v1.KvmSourceState
+	12, // 14: sandboxstats.v1.KvmSourceView.counters:type_name -> sandboxstats.v1.KvmCounter
+	1,  // 15: sandboxstats.v1.KvmCounter.kind:type_name -> sandboxstats.v1.KvmCounterKind
+	16, // [16:16] is the sub-list for method output_type
+	16, // [16:16] is the sub-list for method input_type
+	16, // [16:16] is the sub-list for extension type_name
+	16, // [16:16] is the sub-list for extension extendee
+	0,  // [0:16] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_host_proto_init() }
@@ -116,18 +1402,20 @@ func file_sandboxstats_v1_host_proto_init() {
 	if File_sandboxstats_v1_host_proto != nil {
 		return
 	}
+	file_sandboxstats_v1_host_proto_msgTypes[4].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_host_proto_rawDesc), len(file_sandboxstats_v1_host_proto_rawDesc)),
-			NumEnums:      0,
-			NumMessages:   1,
+			NumEnums:      4,
+			NumMessages:   9,
 			NumExtensions: 0,
 			NumServices:   0,
 		},
 		GoTypes:           file_sandboxstats_v1_host_proto_goTypes,
 		DependencyIndexes: file_sandboxstats_v1_host_proto_depIdxs,
+		EnumInfos:         file_sandboxstats_v1_host_proto_enumTypes,
 		MessageInfos:      file_sandboxstats_v1_host_proto_msgTypes,
 	}.Build()
 	File_sandboxstats_v1_host_proto = out.File
