@@ -1,0 +1,199 @@
+package identity
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+var (
+	idA  = Identity{ActorUID: "actor-a", ActorName: "a", ActorNamespace: "ns", TemplateNamespace: "tns", TemplateName: "tpl"}
+	idB  = Identity{ActorUID: "actor-b"}
+	refA = source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/a"}
+	refB = source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/a.sock:1024", ContainerIDs: []string{"c1"}}
+)
+
+// fakeClock ticks one second per call so epochs differ.
+func fakeClock() func() time.Time {
+	t := time.Unix(1_700_000_000, 0)
+	return func() time.Time { t = t.Add(time.Second); return t }
+}
+
+func newStore(t *testing.T, dir string) *Store {
+	t.Helper()
+	s, err := NewStore(Config{StateDir: dir, Now: fakeClock()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func TestBindReleaseLifecycle(t *testing.T) {
+	s := newStore(t, t.TempDir())
+	if s.Current() != nil {
+		t.Fatal("new store has a binding")
+	}
+	b1, err := s.Bind(OpRun, idA, refA)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Current(); got != b1 {
+		t.Fatalf("Current = %+v, want the Run binding", got)
+	}
+
+	t.Run("retry is idempotent", func(t *testing.T) {
+		b, err := s.Bind(OpRun, idA, refA)
+		if err != nil || b != b1 {
+			t.Fatalf("retry = %p, %v; want the same binding %p", b, err, b1)
+		}
+	})
+	t.Run("other actor is refused and changes nothing", func(t *testing.T) {
+		_, err := s.Bind(OpRun, idB, refB)
+		if !errors.Is(err, ErrOtherWorkload) {
+			t.Fatalf("err = %v, want ErrOtherWorkload", err)
+		}
+		if s.Current() != b1 {
+			t.Fatal("binding changed")
+		}
+	})
+	t.Run("invalid request changes nothing", func(t *testing.T) {
+		_, err := s.Bind(OpRun, idA, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a/../b"})
+		if !errors.Is(err, ErrInvalid) {
+			t.Fatalf("err = %v, want ErrInvalid", err)
+		}
+		if s.Current() != b1 {
+			t.Fatal("binding changed")
+		}
+	})
+	t.Run("restore starts a new epoch", func(t *testing.T) {
+		b, err := s.Bind(OpRestore, idA, refA)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b.EpochUnixNano <= b1.EpochUnixNano {
+			t.Fatalf("restore epoch %d is not after run epoch %d", b.EpochUnixNano, b1.EpochUnixNano)
+		}
+	})
+	t.Run("checkpoint of another actor is refused", func(t *testing.T) {
+		if err := s.Release("actor-b"); !errors.Is(err, ErrActorMismatch) {
+			t.Fatalf("err = %v, want ErrActorMismatch", err)
+		}
+	})
+	t.Run("checkpoint clears, a repeat succeeds", func(t *testing.T) {
+		if err := s.Release("actor-a"); err != nil {
+			t.Fatal(err)
+		}
+		if s.Current() != nil {
+			t.Fatal("still bound after checkpoint")
+		}
+		if err := s.Release("actor-a"); err != nil {
+			t.Fatalf("repeated checkpoint: %v", err)
+		}
+		if err := s.Release("actor-b"); !errors.Is(err, ErrNoWorkload) {
+			t.Fatalf("checkpoint of a never-bound actor: err = %v, want ErrNoWorkload", err)
+		}
+	})
+}
+
+func TestRestartKeepsBinding(t *testing.T) {
+	dir := t.TempDir()
+	s := newStore(t, dir)
+	b, err := s.Bind(OpRun, idA, refB)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var opened []source.SandboxRef
+	s2, err := NewStore(Config{StateDir: dir, Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
+		opened = append(opened, ref)
+		return nil, nil, nil
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := s2.Current()
+	if got == nil {
+		t.Fatal("restarted store lost the binding")
+	}
+	if diff := cmp.Diff(
+		[]any{b.Identity, b.Ref, b.Op, b.EpochUnixNano},
+		[]any{got.Identity, got.Ref, got.Op, got.EpochUnixNano}); diff != "" {
+		t.Errorf("restored binding (-want +got):\n%s", diff)
+	}
+	if len(opened) != 1 {
+		t.Errorf("sources opened %d times on restart, want 1", len(opened))
+	}
+
+	// A checkpoint survives a restart too, including the safe retry.
+	if err := s2.Release("actor-a"); err != nil {
+		t.Fatal(err)
+	}
+	s3 := newStore(t, dir)
+	if s3.Current() != nil {
+		t.Fatal("binding came back after checkpoint and restart")
+	}
+	if err := s3.Release("actor-a"); err != nil {
+		t.Fatalf("retried checkpoint after restart: %v", err)
+	}
+}
+
+func TestCorruptStateIsMovedAside(t *testing.T) {
+	valid := `{"version":1,"binding":{"identity":{"actor_uid":"actor-a"},"ref":{"class":1,"cgroup_path":"/x"},"op":"run","epoch_unix_nano":5}}`
+	for _, tc := range []struct{ name, content string }{
+		{"truncated", valid[:len(valid)/2]},
+		{"garbage", "\x00\x01not json"},
+		{"empty", ""},
+		{"unknown version", `{"version":99}`},
+		{"invalid identity", strings.Replace(valid, `"actor-a"`, `""`, 1)},
+		{"escaping cgroup path", strings.Replace(valid, `"/x"`, `"/../etc"`, 1)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			p := filepath.Join(dir, StateFileName)
+			if err := os.WriteFile(p, []byte(tc.content), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			s := newStore(t, dir)
+			if s.Current() != nil {
+				t.Fatal("bound from a corrupt state file")
+			}
+			aside, _ := filepath.Glob(p + ".corrupt-*")
+			if len(aside) != 1 {
+				t.Fatalf("moved-aside files = %v, want one", aside)
+			}
+			if b, _ := os.ReadFile(aside[0]); string(b) != tc.content {
+				t.Errorf("moved-aside content changed")
+			}
+			// The store works normally afterwards.
+			if _, err := s.Bind(OpRun, idA, refA); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	t.Run("valid", func(t *testing.T) {
+		dir := t.TempDir()
+		if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(valid), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if s := newStore(t, dir); s.Current() == nil || s.Current().Identity.ActorUID != "actor-a" {
+			t.Fatal("valid state not loaded")
+		}
+	})
+}
+
+func TestHoldLifecycle(t *testing.T) {
+	s := newStore(t, "")
+	if s.InLifecycle() {
+		t.Fatal("idle store reports a lifecycle call")
+	}
+	release := s.HoldLifecycle()
+	if !s.InLifecycle() {
+		t.Fatal("held lock not reported")
+	}
+	release()
+}

@@ -1,0 +1,191 @@
+package identity
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"strconv"
+	"strings"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// Limits on lifecycle requests.
+const (
+	MaxActorUIDBytes  = 128
+	MaxNameBytes      = 253
+	MaxContainerIDs   = 25
+	MaxContainerBytes = 256
+	MaxPathBytes      = 4096
+)
+
+// ErrInvalid marks a request that failed validation; nothing was changed.
+var ErrInvalid = errors.New("identity: invalid request")
+
+// Identity names a workload.
+type Identity struct {
+	ActorUID          string `json:"actor_uid"`
+	ActorName         string `json:"actor_name,omitempty"`
+	ActorNamespace    string `json:"actor_namespace,omitempty"`
+	TemplateNamespace string `json:"template_namespace,omitempty"`
+	TemplateName      string `json:"template_name,omitempty"`
+}
+
+// ValidateActorUID checks an actor uid: 1 to 128 bytes of printable ASCII.
+func ValidateActorUID(uid string) error {
+	if uid == "" {
+		return fmt.Errorf("%w: actor_uid is required", ErrInvalid)
+	}
+	if len(uid) > MaxActorUIDBytes {
+		return fmt.Errorf("%w: actor_uid is %d bytes, more than %d", ErrInvalid, len(uid), MaxActorUIDBytes)
+	}
+	if i := strings.IndexFunc(uid, func(r rune) bool { return r < 0x21 || r > 0x7e }); i >= 0 {
+		return fmt.Errorf("%w: actor_uid has a character that is not printable ASCII at byte %d", ErrInvalid, i)
+	}
+	return nil
+}
+
+// Validate checks every field of an identity.
+func (id Identity) Validate() error {
+	if err := ValidateActorUID(id.ActorUID); err != nil {
+		return err
+	}
+	for _, f := range []struct{ name, value string }{
+		{"actor_name", id.ActorName},
+		{"actor_namespace", id.ActorNamespace},
+		{"template_namespace", id.TemplateNamespace},
+		{"template_name", id.TemplateName},
+	} {
+		if err := validateText(f.name, f.value, MaxNameBytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// validateText allows printable ASCII and spaces (names are for people).
+func validateText(name, value string, max int) error {
+	if len(value) > max {
+		return fmt.Errorf("%w: %s is %d bytes, more than %d", ErrInvalid, name, len(value), max)
+	}
+	if i := strings.IndexFunc(value, func(r rune) bool { return r < 0x20 || r > 0x7e }); i >= 0 {
+		return fmt.Errorf("%w: %s has a character that is not printable ASCII at byte %d", ErrInvalid, name, i)
+	}
+	return nil
+}
+
+// ValidateRef checks a SandboxRef without touching the file system: the
+// fields its class needs are there, the others are not, a cgroup path is
+// clean, absolute and has no "..", addresses use a known scheme, pids are
+// positive. Where a cgroup path leads after symlinks is checked when it is
+// read (internal/gvisor opens it through an os.Root), since the cgroup may
+// not exist yet.
+func ValidateRef(ref source.SandboxRef) error {
+	switch ref.Class {
+	case source.ClassGVisor:
+		if (ref.CgroupPath == "") == (ref.SentryPID == 0) {
+			return fmt.Errorf("%w: a gvisor sandbox needs exactly one of cgroup_path and sentry_pid", ErrInvalid)
+		}
+		if ref.CgroupPath != "" {
+			if err := validateCgroupPath(ref.CgroupPath); err != nil {
+				return err
+			}
+		}
+		if ref.SentryPID < 0 {
+			return fmt.Errorf("%w: sentry_pid %d is not positive", ErrInvalid, ref.SentryPID)
+		}
+		if ref.AgentAddress != "" || len(ref.ContainerIDs) > 0 {
+			return fmt.Errorf("%w: agent_address and container_ids are for a microvm sandbox", ErrInvalid)
+		}
+	case source.ClassMicroVM:
+		if err := ValidateAgentAddress(ref.AgentAddress); err != nil {
+			return err
+		}
+		if n := len(ref.ContainerIDs); n == 0 || n > MaxContainerIDs {
+			return fmt.Errorf("%w: a microvm sandbox needs 1 to %d container_ids, got %d", ErrInvalid, MaxContainerIDs, n)
+		}
+		seen := make(map[string]bool, len(ref.ContainerIDs))
+		for _, id := range ref.ContainerIDs {
+			if id == "" || len(id) > MaxContainerBytes || strings.IndexFunc(id, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+				return fmt.Errorf("%w: container id %q is empty, too long or not printable ASCII", ErrInvalid, id)
+			}
+			if seen[id] {
+				return fmt.Errorf("%w: container id %q is listed twice", ErrInvalid, id)
+			}
+			seen[id] = true
+		}
+		if ref.CgroupPath != "" || ref.SentryPID != 0 {
+			return fmt.Errorf("%w: cgroup_path and sentry_pid are for a gvisor sandbox", ErrInvalid)
+		}
+	default:
+		return fmt.Errorf("%w: sandbox_class must be gvisor or microvm", ErrInvalid)
+	}
+	if ref.VMMPID < 0 {
+		return fmt.Errorf("%w: vmm_pid %d is not positive", ErrInvalid, ref.VMMPID)
+	}
+	if ref.VMMPID != 0 && ref.VMMPIDFile != "" {
+		return fmt.Errorf("%w: give at most one of vmm_pid and vmm_pid_file", ErrInvalid)
+	}
+	for _, f := range []struct{ name, value string }{{"vmm_pid_file", ref.VMMPIDFile}, {"qmp_socket", ref.QMPSocket}} {
+		if f.value == "" {
+			continue
+		}
+		if err := validateAbsPath(f.name, f.value); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func validateAbsPath(name, p string) error {
+	if len(p) > MaxPathBytes || strings.ContainsRune(p, 0) {
+		return fmt.Errorf("%w: %s is too long or holds a NUL", ErrInvalid, name)
+	}
+	if !path.IsAbs(p) || path.Clean(p) != p {
+		return fmt.Errorf("%w: %s %q must be absolute and clean", ErrInvalid, name, p)
+	}
+	return nil
+}
+
+func validateCgroupPath(p string) error {
+	if err := validateAbsPath("cgroup_path", p); err != nil {
+		return err
+	}
+	for _, elem := range strings.Split(p, "/") {
+		if elem == ".." {
+			return fmt.Errorf("%w: cgroup_path %q has a \"..\" element", ErrInvalid, p)
+		}
+	}
+	if i := strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
+		return fmt.Errorf("%w: cgroup_path %q has a control character", ErrInvalid, p)
+	}
+	return nil
+}
+
+// ValidateAgentAddress checks "hvsock://<absolute unix path>:<port>" or
+// "vsock://<cid>:<port>" (ports and cids are uint32).
+func ValidateAgentAddress(addr string) error {
+	scheme, rest, ok := strings.Cut(addr, "://")
+	if !ok {
+		return fmt.Errorf("%w: agent_address %q has no scheme (hvsock:// or vsock://)", ErrInvalid, addr)
+	}
+	i := strings.LastIndexByte(rest, ':')
+	if i < 0 {
+		return fmt.Errorf("%w: agent_address %q has no port", ErrInvalid, addr)
+	}
+	host, port := rest[:i], rest[i+1:]
+	if _, err := strconv.ParseUint(port, 10, 32); err != nil {
+		return fmt.Errorf("%w: agent_address %q: port %q is not a uint32", ErrInvalid, addr, port)
+	}
+	switch scheme {
+	case "hvsock":
+		return validateAbsPath("agent_address socket path", host)
+	case "vsock":
+		if _, err := strconv.ParseUint(host, 10, 32); err != nil {
+			return fmt.Errorf("%w: agent_address %q: cid %q is not a uint32", ErrInvalid, addr, host)
+		}
+		return nil
+	default:
+		return fmt.Errorf("%w: agent_address %q: unknown scheme %q (hvsock or vsock)", ErrInvalid, addr, scheme)
+	}
+}

@@ -1,0 +1,123 @@
+package identity
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+func TestValidateActorUID(t *testing.T) {
+	for _, tc := range []struct {
+		uid string
+		ok  bool
+	}{
+		{"actor-1", true},
+		{strings.Repeat("a", 128), true},
+		{"", false},
+		{strings.Repeat("a", 129), false},
+		{"with space", false},
+		{"tab\there", false},
+		{"ünicode", false},
+	} {
+		t.Run(tc.uid, func(t *testing.T) {
+			err := ValidateActorUID(tc.uid)
+			if (err == nil) != tc.ok {
+				t.Fatalf("ValidateActorUID(%q) = %v, want ok=%v", tc.uid, err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+		})
+	}
+}
+
+func TestValidateRef(t *testing.T) {
+	gv := func(p string, pid int) source.SandboxRef {
+		return source.SandboxRef{Class: source.ClassGVisor, CgroupPath: p, SentryPID: pid}
+	}
+	vm := func(addr string, ids ...string) source.SandboxRef {
+		return source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: addr, ContainerIDs: ids}
+	}
+	many := make([]string, 26)
+	for i := range many {
+		many[i] = "c" + strings.Repeat("x", i+1)
+	}
+	for _, tc := range []struct {
+		name string
+		ref  source.SandboxRef
+		ok   bool
+	}{
+		{"gvisor by path", gv("/kubepods/pod1", 0), true},
+		{"gvisor by pid", gv("", 42), true},
+		{"gvisor neither", gv("", 0), false},
+		{"gvisor both", gv("/a", 42), false},
+		{"relative path", gv("kubepods", 0), false},
+		{"dotdot", gv("/a/../../etc", 0), false},
+		{"unclean", gv("/a//b", 0), false},
+		{"trailing slash", gv("/a/", 0), false},
+		{"negative pid", gv("", -1), false},
+		{"gvisor with agent", source.SandboxRef{Class: source.ClassGVisor, SentryPID: 1, AgentAddress: "vsock://3:1024"}, false},
+		{"hvsock", vm("hvsock:///run/vc/vm/x/clh.sock:1024", "c1"), true},
+		{"vsock", vm("vsock://3:1024", "c1", "c2"), true},
+		{"unknown scheme", vm("tcp://1.2.3.4:1024", "c1"), false},
+		{"hvsock relative", vm("hvsock://clh.sock:1024", "c1"), false},
+		{"vsock bad cid", vm("vsock://x:1024", "c1"), false},
+		{"no port", vm("vsock://3", "c1"), false},
+		{"port too big", vm("vsock://3:4294967296", "c1"), false},
+		{"no containers", vm("vsock://3:1024"), false},
+		{"26 containers", vm("vsock://3:1024", many...), false},
+		{"25 containers", vm("vsock://3:1024", many[:25]...), true},
+		{"duplicate container", vm("vsock://3:1024", "c1", "c1"), false},
+		{"vmm pid and file", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c"}, VMMPID: 7, VMMPIDFile: "/run/q.pid"}, false},
+		{"vmm pid file relative", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c"}, VMMPIDFile: "q.pid"}, false},
+		{"no class", source.SandboxRef{CgroupPath: "/a"}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateRef(tc.ref)
+			if (err == nil) != tc.ok {
+				t.Fatalf("ValidateRef(%+v) = %v, want ok=%v", tc.ref, err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, ErrInvalid) {
+				t.Fatalf("error %v does not wrap ErrInvalid", err)
+			}
+		})
+	}
+}
+
+// FuzzValidateRequest checks lifecycle request validation never panics, and
+// that whatever it accepts is safe to use: a clean absolute cgroup path with
+// no "..", a known address scheme, printable identity fields.
+func FuzzValidateRequest(f *testing.F) {
+	f.Add("actor-1", "name", "/kubepods/pod1", 0, "", "", 0)
+	f.Add("actor-1", "", "", 42, "", "", 0)
+	f.Add("a", "", "", 0, "hvsock:///run/x.sock:1024", "c1", 0)
+	f.Add("a", "", "", 0, "vsock://3:1024", "c1", 7)
+	f.Add("", "\x00", "/a/../b", -1, "tcp://x:1", "", -5)
+	f.Fuzz(func(t *testing.T, uid, name, cgroupPath string, pid int, addr, container string, vmmPID int) {
+		id := Identity{ActorUID: uid, ActorName: name}
+		ref := source.SandboxRef{Class: source.ClassGVisor, CgroupPath: cgroupPath, SentryPID: pid, VMMPID: vmmPID}
+		if addr != "" {
+			ref = source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: addr, ContainerIDs: []string{container}, VMMPID: vmmPID}
+		}
+		idErr, refErr := id.Validate(), ValidateRef(ref)
+		if idErr == nil {
+			if len(uid) == 0 || len(uid) > MaxActorUIDBytes || strings.ContainsAny(uid, " \t\n\x00") {
+				t.Fatalf("accepted actor uid %q", uid)
+			}
+		}
+		if refErr != nil {
+			return
+		}
+		if ref.CgroupPath != "" && (!strings.HasPrefix(ref.CgroupPath, "/") || strings.Contains(ref.CgroupPath, "..") && strings.Contains("/"+ref.CgroupPath+"/", "/../")) {
+			t.Fatalf("accepted cgroup path %q", ref.CgroupPath)
+		}
+		if ref.AgentAddress != "" && !strings.HasPrefix(ref.AgentAddress, "hvsock:///") && !strings.HasPrefix(ref.AgentAddress, "vsock://") {
+			t.Fatalf("accepted agent address %q", ref.AgentAddress)
+		}
+		if ref.SentryPID < 0 || ref.VMMPID < 0 {
+			t.Fatalf("accepted a negative pid: %+v", ref)
+		}
+	})
+}
