@@ -1,0 +1,461 @@
+package server
+
+import (
+	"context"
+
+	"fmt"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/test/bufconn"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
+
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// fakeSource is an in-process Source with a scripted answer.
+type fakeSource struct {
+	mu      sync.Mutex
+	reading source.Reading
+	err     error
+	panics  bool
+	calls   atomic.Int32
+	closed  atomic.Int32
+}
+
+func (f *fakeSource) Sample(ctx context.Context) (source.Reading, error) {
+	f.calls.Add(1)
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.panics {
+		panic("fake source panics")
+	}
+	return f.reading, f.err
+}
+
+func (f *fakeSource) Close() error { f.closed.Add(1); return nil }
+
+func (f *fakeSource) set(r source.Reading, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.reading, f.err = r, err
+}
+
+var (
+	fixedNow  = time.Unix(1_800_000_000, 0)
+	peak      = uint64(300 << 20)
+	procs     = uint32(4)
+	cgroupRdg = source.Reading{
+		Kind: source.KindCgroup, Detail: "cgroup v1 (hybrid) /sys/fs/cgroup/memory/statstest",
+		MemoryCurrentBytes: 200 << 20, MemoryPeakBytes: &peak, MemoryWorkingSetBytes: 190 << 20,
+		CPUUsageUsec: 1_000_000, SandboxProcesses: &procs,
+	}
+	identA = &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-a", ActorName: "a", ActorNamespace: "ns", TemplateNamespace: "tns", TemplateName: "tpl"}
+	identB = &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-b"}
+	gvRef  = &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: "/statstest"}
+)
+
+type harness struct {
+	store     *identity.Store
+	stats     *StatsService
+	src       *fakeSource // the source every Open returns
+	opens     atomic.Int32
+	client    sandboxstatsv1.WorkloadStatsServiceClient
+	lifecycle sandboxstatsv1.WorkloadLifecycleServiceClient
+}
+
+// newHarness serves both services over bufconn with the real interceptors.
+func newHarness(t testing.TB) *harness {
+	t.Helper()
+	h := &harness{src: &fakeSource{reading: cgroupRdg}}
+	epochClock := fixedNow
+	store, err := identity.NewStore(identity.Config{
+		Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
+			h.opens.Add(1)
+			return h.src, nil, nil
+		},
+		Now: func() time.Time { epochClock = epochClock.Add(time.Second); return epochClock },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.store = store
+	h.stats = NewStatsService(store, func() time.Time { return fixedNow }, nil)
+
+	lis := bufconn.Listen(1 << 20)
+	srv := grpc.NewServer(UnaryInterceptors(slog.New(slog.DiscardHandler)))
+	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, h.stats)
+	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, NewLifecycleService(store, nil))
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+
+	conn, err := grpc.NewClient("passthrough:///bufnet",
+		grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) { return lis.DialContext(ctx) }),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	h.client = sandboxstatsv1.NewWorkloadStatsServiceClient(conn)
+	h.lifecycle = sandboxstatsv1.NewWorkloadLifecycleServiceClient(conn)
+	return h
+}
+
+func (h *harness) run(t testing.TB, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) int64 {
+	t.Helper()
+	resp, err := h.lifecycle.RunWorkload(context.Background(), &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref})
+	if err != nil {
+		t.Fatalf("RunWorkload: %v", err)
+	}
+	return resp.GetEpochUnixNano()
+}
+
+func wantStatus(t *testing.T, err error, code codes.Code, reason sandboxstatsv1.ErrorReason) {
+	t.Helper()
+	if got := status.Code(err); got != code {
+		t.Fatalf("code = %v (%v), want %v", got, err, code)
+	}
+	if got, want := ReasonOf(err), Reason(reason); got != want {
+		t.Fatalf("reason = %q (%v), want %q", got, err, want)
+	}
+}
+
+// TestStatsWorkloadErrorContract has one case per row of the error table.
+func TestStatsWorkloadErrorContract(t *testing.T) {
+	ctx := context.Background()
+	t.Run("INVALID_ARGUMENT INVALID_ACTOR_UID", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		for _, uid := range []string{"", strings.Repeat("x", 129), "bad uid", "nul\x00"} {
+			_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: uid})
+			wantStatus(t, err, codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_ACTOR_UID)
+		}
+	})
+	t.Run("FAILED_PRECONDITION NO_WORKLOAD", func(t *testing.T) {
+		h := newHarness(t)
+		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD)
+	})
+	t.Run("FAILED_PRECONDITION ACTOR_MISMATCH", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-b"})
+		wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH)
+		if n := h.src.calls.Load(); n != 0 {
+			t.Errorf("source read %d times for a mismatched actor, want 0", n)
+		}
+	})
+	t.Run("FAILED_PRECONDITION ACTOR_CHANGED", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		// A reader that swaps the binding mid-read: checkpoint A, bind B.
+		h.stats.afterRead = func() {
+			h.stats.afterRead = nil
+			if err := h.store.Release("actor-a"); err != nil {
+				t.Error(err)
+			}
+			if _, err := h.store.Bind(identity.OpRun, identity.Identity{ActorUID: "actor-b"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/b"}); err != nil {
+				t.Error(err)
+			}
+		}
+		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED)
+	})
+	t.Run("UNAVAILABLE NOT_MEASURABLE", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		h.src.set(source.Reading{}, fmt.Errorf("gvisor: cgroup /statstest: %w", source.ErrNotMeasurable))
+		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		wantStatus(t, err, codes.Unavailable, sandboxstatsv1.ErrorReason_ERROR_REASON_NOT_MEASURABLE)
+	})
+	t.Run("DEADLINE_EXCEEDED READ_TIMEOUT", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		h.src.set(source.Reading{}, fmt.Errorf("%w: /sys/fs/cgroup/memory.current: %w", source.ErrTimeout, context.DeadlineExceeded))
+		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		wantStatus(t, err, codes.DeadlineExceeded, sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT)
+	})
+	t.Run("INTERNAL MALFORMED_SOURCE", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		h.src.set(source.Reading{}, fmt.Errorf("%w: /x/memory.current: token %q", source.ErrMalformed, "max"))
+		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		wantStatus(t, err, codes.Internal, sandboxstatsv1.ErrorReason_ERROR_REASON_MALFORMED_SOURCE)
+		if !strings.Contains(status.Convert(err).Message(), "/x/memory.current") {
+			t.Errorf("message %q does not name the path", status.Convert(err).Message())
+		}
+	})
+}
+
+func TestStatsWorkloadSample(t *testing.T) {
+	h := newHarness(t)
+	epoch := h.run(t, identA, gvRef)
+	resp, err := h.client.StatsWorkload(context.Background(), &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := &sandboxstatsv1.WorkloadStatsSample{
+		ActorUid: "actor-a", ActorName: "a", ActorNamespace: "ns", TemplateNamespace: "tns", TemplateName: "tpl",
+		SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR,
+		Source:       sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP,
+		SourceDetail: cgroupRdg.Detail, MemoryCurrentBytes: 200 << 20, MemoryPeakBytes: proto.Uint64(300 << 20),
+		MemoryWorkingSetBytes: 190 << 20, CpuUsageUsec: 1_000_000, ObservedAtUnixNano: fixedNow.UnixNano(),
+		EpochUnixNano: epoch, SandboxProcesses: proto.Uint32(4),
+	}
+	if diff := cmp.Diff(want, resp.GetSample(), protocmp.Transform()); diff != "" {
+		t.Errorf("sample (-want +got):\n%s", diff)
+	}
+
+	t.Run("absent peak stays absent", func(t *testing.T) {
+		r := cgroupRdg
+		r.MemoryPeakBytes = nil
+		r.Absent = []source.Absent{{Field: "memory_peak_bytes", Reason: "memory.peak not offered by this kernel"}}
+		h.src.set(r, nil)
+		resp, err := h.client.StatsWorkload(context.Background(), &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetSample().MemoryPeakBytes != nil {
+			t.Errorf("peak = %d, want absent", resp.GetSample().GetMemoryPeakBytes())
+		}
+		if len(resp.GetSample().GetAbsent()) != 1 {
+			t.Errorf("absent = %v, want the peak's reason", resp.GetSample().GetAbsent())
+		}
+	})
+	t.Run("include_host without a host sampler says why", func(t *testing.T) {
+		h.src.set(cgroupRdg, nil)
+		resp, err := h.client.StatsWorkload(context.Background(), &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a", IncludeHost: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetSample().GetHost().GetUnavailableReason() == "" {
+			t.Error("host view absent without a reason")
+		}
+		resp, err = h.client.StatsWorkload(context.Background(), &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		if err != nil || resp.GetSample().GetHost() != nil {
+			t.Errorf("host filled without include_host: %v, %v", resp.GetSample().GetHost(), err)
+		}
+	})
+}
+
+// TestStatsActiveWorkloadsStates covers each state of the discovery read.
+func TestStatsActiveWorkloadsStates(t *testing.T) {
+	ctx := context.Background()
+	t.Run("no workload", func(t *testing.T) {
+		h := newHarness(t)
+		resp, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetSamples()) != 0 || resp.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD {
+			t.Fatalf("resp = %v, want empty with NO_WORKLOAD", resp)
+		}
+	})
+	t.Run("not measurable yet", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		h.src.set(source.Reading{}, fmt.Errorf("cgroup not created yet: %w", source.ErrNotMeasurable))
+		resp, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetSamples()) != 0 || resp.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
+			t.Fatalf("resp = %v, want empty with NOT_MEASURABLE_YET", resp)
+		}
+	})
+	t.Run("binding changed under the read", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		h.stats.afterRead = func() {
+			h.stats.afterRead = nil
+			_ = h.store.Release("actor-a")
+		}
+		resp, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetSamples()) != 0 || resp.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
+			t.Fatalf("resp = %v, want empty with NOT_MEASURABLE_YET", resp)
+		}
+	})
+	t.Run("one sample", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		resp, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetSamples()) != 1 || resp.GetSamples()[0].GetActorUid() != "actor-a" || resp.GetNoSampleReason() != 0 {
+			t.Fatalf("resp = %v, want one sample of actor-a", resp)
+		}
+	})
+	t.Run("a real read failure is an error", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		h.src.set(source.Reading{}, fmt.Errorf("%w: memory.current", source.ErrTimeout))
+		_, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		wantStatus(t, err, codes.DeadlineExceeded, sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT)
+	})
+}
+
+func TestLifecycle(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	epoch := h.run(t, identA, gvRef)
+
+	t.Run("retry keeps the epoch and opens nothing new", func(t *testing.T) {
+		if again := h.run(t, identA, gvRef); again != epoch {
+			t.Fatalf("retry epoch %d, want %d", again, epoch)
+		}
+		if n := h.opens.Load(); n != 1 {
+			t.Fatalf("sources opened %d times, want 1", n)
+		}
+	})
+	t.Run("another workload is refused", func(t *testing.T) {
+		_, err := h.lifecycle.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{Identity: identB, Sandbox: gvRef})
+		wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_WORKLOAD_BOUND)
+	})
+	t.Run("a run that fails validation changes nothing", func(t *testing.T) {
+		before := h.store.Current()
+		for _, req := range []*sandboxstatsv1.RunWorkloadRequest{
+			{Identity: identA, Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: "/../etc"}},
+			{Identity: identA, Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, AgentAddress: "tcp://1.2.3.4:1", ContainerIds: []string{"c"}}},
+			{Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: ""}, Sandbox: gvRef},
+			{Identity: identA},
+		} {
+			_, err := h.lifecycle.RunWorkload(ctx, req)
+			wantStatus(t, err, codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST)
+		}
+		if h.store.Current() != before {
+			t.Fatal("a refused Run changed the binding")
+		}
+	})
+	t.Run("restore starts a new epoch", func(t *testing.T) {
+		resp, err := h.lifecycle.RestoreWorkload(ctx, &sandboxstatsv1.RestoreWorkloadRequest{Identity: identA, Sandbox: gvRef})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.GetEpochUnixNano() <= epoch {
+			t.Fatalf("restore epoch %d not after %d", resp.GetEpochUnixNano(), epoch)
+		}
+		s, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		if err != nil || s.GetSample().GetEpochUnixNano() != resp.GetEpochUnixNano() {
+			t.Fatalf("sample epoch = %d, %v; want %d", s.GetSample().GetEpochUnixNano(), err, resp.GetEpochUnixNano())
+		}
+	})
+	t.Run("checkpoint of another actor is refused", func(t *testing.T) {
+		_, err := h.lifecycle.CheckpointWorkload(ctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: "actor-b"})
+		wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH)
+	})
+	t.Run("checkpoint forgets, closes the source, and a retry succeeds", func(t *testing.T) {
+		closedBefore := h.src.closed.Load()
+		for range 2 {
+			if _, err := h.lifecycle.CheckpointWorkload(ctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: "actor-a"}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if h.src.closed.Load() == closedBefore {
+			t.Error("checkpoint did not close the source")
+		}
+		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+		wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD)
+		// Now another workload may be bound.
+		h.run(t, identB, gvRef)
+	})
+}
+
+// TestReadNotBlockedByLifecycle holds the lifecycle lock, as a long restore
+// does; reads must still answer at once.
+func TestReadNotBlockedByLifecycle(t *testing.T) {
+	h := newHarness(t)
+	h.run(t, identA, gvRef)
+	release := h.store.HoldLifecycle()
+	defer release()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"}); err != nil {
+		t.Fatalf("StatsWorkload while the lifecycle lock is held: %v", err)
+	}
+	if _, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{}); err != nil {
+		t.Fatalf("StatsActiveWorkloads while the lifecycle lock is held: %v", err)
+	}
+	if _, err := h.client.StatsHost(ctx, &sandboxstatsv1.StatsHostRequest{ActorUid: "actor-a"}); err != nil {
+		t.Fatalf("StatsHost while the lifecycle lock is held: %v", err)
+	}
+}
+
+func TestStatsHostIdentityChecked(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	_, err := h.client.StatsHost(ctx, &sandboxstatsv1.StatsHostRequest{ActorUid: "actor-a"})
+	wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD)
+	h.run(t, identA, gvRef)
+	_, err = h.client.StatsHost(ctx, &sandboxstatsv1.StatsHostRequest{ActorUid: "actor-b"})
+	wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH)
+	// The host view answers even when the sandbox source cannot be read.
+	h.src.set(source.Reading{}, fmt.Errorf("agent not answering: %w", source.ErrNotMeasurable))
+	resp, err := h.client.StatsHost(ctx, &sandboxstatsv1.StatsHostRequest{ActorUid: "actor-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp.GetIdentity().GetActorUid() != "actor-a" || resp.GetHost() == nil {
+		t.Fatalf("resp = %v", resp)
+	}
+}
+
+func TestPanicIsRecovered(t *testing.T) {
+	h := newHarness(t)
+	h.run(t, identA, gvRef)
+	h.src.mu.Lock()
+	h.src.panics = true
+	h.src.mu.Unlock()
+	_, err := h.client.StatsWorkload(context.Background(), &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+	if status.Code(err) != codes.Internal {
+		t.Fatalf("code = %v, want Internal", status.Code(err))
+	}
+	h.src.mu.Lock()
+	h.src.panics = false
+	h.src.mu.Unlock()
+	if _, err := h.client.StatsWorkload(context.Background(), &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"}); err != nil {
+		t.Fatalf("server did not survive a panic: %v", err)
+	}
+}
+
+func TestReasonsAreDistinct(t *testing.T) {
+	seen := map[string]bool{}
+	for v := range sandboxstatsv1.ErrorReason_name {
+		r := Reason(sandboxstatsv1.ErrorReason(v))
+		if seen[r] {
+			t.Fatalf("reason %q twice", r)
+		}
+		seen[r] = true
+	}
+}
+
+// BenchmarkStatsWorkload measures one StatsWorkload over bufconn with a fake
+// source: the daemon's own cost per poll.
+func BenchmarkStatsWorkload(b *testing.B) {
+	h := newHarness(b)
+	h.run(b, identA, gvRef)
+	req := &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := h.client.StatsWorkload(ctx, req); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

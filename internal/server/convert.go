@@ -1,0 +1,103 @@
+package server
+
+import (
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+func classToProto(c source.Class) sandboxstatsv1.SandboxClass {
+	switch c {
+	case source.ClassGVisor:
+		return sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR
+	case source.ClassMicroVM:
+		return sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
+	default:
+		return sandboxstatsv1.SandboxClass_SANDBOX_CLASS_UNSPECIFIED
+	}
+}
+
+func classFromProto(c sandboxstatsv1.SandboxClass) source.Class {
+	switch c {
+	case sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR:
+		return source.ClassGVisor
+	case sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM:
+		return source.ClassMicroVM
+	default:
+		return source.ClassUnspecified
+	}
+}
+
+func kindToProto(k source.Kind) sandboxstatsv1.StatsSource {
+	switch k {
+	case source.KindCgroup:
+		return sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP
+	case source.KindGuestAgent:
+		return sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
+	default:
+		return sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED
+	}
+}
+
+// RefFromProto converts the wire SandboxRef.
+func RefFromProto(r *sandboxstatsv1.SandboxRef) source.SandboxRef {
+	return source.SandboxRef{
+		Class:        classFromProto(r.GetSandboxClass()),
+		CgroupPath:   r.GetCgroupPath(),
+		SentryPID:    int(r.GetSentryPid()),
+		AgentAddress: r.GetAgentAddress(),
+		ContainerIDs: r.GetContainerIds(),
+		VMMPID:       int(r.GetVmmPid()),
+		VMMPIDFile:   r.GetVmmPidFile(),
+		QMPSocket:    r.GetQmpSocket(),
+	}
+}
+
+// IdentityFromProto converts the wire WorkloadIdentity.
+func IdentityFromProto(id *sandboxstatsv1.WorkloadIdentity) identity.Identity {
+	return identity.Identity{
+		ActorUID:          id.GetActorUid(),
+		ActorName:         id.GetActorName(),
+		ActorNamespace:    id.GetActorNamespace(),
+		TemplateNamespace: id.GetTemplateNamespace(),
+		TemplateName:      id.GetTemplateName(),
+	}
+}
+
+func identityToProto(id identity.Identity) *sandboxstatsv1.WorkloadIdentity {
+	return &sandboxstatsv1.WorkloadIdentity{
+		ActorUid:          id.ActorUID,
+		ActorName:         id.ActorName,
+		ActorNamespace:    id.ActorNamespace,
+		TemplateNamespace: id.TemplateNamespace,
+		TemplateName:      id.TemplateName,
+	}
+}
+
+// sampleFromReading attributes a reading to the binding it was read for.
+func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano int64) *sandboxstatsv1.WorkloadStatsSample {
+	s := &sandboxstatsv1.WorkloadStatsSample{
+		ActorUid:              b.Identity.ActorUID,
+		ActorName:             b.Identity.ActorName,
+		ActorNamespace:        b.Identity.ActorNamespace,
+		TemplateNamespace:     b.Identity.TemplateNamespace,
+		TemplateName:          b.Identity.TemplateName,
+		SandboxClass:          classToProto(b.Ref.Class),
+		Source:                kindToProto(r.Kind),
+		SourceDetail:          r.Detail,
+		MemoryCurrentBytes:    r.MemoryCurrentBytes,
+		MemoryPeakBytes:       r.MemoryPeakBytes,
+		MemoryWorkingSetBytes: r.MemoryWorkingSetBytes,
+		CpuUsageUsec:          r.CPUUsageUsec,
+		ObservedAtUnixNano:    observedAtUnixNano,
+		EpochUnixNano:         b.EpochUnixNano,
+		SandboxProcesses:      r.SandboxProcesses,
+	}
+	for _, c := range r.UnreadContainers {
+		s.UnreadContainers = append(s.UnreadContainers, &sandboxstatsv1.ContainerReadError{ContainerId: c.ID, Reason: c.Reason})
+	}
+	for _, a := range r.Absent {
+		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
+	}
+	return s
+}

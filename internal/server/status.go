@@ -1,0 +1,82 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// ErrorDomain is the google.rpc.ErrorInfo domain of every statsd error.
+const ErrorDomain = "sandboxstats.dev"
+
+// Reason returns the ErrorInfo reason string of r: its enum value name without
+// the ERROR_REASON_ prefix.
+func Reason(r sandboxstatsv1.ErrorReason) string {
+	return strings.TrimPrefix(r.String(), "ERROR_REASON_")
+}
+
+// statusError builds a status with an ErrorInfo detail.
+func statusError(code codes.Code, reason sandboxstatsv1.ErrorReason, format string, args ...any) error {
+	st := status.New(code, fmt.Sprintf(format, args...))
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: Reason(reason), Domain: ErrorDomain})
+	if err != nil {
+		return st.Err()
+	}
+	return withInfo.Err()
+}
+
+// ReasonOf extracts the ErrorInfo reason of a statsd error ("" if none).
+func ReasonOf(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// readError maps an error from a source read to a status.
+func readError(err error) error {
+	switch {
+	case errors.Is(err, source.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
+		return statusError(codes.DeadlineExceeded, sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT, "%v", err)
+	case errors.Is(err, source.ErrMalformed):
+		return statusError(codes.Internal, sandboxstatsv1.ErrorReason_ERROR_REASON_MALFORMED_SOURCE, "%v", err)
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	default:
+		// ErrNotMeasurable, and anything a source could not classify (a
+		// permission error, a vanished file): the workload is here but
+		// cannot be measured right now.
+		return statusError(codes.Unavailable, sandboxstatsv1.ErrorReason_ERROR_REASON_NOT_MEASURABLE, "%v", err)
+	}
+}
+
+// lifecycleError maps an identity error to a status.
+func lifecycleError(err error) error {
+	switch {
+	case errors.Is(err, identity.ErrInvalid):
+		return statusError(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST, "%v", err)
+	case errors.Is(err, identity.ErrOtherWorkload):
+		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_WORKLOAD_BOUND, "%v", err)
+	case errors.Is(err, identity.ErrActorMismatch):
+		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH, "%v", err)
+	case errors.Is(err, identity.ErrNoWorkload):
+		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD, "%v", err)
+	default:
+		return status.Errorf(codes.Internal, "%v", err)
+	}
+}
