@@ -1,0 +1,284 @@
+package microvm
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strings"
+
+	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// guestCgroup is the cgroup version of the guest, as the payload shows it.
+type guestCgroup int
+
+const (
+	guestUnknown guestCgroup = iota
+	guestV1
+	guestV2
+)
+
+func (g guestCgroup) String() string {
+	switch g {
+	case guestV1:
+		return "v1"
+	case guestV2:
+		return "v2"
+	default:
+		return "unknown"
+	}
+}
+
+// unlimitedAbove: a memory limit above 2^62 means "no limit" (v2 sends
+// u64::MAX for "max", v1 about 2^63 rounded to the page size), the
+// containerd CRI and kubelet convention.
+const unlimitedAbove = 1 << 62
+
+// containerStats is one container's reply in the API's units.
+type containerStats struct {
+	Guest             guestCgroup
+	MemoryBytes       uint64 // usage.usage: v2 memory.current, v1 memory.usage_in_bytes
+	WorkingSetBytes   uint64 // usage minus inactive file, floored at 0
+	PeakBytes         uint64 // max(usage.max_usage, usage); valid when PeakOffered
+	PeakOffered       bool   // false when the guest kernel has no memory.peak (< 5.19)
+	LimitBytes        uint64 // valid when Limited
+	Limited           bool   // false for an unlimited (> 2^62) limit
+	CPUUsec           uint64 // valid when CPUKnown
+	CPUKnown          bool   // false when the CPU unit cannot be told (agent version unknown)
+	CPUFromMicros     bool   // the agent sent microseconds (< 3.9.0 on a v2 guest)
+	CPUUnknownBecause string // why CPUKnown is false
+}
+
+// detectGuest tells the guest's cgroup version from a reply: only v1 has
+// total_* keys in memory.stat, per-cpu usage, use_hierarchy or cache; only
+// v2 has "anon" and "file".
+func detectGuest(m *katagrpc.MemoryStats, cpu *katagrpc.CpuUsage) guestCgroup {
+	for k := range m.GetStats() {
+		if strings.HasPrefix(k, "total_") {
+			return guestV1
+		}
+	}
+	if len(cpu.GetPercpuUsage()) > 0 || m.GetUseHierarchy() || m.GetCache() > 0 {
+		return guestV1
+	}
+	stats := m.GetStats()
+	if _, ok := stats["anon"]; ok {
+		return guestV2
+	}
+	if _, ok := stats["file"]; ok {
+		return guestV2
+	}
+	return guestUnknown
+}
+
+// convertContainer turns one StatsContainer reply into the API's units. An
+// error wraps source.ErrMalformed and names the container and the missing
+// part.
+func convertContainer(id string, r *katagrpc.StatsContainerResponse, v agentVersion) (containerStats, error) {
+	cg := r.GetCgroupStats()
+	cpu := cg.GetCpuStats().GetCpuUsage()
+	mem := cg.GetMemoryStats()
+	switch {
+	case cg == nil:
+		return containerStats{}, fmt.Errorf("%w: StatsContainer %q: reply has no cgroup_stats", source.ErrMalformed, id)
+	case cpu == nil:
+		return containerStats{}, fmt.Errorf("%w: StatsContainer %q: reply has no cgroup_stats.cpu_stats.cpu_usage", source.ErrMalformed, id)
+	case mem.GetUsage() == nil:
+		return containerStats{}, fmt.Errorf("%w: StatsContainer %q: reply has no cgroup_stats.memory_stats.usage", source.ErrMalformed, id)
+	}
+	var c containerStats
+	c.Guest = detectGuest(mem, cpu)
+
+	usage := mem.GetUsage()
+	c.MemoryBytes = usage.GetUsage()
+	inactiveKey := "inactive_file"
+	if c.Guest == guestV1 {
+		// v1's inactive_file is this cgroup only; the hierarchical one is
+		// what usage_in_bytes counts.
+		inactiveKey = "total_inactive_file"
+	}
+	c.WorkingSetBytes = c.MemoryBytes
+	if inactive, ok := mem.GetStats()[inactiveKey]; ok {
+		c.WorkingSetBytes = subFloor(c.MemoryBytes, inactive)
+	}
+	if usage.GetMaxUsage() > 0 {
+		c.PeakOffered = true
+		c.PeakBytes = max(usage.GetMaxUsage(), c.MemoryBytes)
+	}
+	if l := usage.GetLimit(); l > 0 && l <= unlimitedAbove {
+		c.LimitBytes, c.Limited = l, true
+	}
+
+	total := cpu.GetTotalUsage()
+	switch {
+	case c.Guest == guestV1:
+		// cpuacct.usage is nanoseconds on every agent.
+		c.CPUUsec, c.CPUKnown = total/1000, true
+	case v.Known && !v.less(cpuNanosFixed):
+		c.CPUUsec, c.CPUKnown = total/1000, true
+	case v.Known && c.Guest == guestV2:
+		// Agents before 3.9.0 copy cpu.stat usage_usec without the x1000.
+		c.CPUUsec, c.CPUKnown, c.CPUFromMicros = total, true, true
+	case v.Known:
+		c.CPUUnknownBecause = fmt.Sprintf("agent %s is older than 3.9.0 and the guest's cgroup version cannot be told from the reply, so the CPU unit (ns or us) is unknown", v)
+	default:
+		c.CPUUnknownBecause = fmt.Sprintf("agent version %s is not a release number, so the CPU unit of this cgroup v2 guest (us before agent 3.9.0, ns after) is unverified", v)
+	}
+	return c, nil
+}
+
+// subFloor is a-b floored at 0.
+func subFloor(a, b uint64) uint64 {
+	if b >= a {
+		return 0
+	}
+	return a - b
+}
+
+// addSat is a+b saturating at math.MaxUint64.
+func addSat(a, b uint64) uint64 {
+	s, carry := bits.Add64(a, b, 0)
+	if carry != 0 {
+		return math.MaxUint64
+	}
+	return s
+}
+
+// containerResult is what a sweep got for one container.
+type containerResult struct {
+	ID    string
+	Stats containerStats
+	Err   error  // nil when Stats is valid
+	Why   string // the UnreadContainers reason when Err is set
+}
+
+// aggregate sums the containers that could be read into one Reading. It
+// fails only when no container could be read; the error then wraps
+// ErrMalformed if any reply was malformed, ErrTimeout if every call ran out
+// of time, and ErrNotMeasurable otherwise.
+func aggregate(addr string, v agentVersion, results []containerResult) (source.Reading, error) {
+	r := source.Reading{Kind: source.KindGuestAgent}
+	var (
+		read                           int
+		guests                         []guestCgroup
+		peakMissing, cpuMissing        []string
+		cpuWhy                         string
+		fromMicros, limited, unlimited bool
+		limitSum                       uint64
+	)
+	for _, c := range results {
+		if c.Err != nil {
+			r.UnreadContainers = append(r.UnreadContainers, source.ContainerError{ID: c.ID, Reason: c.Why})
+			continue
+		}
+		read++
+		s := c.Stats
+		if !slices.Contains(guests, s.Guest) {
+			guests = append(guests, s.Guest)
+		}
+		r.MemoryCurrentBytes = addSat(r.MemoryCurrentBytes, s.MemoryBytes)
+		r.MemoryWorkingSetBytes = addSat(r.MemoryWorkingSetBytes, s.WorkingSetBytes)
+		if s.PeakOffered {
+			p := addSat(derefOr(r.MemoryPeakBytes), s.PeakBytes)
+			r.MemoryPeakBytes = &p
+		} else {
+			peakMissing = append(peakMissing, c.ID)
+		}
+		if s.CPUKnown {
+			r.CPUUsageUsec = addSat(r.CPUUsageUsec, s.CPUUsec)
+		} else {
+			cpuMissing = append(cpuMissing, c.ID)
+			cpuWhy = s.CPUUnknownBecause
+		}
+		fromMicros = fromMicros || s.CPUFromMicros
+		if s.Limited {
+			limited, limitSum = true, addSat(limitSum, s.LimitBytes)
+		} else {
+			unlimited = true
+		}
+	}
+	if read == 0 {
+		return source.Reading{}, allFailed(addr, results)
+	}
+
+	partial := len(r.UnreadContainers) > 0
+	switch {
+	case partial:
+		// A sum missing a container is neither the workload's counter (it
+		// would fall, then jump back) nor an upper bound on its peak.
+		r.CPUUsageUsec, r.MemoryPeakBytes = 0, nil
+		why := fmt.Sprintf("partial sample: %d of %d containers unread; a partial sum is not comparable with a full one", len(r.UnreadContainers), len(results))
+		r.Absent = append(r.Absent,
+			source.Absent{Field: "memory_peak_bytes", Reason: why},
+			source.Absent{Field: "cpu_usage_usec", Reason: why})
+	default:
+		if len(peakMissing) > 0 {
+			r.MemoryPeakBytes = nil
+			r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes",
+				Reason: fmt.Sprintf("the guest reports no memory peak for container(s) %s (cgroup v2 memory.peak needs guest Linux 5.19)", strings.Join(peakMissing, ", "))})
+		}
+		if len(cpuMissing) > 0 {
+			r.CPUUsageUsec = 0
+			r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec",
+				Reason: fmt.Sprintf("container(s) %s: %s", strings.Join(cpuMissing, ", "), cpuWhy)})
+		}
+	}
+
+	var d strings.Builder
+	fmt.Fprintf(&d, "guest agent %s, agent_version %s", addr, v)
+	guestNames := make([]string, len(guests))
+	for i, g := range guests {
+		guestNames[i] = g.String()
+	}
+	fmt.Fprintf(&d, "; guest cgroup %s", strings.Join(guestNames, "+"))
+	fmt.Fprintf(&d, "; %d container(s) summed", read)
+	if fromMicros {
+		d.WriteString("; CPU corrected from us (agent < 3.9.0 on a cgroup v2 guest)")
+	}
+	if r.MemoryPeakBytes != nil && read > 1 {
+		d.WriteString("; memory peak is the sum of per-container peaks, an upper bound on the workload's peak")
+	}
+	switch {
+	case unlimited:
+		d.WriteString("; memory limit: unlimited")
+	case limited:
+		fmt.Fprintf(&d, "; memory limit: %d bytes", limitSum)
+	}
+	r.Detail = d.String()
+	return r, nil
+}
+
+func derefOr(p *uint64) uint64 {
+	if p == nil {
+		return 0
+	}
+	return *p
+}
+
+// allFailed is the error of a sweep in which no container could be read.
+func allFailed(addr string, results []containerResult) error {
+	sentinel := source.ErrTimeout
+	var parts []string
+	for _, c := range results {
+		parts = append(parts, fmt.Sprintf("%s: %s", c.ID, c.Why))
+	}
+	for _, c := range results {
+		switch {
+		case errors.Is(c.Err, source.ErrMalformed):
+			sentinel = source.ErrMalformed
+		case !errors.Is(c.Err, source.ErrTimeout) && sentinel == source.ErrTimeout:
+			sentinel = source.ErrNotMeasurable
+		}
+		if sentinel == source.ErrMalformed {
+			break
+		}
+	}
+	if len(results) == 0 {
+		sentinel = source.ErrNotMeasurable
+	}
+	return fmt.Errorf("microvm: %w: agent %s: no container could be read: %s", sentinel, addr, strings.Join(parts, "; "))
+}
