@@ -1,0 +1,138 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Config is the node agent's configuration (cmd/statsagent's flags).
+type Config struct {
+	// Sockets is the glob of statsd sockets, such as "/run/statsd/*.sock".
+	Sockets string
+	// Interval between sweeps; 0 disables sweeping (only the agent's own
+	// metrics are served).
+	Interval time.Duration
+	// Timeout bounds each StatsActiveWorkloads call.
+	Timeout time.Duration
+	// Concurrency is the most daemons polled at once.
+	Concurrency int
+	// LabelActor and Grace: see MetricsConfig.
+	LabelActor bool
+	Grace      time.Duration
+}
+
+// Agent sweeps on a timer and serves the result as Prometheus metrics.
+type Agent struct {
+	cfg     Config
+	logger  *slog.Logger
+	reg     *prometheus.Registry
+	metrics *Metrics
+
+	started  time.Time
+	lastDone atomic.Int64 // unix nanos of the last completed sweep; 0 if none
+}
+
+// New returns an Agent with its own registry (no global state).
+func New(cfg Config, logger *slog.Logger) (*Agent, error) {
+	if cfg.Interval < 0 || cfg.Timeout < 0 || cfg.Grace < 0 {
+		return nil, errors.New("agent: negative interval, timeout or grace")
+	}
+	if _, err := Discover(cfg.Sockets); err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m, err := NewMetrics(reg, MetricsConfig{LabelActor: cfg.LabelActor, Grace: cfg.Grace}, logger)
+	if err != nil {
+		return nil, fmt.Errorf("agent: register metrics: %w", err)
+	}
+	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, started: time.Now()}, nil
+}
+
+// SweepOnce runs one sweep and makes it the exported snapshot.
+func (a *Agent) SweepOnce(ctx context.Context) []DaemonResult {
+	start := time.Now()
+	results, err := Sweep(ctx, a.cfg.Sockets, a.cfg.Concurrency, a.cfg.Timeout)
+	if err != nil { // the glob was checked in New; keep the old snapshot
+		a.logger.Error("sweep", "err", err)
+		return nil
+	}
+	took := time.Since(start)
+	if ctx.Err() != nil {
+		return results // shutting down: a cancelled sweep is not a snapshot
+	}
+	now := time.Now()
+	a.metrics.Apply(results, now, took)
+	a.lastDone.Store(now.UnixNano())
+	for _, r := range results {
+		switch r.Status {
+		case StatusError:
+			a.logger.Debug("poll failed", "socket", r.Socket, "code", r.Code.String(), "err", r.Err, "took", r.Took)
+		case StatusVanished:
+			a.logger.Debug("daemon vanished", "socket", r.Socket)
+		}
+	}
+	a.logger.Debug("sweep done", "daemons", len(results), "took", took)
+	return results
+}
+
+// Run sweeps every Interval (the first sweep at once) until ctx is done,
+// then returns nil. With Interval 0 it only waits for ctx.
+func (a *Agent) Run(ctx context.Context) error {
+	if a.cfg.Interval == 0 {
+		a.logger.Info("sweeping disabled (interval 0)")
+		<-ctx.Done()
+		return nil
+	}
+	t := time.NewTicker(a.cfg.Interval)
+	defer t.Stop()
+	for {
+		a.SweepOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C: // a sweep longer than Interval drops ticks: sweeps never overlap
+		}
+	}
+}
+
+// Handler serves /metrics and /healthz. /healthz answers 200 while sweeps
+// keep completing, 503 once no sweep completed for 3 intervals plus the
+// timeout (or since start), which means sweeps are stuck or far too slow.
+func (a *Agent) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
+		Registry:      a.reg,
+		ErrorHandling: promhttp.ContinueOnError,
+	}))
+	mux.HandleFunc("/healthz", a.healthz)
+	return mux
+}
+
+func (a *Agent) healthz(w http.ResponseWriter, _ *http.Request) {
+	last := a.started
+	if ns := a.lastDone.Load(); ns != 0 {
+		last = time.Unix(0, ns)
+	}
+	age := time.Since(last).Round(time.Millisecond)
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if a.cfg.Interval > 0 && age > 3*a.cfg.Interval+a.cfg.Timeout {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "stale: no sweep completed for %s\n", age)
+		return
+	}
+	if a.lastDone.Load() == 0 {
+		fmt.Fprintln(w, "ok: no sweep completed yet")
+		return
+	}
+	fmt.Fprintf(w, "ok: last sweep completed %s ago\n", age)
+}

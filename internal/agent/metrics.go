@@ -1,0 +1,271 @@
+package agent
+
+import (
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/sandboxstats/sandboxstats/internal/rate"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// Metric names. Workload metrics are per label set: sandbox_class, source,
+// template_namespace, template_name (and the actor labels with
+// MetricsConfig.LabelActor). Without actor labels, the workloads sharing a
+// label set are summed; source is always a label, so samples of different
+// sources are never summed.
+const (
+	MetricMemoryCurrent    = "sandboxstats_workload_memory_current_bytes"
+	MetricMemoryWorkingSet = "sandboxstats_workload_memory_working_set_bytes"
+	MetricMemoryPeak       = "sandboxstats_workload_memory_peak_bytes"
+	MetricCPUSeconds       = "sandboxstats_workload_cpu_seconds_total"
+	MetricSampledWorkloads = "sandboxstats_sampled_workloads"
+	MetricDaemons          = "sandboxstats_agent_daemons"
+	MetricSweepDuration    = "sandboxstats_agent_sweep_duration_seconds"
+	MetricLastSweepSeconds = "sandboxstats_agent_last_sweep_duration_seconds"
+	MetricLastSweepTime    = "sandboxstats_agent_last_sweep_timestamp_seconds"
+	MetricSweeps           = "sandboxstats_agent_sweeps_total"
+	MetricPollErrors       = "sandboxstats_agent_poll_errors_total"
+)
+
+// MetricsConfig configures Metrics.
+type MetricsConfig struct {
+	// LabelActor adds actor_uid, actor_name and actor_namespace to the
+	// workload metrics: one series per workload instead of per template.
+	// Off by default because of cardinality.
+	LabelActor bool
+	// Grace is how long a workload's CPU counter (and a label set's total)
+	// is remembered after it was last seen. A workload seen again within the
+	// grace period continues its counter; after it, it is a first sight.
+	Grace time.Duration
+}
+
+// Metrics is a prometheus.Collector over the latest sweep: the workload
+// gauges are those of the last sweep only, so a workload that vanished
+// disappears from them. Apply feeds it; it is safe for concurrent use.
+type Metrics struct {
+	cfg    MetricsConfig
+	logger *slog.Logger
+
+	mu     sync.Mutex // serializes Apply
+	cpu    *rate.CPUCounter
+	totals map[labelSet]*cpuTotal
+
+	snap atomic.Pointer[snapshot]
+
+	descCur, descWS, descPeak, descCPU, descSampled, descDaemons *prometheus.Desc
+
+	sweepDuration prometheus.Histogram
+	lastSweep     prometheus.Gauge
+	lastSweepTime prometheus.Gauge
+	sweeps        prometheus.Counter
+	pollErrors    *prometheus.CounterVec
+}
+
+// labelSet is one series' labels; actor fields are empty without LabelActor.
+type labelSet struct {
+	class, source, templateNamespace, templateName string
+	actorUID, actorName, actorNamespace            string
+}
+
+type cpuTotal struct {
+	usec     uint64
+	lastSeen time.Time
+}
+
+type seriesValues struct {
+	workloads      int
+	current, wset  uint64
+	peak           uint64
+	peakIncomplete bool // a workload of the set has no peak: no peak series
+}
+
+type snapshot struct {
+	series  map[labelSet]*seriesValues
+	cpu     map[labelSet]uint64 // microseconds charged
+	daemons map[Status]int
+}
+
+// NewMetrics returns Metrics and registers them, with the agent's own sweep
+// metrics, on reg.
+func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logger) (*Metrics, error) {
+	labels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
+	if cfg.LabelActor {
+		labels = append(labels, "actor_uid", "actor_name", "actor_namespace")
+	}
+	m := &Metrics{
+		cfg:    cfg,
+		logger: logger,
+		cpu:    rate.NewCPUCounter(cfg.Grace),
+		totals: make(map[labelSet]*cpuTotal),
+		descCur: prometheus.NewDesc(MetricMemoryCurrent,
+			"Memory charged now (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
+		descWS: prometheus.NewDesc(MetricMemoryWorkingSet,
+			"Memory current minus inactive file pages (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
+		descPeak: prometheus.NewDesc(MetricMemoryPeak,
+			"Peak memory within each workload's epoch (peak, bytes, layer: source), summed over the sampled workloads with these labels (an upper bound on the peak of the sum); absent when a workload's source offers no peak.", labels, nil),
+		descCPU: prometheus.NewDesc(MetricCPUSeconds,
+			"CPU time charged to workloads with these labels (counter, seconds, layer: source). First sight of a workload charges nothing; an epoch reset never decreases it.", labels, nil),
+		descSampled: prometheus.NewDesc(MetricSampledWorkloads,
+			"Workloads in the last sweep (gauge); source=\"unspecified\" counts workloads bound but not measured.", labels, nil),
+		descDaemons: prometheus.NewDesc(MetricDaemons,
+			"Daemons found by the last sweep, by outcome (gauge).", []string{"result"}, nil),
+		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    MetricSweepDuration,
+			Help:    "Wall time of one sweep: discovery plus every poll (seconds).",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
+		}),
+		lastSweep: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: MetricLastSweepSeconds, Help: "Wall time of the last sweep (seconds).",
+		}),
+		lastSweepTime: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: MetricLastSweepTime, Help: "When the last sweep finished (unix seconds).",
+		}),
+		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricSweeps, Help: "Sweeps completed.",
+		}),
+		pollErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricPollErrors, Help: "Failed StatsActiveWorkloads polls, by gRPC code (a vanished daemon is not an error).",
+		}, []string{"code"}),
+	}
+	m.snap.Store(&snapshot{})
+	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+func (m *Metrics) labelsOf(s *sandboxstatsv1.WorkloadStatsSample) labelSet {
+	l := labelSet{
+		class:             rate.ClassName(s.GetSandboxClass()),
+		source:            rate.SourceName(s.GetSource()),
+		templateNamespace: s.GetTemplateNamespace(),
+		templateName:      s.GetTemplateName(),
+	}
+	if m.cfg.LabelActor {
+		l.actorUID, l.actorName, l.actorNamespace = s.GetActorUid(), s.GetActorName(), s.GetActorNamespace()
+	}
+	return l
+}
+
+func (l labelSet) values(withActor bool) []string {
+	v := []string{l.class, l.source, l.templateNamespace, l.templateName}
+	if withActor {
+		v = append(v, l.actorUID, l.actorName, l.actorNamespace)
+	}
+	return v
+}
+
+// Apply makes results the latest sweep, seen at now (the agent's clock,
+// for the grace period), which took took.
+func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+
+	snap := &snapshot{
+		series:  make(map[labelSet]*seriesValues),
+		cpu:     make(map[labelSet]uint64),
+		daemons: make(map[Status]int),
+	}
+	seen := make(map[rate.WorkloadKey]string) // workload -> socket, this sweep
+	for _, r := range results {
+		snap.daemons[r.Status]++
+		if r.Status == StatusError {
+			m.pollErrors.WithLabelValues(r.Code.String()).Inc()
+		}
+		for _, s := range r.Samples {
+			key := rate.KeyOf(s)
+			if other, dup := seen[key]; dup {
+				m.logger.Warn("same workload reported by two daemons; keeping the first",
+					"actor_uid", key.ActorUID, "socket", r.Socket, "first_socket", other)
+				continue
+			}
+			seen[key] = r.Socket
+			m.add(snap, s, now)
+		}
+	}
+	for _, k := range m.cpu.Prune(now) {
+		m.logger.Debug("forgot workload after grace period", "actor_uid", k.ActorUID, "source", rate.SourceName(k.Source))
+	}
+	for l, t := range m.totals {
+		if now.Sub(t.lastSeen) > m.cfg.Grace {
+			delete(m.totals, l)
+			continue
+		}
+		snap.cpu[l] = t.usec
+	}
+	m.snap.Store(snap)
+
+	m.sweepDuration.Observe(took.Seconds())
+	m.lastSweep.Set(took.Seconds())
+	m.lastSweepTime.Set(float64(now.UnixNano()) / 1e9)
+	m.sweeps.Inc()
+}
+
+func (m *Metrics) add(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
+	l := m.labelsOf(s)
+	sv := snap.series[l]
+	if sv == nil {
+		sv = &seriesValues{}
+		snap.series[l] = sv
+	}
+	sv.workloads++
+	charged, ev := m.cpu.Observe(s, now)
+	if !rate.Measured(s) {
+		return
+	}
+	sv.current += s.GetMemoryCurrentBytes()
+	sv.wset += s.GetMemoryWorkingSetBytes()
+	if s.MemoryPeakBytes == nil {
+		sv.peakIncomplete = true
+	} else {
+		sv.peak += s.GetMemoryPeakBytes()
+	}
+	t := m.totals[l]
+	if t == nil {
+		t = &cpuTotal{}
+		m.totals[l] = t
+	}
+	t.usec += charged
+	t.lastSeen = now
+	if ev == rate.EventEpochReset || ev == rate.EventCounterReset {
+		m.logger.Debug("cpu counter reset", "actor_uid", s.GetActorUid(), "event", string(ev),
+			"epoch_unix_nano", s.GetEpochUnixNano(), "charged_usec", charged)
+	}
+}
+
+// Describe implements prometheus.Collector.
+func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{m.descCur, m.descWS, m.descPeak, m.descCPU, m.descSampled, m.descDaemons} {
+		ch <- d
+	}
+}
+
+// Collect implements prometheus.Collector over the latest snapshot.
+func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+	snap := m.snap.Load()
+	wa := m.cfg.LabelActor
+	for l, sv := range snap.series {
+		lv := l.values(wa)
+		ch <- prometheus.MustNewConstMetric(m.descSampled, prometheus.GaugeValue, float64(sv.workloads), lv...)
+		if l.source == rate.SourceName(sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED) {
+			continue // not measured: no numbers, not zeros
+		}
+		ch <- prometheus.MustNewConstMetric(m.descCur, prometheus.GaugeValue, float64(sv.current), lv...)
+		ch <- prometheus.MustNewConstMetric(m.descWS, prometheus.GaugeValue, float64(sv.wset), lv...)
+		if !sv.peakIncomplete {
+			ch <- prometheus.MustNewConstMetric(m.descPeak, prometheus.GaugeValue, float64(sv.peak), lv...)
+		}
+	}
+	for l, usec := range snap.cpu {
+		ch <- prometheus.MustNewConstMetric(m.descCPU, prometheus.CounterValue, float64(usec)/1e6, l.values(wa)...)
+	}
+	for _, st := range []Status{StatusOK, StatusNoSample, StatusVanished, StatusError} {
+		ch <- prometheus.MustNewConstMetric(m.descDaemons, prometheus.GaugeValue, float64(snap.daemons[st]), string(st))
+	}
+}
