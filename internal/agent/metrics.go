@@ -172,6 +172,11 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 		cpu:     make(map[labelSet]uint64),
 		daemons: make(map[Status]int),
 	}
+	// Forget first, so a workload back after the grace period is a first
+	// sight again (charges nothing).
+	for _, k := range m.cpu.Prune(now) {
+		m.logger.Debug("forgot workload after grace period", "actor_uid", k.ActorUID, "source", rate.SourceName(k.Source))
+	}
 	seen := make(map[rate.WorkloadKey]string) // workload -> socket, this sweep
 	for _, r := range results {
 		snap.daemons[r.Status]++
@@ -188,9 +193,6 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 			seen[key] = r.Socket
 			m.add(snap, s, now)
 		}
-	}
-	for _, k := range m.cpu.Prune(now) {
-		m.logger.Debug("forgot workload after grace period", "actor_uid", k.ActorUID, "source", rate.SourceName(k.Source))
 	}
 	for l, t := range m.totals {
 		if now.Sub(t.lastSeen) > m.cfg.Grace {

@@ -1,0 +1,189 @@
+package agent
+
+import (
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// gather returns the workload and sweep series of reg as "name{k=v,...}" ->
+// value, labels sorted, leaving out the Go/process collectors.
+func gather(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
+	t.Helper()
+	fams, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(map[string]float64)
+	for _, f := range fams {
+		if !strings.HasPrefix(f.GetName(), "sandboxstats_") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			slices.Sort(ls)
+			key := f.GetName() + "{" + strings.Join(ls, ",") + "}"
+			switch {
+			case m.Gauge != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.Counter != nil:
+				out[key] = m.GetCounter().GetValue()
+			}
+		}
+	}
+	return out
+}
+
+// pick returns the series of the named metric only.
+func pick(all map[string]float64, name string) map[string]float64 {
+	out := make(map[string]float64)
+	for k, v := range all {
+		if strings.HasPrefix(k, name+"{") {
+			out[strings.TrimPrefix(k, name)] = v
+		}
+	}
+	return out
+}
+
+const (
+	lCgroup = "{sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}"
+	lGuest  = "{sandbox_class=microvm,source=guest-agent,template_name=python,template_namespace=templates}"
+	lUnspec = "{sandbox_class=gvisor,source=unspecified,template_name=python,template_namespace=templates}"
+)
+
+func guestSample(actor string, cpuUsec, memCur uint64) *sandboxstatsv1.WorkloadStatsSample {
+	s := sample(actor, cpuUsec, memCur)
+	s.SandboxClass = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
+	s.Source = sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
+	s.MemoryPeakBytes = nil
+	return s
+}
+
+func okResult(sock string, s ...*sandboxstatsv1.WorkloadStatsSample) DaemonResult {
+	return DaemonResult{Socket: sock, Status: StatusOK, Samples: s}
+}
+
+func TestMetricsAcrossSweeps(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, MetricsConfig{Grace: 5 * time.Minute}, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	unmeasured := &sandboxstatsv1.WorkloadStatsSample{ActorUid: "w4", TemplateNamespace: "templates", TemplateName: "python",
+		SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR}
+	hung := DaemonResult{Socket: "h", Status: StatusError, Code: codes.DeadlineExceeded}
+
+	// Sweep 1: first sight of everything charges nothing.
+	m.Apply([]DaemonResult{
+		okResult("1", sample("w1", 10_000_000, 100<<20)),
+		okResult("2", sample("w2", 5_000_000, 50<<20)),
+		okResult("3", guestSample("w3", 7_000_000, 30<<20)),
+		okResult("4", unmeasured),
+		{Socket: "5", Status: StatusNoSample},
+	}, t0, 120*time.Millisecond)
+	got := gather(t, reg)
+	want := map[string]float64{
+		MetricMemoryCurrent + lCgroup:        150 << 20, // w1 + w2: same source and template
+		MetricMemoryCurrent + lGuest:         30 << 20,  // another layer: never summed with cgroup
+		MetricMemoryWorkingSet + lCgroup:     75 << 20,
+		MetricMemoryWorkingSet + lGuest:      15 << 20,
+		MetricMemoryPeak + lCgroup:           300 << 20, // no peak series for the guest agent: absent, not 0
+		MetricCPUSeconds + lCgroup:           0,
+		MetricCPUSeconds + lGuest:            0,
+		MetricSampledWorkloads + lCgroup:     2,
+		MetricSampledWorkloads + lGuest:      1,
+		MetricSampledWorkloads + lUnspec:     1, // counted, but no numbers
+		MetricDaemons + "{result=ok}":        4,
+		MetricDaemons + "{result=no-sample}": 1,
+		MetricDaemons + "{result=error}":     0,
+		MetricDaemons + "{result=vanished}":  0,
+		MetricLastSweepSeconds + "{}":        0.12,
+		MetricLastSweepTime + "{}":           float64(t0.Unix()),
+		MetricSweeps + "{}":                  1,
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("sweep 1 (-want +got):\n%s", diff)
+	}
+
+	// Sweep 2: deltas are charged.
+	m.Apply([]DaemonResult{
+		okResult("1", sample("w1", 12_000_000, 100<<20)),
+		okResult("2", sample("w2", 5_500_000, 50<<20)),
+		okResult("3", guestSample("w3", 8_000_000, 30<<20)),
+	}, t0.Add(time.Minute), 0)
+	cpu := pick(gather(t, reg), MetricCPUSeconds)
+	if diff := cmp.Diff(map[string]float64{lCgroup: 2.5, lGuest: 1}, cpu); diff != "" {
+		t.Fatalf("sweep 2 cpu (-want +got):\n%s", diff)
+	}
+
+	// Sweep 3: w1 restored (new epoch, counter from 0), w2's daemon hung,
+	// w3 gone. Gauges show only what this sweep saw; the counter keeps
+	// growing and never decreases.
+	w1 := sample("w1", 300_000, 40<<20)
+	w1.EpochUnixNano = t0.Add(90 * time.Second).UnixNano()
+	m.Apply([]DaemonResult{okResult("1", w1), hung}, t0.Add(2*time.Minute), 0)
+	got = gather(t, reg)
+	if diff := cmp.Diff(map[string]float64{lCgroup: 40 << 20}, pick(got, MetricMemoryCurrent)); diff != "" {
+		t.Errorf("sweep 3 memory (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]float64{lCgroup: 2.8, lGuest: 1}, pick(got, MetricCPUSeconds)); diff != "" {
+		t.Errorf("sweep 3 cpu (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff(map[string]float64{`{code=DeadlineExceeded}`: 1}, pick(got, MetricPollErrors)); diff != "" {
+		t.Errorf("sweep 3 poll errors (-want +got):\n%s", diff)
+	}
+
+	// Sweep 4, 6 minutes later, past the grace period: w3's label set is
+	// forgotten; w1 comes back in the same epoch but is a first sight again
+	// (nothing charged), and its label set's counter continues.
+	w1 = proto.Clone(w1).(*sandboxstatsv1.WorkloadStatsSample)
+	w1.CpuUsageUsec = 400_000
+	m.Apply([]DaemonResult{okResult("1", w1)}, t0.Add(8*time.Minute), 0)
+	got = gather(t, reg)
+	if diff := cmp.Diff(map[string]float64{lCgroup: 2.8}, pick(got, MetricCPUSeconds), approx()); diff != "" {
+		t.Errorf("sweep 4 cpu (-want +got):\n%s", diff)
+	}
+	if _, ok := got[MetricSampledWorkloads+lGuest]; ok {
+		t.Errorf("vanished workload still in %s", MetricSampledWorkloads)
+	}
+}
+
+func approx() cmp.Option {
+	return cmp.Comparer(func(a, b float64) bool { d := a - b; return d < 1e-9 && d > -1e-9 })
+}
+
+func TestMetricsLabelActor(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg, MetricsConfig{LabelActor: true, Grace: time.Minute}, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.Apply([]DaemonResult{
+		okResult("1", sample("w1", 1, 100<<20)),
+		okResult("2", sample("w2", 1, 50<<20)),
+		okResult("3", sample("w1", 1, 999<<20)), // the same workload from a second daemon: ignored
+	}, time.Unix(0, 0), 0)
+	want := map[string]float64{
+		"{actor_name=w1-name,actor_namespace=team-a,actor_uid=w1,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 100 << 20,
+		"{actor_name=w2-name,actor_namespace=team-a,actor_uid=w2,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 50 << 20,
+	}
+	if diff := cmp.Diff(want, pick(gather(t, reg), MetricMemoryCurrent)); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
