@@ -1,26 +1,523 @@
-// Package gvisor measures a gVisor (runsc) sandbox through the host cgroup
-// that holds its sentry, gofers and platform stubs, on cgroup v2, v1 and
-// hybrid hosts.
 package gvisor
 
 import (
+	"context"
+	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
+	"os"
+	"path"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// Config holds the roots and bounds of a gVisor source.
+// Defaults for the zero values of Config.
+const (
+	DefaultCgroupRoot  = "/sys/fs/cgroup"
+	DefaultProcRoot    = "/proc"
+	DefaultReadTimeout = 2 * time.Second
+)
+
+// Config holds the roots and bounds of a gVisor source. Zero values take the
+// defaults above; a nil Logger discards.
 type Config struct {
 	CgroupRoot  string        // the cgroup mount, normally /sys/fs/cgroup
-	ProcRoot    string        // normally /proc
+	ProcRoot    string        // normally /proc; used to resolve a sentry pid
 	ReadTimeout time.Duration // bound of every file read
 	Logger      *slog.Logger
+	// Mode is the host's cgroup layout. ModeAuto (the zero value) detects it
+	// once at Open from the file system types of CgroupRoot and
+	// CgroupRoot/unified; set it to read a fixture tree.
+	Mode Mode
 }
 
+// errCgroupGone marks a read that found the cgroup directory missing, so
+// that a source opened by sentry pid re-resolves the cgroup.
+var errCgroupGone = errors.New("no such cgroup")
+
+// location is where one sandbox's cgroup is, as paths relative to the mounts
+// ("/a/b"). On v2 mem and cpu are the same path. cpu is "" when a resolved
+// process has no cpuacct hierarchy.
+type location struct {
+	mem, cpu string
+}
+
+// cgroupSource is the Source of one sandbox.
+type cgroupSource struct {
+	ref      source.SandboxRef
+	mode     Mode
+	procRoot string
+	log      *slog.Logger
+	g        *bounded.Group
+
+	// v2: unified is the mount. v1: memory and cpuacct are the hierarchies;
+	// cpuacct is nil (with cpuacctErr) when that hierarchy is not there.
+	unified, memory, cpuacct *os.Root
+	cpuacctErr               error
+
+	mu  sync.Mutex
+	loc *location // nil until resolved; replaced when the cgroup disappears
+
+	closeOnce sync.Once
+}
+
+var _ source.Source = (*cgroupSource)(nil)
+
 // Open returns a Source for the sandbox ref names (by cgroup path or sentry
-// pid). It does not require the cgroup to exist yet.
+// pid). It does not require the cgroup to exist yet: Sample then says
+// source.ErrNotMeasurable. The cgroup mount itself must be there. Close
+// releases the mount handles.
 func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
-	return nil, fmt.Errorf("gvisor: %w: cgroup reader not implemented yet", source.ErrNotMeasurable)
+	if ref.Class != source.ClassGVisor && ref.Class != source.ClassUnspecified {
+		return nil, fmt.Errorf("gvisor: sandbox class is %s", ref.Class)
+	}
+	if (ref.CgroupPath == "") == (ref.SentryPID == 0) {
+		return nil, errors.New("gvisor: want exactly one of cgroup path and sentry pid")
+	}
+	if ref.SentryPID < 0 {
+		return nil, fmt.Errorf("gvisor: sentry pid %d is not a pid", ref.SentryPID)
+	}
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = DefaultCgroupRoot
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = DefaultProcRoot
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s := &cgroupSource{
+		ref:      ref,
+		mode:     cfg.Mode,
+		procRoot: cfg.ProcRoot,
+		g:        bounded.New(cfg.ReadTimeout),
+	}
+	if ref.CgroupPath != "" {
+		p, err := checkCgroupPath(ref.CgroupPath)
+		if err != nil {
+			return nil, fmt.Errorf("gvisor: cgroup path: %w", err)
+		}
+		s.loc = &location{mem: p, cpu: p}
+	}
+	if s.mode == ModeAuto {
+		m, err := detectMode(cfg.CgroupRoot)
+		if err != nil {
+			return nil, err
+		}
+		s.mode = m
+	}
+	s.log = cfg.Logger.With("component", "gvisor", "mode", s.mode.String())
+	var err error
+	switch s.mode {
+	case ModeUnified:
+		s.unified, err = os.OpenRoot(cfg.CgroupRoot)
+	case ModeHybrid, ModeLegacy:
+		if s.memory, err = os.OpenRoot(filepath.Join(cfg.CgroupRoot, "memory")); err != nil {
+			break
+		}
+		// cpuacct may be co-mounted as "cpu,cpuacct" with a "cpuacct" symlink;
+		// OpenRoot follows it.
+		if s.cpuacct, s.cpuacctErr = os.OpenRoot(filepath.Join(cfg.CgroupRoot, "cpuacct")); s.cpuacctErr != nil {
+			s.log.Debug("no cpuacct hierarchy: CPU will be absent", "err", s.cpuacctErr)
+		}
+	default:
+		return nil, fmt.Errorf("gvisor: unknown cgroup mode %v", s.mode)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: cgroup mount: %w", source.ErrNotMeasurable, err)
+	}
+	return s, nil
+}
+
+// checkCgroupPath accepts an absolute, clean path without "..".
+func checkCgroupPath(p string) (string, error) {
+	if !strings.HasPrefix(p, "/") {
+		return "", fmt.Errorf("%q is not absolute", p)
+	}
+	for e := range strings.SplitSeq(p, "/") {
+		if e == ".." {
+			return "", fmt.Errorf("%q contains \"..\"", p)
+		}
+	}
+	if path.Clean(p) != p {
+		return "", fmt.Errorf("%q is not clean", p)
+	}
+	return p, nil
+}
+
+// Close releases the handles on the cgroup mounts. It is safe to call more
+// than once; a read still hung in the kernel keeps its own file open.
+func (s *cgroupSource) Close() error {
+	s.closeOnce.Do(func() {
+		for _, r := range []*os.Root{s.unified, s.memory, s.cpuacct} {
+			if r != nil {
+				r.Close()
+			}
+		}
+	})
+	return nil
+}
+
+// Sample reads the sandbox cgroup. A source opened by sentry pid resolves the
+// cgroup on first use and again when the cgroup it read before is gone.
+func (s *cgroupSource) Sample(ctx context.Context) (source.Reading, error) {
+	loc, err := s.locate(ctx, nil)
+	if err != nil {
+		return source.Reading{}, err
+	}
+	r, err := s.read(ctx, loc)
+	if errors.Is(err, errCgroupGone) && s.ref.SentryPID != 0 {
+		s.log.Debug("sandbox cgroup gone, resolving the sentry's cgroup again", "err", err)
+		nloc, rerr := s.locate(ctx, loc)
+		if rerr != nil {
+			return source.Reading{}, rerr
+		}
+		if *nloc != *loc {
+			r, err = s.read(ctx, nloc)
+		}
+	}
+	return r, err
+}
+
+// locate returns the cached location unless it is stale (the one a read found
+// gone), in which case it resolves the sentry pid's cgroup again.
+func (s *cgroupSource) locate(ctx context.Context, stale *location) (*location, error) {
+	s.mu.Lock()
+	loc := s.loc
+	s.mu.Unlock()
+	if loc != nil && loc != stale {
+		return loc, nil
+	}
+	if s.ref.SentryPID == 0 {
+		return loc, nil // an explicit path never moves
+	}
+	nloc, err := s.resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.loc = nloc
+	s.mu.Unlock()
+	return nloc, nil
+}
+
+// resolve finds the sentry's cgroup through <ProcRoot>/<pid>/cgroup.
+func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
+	pid := s.ref.SentryPID
+	p := filepath.Join(s.procRoot, strconv.Itoa(pid), "cgroup")
+	b, err := s.g.ReadFile(ctx, p)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
+			return nil, fmt.Errorf("gvisor: %w: sentry pid %d is gone (%s): %w", source.ErrNotMeasurable, pid, p, err)
+		}
+		return nil, wrapRead(err)
+	}
+	pc, err := parseProcCgroup(b)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)
+	}
+	loc, err := selectLocation(pc, s.mode)
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: sentry pid %d (%s): %w", source.ErrNotMeasurable, pid, p, err)
+	}
+	s.log.Debug("resolved sentry cgroup", "pid", pid, "memory", loc.mem, "cpu", loc.cpu)
+	return loc, nil
+}
+
+// selectLocation picks the paths to read from a parsed /proc/<pid>/cgroup:
+// the "0::" path on a unified host; the memory and cpuacct lines on a v1 or
+// hybrid host (where the "0::" line is there too but has no memory
+// controller). Paths are relative to the reader's cgroup namespace, which is
+// also the root of a cgroup mount made inside it; a path outside the
+// namespace shows as "/.." and cannot be read.
+func selectLocation(pc procCgroup, mode Mode) (*location, error) {
+	if mode == ModeUnified {
+		if !pc.HasUnified {
+			return nil, errors.New("no cgroup v2 (\"0::\") line")
+		}
+		p, err := namespacePath(pc.Unified)
+		if err != nil {
+			return nil, err
+		}
+		return &location{mem: p, cpu: p}, nil
+	}
+	mp, ok := pc.V1["memory"]
+	if !ok {
+		return nil, errors.New("no v1 memory line")
+	}
+	mem, err := namespacePath(mp)
+	if err != nil {
+		return nil, err
+	}
+	loc := &location{mem: mem}
+	if cp, ok := pc.V1["cpuacct"]; ok {
+		if loc.cpu, err = namespacePath(cp); err != nil {
+			return nil, err
+		}
+	}
+	return loc, nil
+}
+
+func namespacePath(p string) (string, error) {
+	if strings.HasSuffix(p, " (deleted)") {
+		return "", fmt.Errorf("cgroup %q: %w", p, errCgroupGone)
+	}
+	for e := range strings.SplitSeq(p, "/") {
+		if e == ".." {
+			return "", fmt.Errorf("cgroup %q is outside this cgroup namespace", p)
+		}
+	}
+	return path.Clean(p), nil
+}
+
+// rel turns a cgroup path into a name inside an os.Root.
+func rel(p string) string {
+	if p = strings.TrimPrefix(p, "/"); p == "" {
+		return "."
+	}
+	return p
+}
+
+func display(root *os.Root, dir string) string {
+	return filepath.Join(root.Name(), dir)
+}
+
+// wrapRead gives a read error that is neither a timeout nor malformed the
+// not-measurable sentinel (permission denied, I/O error on a dying cgroup).
+func wrapRead(err error) error {
+	if errors.Is(err, source.ErrTimeout) || errors.Is(err, source.ErrMalformed) || errors.Is(err, source.ErrNotMeasurable) {
+		return err
+	}
+	return fmt.Errorf("gvisor: %w: %w", source.ErrNotMeasurable, err)
+}
+
+// readFile reads name in the cgroup dir of root. A missing file is reported
+// as fs.ErrNotExist when the directory is there, and as errCgroupGone (with
+// source.ErrNotMeasurable) when the directory is gone.
+func (s *cgroupSource) readFile(ctx context.Context, root *os.Root, dir, name string) ([]byte, error) {
+	b, err := s.g.ReadRootFile(ctx, root, path.Join(rel(dir), name))
+	if err == nil {
+		return b, nil
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, wrapRead(err)
+	}
+	exists, serr := bounded.Do(ctx, s.g, "stat\x00"+root.Name()+"\x00"+dir, func() (bool, error) {
+		_, err := root.Stat(rel(dir))
+		if errors.Is(err, fs.ErrNotExist) {
+			return false, nil
+		}
+		return err == nil, err
+	})
+	if serr != nil {
+		return nil, wrapRead(serr)
+	}
+	if !exists {
+		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
+	}
+	return nil, err // the file alone is missing: the caller decides
+}
+
+// readUint reads a required one-number file.
+func (s *cgroupSource) readUint(ctx context.Context, root *os.Root, dir, name string) (uint64, error) {
+	b, err := s.readFile(ctx, root, dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("gvisor: %w: %s has no %s", source.ErrNotMeasurable, display(root, dir), name)
+	}
+	if err != nil {
+		return 0, err
+	}
+	v, err := parseSingleUint(b)
+	if err != nil {
+		return 0, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), name), err)
+	}
+	return v, nil
+}
+
+// optUint reads an optional one-number file: ok is false when the file alone
+// is missing.
+func (s *cgroupSource) optUint(ctx context.Context, root *os.Root, dir, name string) (v uint64, ok bool, err error) {
+	b, err := s.readFile(ctx, root, dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	if v, err = parseSingleUint(b); err != nil {
+		return 0, false, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), name), err)
+	}
+	return v, true, nil
+}
+
+// optKeyed reads key from an optional flat keyed file: ok is false when the
+// file is missing or lacks the key.
+func (s *cgroupSource) optKeyed(ctx context.Context, root *os.Root, dir, name, key string) (v uint64, ok bool, err error) {
+	b, err := s.readFile(ctx, root, dir, name)
+	if errors.Is(err, fs.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, err
+	}
+	if v, ok, err = parseKeyed(b, key); err != nil {
+		return 0, false, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), name), err)
+	}
+	return v, ok, nil
+}
+
+// procs counts cgroup.procs of dir; nil with an Absent when it is missing.
+func (s *cgroupSource) procs(ctx context.Context, r *source.Reading, root *os.Root, dir string) error {
+	b, err := s.readFile(ctx, root, dir, "cgroup.procs")
+	if errors.Is(err, fs.ErrNotExist) {
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: "no cgroup.procs in " + display(root, dir)})
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	n, err := parseProcs(b)
+	if err != nil {
+		return fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), "cgroup.procs"), err)
+	}
+	r.SandboxProcesses = &n
+	return nil
+}
+
+func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading, error) {
+	if s.mode == ModeUnified {
+		return s.readV2(ctx, loc)
+	}
+	return s.readV1(ctx, loc)
+}
+
+func (s *cgroupSource) suffix() string {
+	if s.ref.SentryPID != 0 {
+		return fmt.Sprintf(" (sentry pid %d)", s.ref.SentryPID)
+	}
+	return ""
+}
+
+// workingSet is usage minus inactive file pages, floored at 0 (the two files
+// are read a moment apart), or usage when inactive file is unknown.
+func workingSet(usage, inactive uint64, ok bool) uint64 {
+	if !ok {
+		return usage
+	}
+	if inactive > usage {
+		return 0
+	}
+	return usage - inactive
+}
+
+// readV2 reads memory.current (required), memory.peak (optional, Linux 5.19+),
+// memory.stat inactive_file, cpu.stat usage_usec and cgroup.procs.
+func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Reading, error) {
+	root, dir := s.unified, loc.mem
+	r := source.Reading{
+		Kind:   source.KindCgroup,
+		Detail: "cgroup v2 (unified) " + display(root, dir) + s.suffix(),
+	}
+	cur, err := s.readUint(ctx, root, dir, "memory.current")
+	if err != nil {
+		return source.Reading{}, err
+	}
+	r.MemoryCurrentBytes = cur
+	peak, ok, err := s.optUint(ctx, root, dir, "memory.peak")
+	if err != nil {
+		return source.Reading{}, err
+	}
+	if ok {
+		r.MemoryPeakBytes = &peak
+	} else {
+		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes",
+			Reason: "memory.peak not offered by this kernel (needs Linux 5.19): no " + filepath.Join(display(root, dir), "memory.peak")})
+	}
+	inactive, ok, err := s.optKeyed(ctx, root, dir, "memory.stat", "inactive_file")
+	if err != nil {
+		return source.Reading{}, err
+	}
+	r.MemoryWorkingSetBytes = workingSet(cur, inactive, ok)
+	usec, ok, err := s.optKeyed(ctx, root, dir, "cpu.stat", "usage_usec")
+	if err != nil {
+		return source.Reading{}, err
+	}
+	if ok {
+		r.CPUUsageUsec = usec
+	} else {
+		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec",
+			Reason: "no usage_usec in " + filepath.Join(display(root, dir), "cpu.stat")})
+	}
+	if err := s.procs(ctx, &r, root, dir); err != nil {
+		return source.Reading{}, err
+	}
+	return r, nil
+}
+
+// readV1 reads memory.usage_in_bytes (required), memory.max_usage_in_bytes,
+// memory.stat total_inactive_file and cgroup.procs in the memory hierarchy,
+// and cpuacct.usage (ns) in the cpuacct hierarchy.
+func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Reading, error) {
+	root, dir := s.memory, loc.mem
+	r := source.Reading{Kind: source.KindCgroup}
+	cpuDetail := "cpuacct (none)"
+	if s.cpuacct != nil && loc.cpu != "" {
+		cpuDetail = "cpuacct " + display(s.cpuacct, loc.cpu)
+	}
+	r.Detail = fmt.Sprintf("cgroup v1 (%s) memory %s, %s%s", s.mode, display(root, dir), cpuDetail, s.suffix())
+
+	cur, err := s.readUint(ctx, root, dir, "memory.usage_in_bytes")
+	if err != nil {
+		return source.Reading{}, err
+	}
+	r.MemoryCurrentBytes = cur
+	peak, ok, err := s.optUint(ctx, root, dir, "memory.max_usage_in_bytes")
+	if err != nil {
+		return source.Reading{}, err
+	}
+	if ok {
+		r.MemoryPeakBytes = &peak
+	} else {
+		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes",
+			Reason: "no " + filepath.Join(display(root, dir), "memory.max_usage_in_bytes")})
+	}
+	inactive, ok, err := s.optKeyed(ctx, root, dir, "memory.stat", "total_inactive_file")
+	if err != nil {
+		return source.Reading{}, err
+	}
+	r.MemoryWorkingSetBytes = workingSet(cur, inactive, ok)
+
+	switch {
+	case s.cpuacct == nil:
+		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "no cpuacct hierarchy: " + s.cpuacctErr.Error()})
+	case loc.cpu == "":
+		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "the sentry is in no cpuacct cgroup"})
+	default:
+		ns, err := s.readUint(ctx, s.cpuacct, loc.cpu, "cpuacct.usage")
+		switch {
+		case err == nil:
+			r.CPUUsageUsec = ns / 1000
+		case errors.Is(err, source.ErrNotMeasurable):
+			// The memory cgroup is there but the cpuacct one is not.
+			r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: err.Error()})
+		default:
+			return source.Reading{}, err
+		}
+	}
+	if err := s.procs(ctx, &r, root, dir); err != nil {
+		return source.Reading{}, err
+	}
+	return r, nil
 }
