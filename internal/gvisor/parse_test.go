@@ -104,7 +104,7 @@ func TestParseProcCgroup(t *testing.T) {
 	}{
 		{name: "unified", in: "0::/kubepods/pod1/abc\n", want: procCgroup{V1: map[string]string{}, Unified: "/kubepods/pod1/abc", HasUnified: true}},
 		{name: "legacy, cpu and cpuacct co-mounted",
-			in: "8:cpu,cpuacct:/statstest/pause\n7:memory:/statstest/pause\n1:name=systemd:/x\n",
+			in:   "8:cpu,cpuacct:/statstest/pause\n7:memory:/statstest/pause\n1:name=systemd:/x\n",
 			want: procCgroup{V1: map[string]string{"cpu": "/statstest/pause", "cpuacct": "/statstest/pause", "memory": "/statstest/pause", "name=systemd": "/x"}}},
 		{name: "hybrid", in: "4:memory:/statstest/pause\n2:cpuacct:/statstest/pause\n0::/\n",
 			want: procCgroup{V1: map[string]string{"memory": "/statstest/pause", "cpuacct": "/statstest/pause"}, Unified: "/", HasUnified: true}},
