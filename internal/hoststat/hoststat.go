@@ -1,44 +1,203 @@
-// Package hoststat reads the runner-layer (host) views of a sandbox: the host
-// kernel's /proc/stat, the VMM's threads split into vCPU and other threads,
-// and KVM exit counters, each with the legend that keeps it from being
-// misread.
 package hoststat
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
 	"time"
 
+	"github.com/prometheus/procfs"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// Config holds the roots and bounds of the host views.
+// Default roots and bounds.
+const (
+	DefaultProcRoot    = "/proc"
+	DefaultDebugfsRoot = "/sys/kernel/debug"
+	DefaultReadTimeout = 2 * time.Second
+)
+
+// Sentinel errors, wrapped together with the source sentinels.
+var (
+	// ErrNoVMM: the SandboxRef names no VMM process for the thread and
+	// debugfs views.
+	ErrNoVMM = errors.New("hoststat: no VMM process in the sandbox ref")
+)
+
+// Config holds the roots and bounds of the host views. Zero fields take the
+// Default values; a nil Logger discards.
 type Config struct {
-	ProcRoot    string // normally /proc
-	DebugfsRoot string // normally /sys/kernel/debug
+	ProcRoot    string // normally /proc (statsd --proc-root)
+	DebugfsRoot string // normally /sys/kernel/debug (statsd --debugfs-root)
 	ReadTimeout time.Duration
 	Logger      *slog.Logger
+	// MountDebugfs allows mounting debugfs at DebugfsRoot, inside a private
+	// mount namespace of a discarded thread, when it is not mounted there.
+	// Open sets it to true unless DisableDebugfsMount is set.
+	DisableDebugfsMount bool
+	// Now is the clock for observed_at; nil means time.Now.
+	Now func() time.Time
 }
 
-// Sampler reads the host views of one sandbox.
+// Sampler reads the host views of one sandbox. It keeps the previous
+// sample's thread start times to detect tid reuse. Safe for concurrent use.
 type Sampler struct {
 	ref source.SandboxRef
 	cfg Config
+	fs  procfs.FS
+	g   *bounded.Group
+	log *slog.Logger
+
+	mu       sync.Mutex
+	prevTids map[int32]uint64 // tid -> start time ticks, from the previous sample
 }
 
-// Open returns a HostSampler for the sandbox ref names.
+var _ source.HostSampler = (*Sampler)(nil)
+
+// Open returns a HostSampler for the sandbox ref names. It reads nothing: a
+// VMM that is not running yet shows up as a shortfall of the first sample.
+// Close releases nothing today but must be called.
 func Open(ref source.SandboxRef, cfg Config) (source.HostSampler, error) {
-	return &Sampler{ref: ref, cfg: cfg}, nil
+	return newSampler(ref, cfg)
 }
 
-// SampleHost reads every host view once.
-func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, error) {
-	return &sandboxstatsv1.HostStats{
-		ObservedAtUnixNano: time.Now().UnixNano(),
-		UnavailableReason:  "host views not implemented yet",
+func newSampler(ref source.SandboxRef, cfg Config) (*Sampler, error) {
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = DefaultProcRoot
+	}
+	if cfg.DebugfsRoot == "" {
+		cfg.DebugfsRoot = DefaultDebugfsRoot
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	fs, err := procfs.NewFS(cfg.ProcRoot)
+	if err != nil {
+		return nil, fmt.Errorf("hoststat: proc root %s: %w", cfg.ProcRoot, err)
+	}
+	return &Sampler{
+		ref: ref,
+		cfg: cfg,
+		fs:  fs,
+		g:   bounded.New(cfg.ReadTimeout),
+		log: cfg.Logger.With("component", "hoststat"),
 	}, nil
 }
 
-// Close releases nothing yet.
+// SampleHost reads every host view once. The views are read concurrently,
+// each under its own bound; each reports its own shortfall, so the error is
+// always nil unless ctx is already done.
+func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("%w: host sample: %w", source.ErrTimeout, err)
+	}
+	hs := &sandboxstatsv1.HostStats{ObservedAtUnixNano: s.cfg.Now().UnixNano()}
+
+	var wg sync.WaitGroup
+	wg.Go(func() { hs.RunnerKernel = s.runnerKernel(ctx) })
+	wg.Go(func() { hs.Kvm = &sandboxstatsv1.KvmView{Legend: legendKVM, Qmp: s.qmpView(ctx)} })
+
+	procs, how, perr := s.processes(ctx)
+	var debugfs *sandboxstatsv1.KvmSourceView
+	wg.Go(func() {
+		if perr != nil {
+			debugfs = unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, "", "VMM process unknown: "+perr.Error())
+			return
+		}
+		if s.ref.VMMPID == 0 && s.ref.VMMPIDFile == "" {
+			debugfs = &sandboxstatsv1.KvmSourceView{
+				Source: sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS,
+				State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED,
+				Reason: "no VMM pid or pid file in the sandbox ref: no KVM VM to look up",
+			}
+			return
+		}
+		debugfs = s.debugfsView(ctx, procs[0])
+	})
+	threads, name, nameSource := s.threadsView(ctx, procs, how, perr)
+	wg.Wait()
+
+	hs.VmmThreads = threads
+	hs.Kvm.Debugfs = debugfs
+	hs.GuestName, hs.GuestNameSource = name, nameSource
+	return hs, nil
+}
+
+// Close releases nothing (no file is held between samples); it is safe to
+// call more than once.
 func (s *Sampler) Close() error { return nil }
+
+// processes returns the host pids whose threads the VMM view lists: the VMM
+// (from VMMPID or VMMPIDFile), or for gVisor the sentry and its sandbox's
+// processes. procs[0] is the VMM or sentry.
+func (s *Sampler) processes(ctx context.Context) (procs []int32, how string, err error) {
+	switch {
+	case s.ref.VMMPID > 0:
+		return []int32{int32(s.ref.VMMPID)}, fmt.Sprintf("vmm_pid %d", s.ref.VMMPID), nil
+	case s.ref.VMMPIDFile != "":
+		how = "vmm_pid_file " + s.ref.VMMPIDFile
+		b, err := s.g.ReadFile(ctx, s.ref.VMMPIDFile)
+		if err != nil {
+			return nil, how, fmt.Errorf("%w: vmm pid file: %w", source.ErrNotMeasurable, err)
+		}
+		pid, err := parsePID(b)
+		if err != nil {
+			return nil, how, fmt.Errorf("%s: %w", s.ref.VMMPIDFile, err)
+		}
+		return []int32{pid}, how, nil
+	case s.ref.SentryPID > 0:
+		how = fmt.Sprintf("sentry_pid %d", s.ref.SentryPID)
+		procs, err := s.sandboxProcesses(ctx, int32(s.ref.SentryPID))
+		return procs, how, err
+	}
+	return nil, "", fmt.Errorf("%w: %w", source.ErrNotMeasurable, ErrNoVMM)
+}
+
+// parsePID parses a pid file's content: one positive decimal, surrounding
+// white space allowed.
+func parsePID(b []byte) (int32, error) {
+	t := strings.TrimSpace(string(b))
+	n, err := strconv.ParseInt(t, 10, 32)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("%w: pid %q is not a positive integer", source.ErrMalformed, t)
+	}
+	return int32(n), nil
+}
+
+// guestNameFromPIDFile returns the pid file's directory name
+// (".../srv1/qemu.pid" gives "srv1"), or "" when that directory says nothing
+// about the guest (the root, a runtime or temp directory).
+func guestNameFromPIDFile(path string) string {
+	if path == "" {
+		return ""
+	}
+	dir := filepath.Base(filepath.Dir(filepath.Clean(path)))
+	switch dir {
+	case "", ".", "/", "..", "run", "var", "tmp", "pids", "pid", "qemu", "firecracker", "cloud-hypervisor", "vm", "vms":
+		return ""
+	}
+	return dir
+}
+
+func unavailable(src sandboxstatsv1.KvmSource, origin, reason string) *sandboxstatsv1.KvmSourceView {
+	return &sandboxstatsv1.KvmSourceView{
+		Source: src,
+		State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE,
+		Origin: origin,
+		Reason: reason,
+	}
+}

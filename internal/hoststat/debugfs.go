@@ -1,0 +1,296 @@
+package hoststat
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+const legendKVM = "KVM counters of this VM only (debugfs per-VM files sum the VM's vCPUs; QMP gives one " +
+	"vCPU or the VM), never the top-level debugfs sums over all VMs; only cumulative counters may be " +
+	"differenced (a decrease is a reset or a new VM); gauges and peaks are never differenced; histograms are " +
+	"omitted; a source that cannot be read is unavailable with its reason, never zero"
+
+// kvmStatKind classifies the KVM statistic names whose type is not
+// cumulative (from include/linux/kvm_host.h and arch/x86/kvm/x86.c, with
+// pre-5.14 names). Unknown names fall back to the file mode: 0444 is an
+// INSTANT gauge, writable files are cumulative.
+var kvmStatKind = map[string]sandboxstatsv1.KvmCounterKind{
+	"blocking":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"guest_mode":                   sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"mmu_unsync":                   sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"pages_4k":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"pages_2m":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"pages_1g":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"nx_lpage_splits":              sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"lpages":                       sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"largepages":                   sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"nx_largepages_splitted":       sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
+	"max_mmu_rmap_size":            sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK,
+	"max_mmu_page_hash_collisions": sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK,
+}
+
+// kvmVMStats are the per-VM (not per-vCPU) statistic names; every other
+// per-VM debugfs file is a sum over the VM's vCPUs.
+var kvmVMStats = map[string]bool{
+	"remote_tlb_flush": true, "remote_tlb_flush_requests": true,
+	"mmu_shadow_zapped": true, "mmu_pte_write": true, "mmu_pte_updated": true, "mmu_pde_zapped": true,
+	"mmu_flooded": true, "mmu_recycled": true, "mmu_cache_miss": true, "mmu_unsync": true,
+	"pages_4k": true, "pages_2m": true, "pages_1g": true, "nx_lpage_splits": true, "lpages": true,
+	"largepages": true, "nx_largepages_splitted": true, "max_mmu_rmap_size": true,
+	"max_mmu_page_hash_collisions": true,
+}
+
+func kvmKind(name string, mode fs.FileMode) sandboxstatsv1.KvmCounterKind {
+	if k, ok := kvmStatKind[name]; ok {
+		return k
+	}
+	if mode != 0 && mode.Perm()&0o222 == 0 {
+		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE
+	}
+	return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE
+}
+
+func kvmScope(name string) string {
+	if kvmVMStats[name] {
+		return "vm"
+	}
+	return "vcpu-sum"
+}
+
+func kvmUnit(name string) string {
+	if strings.HasSuffix(name, "_ns") {
+		return "ns"
+	}
+	if name == "guest_mode" {
+		return "boolean"
+	}
+	return "count"
+}
+
+// parseVMDirName matches a debugfs per-VM directory, anchored "<pid>-<fd>":
+// pid is the thread that created the VM, fd the VM fd number.
+func parseVMDirName(name string) (pid, fd int32, ok bool) {
+	a, b, found := strings.Cut(name, "-")
+	if !found || !allDigits(a) || !allDigits(b) {
+		return 0, 0, false
+	}
+	p, err1 := strconv.ParseInt(a, 10, 32)
+	f, err2 := strconv.ParseInt(b, 10, 32)
+	if err1 != nil || err2 != nil || p <= 0 {
+		return 0, 0, false
+	}
+	return int32(p), int32(f), true
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
+// parseDebugfsValue parses a KVM debugfs stat file: "%llu\n".
+func parseDebugfsValue(b []byte) (uint64, error) {
+	t := strings.TrimSuffix(string(b), "\n")
+	v, err := strconv.ParseUint(t, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("%w: kvm debugfs value %q: %w", source.ErrMalformed, truncate(b), err)
+	}
+	return v, nil
+}
+
+// parseStatusTgid returns the Tgid: line of /proc/<pid>/status.
+func parseStatusTgid(b []byte) (int32, error) {
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
+			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
+			if err != nil || n <= 0 {
+				return 0, fmt.Errorf("%w: status Tgid %q", source.ErrMalformed, strings.TrimSpace(v))
+			}
+			return int32(n), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: status has no Tgid line", source.ErrMalformed)
+}
+
+// debugfsView reads the VMM's per-VM KVM debugfs directory under the bound.
+func (s *Sampler) debugfsView(ctx context.Context, vmmPID int32) *sandboxstatsv1.KvmSourceView {
+	key := fmt.Sprintf("hoststat:debugfs:%s:%d", s.cfg.DebugfsRoot, vmmPID)
+	v, err := bounded.Do(ctx, s.g, key, func() (*sandboxstatsv1.KvmSourceView, error) {
+		return s.readDebugfs(vmmPID), nil
+	})
+	if err != nil {
+		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, s.cfg.DebugfsRoot+"/kvm", err.Error())
+	}
+	return v
+}
+
+// readDebugfs reads the per-VM directory directly when debugfs is mounted at
+// DebugfsRoot (or DebugfsRoot holds a kvm tree), else inside a private mount
+// namespace on a discarded thread.
+func (s *Sampler) readDebugfs(vmmPID int32) *sandboxstatsv1.KvmSourceView {
+	root := s.cfg.DebugfsRoot
+	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readFileLimited}
+	mounted, err := isDebugfs(root)
+	if err != nil {
+		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root, fmt.Sprintf("debugfs root: %v", err))
+	}
+	if _, err := os.Stat(filepath.Join(root, "kvm")); mounted || err == nil {
+		return r.readVM(vmmPID)
+	}
+	if s.cfg.DisableDebugfsMount {
+		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root,
+			"debugfs is not mounted at "+root+" and mounting it is disabled")
+	}
+	var v *sandboxstatsv1.KvmSourceView
+	if err := inPrivateDebugfs(root, func() { v = r.readVM(vmmPID) }); err != nil {
+		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root,
+			fmt.Sprintf("debugfs is not mounted at %s and a private mount failed: %v", root, err))
+	}
+	v.Origin = "private debugfs mount: " + v.Origin
+	return v
+}
+
+// debugfsReader reads KVM debugfs files; read is replaceable in tests
+// (a fixture tree cannot reproduce lockdown's EPERM).
+type debugfsReader struct {
+	root, procRoot string
+	read           func(path string) ([]byte, error)
+}
+
+// readVM finds the VM directories created by vmmPID's threads and reads
+// every stat file in them, opening and closing each (an open file pins the
+// VM).
+func (r debugfsReader) readVM(vmmPID int32) *sandboxstatsv1.KvmSourceView {
+	kvmDir := filepath.Join(r.root, "kvm")
+	ents, err := os.ReadDir(kvmDir)
+	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, kvmDir,
+				"no kvm directory in debugfs: KVM is not in this kernel or /dev/kvm was never opened")
+		}
+		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, kvmDir, explainErr(err))
+	}
+	var dirs []string
+	for _, e := range ents {
+		pid, _, ok := parseVMDirName(e.Name())
+		if !ok || !e.IsDir() {
+			continue
+		}
+		if pid == vmmPID {
+			dirs = append(dirs, e.Name())
+			continue
+		}
+		// Cloud Hypervisor creates the VM on its vmm thread: map the tid
+		// to its process.
+		b, err := r.read(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "status"))
+		if err != nil {
+			continue
+		}
+		if tgid, err := parseStatusTgid(b); err == nil && tgid == vmmPID {
+			dirs = append(dirs, e.Name())
+		}
+	}
+	if len(dirs) == 0 {
+		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, kvmDir,
+			fmt.Sprintf("no KVM VM directory of process %d under %s (the VMM runs no KVM VM, or its directory was lost to a duplicate name)", vmmPID, kvmDir))
+	}
+	v := &sandboxstatsv1.KvmSourceView{Source: sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS}
+	var origins []string
+	var cumulative int
+	var firstErr error
+	for _, d := range dirs {
+		origins = append(origins, "kvm/"+d)
+		files, err := os.ReadDir(filepath.Join(kvmDir, d))
+		if err != nil {
+			v.Absent = append(v.Absent, fmt.Sprintf("kvm/%s: %s", d, explainErr(err)))
+			firstErr = cmpFirst(firstErr, err)
+			continue
+		}
+		for _, f := range files {
+			name := f.Name()
+			if f.IsDir() || strings.HasSuffix(name, "_hist") || name == "mmu_rmaps_stat" {
+				continue
+			}
+			var mode fs.FileMode
+			if info, err := f.Info(); err == nil {
+				mode = info.Mode()
+			}
+			kind := kvmKind(name, mode)
+			b, err := r.read(filepath.Join(kvmDir, d, name))
+			if err != nil {
+				v.Absent = append(v.Absent, fmt.Sprintf("%s: %s", name, explainErr(err)))
+				firstErr = cmpFirst(firstErr, fmt.Errorf("kvm/%s/%s: %w", d, name, err))
+				continue
+			}
+			val, err := parseDebugfsValue(b)
+			if err != nil {
+				v.Absent = append(v.Absent, fmt.Sprintf("%s: %v", name, err))
+				firstErr = cmpFirst(firstErr, err)
+				continue
+			}
+			if kind == sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE {
+				cumulative++
+			}
+			scope := kvmScope(name)
+			if len(dirs) > 1 {
+				scope = d + "/" + scope
+			}
+			v.Counters = append(v.Counters, &sandboxstatsv1.KvmCounter{
+				Name: name, Kind: kind, Scope: scope, Value: val, Unit: kvmUnit(name),
+			})
+		}
+	}
+	v.Origin = strings.Join(origins, ", ")
+	slices.SortStableFunc(v.Counters, func(a, b *sandboxstatsv1.KvmCounter) int {
+		return strings.Compare(a.Scope+"\x00"+a.Name, b.Scope+"\x00"+b.Name)
+	})
+	switch {
+	case cumulative == 0:
+		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE
+		if firstErr != nil {
+			v.Reason = fmt.Sprintf("no cumulative counter readable (%d files refused), first: %s", len(v.Absent), explainErr(firstErr))
+		} else {
+			v.Reason = "no cumulative counter file in the VM directory"
+		}
+	case len(v.Absent) > 0:
+		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL
+		v.Reason = fmt.Sprintf("%d files could not be read, first: %s", len(v.Absent), explainErr(firstErr))
+	default:
+		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE
+	}
+	return v
+}
+
+func cmpFirst(first, err error) error {
+	if first != nil {
+		return first
+	}
+	return err
+}
+
+// explainErr names kernel lockdown for EPERM on debugfs, which is what it
+// means there: lockdown refuses every debugfs file whose mode exceeds 0444.
+func explainErr(err error) string {
+	if errors.Is(err, syscall.EPERM) {
+		return err.Error() + " (kernel lockdown: debugfs allows only 0444 files, KVM counters are 0644)"
+	}
+	return err.Error()
+}

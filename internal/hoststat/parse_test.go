@@ -1,0 +1,262 @@
+package hoststat
+
+import (
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+const (
+	statVCPU   = "4252 (CPU 0/KVM) S 1 4242 4242 0 -1 4194368 1200 0 3 0 150 328 0 0 20 0 6 0 85002 1234567890 6500 18446744073709551615 1 1 0 0 0 0 0 4096 17664 0 0 0 -1 1 0 0 0 140 0 0 0 0 0 0 0 0 0\n"
+	statParens = "4254 (a) (b) S 1 4242 4242 0 -1 4194368 1200 0 3 0 1 1 0 0 20 0 6 0 85003 1234567890 6500 18446744073709551615 1 1 0 0 0 0 0 4096 17664 0 0 0 -1 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
+	statShort  = "1 (init) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0\n"
+	statOld    = "7 (kworker/0:1) I 2 0 0 0 -1 69238880 0 0 0 0 3 4 0 0 20 0 1 0 50\n"
+)
+
+func TestParseTaskStat(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		want taskStat
+		err  error
+	}{
+		{"qemu vCPU thread name with space and slash", statVCPU,
+			taskStat{Comm: "CPU 0/KVM", State: 'S', PPID: 1, UtimeTicks: 150, StimeTicks: 328, StartTicks: 85002, GuestTicks: 140, HasGuestField: true}, nil},
+		{"name with parentheses parsed to the last paren", statParens,
+			taskStat{Comm: "a) (b", State: 'S', PPID: 1, UtimeTicks: 1, StimeTicks: 1, StartTicks: 85003, HasGuestField: true}, nil},
+		{"kernel without guest_time field", statOld,
+			taskStat{Comm: "kworker/0:1", State: 'I', PPID: 2, UtimeTicks: 3, StimeTicks: 4, StartTicks: 50}, nil},
+		{"truncated line", statShort, taskStat{}, source.ErrMalformed},
+		{"no comm", "4252 CPU S 1", taskStat{}, source.ErrMalformed},
+		{"non-numeric utime", strings.Replace(statVCPU, " 150 328 ", " x 328 ", 1), taskStat{}, source.ErrMalformed},
+		{"empty", "", taskStat{}, source.ErrMalformed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseTaskStat([]byte(tc.in))
+			if tc.err != nil {
+				if !errors.Is(err, tc.err) {
+					t.Fatalf("err = %v, want %v", err, tc.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("(-want +got)\n%s", d)
+			}
+		})
+	}
+}
+
+func TestParseSchedstat(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		in   string
+		want schedstat
+		ok   bool
+	}{
+		{"busy vCPU in SeaBIOS", "3290841689 9792287 221\n", schedstat{3290841689, 9792287, 221}, true},
+		{"CONFIG_SCHED_INFO off", "0 0 0\n", schedstat{}, true},
+		{"two fields", "1 2\n", schedstat{}, false},
+		{"negative", "-1 2 3\n", schedstat{}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseSchedstat([]byte(tc.in))
+			if (err == nil) != tc.ok {
+				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
+			}
+			if err != nil && !errors.Is(err, source.ErrMalformed) {
+				t.Errorf("err = %v, want ErrMalformed", err)
+			}
+			if d := cmp.Diff(tc.want, got); d != "" {
+				t.Errorf("(-want +got)\n%s", d)
+			}
+		})
+	}
+}
+
+func TestClassifyThread(t *testing.T) {
+	vcpu := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU
+	other := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER
+	for _, tc := range []struct {
+		name  string
+		class sandboxstatsv1.VmmThreadClass
+		idx   int32
+	}{
+		{"CPU 0/KVM", vcpu, 0},
+		{"CPU 13/KVM", vcpu, 13},
+		{"CPU 1/TCG", vcpu, 1},
+		{"vcpu0", vcpu, 0},
+		{"vcpu7", vcpu, 7},
+		{"fc_vcpu 0", vcpu, 0},
+		{"fc_vcpu 11", vcpu, 11},
+		{"qemu-system-x86", other, 0},
+		{"IO mon_iothread", other, 0},
+		{"call_rcu", other, 0},
+		{"kvm-nx-lpage-re", other, 0},
+		{"vhost-4242", other, 0},
+		{"vcpu", other, 0},
+		{"vcpu-1", other, 0},
+		{"vcpu+1", other, 0},
+		{"CPU x/KVM", other, 0},
+		{"CPU /KVM", other, 0},
+		{"fc_vcpu", other, 0},
+		{"virtio-blk0", other, 0},
+		{"fc_api", other, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			class, idx, isVCPU := classifyThread(tc.name)
+			if class != tc.class || idx != tc.idx || isVCPU != (tc.class == vcpu) {
+				t.Errorf("classifyThread(%q) = %v, %d, %v; want %v, %d", tc.name, class, idx, isVCPU, tc.class, tc.idx)
+			}
+		})
+	}
+}
+
+func TestParseQEMUGuestName(t *testing.T) {
+	nul := func(args ...string) string { return strings.Join(args, "\x00") + "\x00" }
+	for _, tc := range []struct {
+		name, in, want string
+	}{
+		{"guest key", nul("qemu-system-x86_64", "-accel", "kvm", "-name", "guest=srv1,debug-threads=on"), "srv1"},
+		{"implied key", nul("qemu", "-name", "srv2,debug-threads=on"), "srv2"},
+		{"guest key not first", nul("qemu", "-name", "debug-threads=on,guest=srv3"), "srv3"},
+		{"double dash and equals", nul("qemu", "--name=guest=srv4"), "srv4"},
+		{"escaped comma", nul("qemu", "-name", "guest=a,,b,debug-threads=on"), "a,b"},
+		{"only options", nul("qemu", "-name", "debug-threads=on"), ""},
+		{"no -name", nul("qemu-system-x86_64", "-m", "128"), ""},
+		{"-name last", nul("qemu", "-name"), ""},
+		{"empty guest", nul("qemu", "-name", "guest="), ""},
+		{"control characters", nul("qemu", "-name", "guest=a\nb"), ""},
+		{"firecracker", nul("firecracker", "--api-sock", "/run/fc.sock"), ""},
+		{"empty cmdline (zombie or kernel thread)", "", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := parseQEMUGuestName([]byte(tc.in)); got != tc.want {
+				t.Errorf("parseQEMUGuestName = %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestGuestNameFromPIDFile(t *testing.T) {
+	for in, want := range map[string]string{
+		"/run/vms/srv1/qemu.pid": "srv1",
+		"srv1/qemu.pid":          "srv1",
+		"/run/qemu.pid":          "",
+		"/tmp/qemu.pid":          "",
+		"/qemu.pid":              "",
+		"qemu.pid":               "",
+		"":                       "",
+		"/var/lib/vm7/fc.pid":    "vm7",
+	} {
+		if got := guestNameFromPIDFile(in); got != want {
+			t.Errorf("guestNameFromPIDFile(%q) = %q, want %q", in, got, want)
+		}
+	}
+}
+
+func TestParsePID(t *testing.T) {
+	for in, want := range map[string]int32{"4242\n": 4242, " 17 ": 17, "0": 0, "-3": 0, "": 0, "12abc": 0, "99999999999": 0} {
+		got, err := parsePID([]byte(in))
+		if got != want || (want == 0) != errors.Is(err, source.ErrMalformed) {
+			t.Errorf("parsePID(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+}
+
+func TestParseVMDirName(t *testing.T) {
+	for _, tc := range []struct {
+		in      string
+		pid, fd int32
+		ok      bool
+	}{
+		{"786263-25", 786263, 25, true},
+		{"14470-11", 14470, 11, true},
+		{"112-5", 112, 5, true},
+		{"exits", 0, 0, false},
+		{"12-", 0, 0, false},
+		{"-5", 0, 0, false},
+		{"1-2-3", 0, 0, false},
+		{"0-4", 0, 0, false},
+		{"+1-2", 0, 0, false},
+	} {
+		pid, fd, ok := parseVMDirName(tc.in)
+		if pid != tc.pid || fd != tc.fd || ok != tc.ok {
+			t.Errorf("parseVMDirName(%q) = %d, %d, %v; want %d, %d, %v", tc.in, pid, fd, ok, tc.pid, tc.fd, tc.ok)
+		}
+	}
+}
+
+func TestParseDebugfsValueAndTgid(t *testing.T) {
+	if v, err := parseDebugfsValue([]byte("18446744073709551615\n")); err != nil || v != 1<<64-1 {
+		t.Errorf("max u64 = %d, %v", v, err)
+	}
+	for _, bad := range []string{"", "\n", "-1\n", "1 2\n", "abc"} {
+		if _, err := parseDebugfsValue([]byte(bad)); !errors.Is(err, source.ErrMalformed) {
+			t.Errorf("parseDebugfsValue(%q) err = %v, want ErrMalformed", bad, err)
+		}
+	}
+	b, err := os.ReadFile(filepath.Join("testdata", "proc", "5001", "status"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tgid, err := parseStatusTgid(b); err != nil || tgid != 5000 {
+		t.Errorf("Tgid of the Cloud Hypervisor vmm thread = %d, %v; want 5000", tgid, err)
+	}
+	for _, bad := range []string{"", "Name:\tx\n", "Tgid:\tx\n", "Tgid:\t0\n"} {
+		if _, err := parseStatusTgid([]byte(bad)); !errors.Is(err, source.ErrMalformed) {
+			t.Errorf("parseStatusTgid(%q) err = %v, want ErrMalformed", bad, err)
+		}
+	}
+}
+
+func TestKVMKindUnitScope(t *testing.T) {
+	cum, gauge, peak := sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE, sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE, sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK
+	for _, tc := range []struct {
+		name  string
+		mode  os.FileMode
+		kind  sandboxstatsv1.KvmCounterKind
+		unit  string
+		scope string
+	}{
+		{"exits", 0o644, cum, "count", "vcpu-sum"},
+		{"halt_wait_ns", 0o644, cum, "ns", "vcpu-sum"},
+		{"blocking", 0o444, gauge, "count", "vcpu-sum"},
+		{"pages_4k", 0o444, gauge, "count", "vm"},
+		{"largepages", 0o644, gauge, "count", "vm"},
+		{"max_mmu_rmap_size", 0o644, peak, "count", "vm"},
+		{"remote_tlb_flush", 0o644, cum, "count", "vm"},
+		{"some_future_gauge", 0o444, gauge, "count", "vcpu-sum"},
+		{"some_future_counter", 0o644, cum, "count", "vcpu-sum"},
+	} {
+		if k, u, s := kvmKind(tc.name, tc.mode), kvmUnit(tc.name), kvmScope(tc.name); k != tc.kind || u != tc.unit || s != tc.scope {
+			t.Errorf("%s: kind %v unit %q scope %q; want %v %q %q", tc.name, k, u, s, tc.kind, tc.unit, tc.scope)
+		}
+	}
+}
+
+func TestQMPUnit(t *testing.T) {
+	for _, tc := range []struct {
+		s    qmpSchema
+		want string
+	}{
+		{qmpSchema{}, "count"},
+		{qmpSchema{Unit: "seconds", Base: 10, Exponent: -9}, "ns"},
+		{qmpSchema{Unit: "seconds", Base: 10, Exponent: -6}, "usec"},
+		{qmpSchema{Unit: "bytes", Base: 2, Exponent: 12}, "bytes*2^12"},
+		{qmpSchema{Unit: "boolean"}, "boolean"},
+	} {
+		if got := qmpUnit(tc.s); got != tc.want {
+			t.Errorf("qmpUnit(%+v) = %q, want %q", tc.s, got, tc.want)
+		}
+	}
+}

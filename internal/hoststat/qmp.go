@@ -1,0 +1,338 @@
+package hoststat
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// maxQMPLine bounds one QMP message (query-stats for many vCPUs with
+// histograms stays far below).
+const maxQMPLine = 4 << 20
+
+// qmpView reads KVM statistics through QEMU's QMP query-stats when the ref
+// names a QMP socket.
+func (s *Sampler) qmpView(ctx context.Context) *sandboxstatsv1.KvmSourceView {
+	sock := s.ref.QMPSocket
+	if sock == "" {
+		return &sandboxstatsv1.KvmSourceView{
+			Source: sandboxstatsv1.KvmSource_KVM_SOURCE_QMP,
+			State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED,
+			Reason: "no QMP socket in the sandbox ref",
+		}
+	}
+	timeout := s.cfg.ReadTimeout
+	v, err := bounded.Do(ctx, s.g, "hoststat:qmp:"+sock, func() (*sandboxstatsv1.KvmSourceView, error) {
+		return queryQMPStats(sock, time.Now().Add(timeout))
+	})
+	if err != nil {
+		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, sock, err.Error())
+	}
+	return v
+}
+
+// qmpConn is one QMP session: line-delimited JSON over a Unix socket.
+type qmpConn struct {
+	c  net.Conn
+	rd *bufio.Reader
+}
+
+// queryQMPStats connects, negotiates capabilities and reads the KVM stats
+// schemas, the vCPU list and query-stats for targets vcpu and vm, all before
+// deadline.
+func queryQMPStats(sock string, deadline time.Time) (*sandboxstatsv1.KvmSourceView, error) {
+	d := net.Dialer{Deadline: deadline}
+	c, err := d.Dial("unix", sock)
+	if err != nil {
+		return nil, fmt.Errorf("%w: qmp %s: %w", source.ErrNotMeasurable, sock, err)
+	}
+	defer c.Close()
+	if err := c.SetDeadline(deadline); err != nil {
+		return nil, err
+	}
+	q := &qmpConn{c: c, rd: bufio.NewReaderSize(c, 64<<10)}
+	greeting, err := q.readMessage()
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s greeting: %w", sock, err)
+	}
+	if _, ok := greeting["QMP"]; !ok {
+		return nil, fmt.Errorf("%w: qmp %s: first message is not a QMP greeting", source.ErrMalformed, sock)
+	}
+	if _, err := q.execute("qmp_capabilities", nil); err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", sock, err)
+	}
+	schemaRaw, err := q.execute("query-stats-schemas", map[string]any{"provider": "kvm"})
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", sock, err)
+	}
+	schemas, err := parseQMPSchemas(schemaRaw)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s query-stats-schemas: %w", sock, err)
+	}
+	cpusRaw, err := q.execute("query-cpus-fast", nil)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s: %w", sock, err)
+	}
+	cpus, err := parseQMPCPUs(cpusRaw)
+	if err != nil {
+		return nil, fmt.Errorf("qmp %s query-cpus-fast: %w", sock, err)
+	}
+	v := &sandboxstatsv1.KvmSourceView{Source: sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, Origin: sock}
+	for _, target := range []string{"vm", "vcpu"} {
+		raw, err := q.execute("query-stats", map[string]any{"target": target, "providers": []map[string]string{{"provider": "kvm"}}})
+		if err != nil {
+			return nil, fmt.Errorf("qmp %s: %w", sock, err)
+		}
+		counters, err := parseQMPStats(raw, target, schemas, cpus)
+		if err != nil {
+			return nil, fmt.Errorf("qmp %s query-stats target %s: %w", sock, target, err)
+		}
+		v.Counters = append(v.Counters, counters...)
+	}
+	v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE
+	if len(v.Counters) == 0 {
+		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE
+		v.Reason = "query-stats returned no kvm statistics (QEMU not using KVM?)"
+	}
+	return v, nil
+}
+
+// readMessage reads one JSON line.
+func (q *qmpConn) readMessage() (map[string]json.RawMessage, error) {
+	var line []byte
+	for {
+		chunk, isPrefix, err := q.rd.ReadLine()
+		if err != nil {
+			return nil, err
+		}
+		line = append(line, chunk...)
+		if len(line) > maxQMPLine {
+			return nil, fmt.Errorf("%w: qmp message longer than %d bytes", source.ErrMalformed, maxQMPLine)
+		}
+		if !isPrefix {
+			break
+		}
+	}
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(line, &m); err != nil {
+		return nil, fmt.Errorf("%w: qmp message %q: %w", source.ErrMalformed, truncate(line), err)
+	}
+	return m, nil
+}
+
+// execute sends a command and returns its "return" value, skipping the
+// asynchronous events that may arrive first.
+func (q *qmpConn) execute(cmd string, args any) (json.RawMessage, error) {
+	req := map[string]any{"execute": cmd}
+	if args != nil {
+		req["arguments"] = args
+	}
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := q.c.Write(append(b, '\n')); err != nil {
+		return nil, fmt.Errorf("send %s: %w", cmd, err)
+	}
+	for {
+		m, err := q.readMessage()
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", cmd, err)
+		}
+		if _, ok := m["event"]; ok {
+			continue
+		}
+		if e, ok := m["error"]; ok {
+			return nil, fmt.Errorf("%s: qmp error %s", cmd, truncate(e))
+		}
+		if r, ok := m["return"]; ok {
+			return r, nil
+		}
+		return nil, fmt.Errorf("%w: %s: reply has neither return nor error", source.ErrMalformed, cmd)
+	}
+}
+
+// qmpSchema is one statistic's type from query-stats-schemas.
+type qmpSchema struct {
+	Type     string `json:"type"`
+	Unit     string `json:"unit"`
+	Base     int    `json:"base"`
+	Exponent int    `json:"exponent"`
+}
+
+// parseQMPSchemas maps "<target>/<name>" to its schema.
+func parseQMPSchemas(raw []byte) (map[string]qmpSchema, error) {
+	var reply []struct {
+		Provider string `json:"provider"`
+		Target   string `json:"target"`
+		Stats    []struct {
+			Name string `json:"name"`
+			qmpSchema
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal(raw, &reply); err != nil {
+		return nil, fmt.Errorf("%w: %w", source.ErrMalformed, err)
+	}
+	out := make(map[string]qmpSchema)
+	for _, r := range reply {
+		if r.Provider != "kvm" {
+			continue
+		}
+		for _, st := range r.Stats {
+			out[r.Target+"/"+st.Name] = st.qmpSchema
+		}
+	}
+	return out, nil
+}
+
+// parseQMPCPUs maps a vCPU's qom-path to its cpu-index.
+func parseQMPCPUs(raw []byte) (map[string]int32, error) {
+	var reply []struct {
+		CPUIndex int32  `json:"cpu-index"`
+		QOMPath  string `json:"qom-path"`
+	}
+	if err := json.Unmarshal(raw, &reply); err != nil {
+		return nil, fmt.Errorf("%w: %w", source.ErrMalformed, err)
+	}
+	out := make(map[string]int32, len(reply))
+	for _, c := range reply {
+		out[c.QOMPath] = c.CPUIndex
+	}
+	return out, nil
+}
+
+// parseQMPStats turns a query-stats reply into counters. Histograms (arrays)
+// are left out; booleans become 0/1; kind and unit come from the schema
+// (cumulative -> cumulative, instant -> gauge, peak -> peak).
+func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus map[string]int32) ([]*sandboxstatsv1.KvmCounter, error) {
+	var reply []struct {
+		Provider string `json:"provider"`
+		QOMPath  string `json:"qom-path"`
+		Stats    []struct {
+			Name  string          `json:"name"`
+			Value json.RawMessage `json:"value"`
+		} `json:"stats"`
+	}
+	if err := json.Unmarshal(raw, &reply); err != nil {
+		return nil, fmt.Errorf("%w: %w", source.ErrMalformed, err)
+	}
+	var out []*sandboxstatsv1.KvmCounter
+	for i, r := range reply {
+		if r.Provider != "" && r.Provider != "kvm" {
+			continue
+		}
+		scope := "vm"
+		if target == "vcpu" {
+			idx, ok := cpus[r.QOMPath]
+			if !ok {
+				idx = int32(i)
+			}
+			scope = "vcpu" + strconv.Itoa(int(idx))
+		}
+		for _, st := range r.Stats {
+			val, ok, err := qmpValue(st.Value)
+			if err != nil {
+				return nil, fmt.Errorf("%s %s: %w", scope, st.Name, err)
+			}
+			if !ok {
+				continue // histogram
+			}
+			sch, known := schemas[target+"/"+st.Name]
+			kind := qmpKind(sch.Type)
+			if !known || kind == sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_UNSPECIFIED {
+				if sch.Type == "linear-histogram" || sch.Type == "log2-histogram" {
+					continue
+				}
+				kind = kvmKind(st.Name, 0)
+			}
+			unit := qmpUnit(sch)
+			if !known {
+				unit = kvmUnit(st.Name)
+			}
+			out = append(out, &sandboxstatsv1.KvmCounter{Name: st.Name, Kind: kind, Scope: scope, Value: val, Unit: unit})
+		}
+	}
+	slices.SortStableFunc(out, func(a, b *sandboxstatsv1.KvmCounter) int {
+		if c := compareScope(a.Scope, b.Scope); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
+	return out, nil
+}
+
+// compareScope orders "vm" first, then vCPUs by number.
+func compareScope(a, b string) int {
+	na, erra := strconv.Atoi(strings.TrimPrefix(a, "vcpu"))
+	nb, errb := strconv.Atoi(strings.TrimPrefix(b, "vcpu"))
+	if erra == nil && errb == nil && strings.HasPrefix(a, "vcpu") && strings.HasPrefix(b, "vcpu") {
+		return na - nb
+	}
+	return strings.Compare(strings.Replace(a, "vm", "\x00", 1), strings.Replace(b, "vm", "\x00", 1))
+}
+
+// qmpValue decodes a stat value: a non-negative integer, a boolean (0/1), or
+// an array (histogram, ok=false).
+func qmpValue(raw json.RawMessage) (uint64, bool, error) {
+	t := bytes.TrimSpace(raw)
+	switch {
+	case len(t) == 0:
+		return 0, false, fmt.Errorf("%w: empty value", source.ErrMalformed)
+	case t[0] == '[':
+		return 0, false, nil
+	case bytes.Equal(t, []byte("true")):
+		return 1, true, nil
+	case bytes.Equal(t, []byte("false")):
+		return 0, true, nil
+	}
+	v, err := strconv.ParseUint(string(t), 10, 64)
+	if err != nil {
+		return 0, false, fmt.Errorf("%w: value %q: %w", source.ErrMalformed, truncate(t), err)
+	}
+	return v, true, nil
+}
+
+func qmpKind(t string) sandboxstatsv1.KvmCounterKind {
+	switch t {
+	case "cumulative":
+		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE
+	case "instant":
+		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE
+	case "peak":
+		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK
+	}
+	return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_UNSPECIFIED
+}
+
+// qmpUnit renders a schema's unit with its scale: seconds at 10^-9 is "ns".
+func qmpUnit(s qmpSchema) string {
+	unit := s.Unit
+	if unit == "" {
+		unit = "count"
+	}
+	if s.Exponent == 0 {
+		return unit
+	}
+	if unit == "seconds" && s.Base == 10 {
+		switch s.Exponent {
+		case -9:
+			return "ns"
+		case -6:
+			return "usec"
+		case -3:
+			return "ms"
+		}
+	}
+	return fmt.Sprintf("%s*%d^%d", unit, s.Base, s.Exponent)
+}

@@ -1,0 +1,410 @@
+package hoststat
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden")
+
+var fixedNow = func() time.Time { return time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC) }
+
+func fixtureSampler(t testing.TB, ref source.SandboxRef, debugfs string) *Sampler {
+	t.Helper()
+	s, err := newSampler(ref, Config{
+		ProcRoot:            filepath.Join("testdata", "proc"),
+		DebugfsRoot:         filepath.Join("testdata", debugfs),
+		ReadTimeout:         time.Second,
+		DisableDebugfsMount: true,
+		Now:                 fixedNow,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run go test -update)", err)
+	}
+	if d := cmp.Diff(string(want), string(got)); d != "" {
+		t.Errorf("%s (-want +got)\n%s", path, d)
+	}
+}
+
+func sampleTable(t *testing.T, hs *sandboxstatsv1.HostStats) []byte {
+	t.Helper()
+	var b bytes.Buffer
+	if err := WriteSampleTable(&b, hs); err != nil {
+		t.Fatal(err)
+	}
+	return b.Bytes()
+}
+
+// TestSampleQEMUFixture reads a QEMU VMM (pid file srv1/qemu.pid) against a
+// 5.4-era debugfs holding two VMs and the top-level sums.
+func TestSampleQEMUFixture(t *testing.T) {
+	s := fixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPIDFile: filepath.Join("testdata", "srv1", "qemu.pid")}, "debugfs-5.4")
+	hs, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs.GuestName != "srv1" || hs.GuestNameSource != "pid-file-dir" {
+		t.Errorf("guest = %q from %q, want srv1 from pid-file-dir", hs.GuestName, hs.GuestNameSource)
+	}
+	// /proc/stat "cpu  1234567 ..." ticks -> usec.
+	if got := hs.RunnerKernel.GetTotal().GetUserUsec(); got != 1234567*10000 {
+		t.Errorf("user_usec = %d, want %d", got, 1234567*10000)
+	}
+	tv := hs.VmmThreads
+	if tv.Error != "" || len(tv.Threads) != 6 {
+		t.Fatalf("threads: error %q, %d threads", tv.Error, len(tv.Threads))
+	}
+	var vcpus []string
+	for _, th := range tv.Threads {
+		if th.Class == sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU {
+			vcpus = append(vcpus, fmt.Sprintf("%d %s vcpu%d", th.Tid, th.Name, th.GetVcpuIndex()))
+		}
+	}
+	if d := cmp.Diff([]string{"4252 CPU 0/KVM vcpu0", "4253 CPU 1/KVM vcpu1"}, vcpus); d != "" {
+		t.Errorf("vCPU threads (-want +got)\n%s", d)
+	}
+	if tv.VcpuTotals.Threads != 2 || tv.OtherTotals.Threads != 4 || tv.VcpuTotals.RunNs != 3290841689+1597585 {
+		t.Errorf("totals vcpu %v other %v", tv.VcpuTotals, tv.OtherTotals)
+	}
+	dv := hs.Kvm.Debugfs
+	if dv.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE || dv.Origin != "kvm/4242-11" {
+		t.Fatalf("debugfs %v %q %q", dv.State, dv.Origin, dv.Reason)
+	}
+	for _, c := range dv.Counters {
+		if c.Name == "exits" && c.Value != 1234567 {
+			t.Errorf("exits = %d, want this VM's 1234567 (not another VM's or the top-level sum)", c.Value)
+		}
+	}
+	if hs.Kvm.Qmp.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED {
+		t.Errorf("qmp state %v, want not configured", hs.Kvm.Qmp.State)
+	}
+	golden(t, "sample_qemu_debugfs54", sampleTable(t, hs))
+}
+
+// TestSampleCloudHypervisorFixture: the VM directory is named after the vmm
+// thread (5001), mapped to the process through /proc/5001/status Tgid.
+func TestSampleCloudHypervisorFixture(t *testing.T) {
+	s := fixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 5000}, "debugfs-6.16")
+	hs, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs.GuestName != "anonymous" || hs.GuestNameSource != "none" {
+		t.Errorf("guest = %q from %q, want anonymous", hs.GuestName, hs.GuestNameSource)
+	}
+	if hs.Kvm.Debugfs.Origin != "kvm/5001-7" || hs.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE {
+		t.Errorf("debugfs origin %q state %v reason %q", hs.Kvm.Debugfs.Origin, hs.Kvm.Debugfs.State, hs.Kvm.Debugfs.Reason)
+	}
+	golden(t, "sample_cloudhypervisor_debugfs616", sampleTable(t, hs))
+}
+
+func TestSampleFirecrackerFixtureNoKVMDir(t *testing.T) {
+	s := fixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 6000}, "debugfs-6.16")
+	hs, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hs.VmmThreads.VcpuTotals.Threads != 1 || hs.VmmThreads.OtherTotals.Threads != 2 {
+		t.Errorf("firecracker totals vcpu %v other %v", hs.VmmThreads.VcpuTotals, hs.VmmThreads.OtherTotals)
+	}
+	dv := hs.Kvm.Debugfs
+	if dv.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(dv.Reason, "no KVM VM directory of process 6000") || len(dv.Counters) != 0 {
+		t.Errorf("debugfs %v %q %d counters; want unavailable, no zeros", dv.State, dv.Reason, len(dv.Counters))
+	}
+}
+
+// TestDebugfsLockdownEPERM: under lockdown, 0644 counter files refuse open
+// with EPERM and only 0444 gauges read. The view is unavailable with that
+// reason; no counter is reported as zero.
+func TestDebugfsLockdownEPERM(t *testing.T) {
+	r := debugfsReader{
+		root:     filepath.Join("testdata", "debugfs-6.16"),
+		procRoot: filepath.Join("testdata", "proc"),
+		read: func(path string) ([]byte, error) {
+			if strings.Contains(path, "/kvm/") && !strings.HasSuffix(path, "/blocking") && !strings.HasSuffix(path, "/status") {
+				return nil, &fs.PathError{Op: "open", Path: path, Err: syscall.EPERM}
+			}
+			return readFileLimited(path)
+		},
+	}
+	v := r.readVM(5000)
+	if v.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE {
+		t.Fatalf("state %v, want unavailable", v.State)
+	}
+	if !strings.Contains(v.Reason, "operation not permitted") || !strings.Contains(v.Reason, "lockdown") {
+		t.Errorf("reason %q does not name EPERM and lockdown", v.Reason)
+	}
+	var names []string
+	for _, c := range v.Counters {
+		names = append(names, c.Name+"="+kindName(c.Kind))
+	}
+	if d := cmp.Diff([]string{"blocking=gauge"}, names); d != "" {
+		t.Errorf("readable counters (-want +got)\n%s", d)
+	}
+	if len(v.Absent) != 31 {
+		t.Errorf("%d absent, want 31 refused files", len(v.Absent))
+	}
+}
+
+// TestPIDFileFIFOTimesOut: a pid file that never yields a byte (a FIFO with
+// no writer) costs the sample only the read bound, and the other views are
+// still read.
+func TestPIDFileFIFOTimesOut(t *testing.T) {
+	fifo := filepath.Join(t.TempDir(), "srv9", "qemu.pid")
+	if err := os.Mkdir(filepath.Dir(fifo), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(fifo, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		// Release the hung open so its goroutine ends.
+		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
+	s, err := newSampler(source.SandboxRef{Class: source.ClassMicroVM, VMMPIDFile: fifo}, Config{
+		ProcRoot: filepath.Join("testdata", "proc"), DebugfsRoot: filepath.Join("testdata", "debugfs-5.4"),
+		ReadTimeout: 200 * time.Millisecond, DisableDebugfsMount: true,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	hs, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 2*time.Second {
+		t.Errorf("sample took %v with a 200ms bound", took)
+	}
+	if !strings.Contains(hs.VmmThreads.Error, "timed out") {
+		t.Errorf("threads error %q, want a timeout", hs.VmmThreads.Error)
+	}
+	if hs.RunnerKernel.Error != "" || hs.RunnerKernel.Total == nil {
+		t.Errorf("runner kernel view lost: %q", hs.RunnerKernel.Error)
+	}
+	if hs.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(hs.Kvm.Debugfs.Reason, "timed out") {
+		t.Errorf("debugfs %v %q", hs.Kvm.Debugfs.State, hs.Kvm.Debugfs.Reason)
+	}
+	if hs.GuestName != "srv9" {
+		t.Errorf("guest %q, want srv9 from the pid file's directory", hs.GuestName)
+	}
+}
+
+func TestPIDFileMalformedAndProcessGone(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ref  source.SandboxRef
+		want string
+	}{
+		{"garbage pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "pidfiles", "garbage", "qemu.pid")}, "not a positive integer"},
+		{"missing pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "nope", "qemu.pid")}, "no such file"},
+		{"process gone", source.SandboxRef{VMMPID: 31337}, "process 31337 is gone"},
+		{"no vmm at all", source.SandboxRef{Class: source.ClassMicroVM}, ErrNoVMM.Error()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs, err := fixtureSampler(t, tc.ref, "debugfs-5.4").SampleHost(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(hs.VmmThreads.Error, tc.want) {
+				t.Errorf("threads error %q, want %q", hs.VmmThreads.Error, tc.want)
+			}
+			if hs.RunnerKernel.Total == nil {
+				t.Error("runner kernel view lost")
+			}
+		})
+	}
+}
+
+// TestTidReuse: a tid that comes back with another start time is flagged.
+func TestTidReuse(t *testing.T) {
+	root := t.TempDir()
+	if err := os.CopyFS(root, os.DirFS(filepath.Join("testdata", "proc"))); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSampler(source.SandboxRef{VMMPID: 4242}, Config{ProcRoot: root, DebugfsRoot: t.TempDir(), DisableDebugfsMount: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, _ := s.SampleHost(context.Background())
+	if len(first.VmmThreads.ReusedTids) != 0 {
+		t.Fatalf("first sample reused %v", first.VmmThreads.ReusedTids)
+	}
+	p := filepath.Join(root, "4242", "task", "4253", "stat")
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, bytes.Replace(b, []byte(" 85002 "), []byte(" 99000 "), 1), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	second, _ := s.SampleHost(context.Background())
+	if d := cmp.Diff([]int32{4253}, second.VmmThreads.ReusedTids); d != "" {
+		t.Errorf("reused tids (-want +got)\n%s", d)
+	}
+	rep := Window(first, second, 10*time.Second)
+	if !strings.Contains(strings.Join(rep.Findings, "\n"), "tid 4253 reused") {
+		t.Errorf("window findings %q lack the reuse", rep.Findings)
+	}
+}
+
+// fakeQMP serves QMP from the fixture replies on a Unix socket, with an
+// event before the vcpu stats reply. mute makes it accept and never speak.
+func fakeQMP(t *testing.T, mute bool) string {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "qmp.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	fixture := func(name string) []byte {
+		b, err := os.ReadFile(filepath.Join("testdata", "qmp", name+".json"))
+		if err != nil {
+			t.Error(err)
+		}
+		return b
+	}
+	go func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				if mute {
+					c.Read(make([]byte, 1))
+					return
+				}
+				c.Write(fixture("greeting"))
+				sc := bufio.NewScanner(c)
+				for sc.Scan() {
+					var req struct {
+						Execute   string         `json:"execute"`
+						Arguments map[string]any `json:"arguments"`
+					}
+					if err := json.Unmarshal(sc.Bytes(), &req); err != nil {
+						return
+					}
+					switch req.Execute {
+					case "qmp_capabilities":
+						c.Write([]byte(`{"return": {}}` + "\n"))
+					case "query-stats":
+						if req.Arguments["target"] == "vcpu" {
+							c.Write([]byte(`{"timestamp": {"seconds": 1, "microseconds": 2}, "event": "RTC_CHANGE", "data": {"offset": 0}}` + "\n"))
+						}
+						c.Write(fixture("query-stats-" + req.Arguments["target"].(string)))
+					default:
+						c.Write(fixture(req.Execute))
+					}
+				}
+			}()
+		}
+	}()
+	return sock
+}
+
+func TestQMPQueryStats(t *testing.T) {
+	sock := fakeQMP(t, false)
+	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242, QMPSocket: sock}, "debugfs-5.4")
+	hs, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := hs.Kvm.Qmp
+	if q.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE {
+		t.Fatalf("qmp %v %q", q.State, q.Reason)
+	}
+	var got []string
+	for _, c := range q.Counters {
+		if c.Scope != "vm" {
+			got = append(got, fmt.Sprintf("%s %s %s %d %s", c.Scope, c.Name, kindName(c.Kind), c.Value, c.Unit))
+		}
+	}
+	want := []string{
+		"vcpu0 blocking gauge 1 boolean", "vcpu0 exits counter 7592 count", "vcpu0 guest_mode gauge 0 boolean",
+		"vcpu0 halt_exits counter 759 count", "vcpu0 halt_wait_ns counter 7592000 ns", "vcpu0 halt_wakeup counter 690 count",
+		"vcpu0 insn_emulation counter 300 count", "vcpu0 io_exits counter 900 count", "vcpu0 pf_taken counter 2000 count",
+		"vcpu1 blocking gauge 1 boolean", "vcpu1 exits counter 1204 count", "vcpu1 guest_mode gauge 0 boolean",
+		"vcpu1 halt_exits counter 120 count", "vcpu1 halt_wait_ns counter 1204000 ns", "vcpu1 halt_wakeup counter 109 count",
+		"vcpu1 insn_emulation counter 301 count", "vcpu1 io_exits counter 901 count", "vcpu1 pf_taken counter 2001 count",
+	}
+	if d := cmp.Diff(want, got); d != "" {
+		t.Errorf("vcpu counters (-want +got)\n%s", d)
+	}
+	q.Origin = "<test socket>"
+	golden(t, "sample_qemu_qmp", sampleTable(t, hs))
+}
+
+func TestQMPMuteServerIsBounded(t *testing.T) {
+	sock := fakeQMP(t, true)
+	s, err := newSampler(source.SandboxRef{QMPSocket: sock}, Config{ProcRoot: filepath.Join("testdata", "proc"), ReadTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	hs, _ := s.SampleHost(context.Background())
+	if time.Since(start) > 2*time.Second {
+		t.Errorf("mute QMP took %v", time.Since(start))
+	}
+	if hs.Kvm.Qmp.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || hs.Kvm.Qmp.Reason == "" {
+		t.Errorf("qmp %v %q, want unavailable with a reason", hs.Kvm.Qmp.State, hs.Kvm.Qmp.Reason)
+	}
+	if _, err := os.Stat(sock); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestQMPNoSocket(t *testing.T) {
+	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242, QMPSocket: filepath.Join(t.TempDir(), "missing.sock")}, "debugfs-5.4")
+	hs, _ := s.SampleHost(context.Background())
+	if q := hs.Kvm.Qmp; q.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(q.Reason, "no such file") {
+		t.Errorf("qmp %v %q", q.State, q.Reason)
+	}
+}
+
+func TestSampleHostCanceledContext(t *testing.T) {
+	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242}, "debugfs-5.4")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.SampleHost(ctx); !errors.Is(err, source.ErrTimeout) {
+		t.Errorf("err = %v, want ErrTimeout", err)
+	}
+}
