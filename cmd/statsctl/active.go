@@ -1,0 +1,67 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+func runActive(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "active", "Print whatever workload statsd measures (the discovery read)")
+	var (
+		conn        connFlags
+		out         outputFlag
+		includeHost bool
+	)
+	conn.register(fs, defaultSocket, "stats")
+	out.register(fs)
+	fs.BoolVar(&includeHost, "include-host", false, "also read the runner-layer (host) counters")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := out.validate(); err != nil {
+		return err
+	}
+	cc, err := conn.dial()
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
+	defer cancel()
+	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).StatsActiveWorkloads(ctx,
+		&sandboxstatsv1.StatsActiveWorkloadsRequest{IncludeHost: includeHost})
+	if err != nil {
+		return err
+	}
+	if out.format == "json" {
+		return writeJSON(e.stdout, resp)
+	}
+	return writeActiveTable(e.stdout, resp)
+}
+
+func writeActiveTable(w io.Writer, resp *sandboxstatsv1.StatsActiveWorkloadsResponse) error {
+	if len(resp.GetSamples()) == 0 {
+		reason := strings.ToLower(strings.TrimPrefix(resp.GetNoSampleReason().String(), "NO_SAMPLE_REASON_"))
+		_, err := fmt.Fprintf(w, "no sample: %s: %s\n", reason, resp.GetNoSampleDetail())
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTOR\tTEMPLATE\tCLASS\tSOURCE\tMEM CURRENT\tWORKING SET\tPEAK\tCPU\tEPOCH")
+	for _, s := range resp.GetSamples() {
+		peak := "absent"
+		if s.MemoryPeakBytes != nil {
+			peak = fmt.Sprintf("%.1fMiB", float64(s.GetMemoryPeakBytes())/(1<<20))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1fMiB\t%.1fMiB\t%s\t%.3fs\t%s\n",
+			s.GetActorUid(), qualified(s.GetTemplateNamespace(), s.GetTemplateName()),
+			className(s.GetSandboxClass()), sourceName(s.GetSource()),
+			float64(s.GetMemoryCurrentBytes())/(1<<20), float64(s.GetMemoryWorkingSetBytes())/(1<<20),
+			peak, float64(s.GetCpuUsageUsec())/1e6, formatTime(s.GetEpochUnixNano()))
+	}
+	return tw.Flush()
+}

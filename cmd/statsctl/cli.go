@@ -1,0 +1,205 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sandboxstats/sandboxstats/internal/server"
+)
+
+// Exit codes.
+const (
+	exitOK    = 0
+	exitError = 1 // the call failed; one line on stderr says why
+	exitUsage = 2
+)
+
+const (
+	defaultSocket          = "/run/statsd/statsd.sock"
+	defaultLifecycleSocket = "/run/statsd/lifecycle.sock"
+)
+
+type command struct {
+	name, summary string
+	run           func(ctx context.Context, env *env, args []string) error
+}
+
+var commands = []command{
+	{"stats", "one sample of the named workload", runStats},
+	{"active", "the discovery read: whatever workload is bound here", runActive},
+	{"host", "the runner-layer (host) view of the named workload's sandbox", runHost},
+	{"health", "grpc.health.v1 status of statsd", runHealth},
+	{"run-workload", "bind a workload (launcher side)", runRunWorkload},
+	{"restore-workload", "bind a restored workload (launcher side)", runRestoreWorkload},
+	{"checkpoint-workload", "forget the bound workload (launcher side)", runCheckpointWorkload},
+}
+
+// env is what every subcommand writes to.
+type env struct {
+	stdout, stderr io.Writer
+}
+
+// usageError marks a command-line mistake (exit 2).
+type usageError struct{ error }
+
+func usage(w io.Writer) {
+	fmt.Fprintf(w, "Usage: statsctl <command> [flags]\n\nCommands:\n")
+	for _, c := range commands {
+		fmt.Fprintf(w, "  %-20s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintf(w, `
+Examples:
+  statsctl health
+  statsctl active -o json
+  statsctl stats --actor-uid 7f3c9a
+  statsctl run-workload --actor-uid 7f3c9a --class gvisor --sentry-pid 4242
+  statsctl run-workload --actor-uid 7f3c9a --class microvm \
+      --agent-address hvsock:///run/vc/vm/7f3c9a/clh.sock:1024 --container-id web_ovl
+  statsctl checkpoint-workload --actor-uid 7f3c9a
+
+Run 'statsctl <command> --help' for a command's flags.
+`)
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	e := &env{stdout: stdout, stderr: stderr}
+	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+		usage(stdout)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, e, args[1:])
+		var ue usageError
+		switch {
+		case err == nil:
+			return exitOK
+		case errors.Is(err, flag.ErrHelp):
+			return exitOK
+		case errors.As(err, &ue):
+			fmt.Fprintf(stderr, "statsctl %s: %v\n", c.name, err)
+			return exitUsage
+		default:
+			fmt.Fprintf(stderr, "statsctl %s: %s\n", c.name, describeError(err))
+			return exitError
+		}
+	}
+	fmt.Fprintf(stderr, "statsctl: unknown command %q\n", args[0])
+	usage(stderr)
+	return exitUsage
+}
+
+// describeError renders an RPC error on one line: code, reason, message.
+func describeError(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return err.Error()
+	}
+	msg := strings.ReplaceAll(st.Message(), "\n", " ")
+	if reason := server.ReasonOf(err); reason != "" {
+		return fmt.Sprintf("%s %s: %s", codeName(st.Code().String()), reason, msg)
+	}
+	return fmt.Sprintf("%s: %s", codeName(st.Code().String()), msg)
+}
+
+// codeName turns "FailedPrecondition" into "FAILED_PRECONDITION".
+func codeName(s string) string {
+	var b strings.Builder
+	for i, r := range s {
+		if i > 0 && r >= 'A' && r <= 'Z' {
+			b.WriteByte('_')
+		}
+		b.WriteRune(r)
+	}
+	return strings.ToUpper(b.String())
+}
+
+// flagSet makes a subcommand's flag set; commonFlags holds what most share.
+func flagSet(e *env, name, summary string) *flag.FlagSet {
+	fs := flag.NewFlagSet("statsctl "+name, flag.ContinueOnError)
+	fs.SetOutput(e.stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: statsctl %s [flags]\n\n%s.\n\nFlags:\n", name, summary)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+type connFlags struct {
+	socket  string
+	timeout time.Duration
+}
+
+func (c *connFlags) register(fs *flag.FlagSet, defaultPath, what string) {
+	fs.StringVar(&c.socket, "socket", defaultPath, "Unix socket of statsd's "+what+" service")
+	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline of the call")
+}
+
+func (c *connFlags) dial() (*grpc.ClientConn, error) {
+	return grpc.NewClient("unix://"+c.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+}
+
+type outputFlag struct{ format string }
+
+func (o *outputFlag) register(fs *flag.FlagSet) {
+	fs.StringVar(&o.format, "o", "table", "output format: table or json")
+}
+
+func (o *outputFlag) validate() error {
+	if o.format != "table" && o.format != "json" {
+		return usageError{fmt.Errorf("-o must be table or json, not %q", o.format)}
+	}
+	return nil
+}
+
+// parse parses args and rejects stray positional arguments.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return usageError{err}
+	}
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected arguments: %q", fs.Args())}
+	}
+	return nil
+}
+
+// writeJSON prints a message as protojson with proto field names. protojson
+// varies its whitespace on purpose; compacting and re-indenting makes the
+// output stable for scripts and golden files.
+func writeJSON(w io.Writer, m proto.Message) error {
+	b, err := protojson.MarshalOptions{UseProtoNames: true}.Marshal(m)
+	if err != nil {
+		return err
+	}
+	var compact, out bytes.Buffer
+	if err := json.Compact(&compact, b); err != nil {
+		return err
+	}
+	if err := json.Indent(&out, compact.Bytes(), "", "  "); err != nil {
+		return err
+	}
+	out.WriteByte('\n')
+	_, err = w.Write(out.Bytes())
+	return err
+}

@@ -1,0 +1,37 @@
+package main
+
+import (
+	"context"
+	"fmt"
+
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+func runHealth(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "health", "Print statsd's grpc.health.v1 serving status")
+	var (
+		conn    connFlags
+		service string
+	)
+	conn.register(fs, defaultSocket, "stats")
+	fs.StringVar(&service, "service", "", `service to check ("" is the whole daemon)`)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cc, err := conn.dial()
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
+	defer cancel()
+	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(e.stdout, resp.GetStatus())
+	if resp.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("statsd is %s", resp.GetStatus())
+	}
+	return nil
+}

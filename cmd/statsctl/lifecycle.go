@@ -1,0 +1,131 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// stringsFlag is a repeatable string flag.
+type stringsFlag []string
+
+func (s *stringsFlag) String() string     { return strings.Join(*s, ",") }
+func (s *stringsFlag) Set(v string) error { *s = append(*s, v); return nil }
+
+type bindFlags struct {
+	conn     connFlags
+	identity sandboxstatsv1.WorkloadIdentity
+	class    string
+	ref      sandboxstatsv1.SandboxRef
+	ids      stringsFlag
+	sentry   int
+	vmmPID   int
+}
+
+func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error) {
+	fs := flagSet(e, name, summary)
+	b := &bindFlags{}
+	b.conn.register(fs, defaultLifecycleSocket, "lifecycle")
+	fs.StringVar(&b.conn.socket, "lifecycle-socket", defaultLifecycleSocket, "Unix socket of statsd's lifecycle service (same as --socket)")
+	fs.StringVar(&b.identity.ActorUid, "actor-uid", "", "actor uid (required)")
+	fs.StringVar(&b.identity.ActorName, "actor-name", "", "actor name")
+	fs.StringVar(&b.identity.ActorNamespace, "actor-namespace", "", "actor namespace")
+	fs.StringVar(&b.identity.TemplateNamespace, "template-namespace", "", "template namespace")
+	fs.StringVar(&b.identity.TemplateName, "template-name", "", "template name")
+	fs.StringVar(&b.class, "class", "", "sandbox class: gvisor or microvm (required)")
+	fs.StringVar(&b.ref.CgroupPath, "cgroup-path", "", "gvisor: sandbox cgroup, relative to the cgroup mount")
+	fs.IntVar(&b.sentry, "sentry-pid", 0, "gvisor: the sentry's pid (cgroup found through /proc/<pid>/cgroup)")
+	fs.StringVar(&b.ref.AgentAddress, "agent-address", "", "microvm: hvsock://<unix path>:<port> or vsock://<cid>:<port>")
+	fs.Var(&b.ids, "container-id", "microvm: a workload container id (repeatable, at most 25)")
+	fs.IntVar(&b.vmmPID, "vmm-pid", 0, "the VMM's pid (host view)")
+	fs.StringVar(&b.ref.VmmPidFile, "vmm-pid-file", "", "file holding the VMM's pid (host view)")
+	fs.StringVar(&b.ref.QmpSocket, "qmp-socket", "", "QEMU QMP socket (KVM counters)")
+	return b, func(args []string) error {
+		if err := parse(fs, args); err != nil {
+			return err
+		}
+		switch b.class {
+		case "gvisor":
+			b.ref.SandboxClass = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR
+		case "microvm":
+			b.ref.SandboxClass = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
+		default:
+			return usageError{fmt.Errorf("--class must be gvisor or microvm, not %q", b.class)}
+		}
+		b.ref.ContainerIds = b.ids
+		b.ref.SentryPid = int32(b.sentry)
+		b.ref.VmmPid = int32(b.vmmPID)
+		return nil
+	}
+}
+
+func runRunWorkload(ctx context.Context, e *env, args []string) error {
+	b, parse := bindFlagSet(e, "run-workload", "Bind a workload to statsd (what the launcher does on run)")
+	if err := parse(args); err != nil {
+		return err
+	}
+	cc, err := b.conn.dial()
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, b.conn.timeout)
+	defer cancel()
+	resp, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).RunWorkload(ctx,
+		&sandboxstatsv1.RunWorkloadRequest{Identity: &b.identity, Sandbox: &b.ref})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "bound %s, epoch %s\n", b.identity.GetActorUid(), formatTime(resp.GetEpochUnixNano()))
+	return nil
+}
+
+func runRestoreWorkload(ctx context.Context, e *env, args []string) error {
+	b, parse := bindFlagSet(e, "restore-workload", "Bind a restored workload to statsd (what the launcher does on restore)")
+	if err := parse(args); err != nil {
+		return err
+	}
+	cc, err := b.conn.dial()
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, b.conn.timeout)
+	defer cancel()
+	resp, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).RestoreWorkload(ctx,
+		&sandboxstatsv1.RestoreWorkloadRequest{Identity: &b.identity, Sandbox: &b.ref})
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "bound %s (restored), epoch %s\n", b.identity.GetActorUid(), formatTime(resp.GetEpochUnixNano()))
+	return nil
+}
+
+func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "checkpoint-workload", "Make statsd forget the bound workload (what the launcher does on checkpoint or teardown)")
+	var (
+		conn     connFlags
+		actorUID string
+	)
+	conn.register(fs, defaultLifecycleSocket, "lifecycle")
+	fs.StringVar(&conn.socket, "lifecycle-socket", defaultLifecycleSocket, "Unix socket of statsd's lifecycle service (same as --socket)")
+	fs.StringVar(&actorUID, "actor-uid", "", "the bound actor (required)")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	cc, err := conn.dial()
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
+	defer cancel()
+	if _, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).CheckpointWorkload(ctx,
+		&sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: actorUID}); err != nil {
+		return err
+	}
+	fmt.Fprintf(e.stdout, "forgot %s\n", actorUID)
+	return nil
+}

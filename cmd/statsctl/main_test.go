@@ -1,0 +1,166 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/server"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files")
+
+// scriptedSource answers every Sample with one reading or error.
+type scriptedSource struct {
+	reading source.Reading
+	err     error
+}
+
+func (s *scriptedSource) Sample(context.Context) (source.Reading, error) { return s.reading, s.err }
+func (s *scriptedSource) Close() error                                   { return nil }
+
+var (
+	peak  = uint64(224_350_208)
+	procs = uint32(5)
+	zero  = uint32(0)
+)
+
+type daemon struct {
+	stats, lifecycle string
+	src              *scriptedSource
+}
+
+// startDaemon serves statsd's services on Unix sockets with a fixed clock, so
+// outputs are byte-for-byte stable.
+func startDaemon(t *testing.T) *daemon {
+	t.Helper()
+	dir := t.TempDir()
+	d := &daemon{stats: filepath.Join(dir, "s.sock"), lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}}
+	clock := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	store, err := identity.NewStore(identity.Config{
+		Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) { return d.src, nil, nil },
+		Now:  func() time.Time { return clock },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	logger := slog.New(slog.DiscardHandler)
+	srv := grpc.NewServer(server.UnaryInterceptors(logger))
+	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, func() time.Time { return clock.Add(90 * time.Second) }, logger))
+	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, server.NewLifecycleService(store, logger))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
+	for _, p := range []string{d.stats, d.lifecycle} {
+		lis, err := net.Listen("unix", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		go srv.Serve(lis)
+	}
+	t.Cleanup(srv.Stop)
+	return d
+}
+
+func (d *daemon) ctl(t *testing.T, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	real := make([]string, len(args))
+	for i, a := range args {
+		real[i] = strings.NewReplacer("$STATS", d.stats, "$LIFECYCLE", d.lifecycle).Replace(a)
+	}
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), real, &out, &errOut)
+	return out.String(), strings.ReplaceAll(errOut.String(), filepath.Dir(d.stats), "$DIR"), code
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	p := filepath.Join("testdata", name+".golden")
+	if *update {
+		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return
+	}
+	want, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatalf("%v (run go test -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("output differs from %s (go test -update rewrites it)\n--- want\n%s--- got\n%s", p, want, got)
+	}
+}
+
+func TestGolden(t *testing.T) {
+	d := startDaemon(t)
+	gv := []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
+		"--actor-name", "web", "--actor-namespace", "team-a", "--template-namespace", "templates", "--template-name", "python",
+		"--class", "gvisor", "--cgroup-path", "/statstest/pod1"}
+	v1 := source.Reading{
+		Kind: source.KindCgroup, Detail: "cgroup v1 (hybrid): /sys/fs/cgroup/memory/statstest/pod1, /sys/fs/cgroup/cpuacct/statstest/pod1",
+		MemoryCurrentBytes: 222_867_456, MemoryPeakBytes: &peak, MemoryWorkingSetBytes: 222_728_192,
+		CPUUsageUsec: 255_682, SandboxProcesses: &procs,
+	}
+	noPeak := v1
+	noPeak.Detail = "cgroup v2: /sys/fs/cgroup/statstest/pod1"
+	noPeak.MemoryPeakBytes = nil
+	noPeak.Absent = []source.Absent{{Field: "memory_peak_bytes", Reason: "memory.peak not offered by this kernel (needs Linux 5.19)"}}
+	dead := v1
+	dead.SandboxProcesses = &zero
+
+	for _, tc := range []struct {
+		name    string
+		reading source.Reading
+		err     error
+		args    []string
+		code    int
+	}{
+		{name: "active-no-workload", args: []string{"active", "--socket", "$STATS"}},
+		{name: "stats-no-workload", args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
+		{name: "run-workload", args: gv},
+		{name: "run-workload-other", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "other", "--class", "gvisor", "--sentry-pid", "42"}, code: exitError},
+		{name: "run-workload-invalid", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "gvisor", "--cgroup-path", "relative"}, code: exitError},
+		{name: "run-workload-bad-class", args: []string{"run-workload", "--actor-uid", "x", "--class", "docker"}, code: exitUsage},
+		{name: "stats-table", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-json", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "-o", "json"}},
+		{name: "stats-no-peak", reading: noPeak, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-dead-sandbox", reading: dead, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-mismatch", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "someone-else"}, code: exitError},
+		{name: "stats-invalid-uid", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "has space"}, code: exitError},
+		{name: "stats-not-measurable", err: fmt.Errorf("gvisor: /sys/fs/cgroup/memory/statstest/pod1: no such cgroup: %w", source.ErrNotMeasurable), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
+		{name: "stats-timeout", err: fmt.Errorf("%w: /sys/fs/cgroup/memory/statstest/pod1/memory.usage_in_bytes: context deadline exceeded", source.ErrTimeout), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
+		{name: "stats-malformed", err: fmt.Errorf("%w: /sys/fs/cgroup/statstest/pod1/memory.current: token %q is not a number", source.ErrMalformed, "max"), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
+		{name: "active-table", reading: v1, args: []string{"active", "--socket", "$STATS"}},
+		{name: "active-json", reading: v1, args: []string{"active", "--socket", "$STATS", "-o", "json"}},
+		{name: "active-not-measurable", err: fmt.Errorf("cgroup not created yet: %w", source.ErrNotMeasurable), args: []string{"active", "--socket", "$STATS"}},
+		{name: "health", args: []string{"health", "--socket", "$STATS"}},
+		{name: "checkpoint-other", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "other"}, code: exitError},
+		{name: "checkpoint", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
+		{name: "checkpoint-retry", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
+		{name: "stray-argument", args: []string{"active", "--socket", "$STATS", "extra"}, code: exitUsage},
+		{name: "unknown-command", args: []string{"frobnicate"}, code: exitUsage},
+		{name: "help", args: []string{"--help"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d.src.reading, d.src.err = tc.reading, tc.err
+			out, errOut, code := d.ctl(t, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, errOut)
+			}
+			golden(t, tc.name, "$ statsctl "+strings.Join(tc.args, " ")+"\n"+out+errOut)
+		})
+	}
+}

@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+func runStats(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "stats", "Print one sample of the workload statsd measures, if it is the one named")
+	var (
+		conn        connFlags
+		out         outputFlag
+		actorUID    string
+		includeHost bool
+	)
+	conn.register(fs, defaultSocket, "stats")
+	out.register(fs)
+	fs.StringVar(&actorUID, "actor-uid", "", "the actor you believe runs there (required)")
+	fs.BoolVar(&includeHost, "include-host", false, "also read the runner-layer (host) counters")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := out.validate(); err != nil {
+		return err
+	}
+	if actorUID == "" {
+		return usageError{fmt.Errorf("--actor-uid is required")}
+	}
+	cc, err := conn.dial()
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
+	defer cancel()
+	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).StatsWorkload(ctx,
+		&sandboxstatsv1.StatsWorkloadRequest{ActorUid: actorUID, IncludeHost: includeHost})
+	if err != nil {
+		return err
+	}
+	if out.format == "json" {
+		return writeJSON(e.stdout, resp.GetSample())
+	}
+	return writeSampleTable(e.stdout, resp.GetSample())
+}
+
+// writeSampleTable prints one sample, one figure a line, each with its unit
+// and kind.
+func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v, note string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", k, v, note) }
+	row("ACTOR", s.GetActorUid(), qualified(s.GetActorNamespace(), s.GetActorName()))
+	row("TEMPLATE", qualified(s.GetTemplateNamespace(), s.GetTemplateName()), "")
+	row("CLASS", className(s.GetSandboxClass()), "")
+	row("SOURCE", sourceName(s.GetSource()), s.GetSourceDetail())
+	row("EPOCH", formatTime(s.GetEpochUnixNano()), "counters and peaks restart per epoch")
+	row("OBSERVED", formatTime(s.GetObservedAtUnixNano()), "")
+	if s.GetSource() == sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED {
+		row("MEASURED", "no", "numbers below are not measurements")
+	}
+	row("MEMORY CURRENT", formatBytes(s.GetMemoryCurrentBytes()), "gauge")
+	if s.MemoryPeakBytes != nil {
+		row("MEMORY PEAK", formatBytes(s.GetMemoryPeakBytes()), "peak within the epoch")
+	} else {
+		row("MEMORY PEAK", "absent", absentReason(s, "memory_peak_bytes"))
+	}
+	row("WORKING SET", formatBytes(s.GetMemoryWorkingSetBytes()), "gauge, current minus inactive file")
+	row("CPU USAGE", formatUsec(s.GetCpuUsageUsec()), "counter since the epoch began")
+	if s.SandboxProcesses != nil {
+		note := ""
+		if s.GetSandboxProcesses() == 0 {
+			note = "DEAD SANDBOX: its cgroup remains but nothing runs"
+		}
+		row("PROCESSES", fmt.Sprint(s.GetSandboxProcesses()), note)
+	}
+	for _, c := range s.GetUnreadContainers() {
+		row("PARTIAL", c.GetContainerId(), c.GetReason())
+	}
+	for _, a := range s.GetAbsent() {
+		if a.GetField() != "memory_peak_bytes" {
+			row("ABSENT", a.GetField(), a.GetReason())
+		}
+	}
+	if h := s.GetHost(); h != nil {
+		note := h.GetUnavailableReason()
+		if note == "" {
+			note = "see statsctl host"
+		}
+		row("HOST", formatTime(h.GetObservedAtUnixNano()), note)
+	}
+	return tw.Flush()
+}
+
+func absentReason(s *sandboxstatsv1.WorkloadStatsSample, field string) string {
+	for _, a := range s.GetAbsent() {
+		if a.GetField() == field {
+			return a.GetReason()
+		}
+	}
+	return "not offered by the source"
+}
+
+func qualified(ns, name string) string {
+	switch {
+	case ns == "" && name == "":
+		return "-"
+	case ns == "":
+		return name
+	default:
+		return ns + "/" + name
+	}
+}
+
+func className(c sandboxstatsv1.SandboxClass) string {
+	return strings.ToLower(strings.TrimPrefix(c.String(), "SANDBOX_CLASS_"))
+}
+
+func sourceName(s sandboxstatsv1.StatsSource) string {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "STATS_SOURCE_")), "_", "-")
+}
+
+func formatTime(unixNano int64) string {
+	if unixNano == 0 {
+		return "-"
+	}
+	return time.Unix(0, unixNano).UTC().Format(time.RFC3339Nano)
+}
+
+func formatBytes(b uint64) string {
+	return fmt.Sprintf("%.1f MiB (%d bytes)", float64(b)/(1<<20), b)
+}
+
+func formatUsec(us uint64) string {
+	return fmt.Sprintf("%.6f s (%d us)", float64(us)/1e6, us)
+}
