@@ -1,0 +1,181 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+const mib = 1 << 20
+
+// within reports whether got is want ± frac·want.
+func within(got, want int64, frac float64) bool {
+	d := got - want
+	return float64(max(d, -d)) <= frac*float64(want)
+}
+
+// TestIntegrationRealCgroup makes a v1 memory+cpuacct cgroup (and a v2
+// cgroup under the hybrid host's unified mount, which offers cpu.stat only),
+// moves a child process in, has it allocate 160 MiB and burn 1 s of CPU, and
+// checks that the source's figures move by that much:
+//
+//   - memory current rises by 160 MiB ± 10 % and falls back by ≥ 140 MiB
+//     when the child frees it; peak keeps the high value;
+//   - CPU (v1 cpuacct.usage, and v2 cpu.stat usage_usec) rises by the CPU the
+//     child measured itself with getrusage, ± 10 % + 20 ms;
+//   - sandbox_processes is 1, then 0 once the child is dead (the numbers
+//     are still there);
+//   - the source opened by the child's pid reads the same cgroup.
+func TestIntegrationRealCgroup(t *testing.T) {
+	need(t, os.Geteuid() == 0, "needs root to create cgroups (sudo go test -run TestIntegrationRealCgroup ./internal/gvisor)")
+	const root = "/sys/fs/cgroup"
+	mode, err := detectMode(root)
+	need(t, err == nil && mode.v1(), fmt.Sprintf("needs a cgroup v1 or hybrid host with memory and cpuacct (mode %v, %v)", mode, err))
+	memDir, cpuDir := filepath.Join(root, "memory"), filepath.Join(root, "cpuacct")
+	_, err = os.Stat(cpuDir)
+	need(t, err == nil, "needs the v1 cpuacct hierarchy at "+cpuDir)
+
+	name := fmt.Sprintf("sbstest-%d-%d", os.Getpid(), time.Now().UnixNano())
+	mkCgroup(t, filepath.Join(memDir, name))
+	mkCgroup(t, filepath.Join(cpuDir, name))
+	unified := ""
+	if mode == ModeHybrid {
+		unified = filepath.Join(root, "unified", name)
+		mkCgroup(t, unified)
+	}
+	// Cleanups run last-in first-out: the child (registered below) dies
+	// before the cgroups are removed.
+	c := startChild(t)
+	pid := c.cmd.Process.Pid
+	join(t, filepath.Join(memDir, name), pid)
+	join(t, filepath.Join(cpuDir, name), pid)
+	if unified != "" {
+		join(t, unified, pid)
+	}
+
+	ctx := context.Background()
+	open := func(ref source.SandboxRef, cfg Config) source.Source {
+		ref.Class = source.ClassGVisor
+		cfg.Logger = discard()
+		s, err := Open(ref, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		return s
+	}
+	byPath := open(source.SandboxRef{CgroupPath: "/" + name}, Config{CgroupRoot: root, ProcRoot: "/proc"})
+	byPID := open(source.SandboxRef{SentryPID: pid}, Config{CgroupRoot: root, ProcRoot: "/proc"})
+	sample := func(s source.Source) source.Reading {
+		t.Helper()
+		r, err := s.Sample(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	// v2 on this host: cpu.stat only.
+	var v2 *cgroupSource
+	if unified != "" {
+		v2 = open(source.SandboxRef{CgroupPath: "/" + name}, Config{CgroupRoot: filepath.Join(root, "unified"), Mode: ModeUnified}).(*cgroupSource)
+		if _, err := v2.Sample(ctx); !errors.Is(err, source.ErrNotMeasurable) {
+			t.Errorf("v2 cgroup without the memory controller: err = %v, want ErrNotMeasurable", err)
+		}
+	}
+	v2cpu := func() int64 {
+		t.Helper()
+		if v2 == nil {
+			return 0
+		}
+		v, ok, err := v2.optKeyed(ctx, v2.unified, "/"+name, "cpu.stat", "usage_usec")
+		if err != nil || !ok {
+			t.Fatalf("v2 cpu.stat usage_usec: %d, %v, %v", v, ok, err)
+		}
+		return int64(v)
+	}
+
+	r0 := sample(byPath)
+	t.Logf("idle:   %s", fmtReading(r0))
+	if r0.SandboxProcesses == nil || *r0.SandboxProcesses != 1 {
+		t.Errorf("sandbox processes = %v, want 1", r0.SandboxProcesses)
+	}
+	if p := sample(byPID); !strings.Contains(p.Detail, "memory /sys/fs/cgroup/memory/"+name+", cpuacct /sys/fs/cgroup/cpuacct/"+name+" (sentry pid") {
+		t.Errorf("by pid: detail %q, want the test cgroup", p.Detail)
+	}
+
+	const allocMiB = 160
+	c.do(t, "alloc "+strconv.Itoa(allocMiB))
+	r1 := sample(byPath)
+	t.Logf("alloc:  %s", fmtReading(r1))
+	grew := int64(r1.MemoryCurrentBytes) - int64(r0.MemoryCurrentBytes)
+	if !within(grew, allocMiB*mib, 0.10) {
+		t.Errorf("memory current rose by %.1f MiB after allocating %d MiB, want ±10%%", float64(grew)/mib, allocMiB)
+	}
+	if r1.MemoryPeakBytes == nil || *r1.MemoryPeakBytes < r1.MemoryCurrentBytes {
+		t.Errorf("peak %v below current %d", r1.MemoryPeakBytes, r1.MemoryCurrentBytes)
+	}
+	if ws := int64(r1.MemoryWorkingSetBytes) - int64(r0.MemoryWorkingSetBytes); !within(ws, allocMiB*mib, 0.10) {
+		t.Errorf("working set rose by %.1f MiB, want %d MiB ±10%% (anonymous memory)", float64(ws)/mib, allocMiB)
+	}
+
+	v2Before := v2cpu()
+	ans := c.do(t, "burn 1000")
+	var used int64
+	fmt.Sscanf(ans, "ok %d", &used)
+	r2 := sample(byPath)
+	v2After := v2cpu()
+	t.Logf("burn:   %s (child's own getrusage: %d us)", fmtReading(r2), used)
+	cpu := int64(r2.CPUUsageUsec) - int64(r1.CPUUsageUsec)
+	tol := func(want int64) float64 { return 0.10 + 20000/float64(want) }
+	if !within(cpu, used, tol(used)) {
+		t.Errorf("v1 cpuacct rose by %d us, the child used %d us (want ±10%% + 20 ms)", cpu, used)
+	}
+	if v2 != nil {
+		t.Logf("v2 cpu.stat usage_usec rose by %d us", v2After-v2Before)
+		if d := v2After - v2Before; !within(d, used, tol(used)) {
+			t.Errorf("v2 cpu.stat rose by %d us, the child used %d us (want ±10%% + 20 ms)", d, used)
+		}
+	}
+
+	c.do(t, "free")
+	r3 := sample(byPath)
+	t.Logf("free:   %s", fmtReading(r3))
+	if fell := int64(r2.MemoryCurrentBytes) - int64(r3.MemoryCurrentBytes); fell < (allocMiB-20)*mib {
+		t.Errorf("memory current fell by %.1f MiB after freeing %d MiB", float64(fell)/mib, allocMiB)
+	}
+	if r3.MemoryPeakBytes == nil || *r3.MemoryPeakBytes < r1.MemoryCurrentBytes {
+		t.Errorf("peak %v after free, want at least %d (kept)", r3.MemoryPeakBytes, r1.MemoryCurrentBytes)
+	}
+
+	c.kill()
+	for _, s := range []source.Source{byPath, byPID} {
+		r := sample(s)
+		if r.SandboxProcesses == nil || *r.SandboxProcesses != 0 {
+			t.Errorf("after the child died: sandbox processes = %v, want 0 (%s)", r.SandboxProcesses, r.Detail)
+		}
+		if r.MemoryPeakBytes == nil || *r.MemoryPeakBytes < r1.MemoryCurrentBytes || r.CPUUsageUsec < r2.CPUUsageUsec {
+			t.Errorf("dead sandbox lost its numbers: %s", fmtReading(r))
+		}
+	}
+	t.Logf("dead:   %s", fmtReading(sample(byPID)))
+}
+
+func fmtReading(r source.Reading) string {
+	peak, procs := "absent", "absent"
+	if r.MemoryPeakBytes != nil {
+		peak = fmt.Sprintf("%.1f MiB", float64(*r.MemoryPeakBytes)/mib)
+	}
+	if r.SandboxProcesses != nil {
+		procs = strconv.Itoa(int(*r.SandboxProcesses))
+	}
+	return fmt.Sprintf("current %.1f MiB, peak %s, working set %.1f MiB, cpu %d us, processes %s",
+		float64(r.MemoryCurrentBytes)/mib, peak, float64(r.MemoryWorkingSetBytes)/mib, r.CPUUsageUsec, procs)
+}
