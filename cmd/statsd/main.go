@@ -217,7 +217,9 @@ func listenUnix(path string, mode os.FileMode) (net.Listener, func(), error) {
 	}
 	cleanup := func() {
 		lis.Close()
-		if now, err := os.Lstat(path); err == nil && os.SameFile(now, created) {
+		// Same inode and same change time: inode numbers are reused, so a
+		// socket made later by someone else can share ours.
+		if now, err := os.Lstat(path); err == nil && os.SameFile(now, created) && now.ModTime().Equal(created.ModTime()) {
 			os.Remove(path)
 		}
 	}
