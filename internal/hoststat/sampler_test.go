@@ -25,6 +25,8 @@ import (
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
+var sourceRefNone = source.SandboxRef{}
+
 var fixedNow = func() time.Time { return time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC) }
 
 func fixtureSampler(t testing.TB, ref source.SandboxRef, debugfs string) *Sampler {

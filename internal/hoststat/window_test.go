@@ -97,11 +97,11 @@ func TestWindowRules(t *testing.T) {
 		rows[r.Layer+"|"+r.Name] = r
 	}
 	for name, want := range map[string]float64{
-		"runner kernel|cpu user":              1_200_000,
-		"VMM threads|4252 CPU 0/KVM run":      910_000_000,
-		"VMM threads|4252 CPU 0/KVM cpu":      900_000,
-		"KVM debugfs|vcpu-sum exits":          7_000,
-		"KVM qmp|vcpu0 exits":                 38.5,
+		"runner kernel|cpu user":               1_200_000,
+		"VMM threads|4252 CPU 0/KVM run":       910_000_000,
+		"VMM threads|4252 CPU 0/KVM cpu":       900_000,
+		"KVM debugfs|vcpu-sum exits":           7_000,
+		"KVM qmp|vcpu0 exits":                  38.5,
 		"VMM threads|4253 CPU 1/KVM run_delay": 200_000,
 	} {
 		if r, ok := rows[name]; !ok || r.RatePerSec != want {
