@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -142,8 +143,8 @@ func (s *Store) load() (stateFile, error) {
 			return st, nil
 		}
 	}
-	aside := fmt.Sprintf("%s.corrupt-%d", p, s.now().UnixNano())
-	if rerr := os.Rename(p, aside); rerr != nil {
+	aside, rerr := atomicfile.MoveAside(p, s.now().UnixNano())
+	if rerr != nil {
 		return stateFile{}, fmt.Errorf("identity: state file %s is unreadable (%v) and could not be moved aside: %w", p, err, rerr)
 	}
 	s.logger.Error("state file unreadable; moved aside, starting with no workload", "path", p, "moved_to", aside, "err", err)
@@ -171,8 +172,7 @@ func decodeState(b []byte, st *stateFile) error {
 	return nil
 }
 
-// save writes the state crash-safely: a temp file in the same directory,
-// fsync, rename over the old file, fsync the directory.
+// save writes the state crash-safely (see atomicfile).
 func (s *Store) save(st stateFile) error {
 	if s.dir == "" {
 		return nil
@@ -181,32 +181,8 @@ func (s *Store) save(st stateFile) error {
 	if err != nil {
 		return err
 	}
-	tmp, err := os.CreateTemp(s.dir, StateFileName+".tmp-*")
-	if err != nil {
+	if err := atomicfile.Write(s.dir, StateFileName, append(b, '\n'), 0o600); err != nil {
 		return fmt.Errorf("identity: save state: %w", err)
-	}
-	defer os.Remove(tmp.Name()) // no-op after a successful rename
-	if _, err := tmp.Write(append(b, '\n')); err != nil {
-		tmp.Close()
-		return fmt.Errorf("identity: save state %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return fmt.Errorf("identity: save state %s: %w", tmp.Name(), err)
-	}
-	if err := tmp.Close(); err != nil {
-		return fmt.Errorf("identity: save state %s: %w", tmp.Name(), err)
-	}
-	if err := os.Rename(tmp.Name(), s.statePath()); err != nil {
-		return fmt.Errorf("identity: save state: %w", err)
-	}
-	d, err := os.Open(s.dir)
-	if err != nil {
-		return fmt.Errorf("identity: save state: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("identity: save state: fsync %s: %w", s.dir, err)
 	}
 	return nil
 }

@@ -1,0 +1,57 @@
+// Package atomicfile writes small state files crash-safely: a reader (or a
+// daemon restarting after a crash or power loss) sees either the old content
+// or the new, never a torn file.
+package atomicfile
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Write replaces dir/name with data: a temp file in the same directory,
+// fsync, rename over the old file, fsync the directory.
+func Write(dir, name string, data []byte, perm os.FileMode) error {
+	tmp, err := os.CreateTemp(dir, name+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("atomicfile: %w", err)
+	}
+	defer os.Remove(tmp.Name()) // no-op after a successful rename
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return fmt.Errorf("atomicfile: %s: %w", tmp.Name(), err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("atomicfile: %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("atomicfile: %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("atomicfile: %s: %w", tmp.Name(), err)
+	}
+	if err := os.Rename(tmp.Name(), filepath.Join(dir, name)); err != nil {
+		return fmt.Errorf("atomicfile: %w", err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("atomicfile: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("atomicfile: fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+// MoveAside renames a file that could not be read to path.corrupt-<suffix>,
+// keeping it for a person to look at, and returns the new path.
+func MoveAside(path string, suffix int64) (string, error) {
+	aside := fmt.Sprintf("%s.corrupt-%d", path, suffix)
+	if err := os.Rename(path, aside); err != nil {
+		return "", err
+	}
+	return aside, nil
+}
