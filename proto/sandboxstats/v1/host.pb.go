@@ -190,9 +190,11 @@ const (
 	KvmSourceState_KVM_SOURCE_STATE_UNSPECIFIED KvmSourceState = 0
 	// Every counter the source offers was read.
 	KvmSourceState_KVM_SOURCE_STATE_AVAILABLE KvmSourceState = 1
-	// Some counters were read, others refused (see absent).
+	// Some cumulative counters were read, others refused (see absent).
 	KvmSourceState_KVM_SOURCE_STATE_PARTIAL KvmSourceState = 2
-	// Nothing usable was read; see reason.
+	// No cumulative counter could be read (readable gauges may still be
+	// listed); see reason. Under kernel lockdown debugfs counter files are
+	// refused with EPERM, so debugfs is unavailable there.
 	KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE KvmSourceState = 3
 	// The source was not asked for (e.g. no QMP socket in the SandboxRef).
 	KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED KvmSourceState = 4

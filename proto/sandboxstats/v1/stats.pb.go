@@ -275,6 +275,141 @@ func (NoSampleReason) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{3}
 }
 
+// DriftKind is one way in which what statsd was told no longer matches what
+// runs.
+type DriftKind int32
+
+const (
+	DriftKind_DRIFT_KIND_UNSPECIFIED DriftKind = 0
+	// gVisor: the sandbox cgroup no longer exists.
+	DriftKind_DRIFT_KIND_CGROUP_GONE DriftKind = 1
+	// gVisor: the cgroup exists but no process is left in it (a dead sandbox
+	// reads like an idle workload).
+	DriftKind_DRIFT_KIND_SANDBOX_DEAD DriftKind = 2
+	// gVisor: the sentry pid it was bound by no longer exists.
+	DriftKind_DRIFT_KIND_SENTRY_GONE DriftKind = 3
+	// gVisor: the sentry pid now lives in another cgroup than at the start of
+	// the epoch.
+	DriftKind_DRIFT_KIND_SENTRY_MOVED DriftKind = 4
+	// Micro-VM: the guest agent has not answered for longer than the grace.
+	DriftKind_DRIFT_KIND_AGENT_SILENT DriftKind = 5
+	// Micro-VM: the agent does not know one of the workload's container ids.
+	DriftKind_DRIFT_KIND_CONTAINER_UNKNOWN DriftKind = 6
+	// The VMM pid (or pid file) names a process that no longer exists.
+	DriftKind_DRIFT_KIND_VMM_GONE DriftKind = 7
+	// Host: another VMM process claims this sandbox's guest name.
+	DriftKind_DRIFT_KIND_STRAY_VMM DriftKind = 8
+)
+
+// Enum value maps for DriftKind.
+var (
+	DriftKind_name = map[int32]string{
+		0: "DRIFT_KIND_UNSPECIFIED",
+		1: "DRIFT_KIND_CGROUP_GONE",
+		2: "DRIFT_KIND_SANDBOX_DEAD",
+		3: "DRIFT_KIND_SENTRY_GONE",
+		4: "DRIFT_KIND_SENTRY_MOVED",
+		5: "DRIFT_KIND_AGENT_SILENT",
+		6: "DRIFT_KIND_CONTAINER_UNKNOWN",
+		7: "DRIFT_KIND_VMM_GONE",
+		8: "DRIFT_KIND_STRAY_VMM",
+	}
+	DriftKind_value = map[string]int32{
+		"DRIFT_KIND_UNSPECIFIED":       0,
+		"DRIFT_KIND_CGROUP_GONE":       1,
+		"DRIFT_KIND_SANDBOX_DEAD":      2,
+		"DRIFT_KIND_SENTRY_GONE":       3,
+		"DRIFT_KIND_SENTRY_MOVED":      4,
+		"DRIFT_KIND_AGENT_SILENT":      5,
+		"DRIFT_KIND_CONTAINER_UNKNOWN": 6,
+		"DRIFT_KIND_VMM_GONE":          7,
+		"DRIFT_KIND_STRAY_VMM":         8,
+	}
+)
+
+func (x DriftKind) Enum() *DriftKind {
+	p := new(DriftKind)
+	*p = x
+	return p
+}
+
+func (x DriftKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DriftKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_stats_proto_enumTypes[4].Descriptor()
+}
+
+func (DriftKind) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_stats_proto_enumTypes[4]
+}
+
+func (x DriftKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DriftKind.Descriptor instead.
+func (DriftKind) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{4}
+}
+
+// DriftEventType says whether an event opened or cleared a finding.
+type DriftEventType int32
+
+const (
+	DriftEventType_DRIFT_EVENT_TYPE_UNSPECIFIED DriftEventType = 0
+	// A new finding (logged once at WARN).
+	DriftEventType_DRIFT_EVENT_TYPE_OPENED DriftEventType = 1
+	// A finding that no longer holds: "matches again" (logged once at INFO).
+	DriftEventType_DRIFT_EVENT_TYPE_CLEARED DriftEventType = 2
+	// A finding dropped because its workload is no longer bound.
+	DriftEventType_DRIFT_EVENT_TYPE_DROPPED DriftEventType = 3
+)
+
+// Enum value maps for DriftEventType.
+var (
+	DriftEventType_name = map[int32]string{
+		0: "DRIFT_EVENT_TYPE_UNSPECIFIED",
+		1: "DRIFT_EVENT_TYPE_OPENED",
+		2: "DRIFT_EVENT_TYPE_CLEARED",
+		3: "DRIFT_EVENT_TYPE_DROPPED",
+	}
+	DriftEventType_value = map[string]int32{
+		"DRIFT_EVENT_TYPE_UNSPECIFIED": 0,
+		"DRIFT_EVENT_TYPE_OPENED":      1,
+		"DRIFT_EVENT_TYPE_CLEARED":     2,
+		"DRIFT_EVENT_TYPE_DROPPED":     3,
+	}
+)
+
+func (x DriftEventType) Enum() *DriftEventType {
+	p := new(DriftEventType)
+	*p = x
+	return p
+}
+
+func (x DriftEventType) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (DriftEventType) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_stats_proto_enumTypes[5].Descriptor()
+}
+
+func (DriftEventType) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_stats_proto_enumTypes[5]
+}
+
+func (x DriftEventType) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use DriftEventType.Descriptor instead.
+func (DriftEventType) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{5}
+}
+
 // WorkloadIdentity names a workload. The launcher sets it on Run/Restore and
 // every sample echoes it.
 type WorkloadIdentity struct {
@@ -904,9 +1039,13 @@ type WorkloadStatsSample struct {
 	// non-empty means the sample is partial (their usage is missing).
 	UnreadContainers []*ContainerReadError `protobuf:"bytes,17,rep,name=unread_containers,json=unreadContainers,proto3" json:"unread_containers,omitempty"`
 	// Measurements that are absent, each with its reason.
-	Absent        []*AbsentValue `protobuf:"bytes,18,rep,name=absent,proto3" json:"absent,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	Absent []*AbsentValue `protobuf:"bytes,18,rep,name=absent,proto3" json:"absent,omitempty"`
+	// Gauge: drift findings open now for this workload (see
+	// ListDriftFindings), so a poller notices without a second call. 0 also
+	// when the drift check is off.
+	OpenDriftFindings uint32 `protobuf:"varint,19,opt,name=open_drift_findings,json=openDriftFindings,proto3" json:"open_drift_findings,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WorkloadStatsSample) Reset() {
@@ -1063,6 +1202,13 @@ func (x *WorkloadStatsSample) GetAbsent() []*AbsentValue {
 		return x.Absent
 	}
 	return nil
+}
+
+func (x *WorkloadStatsSample) GetOpenDriftFindings() uint32 {
+	if x != nil {
+		return x.OpenDriftFindings
+	}
+	return 0
 }
 
 // ContainerReadError is one workload container the guest agent could not
@@ -1398,6 +1544,327 @@ func (*CheckpointWorkloadResponse) Descriptor() ([]byte, []int) {
 	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
 }
 
+// DriftFinding is one open disagreement.
+type DriftFinding struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  DriftKind              `protobuf:"varint,1,opt,name=kind,proto3,enum=sandboxstats.v1.DriftKind" json:"kind,omitempty"`
+	// What it is about: a cgroup path, a pid, a container id.
+	Subject string `protobuf:"bytes,2,opt,name=subject,proto3" json:"subject,omitempty"`
+	// The workload it was found for.
+	ActorUid string `protobuf:"bytes,3,opt,name=actor_uid,json=actorUid,proto3" json:"actor_uid,omitempty"`
+	// When the check first saw it, unix nanoseconds.
+	FirstSeenUnixNano int64 `protobuf:"varint,4,opt,name=first_seen_unix_nano,json=firstSeenUnixNano,proto3" json:"first_seen_unix_nano,omitempty"`
+	// Human-readable detail.
+	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriftFinding) Reset() {
+	*x = DriftFinding{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriftFinding) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriftFinding) ProtoMessage() {}
+
+func (x *DriftFinding) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriftFinding.ProtoReflect.Descriptor instead.
+func (*DriftFinding) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
+}
+
+func (x *DriftFinding) GetKind() DriftKind {
+	if x != nil {
+		return x.Kind
+	}
+	return DriftKind_DRIFT_KIND_UNSPECIFIED
+}
+
+func (x *DriftFinding) GetSubject() string {
+	if x != nil {
+		return x.Subject
+	}
+	return ""
+}
+
+func (x *DriftFinding) GetActorUid() string {
+	if x != nil {
+		return x.ActorUid
+	}
+	return ""
+}
+
+func (x *DriftFinding) GetFirstSeenUnixNano() int64 {
+	if x != nil {
+		return x.FirstSeenUnixNano
+	}
+	return 0
+}
+
+func (x *DriftFinding) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
+type DriftEvent struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	AtUnixNano    int64                  `protobuf:"varint,1,opt,name=at_unix_nano,json=atUnixNano,proto3" json:"at_unix_nano,omitempty"`
+	Type          DriftEventType         `protobuf:"varint,2,opt,name=type,proto3,enum=sandboxstats.v1.DriftEventType" json:"type,omitempty"`
+	Finding       *DriftFinding          `protobuf:"bytes,3,opt,name=finding,proto3" json:"finding,omitempty"`
+	Message       string                 `protobuf:"bytes,4,opt,name=message,proto3" json:"message,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *DriftEvent) Reset() {
+	*x = DriftEvent{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriftEvent) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriftEvent) ProtoMessage() {}
+
+func (x *DriftEvent) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriftEvent.ProtoReflect.Descriptor instead.
+func (*DriftEvent) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
+}
+
+func (x *DriftEvent) GetAtUnixNano() int64 {
+	if x != nil {
+		return x.AtUnixNano
+	}
+	return 0
+}
+
+func (x *DriftEvent) GetType() DriftEventType {
+	if x != nil {
+		return x.Type
+	}
+	return DriftEventType_DRIFT_EVENT_TYPE_UNSPECIFIED
+}
+
+func (x *DriftEvent) GetFinding() *DriftFinding {
+	if x != nil {
+		return x.Finding
+	}
+	return nil
+}
+
+func (x *DriftEvent) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+// DriftCheckStatus describes the last drift cycle.
+type DriftCheckStatus struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// False when the check is off (--drift-interval 0).
+	Enabled bool `protobuf:"varint,1,opt,name=enabled,proto3" json:"enabled,omitempty"`
+	// When the last cycle ran, unix nanoseconds; 0 if none yet.
+	LastCycleUnixNano int64 `protobuf:"varint,2,opt,name=last_cycle_unix_nano,json=lastCycleUnixNano,proto3" json:"last_cycle_unix_nano,omitempty"`
+	// What the last cycle did: "checked", or why it skipped the workload
+	// ("no workload", "lifecycle call in progress", "within grace").
+	LastOutcome string `protobuf:"bytes,3,opt,name=last_outcome,json=lastOutcome,proto3" json:"last_outcome,omitempty"`
+	// Comparisons the last cycle could not run, each with the reason; their
+	// findings were kept as they were.
+	SkippedComparisons []string `protobuf:"bytes,4,rep,name=skipped_comparisons,json=skippedComparisons,proto3" json:"skipped_comparisons,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *DriftCheckStatus) Reset() {
+	*x = DriftCheckStatus{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *DriftCheckStatus) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*DriftCheckStatus) ProtoMessage() {}
+
+func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use DriftCheckStatus.ProtoReflect.Descriptor instead.
+func (*DriftCheckStatus) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
+}
+
+func (x *DriftCheckStatus) GetEnabled() bool {
+	if x != nil {
+		return x.Enabled
+	}
+	return false
+}
+
+func (x *DriftCheckStatus) GetLastCycleUnixNano() int64 {
+	if x != nil {
+		return x.LastCycleUnixNano
+	}
+	return 0
+}
+
+func (x *DriftCheckStatus) GetLastOutcome() string {
+	if x != nil {
+		return x.LastOutcome
+	}
+	return ""
+}
+
+func (x *DriftCheckStatus) GetSkippedComparisons() []string {
+	if x != nil {
+		return x.SkippedComparisons
+	}
+	return nil
+}
+
+type ListDriftFindingsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDriftFindingsRequest) Reset() {
+	*x = ListDriftFindingsRequest{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDriftFindingsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDriftFindingsRequest) ProtoMessage() {}
+
+func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDriftFindingsRequest.ProtoReflect.Descriptor instead.
+func (*ListDriftFindingsRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
+}
+
+type ListDriftFindingsResponse struct {
+	state    protoimpl.MessageState `protogen:"open.v1"`
+	Findings []*DriftFinding        `protobuf:"bytes,1,rep,name=findings,proto3" json:"findings,omitempty"`
+	// The most recent events, oldest first.
+	Events        []*DriftEvent     `protobuf:"bytes,2,rep,name=events,proto3" json:"events,omitempty"`
+	Status        *DriftCheckStatus `protobuf:"bytes,3,opt,name=status,proto3" json:"status,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListDriftFindingsResponse) Reset() {
+	*x = ListDriftFindingsResponse{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListDriftFindingsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListDriftFindingsResponse) ProtoMessage() {}
+
+func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListDriftFindingsResponse.ProtoReflect.Descriptor instead.
+func (*ListDriftFindingsResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *ListDriftFindingsResponse) GetFindings() []*DriftFinding {
+	if x != nil {
+		return x.Findings
+	}
+	return nil
+}
+
+func (x *ListDriftFindingsResponse) GetEvents() []*DriftEvent {
+	if x != nil {
+		return x.Events
+	}
+	return nil
+}
+
+func (x *ListDriftFindingsResponse) GetStatus() *DriftCheckStatus {
+	if x != nil {
+		return x.Status
+	}
+	return nil
+}
+
 var File_sandboxstats_v1_stats_proto protoreflect.FileDescriptor
 
 const file_sandboxstats_v1_stats_proto_rawDesc = "" +
@@ -1444,7 +1911,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x04host\x18\x04 \x01(\v2\x1a.sandboxstats.v1.HostStatsR\x04host\";\n" +
 	"\vAbsentValue\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xa0\a\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd0\a\n" +
 	"\x13WorkloadStatsSample\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12\x1d\n" +
 	"\n" +
@@ -1465,7 +1932,8 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x04host\x18\x0f \x01(\v2\x1a.sandboxstats.v1.HostStatsR\x04host\x120\n" +
 	"\x11sandbox_processes\x18\x10 \x01(\rH\x01R\x10sandboxProcesses\x88\x01\x01\x12P\n" +
 	"\x11unread_containers\x18\x11 \x03(\v2#.sandboxstats.v1.ContainerReadErrorR\x10unreadContainers\x124\n" +
-	"\x06absent\x18\x12 \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absentB\x14\n" +
+	"\x06absent\x18\x12 \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\x12.\n" +
+	"\x13open_drift_findings\x18\x13 \x01(\rR\x11openDriftFindingsB\x14\n" +
 	"\x12_memory_peak_bytesB\x14\n" +
 	"\x12_sandbox_processes\"O\n" +
 	"\x12ContainerReadError\x12!\n" +
@@ -1483,7 +1951,30 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\"8\n" +
 	"\x19CheckpointWorkloadRequest\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"\x1c\n" +
-	"\x1aCheckpointWorkloadResponse*\xd4\x02\n" +
+	"\x1aCheckpointWorkloadResponse\"\xbe\x01\n" +
+	"\fDriftFinding\x12.\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1a.sandboxstats.v1.DriftKindR\x04kind\x12\x18\n" +
+	"\asubject\x18\x02 \x01(\tR\asubject\x12\x1b\n" +
+	"\tactor_uid\x18\x03 \x01(\tR\bactorUid\x12/\n" +
+	"\x14first_seen_unix_nano\x18\x04 \x01(\x03R\x11firstSeenUnixNano\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"\xb6\x01\n" +
+	"\n" +
+	"DriftEvent\x12 \n" +
+	"\fat_unix_nano\x18\x01 \x01(\x03R\n" +
+	"atUnixNano\x123\n" +
+	"\x04type\x18\x02 \x01(\x0e2\x1f.sandboxstats.v1.DriftEventTypeR\x04type\x127\n" +
+	"\afinding\x18\x03 \x01(\v2\x1d.sandboxstats.v1.DriftFindingR\afinding\x12\x18\n" +
+	"\amessage\x18\x04 \x01(\tR\amessage\"\xb1\x01\n" +
+	"\x10DriftCheckStatus\x12\x18\n" +
+	"\aenabled\x18\x01 \x01(\bR\aenabled\x12/\n" +
+	"\x14last_cycle_unix_nano\x18\x02 \x01(\x03R\x11lastCycleUnixNano\x12!\n" +
+	"\flast_outcome\x18\x03 \x01(\tR\vlastOutcome\x12/\n" +
+	"\x13skipped_comparisons\x18\x04 \x03(\tR\x12skippedComparisons\"\x1a\n" +
+	"\x18ListDriftFindingsRequest\"\xc6\x01\n" +
+	"\x19ListDriftFindingsResponse\x129\n" +
+	"\bfindings\x18\x01 \x03(\v2\x1d.sandboxstats.v1.DriftFindingR\bfindings\x123\n" +
+	"\x06events\x18\x02 \x03(\v2\x1b.sandboxstats.v1.DriftEventR\x06events\x129\n" +
+	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\xd4\x02\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eERROR_REASON_INVALID_ACTOR_UID\x10\x01\x12\x1c\n" +
@@ -1506,11 +1997,27 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x0eNoSampleReason\x12 \n" +
 	"\x1cNO_SAMPLE_REASON_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cNO_SAMPLE_REASON_NO_WORKLOAD\x10\x01\x12'\n" +
-	"#NO_SAMPLE_REASON_NOT_MEASURABLE_YET\x10\x022\xbf\x02\n" +
+	"#NO_SAMPLE_REASON_NOT_MEASURABLE_YET\x10\x02*\x8b\x02\n" +
+	"\tDriftKind\x12\x1a\n" +
+	"\x16DRIFT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
+	"\x16DRIFT_KIND_CGROUP_GONE\x10\x01\x12\x1b\n" +
+	"\x17DRIFT_KIND_SANDBOX_DEAD\x10\x02\x12\x1a\n" +
+	"\x16DRIFT_KIND_SENTRY_GONE\x10\x03\x12\x1b\n" +
+	"\x17DRIFT_KIND_SENTRY_MOVED\x10\x04\x12\x1b\n" +
+	"\x17DRIFT_KIND_AGENT_SILENT\x10\x05\x12 \n" +
+	"\x1cDRIFT_KIND_CONTAINER_UNKNOWN\x10\x06\x12\x17\n" +
+	"\x13DRIFT_KIND_VMM_GONE\x10\a\x12\x18\n" +
+	"\x14DRIFT_KIND_STRAY_VMM\x10\b*\x8b\x01\n" +
+	"\x0eDriftEventType\x12 \n" +
+	"\x1cDRIFT_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
+	"\x17DRIFT_EVENT_TYPE_OPENED\x10\x01\x12\x1c\n" +
+	"\x18DRIFT_EVENT_TYPE_CLEARED\x10\x02\x12\x1c\n" +
+	"\x18DRIFT_EVENT_TYPE_DROPPED\x10\x032\xab\x03\n" +
 	"\x14WorkloadStatsService\x12^\n" +
 	"\rStatsWorkload\x12%.sandboxstats.v1.StatsWorkloadRequest\x1a&.sandboxstats.v1.StatsWorkloadResponse\x12s\n" +
 	"\x14StatsActiveWorkloads\x12,.sandboxstats.v1.StatsActiveWorkloadsRequest\x1a-.sandboxstats.v1.StatsActiveWorkloadsResponse\x12R\n" +
-	"\tStatsHost\x12!.sandboxstats.v1.StatsHostRequest\x1a\".sandboxstats.v1.StatsHostResponse2\xc9\x02\n" +
+	"\tStatsHost\x12!.sandboxstats.v1.StatsHostRequest\x1a\".sandboxstats.v1.StatsHostResponse\x12j\n" +
+	"\x11ListDriftFindings\x12).sandboxstats.v1.ListDriftFindingsRequest\x1a*.sandboxstats.v1.ListDriftFindingsResponse2\xc9\x02\n" +
 	"\x18WorkloadLifecycleService\x12X\n" +
 	"\vRunWorkload\x12#.sandboxstats.v1.RunWorkloadRequest\x1a$.sandboxstats.v1.RunWorkloadResponse\x12d\n" +
 	"\x0fRestoreWorkload\x12'.sandboxstats.v1.RestoreWorkloadRequest\x1a(.sandboxstats.v1.RestoreWorkloadResponse\x12m\n" +
@@ -1528,66 +2035,81 @@ func file_sandboxstats_v1_stats_proto_rawDescGZIP() []byte {
 	return file_sandboxstats_v1_stats_proto_rawDescData
 }
 
-var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 4)
-var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 17)
+var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
+var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
 var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(ErrorReason)(0),                     // 0: sandboxstats.v1.ErrorReason
 	(SandboxClass)(0),                    // 1: sandboxstats.v1.SandboxClass
 	(StatsSource)(0),                     // 2: sandboxstats.v1.StatsSource
 	(NoSampleReason)(0),                  // 3: sandboxstats.v1.NoSampleReason
-	(*WorkloadIdentity)(nil),             // 4: sandboxstats.v1.WorkloadIdentity
-	(*SandboxRef)(nil),                   // 5: sandboxstats.v1.SandboxRef
-	(*StatsWorkloadRequest)(nil),         // 6: sandboxstats.v1.StatsWorkloadRequest
-	(*StatsWorkloadResponse)(nil),        // 7: sandboxstats.v1.StatsWorkloadResponse
-	(*StatsActiveWorkloadsRequest)(nil),  // 8: sandboxstats.v1.StatsActiveWorkloadsRequest
-	(*StatsActiveWorkloadsResponse)(nil), // 9: sandboxstats.v1.StatsActiveWorkloadsResponse
-	(*StatsHostRequest)(nil),             // 10: sandboxstats.v1.StatsHostRequest
-	(*StatsHostResponse)(nil),            // 11: sandboxstats.v1.StatsHostResponse
-	(*AbsentValue)(nil),                  // 12: sandboxstats.v1.AbsentValue
-	(*WorkloadStatsSample)(nil),          // 13: sandboxstats.v1.WorkloadStatsSample
-	(*ContainerReadError)(nil),           // 14: sandboxstats.v1.ContainerReadError
-	(*RunWorkloadRequest)(nil),           // 15: sandboxstats.v1.RunWorkloadRequest
-	(*RunWorkloadResponse)(nil),          // 16: sandboxstats.v1.RunWorkloadResponse
-	(*RestoreWorkloadRequest)(nil),       // 17: sandboxstats.v1.RestoreWorkloadRequest
-	(*RestoreWorkloadResponse)(nil),      // 18: sandboxstats.v1.RestoreWorkloadResponse
-	(*CheckpointWorkloadRequest)(nil),    // 19: sandboxstats.v1.CheckpointWorkloadRequest
-	(*CheckpointWorkloadResponse)(nil),   // 20: sandboxstats.v1.CheckpointWorkloadResponse
-	(*HostStats)(nil),                    // 21: sandboxstats.v1.HostStats
+	(DriftKind)(0),                       // 4: sandboxstats.v1.DriftKind
+	(DriftEventType)(0),                  // 5: sandboxstats.v1.DriftEventType
+	(*WorkloadIdentity)(nil),             // 6: sandboxstats.v1.WorkloadIdentity
+	(*SandboxRef)(nil),                   // 7: sandboxstats.v1.SandboxRef
+	(*StatsWorkloadRequest)(nil),         // 8: sandboxstats.v1.StatsWorkloadRequest
+	(*StatsWorkloadResponse)(nil),        // 9: sandboxstats.v1.StatsWorkloadResponse
+	(*StatsActiveWorkloadsRequest)(nil),  // 10: sandboxstats.v1.StatsActiveWorkloadsRequest
+	(*StatsActiveWorkloadsResponse)(nil), // 11: sandboxstats.v1.StatsActiveWorkloadsResponse
+	(*StatsHostRequest)(nil),             // 12: sandboxstats.v1.StatsHostRequest
+	(*StatsHostResponse)(nil),            // 13: sandboxstats.v1.StatsHostResponse
+	(*AbsentValue)(nil),                  // 14: sandboxstats.v1.AbsentValue
+	(*WorkloadStatsSample)(nil),          // 15: sandboxstats.v1.WorkloadStatsSample
+	(*ContainerReadError)(nil),           // 16: sandboxstats.v1.ContainerReadError
+	(*RunWorkloadRequest)(nil),           // 17: sandboxstats.v1.RunWorkloadRequest
+	(*RunWorkloadResponse)(nil),          // 18: sandboxstats.v1.RunWorkloadResponse
+	(*RestoreWorkloadRequest)(nil),       // 19: sandboxstats.v1.RestoreWorkloadRequest
+	(*RestoreWorkloadResponse)(nil),      // 20: sandboxstats.v1.RestoreWorkloadResponse
+	(*CheckpointWorkloadRequest)(nil),    // 21: sandboxstats.v1.CheckpointWorkloadRequest
+	(*CheckpointWorkloadResponse)(nil),   // 22: sandboxstats.v1.CheckpointWorkloadResponse
+	(*DriftFinding)(nil),                 // 23: sandboxstats.v1.DriftFinding
+	(*DriftEvent)(nil),                   // 24: sandboxstats.v1.DriftEvent
+	(*DriftCheckStatus)(nil),             // 25: sandboxstats.v1.DriftCheckStatus
+	(*ListDriftFindingsRequest)(nil),     // 26: sandboxstats.v1.ListDriftFindingsRequest
+	(*ListDriftFindingsResponse)(nil),    // 27: sandboxstats.v1.ListDriftFindingsResponse
+	(*HostStats)(nil),                    // 28: sandboxstats.v1.HostStats
 }
 var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	1,  // 0: sandboxstats.v1.SandboxRef.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	13, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
-	13, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
+	15, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
+	15, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
 	3,  // 3: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
-	4,  // 4: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	6,  // 4: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
 	1,  // 5: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	21, // 6: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
+	28, // 6: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
 	1,  // 7: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
 	2,  // 8: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	21, // 9: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	14, // 10: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
-	12, // 11: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	4,  // 12: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	5,  // 13: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	4,  // 14: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	5,  // 15: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	6,  // 16: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	8,  // 17: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	10, // 18: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	15, // 19: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	17, // 20: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	19, // 21: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	7,  // 22: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	9,  // 23: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	11, // 24: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	16, // 25: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	18, // 26: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	20, // 27: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	22, // [22:28] is the sub-list for method output_type
-	16, // [16:22] is the sub-list for method input_type
-	16, // [16:16] is the sub-list for extension type_name
-	16, // [16:16] is the sub-list for extension extendee
-	0,  // [0:16] is the sub-list for field type_name
+	28, // 9: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	16, // 10: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	14, // 11: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
+	6,  // 12: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	7,  // 13: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	6,  // 14: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	7,  // 15: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	4,  // 16: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	5,  // 17: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	23, // 18: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	23, // 19: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	24, // 20: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	25, // 21: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	8,  // 22: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	10, // 23: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	12, // 24: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	26, // 25: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	17, // 26: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	19, // 27: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	21, // 28: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	9,  // 29: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	11, // 30: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	13, // 31: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	27, // 32: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	18, // 33: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	20, // 34: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	22, // 35: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	29, // [29:36] is the sub-list for method output_type
+	22, // [22:29] is the sub-list for method input_type
+	22, // [22:22] is the sub-list for extension type_name
+	22, // [22:22] is the sub-list for extension extendee
+	0,  // [0:22] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }
@@ -1602,8 +2124,8 @@ func file_sandboxstats_v1_stats_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_stats_proto_rawDesc), len(file_sandboxstats_v1_stats_proto_rawDesc)),
-			NumEnums:      4,
-			NumMessages:   17,
+			NumEnums:      6,
+			NumMessages:   22,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -34,6 +34,7 @@ const (
 	WorkloadStatsService_StatsWorkload_FullMethodName        = "/sandboxstats.v1.WorkloadStatsService/StatsWorkload"
 	WorkloadStatsService_StatsActiveWorkloads_FullMethodName = "/sandboxstats.v1.WorkloadStatsService/StatsActiveWorkloads"
 	WorkloadStatsService_StatsHost_FullMethodName            = "/sandboxstats.v1.WorkloadStatsService/StatsHost"
+	WorkloadStatsService_ListDriftFindings_FullMethodName    = "/sandboxstats.v1.WorkloadStatsService/ListDriftFindings"
 )
 
 // WorkloadStatsServiceClient is the client API for WorkloadStatsService service.
@@ -79,6 +80,10 @@ type WorkloadStatsServiceClient interface {
 	// the guest agent or the sandbox cgroup cannot be read: each host view
 	// reports its own shortfall inside HostStats.
 	StatsHost(ctx context.Context, in *StatsHostRequest, opts ...grpc.CallOption) (*StatsHostResponse, error)
+	// ListDriftFindings lists the drift check's open findings (where what the
+	// launcher said no longer matches what runs) and its recent events. It
+	// reads the checker's memory only; it never measures anything itself.
+	ListDriftFindings(ctx context.Context, in *ListDriftFindingsRequest, opts ...grpc.CallOption) (*ListDriftFindingsResponse, error)
 }
 
 type workloadStatsServiceClient struct {
@@ -113,6 +118,16 @@ func (c *workloadStatsServiceClient) StatsHost(ctx context.Context, in *StatsHos
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(StatsHostResponse)
 	err := c.cc.Invoke(ctx, WorkloadStatsService_StatsHost_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workloadStatsServiceClient) ListDriftFindings(ctx context.Context, in *ListDriftFindingsRequest, opts ...grpc.CallOption) (*ListDriftFindingsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListDriftFindingsResponse)
+	err := c.cc.Invoke(ctx, WorkloadStatsService_ListDriftFindings_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -162,6 +177,10 @@ type WorkloadStatsServiceServer interface {
 	// the guest agent or the sandbox cgroup cannot be read: each host view
 	// reports its own shortfall inside HostStats.
 	StatsHost(context.Context, *StatsHostRequest) (*StatsHostResponse, error)
+	// ListDriftFindings lists the drift check's open findings (where what the
+	// launcher said no longer matches what runs) and its recent events. It
+	// reads the checker's memory only; it never measures anything itself.
+	ListDriftFindings(context.Context, *ListDriftFindingsRequest) (*ListDriftFindingsResponse, error)
 	mustEmbedUnimplementedWorkloadStatsServiceServer()
 }
 
@@ -180,6 +199,9 @@ func (UnimplementedWorkloadStatsServiceServer) StatsActiveWorkloads(context.Cont
 }
 func (UnimplementedWorkloadStatsServiceServer) StatsHost(context.Context, *StatsHostRequest) (*StatsHostResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method StatsHost not implemented")
+}
+func (UnimplementedWorkloadStatsServiceServer) ListDriftFindings(context.Context, *ListDriftFindingsRequest) (*ListDriftFindingsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListDriftFindings not implemented")
 }
 func (UnimplementedWorkloadStatsServiceServer) mustEmbedUnimplementedWorkloadStatsServiceServer() {}
 func (UnimplementedWorkloadStatsServiceServer) testEmbeddedByValue()                              {}
@@ -256,6 +278,24 @@ func _WorkloadStatsService_StatsHost_Handler(srv interface{}, ctx context.Contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkloadStatsService_ListDriftFindings_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListDriftFindingsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkloadStatsServiceServer).ListDriftFindings(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkloadStatsService_ListDriftFindings_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkloadStatsServiceServer).ListDriftFindings(ctx, req.(*ListDriftFindingsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkloadStatsService_ServiceDesc is the grpc.ServiceDesc for WorkloadStatsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -274,6 +314,10 @@ var WorkloadStatsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "StatsHost",
 			Handler:    _WorkloadStatsService_StatsHost_Handler,
+		},
+		{
+			MethodName: "ListDriftFindings",
+			Handler:    _WorkloadStatsService_ListDriftFindings_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
