@@ -1,0 +1,144 @@
+// Command statsagent is the reference node agent of sandboxstats: every
+// --interval it discovers the statsd daemons of a node from a socket glob,
+// polls each with StatsActiveWorkloads (bounded per call and in
+// concurrency), and serves the latest sweep as Prometheus metrics on
+// --metrics-listen (/metrics, and /healthz for its own health).
+//
+// See docs/statsagent.md.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/sandboxstats/sandboxstats/internal/agent"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		os.Exit(0)
+	case err != nil:
+		fmt.Fprintln(os.Stderr, "statsagent:", err)
+		os.Exit(1)
+	}
+}
+
+type options struct {
+	agent           agent.Config
+	minInterval     time.Duration
+	listen          string
+	logLevel        slog.Level
+	shutdownTimeout time.Duration
+}
+
+// parseFlags turns args into options. Warnings (a clamped interval) go to
+// warn once the logger exists.
+func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
+	var o options
+	fs := flag.NewFlagSet("statsagent", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.StringVar(&o.agent.Sockets, "sockets", "/run/statsd/*.sock", "glob of the statsd sockets to poll, re-read at every sweep")
+	fs.DurationVar(&o.agent.Interval, "interval", time.Minute, "time between sweeps; 0 disables sweeping")
+	fs.DurationVar(&o.minInterval, "min-interval", 15*time.Second, "floor of --interval; a lower non-zero --interval is raised to it with a warning")
+	fs.DurationVar(&o.agent.Timeout, "timeout", 10*time.Second, "bound of each StatsActiveWorkloads call")
+	fs.IntVar(&o.agent.Concurrency, "concurrency", 8, "most daemons polled at once")
+	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9477", "TCP address serving /metrics and /healthz")
+	fs.BoolVar(&o.agent.LabelActor, "label-actor", false, "add actor_uid, actor_name, actor_namespace labels (one series per workload: high cardinality)")
+	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen")
+	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
+	if err := fs.Parse(args); err != nil {
+		return o, nil, err
+	}
+	if fs.NArg() > 0 {
+		return o, nil, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case o.agent.Interval < 0 || o.minInterval < 0:
+		return o, nil, errors.New("--interval and --min-interval must not be negative")
+	case o.agent.Timeout <= 0:
+		return o, nil, errors.New("--timeout must be positive")
+	case o.agent.Concurrency < 1:
+		return o, nil, errors.New("--concurrency must be at least 1")
+	case o.agent.Grace < 0:
+		return o, nil, errors.New("--grace must not be negative")
+	}
+	var warnings []string
+	if o.agent.Interval > 0 && o.agent.Interval < o.minInterval {
+		warnings = append(warnings, fmt.Sprintf("--interval %s is below --min-interval; using %s", o.agent.Interval, o.minInterval))
+		o.agent.Interval = o.minInterval
+	}
+	if o.agent.Interval > 0 && o.agent.Timeout >= o.agent.Interval {
+		warnings = append(warnings, fmt.Sprintf("--timeout %s is not below --interval %s: a hung daemon makes sweeps skip ticks", o.agent.Timeout, o.agent.Interval))
+	}
+	if o.agent.Interval > 0 && o.agent.Grace < o.agent.Interval {
+		warnings = append(warnings, fmt.Sprintf("--grace %s is below --interval %s: a workload missed by one sweep restarts as a first sight", o.agent.Grace, o.agent.Interval))
+	}
+	return o, warnings, nil
+}
+
+// run is statsagent: it returns nil after a clean shutdown when ctx ends.
+func run(ctx context.Context, args []string, stderr io.Writer) error {
+	o, warnings, err := parseFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.logLevel}))
+	for _, w := range warnings {
+		logger.Warn(w)
+	}
+	a, err := agent.New(o.agent, logger.With("component", "agent"))
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", o.listen)
+	if err != nil {
+		return fmt.Errorf("metrics listener: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           a.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	}
+	logger.Info("statsagent serving", "addr", ln.Addr().String(), "sockets", o.agent.Sockets,
+		"interval", o.agent.Interval, "timeout", o.agent.Timeout, "concurrency", o.agent.Concurrency,
+		"label_actor", o.agent.LabelActor, "grace", o.agent.Grace)
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error {
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("metrics server: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error { return a.Run(gctx) })
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), o.shutdownTimeout)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			srv.Close()
+			return fmt.Errorf("metrics server shutdown: %w", err)
+		}
+		return nil
+	})
+	err = g.Wait()
+	logger.Info("statsagent stopped", "err", err)
+	return err
+}

@@ -1,0 +1,346 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// syncBuffer is a goroutine-safe log sink.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+var addrRE = regexp.MustCompile(`msg="statsagent serving" addr=(\S+)`)
+
+// startAgent runs statsagent in-process with args and returns the base URL
+// of its metrics server, a function that stops it (and checks that it
+// stopped cleanly) and its log.
+func startAgent(t *testing.T, args ...string) (string, func(), *syncBuffer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	logs := &syncBuffer{}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, append(args, "--metrics-listen", "127.0.0.1:0"), logs) }()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		if m := addrRE.FindStringSubmatch(logs.String()); m != nil {
+			stopped := false
+			stop := func() {
+				if stopped {
+					return
+				}
+				stopped = true
+				cancel()
+				select {
+				case err := <-done:
+					if err != nil {
+						t.Errorf("run returned %v after shutdown", err)
+					}
+				case <-time.After(5 * time.Second):
+					t.Errorf("statsagent did not stop within 5 s of cancellation")
+				}
+			}
+			t.Cleanup(stop)
+			return "http://" + m[1], stop, logs
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("statsagent exited early: %v\n%s", err, logs)
+		case <-time.After(10 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			cancel()
+			t.Fatalf("statsagent did not start:\n%s", logs)
+		}
+	}
+}
+
+// scrape GETs /metrics and parses it with the Prometheus text parser,
+// returning the sandboxstats_ gauge and counter series as
+// "name{k=v,...}" -> value (labels sorted) and the histogram sample counts
+// as "name_count".
+func scrape(t *testing.T, base string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET /metrics: %s", resp.Status)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	out := make(map[string]float64)
+	for name, f := range fams {
+		if !strings.HasPrefix(name, "sandboxstats_") {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var ls []string
+			for _, l := range m.GetLabel() {
+				ls = append(ls, l.GetName()+"="+l.GetValue())
+			}
+			slices.Sort(ls)
+			key := name + "{" + strings.Join(ls, ",") + "}"
+			switch {
+			case m.Gauge != nil:
+				out[key] = m.GetGauge().GetValue()
+			case m.Counter != nil:
+				out[key] = m.GetCounter().GetValue()
+			case m.Histogram != nil:
+				out[name+"_count"] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return out
+}
+
+// waitSweeps scrapes until at least n sweeps completed and returns that
+// scrape.
+func waitSweeps(t *testing.T, base string, n float64) map[string]float64 {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		m := scrape(t, base)
+		if m["sandboxstats_agent_sweeps_total{}"] >= n {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("fewer than %v sweeps after 15 s: %v", n, m["sandboxstats_agent_sweeps_total{}"])
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+var epoch1 = time.Date(2026, 11, 29, 16, 0, 0, 0, time.UTC).UnixNano()
+
+func workload(actor string, class sandboxstatsv1.SandboxClass, src sandboxstatsv1.StatsSource, cpuUsec, mem uint64, peak *uint64) *sandboxstatsv1.WorkloadStatsSample {
+	return &sandboxstatsv1.WorkloadStatsSample{
+		ActorUid: actor, ActorName: actor, ActorNamespace: "team",
+		TemplateNamespace: "tmpl", TemplateName: "py",
+		SandboxClass: class, Source: src,
+		MemoryCurrentBytes: mem, MemoryWorkingSetBytes: mem - mem/4, MemoryPeakBytes: peak,
+		CpuUsageUsec: cpuUsec, EpochUnixNano: epoch1,
+	}
+}
+
+func series(actor, class, src string) string {
+	return fmt.Sprintf("{actor_name=%s,actor_namespace=team,actor_uid=%s,sandbox_class=%s,source=%s,template_name=py,template_namespace=tmpl}",
+		actor, actor, class, src)
+}
+
+// TestEndToEnd runs statsagent against five fake statsd daemons on Unix
+// sockets (one hung, one killed mid-test) and checks what it exports.
+func TestEndToEnd(t *testing.T) {
+	const (
+		gv  = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR
+		mv  = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
+		cg  = sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP
+		ga  = sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
+		tmo = 500 * time.Millisecond
+	)
+	dir := t.TempDir()
+	d1 := agenttest.Start(t, filepath.Join(dir, "d1.sock"))
+	d2 := agenttest.Start(t, filepath.Join(dir, "d2.sock"))
+	d3 := agenttest.Start(t, filepath.Join(dir, "d3.sock"))
+	hung := agenttest.Start(t, filepath.Join(dir, "d4-hung.sock"))
+	d5 := agenttest.Start(t, filepath.Join(dir, "d5.sock"))
+	d1.Set(workload("w1", gv, cg, 10_000_000, 100<<20, proto.Uint64(150<<20)))
+	d2.Set(workload("w2", gv, cg, 3_000_000, 40<<20, proto.Uint64(41<<20)))
+	d3.Set(workload("w3", mv, ga, 900_000, 20<<20, nil))
+	hung.Hang()
+	d5.Set(workload("w5", gv, cg, 1_000, 8<<20, proto.Uint64(9<<20)))
+
+	base, stop, logs := startAgent(t, "--sockets", filepath.Join(dir, "*.sock"),
+		"--interval", "1s", "--min-interval", "100ms", "--timeout", tmo.String(), "--label-actor", "--grace", "1m")
+
+	// Sweep 1: values match what each daemon returned; first sight
+	// charges no CPU.
+	m := waitSweeps(t, base, 1)
+	want := map[string]float64{
+		"sandboxstats_workload_memory_current_bytes" + series("w1", "gvisor", "cgroup"):           100 << 20,
+		"sandboxstats_workload_memory_current_bytes" + series("w2", "gvisor", "cgroup"):           40 << 20,
+		"sandboxstats_workload_memory_current_bytes" + series("w3", "microvm", "guest-agent"):     20 << 20,
+		"sandboxstats_workload_memory_current_bytes" + series("w5", "gvisor", "cgroup"):           8 << 20,
+		"sandboxstats_workload_memory_working_set_bytes" + series("w1", "gvisor", "cgroup"):       75 << 20,
+		"sandboxstats_workload_memory_working_set_bytes" + series("w2", "gvisor", "cgroup"):       30 << 20,
+		"sandboxstats_workload_memory_working_set_bytes" + series("w3", "microvm", "guest-agent"): 15 << 20,
+		"sandboxstats_workload_memory_working_set_bytes" + series("w5", "gvisor", "cgroup"):       6 << 20,
+		"sandboxstats_workload_memory_peak_bytes" + series("w1", "gvisor", "cgroup"):              150 << 20,
+		"sandboxstats_workload_memory_peak_bytes" + series("w2", "gvisor", "cgroup"):              41 << 20,
+		"sandboxstats_workload_memory_peak_bytes" + series("w5", "gvisor", "cgroup"):              9 << 20,
+		"sandboxstats_workload_cpu_seconds_total" + series("w1", "gvisor", "cgroup"):              0,
+		"sandboxstats_workload_cpu_seconds_total" + series("w2", "gvisor", "cgroup"):              0,
+		"sandboxstats_workload_cpu_seconds_total" + series("w3", "microvm", "guest-agent"):        0,
+		"sandboxstats_workload_cpu_seconds_total" + series("w5", "gvisor", "cgroup"):              0,
+		"sandboxstats_sampled_workloads" + series("w1", "gvisor", "cgroup"):                       1,
+		"sandboxstats_sampled_workloads" + series("w2", "gvisor", "cgroup"):                       1,
+		"sandboxstats_sampled_workloads" + series("w3", "microvm", "guest-agent"):                 1,
+		"sandboxstats_sampled_workloads" + series("w5", "gvisor", "cgroup"):                       1,
+		"sandboxstats_agent_daemons{result=ok}":                                                   4,
+		"sandboxstats_agent_daemons{result=error}":                                                1,
+		"sandboxstats_agent_daemons{result=no-sample}":                                            0,
+		"sandboxstats_agent_daemons{result=vanished}":                                             0,
+		"sandboxstats_agent_poll_errors_total{code=DeadlineExceeded}":                             1,
+		"sandboxstats_agent_sweeps_total{}":                                                       1,
+		"sandboxstats_agent_sweep_duration_seconds_count":                                         1,
+	}
+	got := withoutTimes(m)
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Fatalf("first sweep (-want +got):\n%s\nlog:\n%s", diff, logs)
+	}
+	// The hung daemon cost one timeout and did not delay the others.
+	if d := m["sandboxstats_agent_last_sweep_duration_seconds{}"]; d < tmo.Seconds() || d > 1.6*tmo.Seconds() {
+		t.Errorf("sweep took %.3f s, want about one timeout (%v)", d, tmo)
+	}
+
+	// w1 uses 2 s of CPU, then is restored (new epoch, counter from 0.5 s);
+	// w2 uses 1.5 s; d5 is killed.
+	d1.Set(workload("w1", gv, cg, 12_000_000, 100<<20, proto.Uint64(150<<20)))
+	d2.Set(workload("w2", gv, cg, 4_500_000, 40<<20, proto.Uint64(41<<20)))
+	d5.Kill()
+	n := m["sandboxstats_agent_sweeps_total{}"]
+	m = waitSweeps(t, base, n+2)
+	cpuW1 := "sandboxstats_workload_cpu_seconds_total" + series("w1", "gvisor", "cgroup")
+	checkCPU := func(m map[string]float64, w1, w2 float64) {
+		t.Helper()
+		if got := m[cpuW1]; got != w1 {
+			t.Errorf("w1 cpu = %v s, want %v", got, w1)
+		}
+		if got := m["sandboxstats_workload_cpu_seconds_total"+series("w2", "gvisor", "cgroup")]; got != w2 {
+			t.Errorf("w2 cpu = %v s, want %v", got, w2)
+		}
+	}
+	checkCPU(m, 2, 1.5)
+	if _, ok := m["sandboxstats_workload_memory_current_bytes"+series("w5", "gvisor", "cgroup")]; ok {
+		t.Errorf("killed daemon's workload still has a memory gauge")
+	}
+	if got := m["sandboxstats_workload_cpu_seconds_total"+series("w5", "gvisor", "cgroup")]; got != 0 {
+		t.Errorf("killed daemon's CPU counter = %v, want kept at 0 within the grace period", got)
+	}
+	if got := m["sandboxstats_agent_daemons{result=ok}"]; got != 3 {
+		t.Errorf("daemons ok = %v after the kill, want 3", got)
+	}
+
+	restored := workload("w1", gv, cg, 500_000, 30<<20, proto.Uint64(31<<20))
+	restored.EpochUnixNano = time.Now().UnixNano()
+	d1.Set(restored)
+	n = m["sandboxstats_agent_sweeps_total{}"]
+	m = waitSweeps(t, base, n+2)
+	// The cgroup counter restarted with the epoch: its 0.5 s are charged in
+	// full, and the exported counter never decreased.
+	checkCPU(m, 2.5, 1.5)
+	if got := m["sandboxstats_workload_memory_peak_bytes"+series("w1", "gvisor", "cgroup")]; got != 31<<20 {
+		t.Errorf("w1 peak after restore = %v, want the new epoch's %v", got, 31<<20)
+	}
+
+	resp, err := http.Get(base + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(string(body), "ok") {
+		t.Errorf("/healthz = %s %q", resp.Status, body)
+	}
+	stop()
+	if !strings.Contains(logs.String(), "statsagent stopped") {
+		t.Errorf("no clean-stop log line:\n%s", logs)
+	}
+}
+
+// withoutTimes drops the series whose values are wall-clock dependent.
+func withoutTimes(m map[string]float64) map[string]float64 {
+	out := make(map[string]float64, len(m))
+	for k, v := range m {
+		if strings.HasPrefix(k, "sandboxstats_agent_last_sweep_") {
+			continue
+		}
+		out[k] = v
+	}
+	return out
+}
+
+func TestParseFlags(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		args         []string
+		wantInterval time.Duration
+		wantWarnings int
+		wantErr      bool
+	}{
+		{"defaults", nil, time.Minute, 0, false},
+		{"interval clamped to the floor", []string{"--interval", "1s"}, 15 * time.Second, 1, false},
+		{"custom floor", []string{"--interval", "1s", "--min-interval", "500ms", "--timeout", "100ms", "--grace", "1m"}, time.Second, 0, false},
+		{"zero disables sweeping, no clamp", []string{"--interval", "0"}, 0, 0, false},
+		{"timeout not below interval", []string{"--interval", "20s", "--timeout", "20s"}, 20 * time.Second, 1, false},
+		{"zero concurrency", []string{"--concurrency", "0"}, 0, 0, true},
+		{"zero timeout", []string{"--timeout", "0"}, 0, 0, true},
+		{"stray argument", []string{"extra"}, 0, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			o, warnings, err := parseFlags(tc.args, io.Discard)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			if o.agent.Interval != tc.wantInterval || len(warnings) != tc.wantWarnings {
+				t.Errorf("interval %v warnings %q, want %v and %d warnings", o.agent.Interval, warnings, tc.wantInterval, tc.wantWarnings)
+			}
+		})
+	}
+}
+
+// TestIntervalZero: sweeping disabled, the agent still serves its health
+// and its own metrics, and never polls.
+func TestIntervalZero(t *testing.T) {
+	dir := t.TempDir()
+	d := agenttest.Start(t, filepath.Join(dir, "d.sock"))
+	base, stop, _ := startAgent(t, "--sockets", filepath.Join(dir, "*.sock"), "--interval", "0")
+	time.Sleep(200 * time.Millisecond)
+	m := scrape(t, base)
+	if got := m["sandboxstats_agent_sweeps_total{}"]; got != 0 {
+		t.Errorf("sweeps = %v with --interval 0", got)
+	}
+	stop()
+	if d.Calls() != 0 {
+		t.Errorf("daemon polled %d times with --interval 0", d.Calls())
+	}
+}
