@@ -25,7 +25,16 @@ var (
 	// ErrMalformed: a kernel file or agent reply could not be parsed; the
 	// wrapping error names the path or call and the token. INTERNAL.
 	ErrMalformed = errors.New("malformed source")
+	// ErrSandboxGone: what the ref names (the sandbox cgroup, the sentry
+	// process) no longer exists. Always wrapped together with
+	// ErrNotMeasurable, so the server still answers UNAVAILABLE; the drift
+	// check tells it apart from "not there yet".
+	ErrSandboxGone = errors.New("sandbox gone")
 )
+
+// ReasonUnknownContainer is the ContainerError reason for a container id the
+// guest agent does not know.
+const ReasonUnknownContainer = "unknown container"
 
 // Class is the kind of sandbox.
 type Class int
