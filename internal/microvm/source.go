@@ -95,8 +95,11 @@ func open(ref source.SandboxRef, cfg Config) (*Source, error) {
 		ids:   append([]string(nil), ref.ContainerIDs...),
 		cfg:   cfg,
 		log:   cfg.Logger.With("component", "microvm", "agent", addr.String()),
-		dials: bounded.New(cfg.CallTimeout),
-		calls: bounded.New(cfg.CallTimeout),
+		// The calls bound themselves (CallTimeout each, so their errors say
+		// what ran out of time); the groups add sharing and the caller's
+		// own deadline.
+		dials: bounded.New(0),
+		calls: bounded.New(0),
 		now:   time.Now,
 	}, nil
 }

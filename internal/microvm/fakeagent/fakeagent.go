@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
@@ -95,9 +96,13 @@ type Agent struct {
 	raw      map[net.Conn]bool // every accepted connection still open
 	stopped  chan struct{}
 	wg       sync.WaitGroup
-	accepted int           // connections that completed the handshake
-	closedN  int           // handed-over connections that have closed
-	stats    int           // StatsContainer calls answered
+	accepted int // connections that completed the handshake
+	closedN  int // handed-over connections that have closed
+	stats    int // StatsContainer calls received
+	inStats  int // StatsContainer calls running now
+	maxIn    int // most StatsContainer calls running at once
+	delay    time.Duration
+	hang     bool
 	versions int           // Version calls answered
 	gone     chan struct{} // signalled on every disconnect
 }
@@ -296,8 +301,20 @@ func (a *Agent) statsContainer(_ context.Context, unmarshal func(any) error) (an
 		return nil, err
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
 	a.stats++
+	a.inStats++
+	a.maxIn = max(a.maxIn, a.inStats)
+	delay, hang, stopped := a.delay, a.hang, a.stopped
+	a.mu.Unlock()
+	if hang {
+		// Never answer, whatever the caller's deadline, until killed.
+		<-stopped
+	} else if delay > 0 {
+		time.Sleep(delay)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.inStats--
 	if err, ok := a.errs[req.GetContainerId()]; ok {
 		return nil, err
 	}
@@ -333,6 +350,28 @@ func (a *Agent) SetContainerError(id string, err error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.errs[id] = err
+}
+
+// SetStatsDelay makes every StatsContainer answer after d (a slow agent).
+func (a *Agent) SetStatsDelay(d time.Duration) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.delay = d
+}
+
+// SetStatsHang makes StatsContainer never answer (until Stop), ignoring the
+// caller's deadline: an agent stuck in a cgroup read.
+func (a *Agent) SetStatsHang(hang bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.hang = hang
+}
+
+// MaxConcurrentStats is the most StatsContainer calls that ran at once.
+func (a *Agent) MaxConcurrentStats() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.maxIn
 }
 
 // SetHandshake changes how later connections are answered.
