@@ -91,10 +91,10 @@ func open(ref source.SandboxRef, cfg Config) (*Source, error) {
 	}
 	cfg = cfg.withDefaults()
 	return &Source{
-		addr:  addr,
-		ids:   append([]string(nil), ref.ContainerIDs...),
-		cfg:   cfg,
-		log:   cfg.Logger.With("component", "microvm", "agent", addr.String()),
+		addr: addr,
+		ids:  append([]string(nil), ref.ContainerIDs...),
+		cfg:  cfg,
+		log:  cfg.Logger.With("component", "microvm", "agent", addr.String()),
 		// The calls bound themselves (CallTimeout each, so their errors say
 		// what ran out of time); the groups add sharing and the caller's
 		// own deadline.
@@ -181,7 +181,7 @@ func (s *Source) readContainer(ctx context.Context, c *agentConn, id string) con
 }
 
 // errUnknownContainer marks the agent's answer for an id it does not know.
-var errUnknownContainer = errors.New("unknown container")
+var errUnknownContainer = errors.New(source.ReasonUnknownContainer)
 
 // callError classifies a failed ttrpc call and, when the connection itself
 // broke, drops it so the next Sample redials.
@@ -214,7 +214,7 @@ func (s *Source) callError(c *agentConn, method, id string, err error) error {
 // reason is the UnreadContainers text for a failed call.
 func reason(err error) string {
 	if errors.Is(err, errUnknownContainer) {
-		return "unknown container"
+		return source.ReasonUnknownContainer
 	}
 	return err.Error()
 }
