@@ -446,3 +446,7 @@ func TestOpenRejects(t *testing.T) {
 		t.Fatalf("25 containers: %v", err)
 	}
 }
+
+func testRef(addr string, ids ...string) source.SandboxRef {
+	return source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: addr, ContainerIDs: ids}
+}
