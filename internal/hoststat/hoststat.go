@@ -39,9 +39,10 @@ type Config struct {
 	DebugfsRoot string // normally /sys/kernel/debug (statsd --debugfs-root)
 	ReadTimeout time.Duration
 	Logger      *slog.Logger
-	// MountDebugfs allows mounting debugfs at DebugfsRoot, inside a private
-	// mount namespace of a discarded thread, when it is not mounted there.
-	// Open sets it to true unless DisableDebugfsMount is set.
+	// DisableDebugfsMount forbids mounting debugfs at DebugfsRoot when it is
+	// not mounted there. By default the KVM debugfs view mounts it inside a
+	// private mount namespace of a locked thread that is discarded after the
+	// read, so no mount is ever visible outside that thread.
 	DisableDebugfsMount bool
 	// Now is the clock for observed_at; nil means time.Now.
 	Now func() time.Time
@@ -58,6 +59,11 @@ type Sampler struct {
 
 	mu       sync.Mutex
 	prevTids map[int32]uint64 // tid -> start time ticks, from the previous sample
+
+	// qmpSchemas caches query-stats-schemas per QMP socket and VMM pid: the
+	// schema is fixed for the life of a QEMU process.
+	qmpMu      sync.Mutex
+	qmpSchemas map[string]map[string]qmpSchema
 }
 
 var _ source.HostSampler = (*Sampler)(nil)
@@ -109,9 +115,13 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 
 	var wg sync.WaitGroup
 	wg.Go(func() { hs.RunnerKernel = s.runnerKernel(ctx) })
-	wg.Go(func() { hs.Kvm = &sandboxstatsv1.KvmView{Legend: legendKVM, Qmp: s.qmpView(ctx)} })
-
 	procs, how, perr := s.processes(ctx)
+	var vmmPID int32
+	if perr == nil && s.ref.SentryPID == 0 {
+		vmmPID = procs[0]
+	}
+	hs.Kvm = &sandboxstatsv1.KvmView{Legend: legendKVM}
+	wg.Go(func() { hs.Kvm.Qmp = s.qmpView(ctx, vmmPID) })
 	var debugfs *sandboxstatsv1.KvmSourceView
 	wg.Go(func() {
 		if perr != nil {

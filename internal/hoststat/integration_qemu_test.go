@@ -18,7 +18,7 @@ import (
 )
 
 // need skips the test with hint, or fails it when CI=true.
-func need(t *testing.T, ok bool, hint string) {
+func need(t testing.TB, ok bool, hint string) {
 	t.Helper()
 	if ok {
 		return
@@ -38,6 +38,21 @@ type qemuVM struct {
 // daemonized with a pid file in <dir>/srv1/qemu.pid and a QMP socket, and
 // stops it by its pid in cleanup.
 func startQEMU(t *testing.T, accel string) qemuVM {
+	t.Helper()
+	return startQEMUTB(t, accel, need)
+}
+
+// startQEMUForBench starts QEMU for a benchmark; prerequisites were checked.
+func startQEMUForBench(b *testing.B, accel string) qemuVM {
+	b.Helper()
+	return startQEMUTB(b, accel, func(tb testing.TB, ok bool, hint string) {
+		if !ok {
+			tb.Skip(hint)
+		}
+	})
+}
+
+func startQEMUTB(t testing.TB, accel string, need func(testing.TB, bool, string)) qemuVM {
 	t.Helper()
 	bin, err := exec.LookPath("qemu-system-x86_64")
 	need(t, err == nil, "qemu-system-x86_64 not found: apt-get install -y --no-install-recommends qemu-system-x86")

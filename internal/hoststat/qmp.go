@@ -23,7 +23,7 @@ const maxQMPLine = 4 << 20
 
 // qmpView reads KVM statistics through QEMU's QMP query-stats when the ref
 // names a QMP socket.
-func (s *Sampler) qmpView(ctx context.Context) *sandboxstatsv1.KvmSourceView {
+func (s *Sampler) qmpView(ctx context.Context, vmmPID int32) *sandboxstatsv1.KvmSourceView {
 	sock := s.ref.QMPSocket
 	if sock == "" {
 		return &sandboxstatsv1.KvmSourceView{
@@ -33,13 +33,33 @@ func (s *Sampler) qmpView(ctx context.Context) *sandboxstatsv1.KvmSourceView {
 		}
 	}
 	timeout := s.cfg.ReadTimeout
+	cacheKey := ""
+	if vmmPID > 0 {
+		cacheKey = fmt.Sprintf("%s\x00%d", sock, vmmPID)
+	}
 	v, err := bounded.Do(ctx, s.g, "hoststat:qmp:"+sock, func() (*sandboxstatsv1.KvmSourceView, error) {
-		return queryQMPStats(sock, time.Now().Add(timeout))
+		v, schemas, err := queryQMPStats(sock, time.Now().Add(timeout), s.cachedSchemas(cacheKey))
+		if err == nil && cacheKey != "" {
+			s.qmpMu.Lock()
+			s.qmpSchemas = map[string]map[string]qmpSchema{cacheKey: schemas}
+			s.qmpMu.Unlock()
+		}
+		return v, err
 	})
 	if err != nil {
 		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, sock, err.Error())
 	}
 	return v
+}
+
+// cachedSchemas returns the schemas cached for key, or nil.
+func (s *Sampler) cachedSchemas(key string) map[string]qmpSchema {
+	if key == "" {
+		return nil
+	}
+	s.qmpMu.Lock()
+	defer s.qmpMu.Unlock()
+	return s.qmpSchemas[key]
 }
 
 // qmpConn is one QMP session: line-delimited JSON over a Unix socket.
@@ -49,54 +69,56 @@ type qmpConn struct {
 }
 
 // queryQMPStats connects, negotiates capabilities and reads the KVM stats
-// schemas, the vCPU list and query-stats for targets vcpu and vm, all before
-// deadline.
-func queryQMPStats(sock string, deadline time.Time) (*sandboxstatsv1.KvmSourceView, error) {
+// schemas (unless given), the vCPU list and query-stats for targets vcpu and
+// vm, all before deadline. The connection is closed before it returns: a
+// QMP socket serves one client at a time, so it is never held.
+func queryQMPStats(sock string, deadline time.Time, schemas map[string]qmpSchema) (*sandboxstatsv1.KvmSourceView, map[string]qmpSchema, error) {
 	d := net.Dialer{Deadline: deadline}
 	c, err := d.Dial("unix", sock)
 	if err != nil {
-		return nil, fmt.Errorf("%w: qmp %s: %w", source.ErrNotMeasurable, sock, err)
+		return nil, nil, fmt.Errorf("%w: qmp %s: %w", source.ErrNotMeasurable, sock, err)
 	}
 	defer c.Close()
 	if err := c.SetDeadline(deadline); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	q := &qmpConn{c: c, rd: bufio.NewReaderSize(c, 64<<10)}
 	greeting, err := q.readMessage()
 	if err != nil {
-		return nil, fmt.Errorf("qmp %s greeting: %w", sock, err)
+		return nil, nil, fmt.Errorf("qmp %s greeting: %w", sock, err)
 	}
 	if _, ok := greeting["QMP"]; !ok {
-		return nil, fmt.Errorf("%w: qmp %s: first message is not a QMP greeting", source.ErrMalformed, sock)
+		return nil, nil, fmt.Errorf("%w: qmp %s: first message is not a QMP greeting", source.ErrMalformed, sock)
 	}
 	if _, err := q.execute("qmp_capabilities", nil); err != nil {
-		return nil, fmt.Errorf("qmp %s: %w", sock, err)
+		return nil, nil, fmt.Errorf("qmp %s: %w", sock, err)
 	}
-	schemaRaw, err := q.execute("query-stats-schemas", map[string]any{"provider": "kvm"})
-	if err != nil {
-		return nil, fmt.Errorf("qmp %s: %w", sock, err)
-	}
-	schemas, err := parseQMPSchemas(schemaRaw)
-	if err != nil {
-		return nil, fmt.Errorf("qmp %s query-stats-schemas: %w", sock, err)
+	if schemas == nil {
+		schemaRaw, err := q.execute("query-stats-schemas", map[string]any{"provider": "kvm"})
+		if err != nil {
+			return nil, nil, fmt.Errorf("qmp %s: %w", sock, err)
+		}
+		if schemas, err = parseQMPSchemas(schemaRaw); err != nil {
+			return nil, nil, fmt.Errorf("qmp %s query-stats-schemas: %w", sock, err)
+		}
 	}
 	cpusRaw, err := q.execute("query-cpus-fast", nil)
 	if err != nil {
-		return nil, fmt.Errorf("qmp %s: %w", sock, err)
+		return nil, nil, fmt.Errorf("qmp %s: %w", sock, err)
 	}
 	cpus, err := parseQMPCPUs(cpusRaw)
 	if err != nil {
-		return nil, fmt.Errorf("qmp %s query-cpus-fast: %w", sock, err)
+		return nil, nil, fmt.Errorf("qmp %s query-cpus-fast: %w", sock, err)
 	}
 	v := &sandboxstatsv1.KvmSourceView{Source: sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, Origin: sock}
 	for _, target := range []string{"vm", "vcpu"} {
 		raw, err := q.execute("query-stats", map[string]any{"target": target, "providers": []map[string]string{{"provider": "kvm"}}})
 		if err != nil {
-			return nil, fmt.Errorf("qmp %s: %w", sock, err)
+			return nil, nil, fmt.Errorf("qmp %s: %w", sock, err)
 		}
 		counters, err := parseQMPStats(raw, target, schemas, cpus)
 		if err != nil {
-			return nil, fmt.Errorf("qmp %s query-stats target %s: %w", sock, target, err)
+			return nil, nil, fmt.Errorf("qmp %s query-stats target %s: %w", sock, target, err)
 		}
 		v.Counters = append(v.Counters, counters...)
 	}
@@ -105,7 +127,7 @@ func queryQMPStats(sock string, deadline time.Time) (*sandboxstatsv1.KvmSourceVi
 		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE
 		v.Reason = "query-stats returned no kvm statistics (QEMU not using KVM?)"
 	}
-	return v, nil
+	return v, schemas, nil
 }
 
 // readMessage reads one JSON line.

@@ -13,6 +13,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -289,6 +290,13 @@ func TestTidReuse(t *testing.T) {
 // fakeQMP serves QMP from the fixture replies on a Unix socket, with an
 // event before the vcpu stats reply. mute makes it accept and never speak.
 func fakeQMP(t *testing.T, mute bool) string {
+	sock, _ := fakeQMPCounting(t, mute)
+	return sock
+}
+
+// fakeQMPCounting is fakeQMP that also counts query-stats-schemas calls.
+func fakeQMPCounting(t *testing.T, mute bool) (string, *atomic.Int32) {
+	var schemaCalls atomic.Int32
 	t.Helper()
 	sock := filepath.Join(t.TempDir(), "qmp.sock")
 	l, err := net.Listen("unix", sock)
@@ -334,17 +342,20 @@ func fakeQMP(t *testing.T, mute bool) string {
 						}
 						c.Write(fixture("query-stats-" + req.Arguments["target"].(string)))
 					default:
+						if req.Execute == "query-stats-schemas" {
+							schemaCalls.Add(1)
+						}
 						c.Write(fixture(req.Execute))
 					}
 				}
 			}()
 		}
 	}()
-	return sock
+	return sock, &schemaCalls
 }
 
 func TestQMPQueryStats(t *testing.T) {
-	sock := fakeQMP(t, false)
+	sock, schemaCalls := fakeQMPCounting(t, false)
 	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242, QMPSocket: sock}, "debugfs-5.4")
 	hs, err := s.SampleHost(context.Background())
 	if err != nil {
@@ -373,6 +384,20 @@ func TestQMPQueryStats(t *testing.T) {
 	}
 	q.Origin = "<test socket>"
 	golden(t, "sample_qemu_qmp", sampleTable(t, hs))
+
+	// The schema is cached per socket and VMM pid: the second sample asks
+	// only for the values and still tags every counter.
+	hs2, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs2.Kvm.Qmp.Origin = "<test socket>"
+	if d := cmp.Diff(string(sampleTable(t, hs)), string(sampleTable(t, hs2))); d != "" {
+		t.Errorf("second sample differs (-first +second)\n%s", d)
+	}
+	if n := schemaCalls.Load(); n != 1 {
+		t.Errorf("query-stats-schemas asked %d times, want 1", n)
+	}
 }
 
 func TestQMPMuteServerIsBounded(t *testing.T) {
