@@ -1,0 +1,389 @@
+package drift
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// Kind is a kind of drift.
+type Kind = sandboxstatsv1.DriftKind
+
+// comparison is one thing the check compares; each Kind belongs to one. When
+// a comparison cannot run, its findings are kept as they are.
+type comparison string
+
+const (
+	cmpCgroup          comparison = "sandbox cgroup"
+	cmpSentry          comparison = "sentry process"
+	cmpAgentAnswer     comparison = "agent answer"
+	cmpAgentContainers comparison = "agent containers"
+	cmpVMM             comparison = "vmm process"
+	cmpStray           comparison = "stray vmm"
+)
+
+func comparisonOf(k Kind) comparison {
+	switch k {
+	case sandboxstatsv1.DriftKind_DRIFT_KIND_CGROUP_GONE, sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD:
+		return cmpCgroup
+	case sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_MOVED:
+		return cmpSentry
+	case sandboxstatsv1.DriftKind_DRIFT_KIND_AGENT_SILENT:
+		return cmpAgentAnswer
+	case sandboxstatsv1.DriftKind_DRIFT_KIND_CONTAINER_UNKNOWN:
+		return cmpAgentContainers
+	case sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE:
+		return cmpVMM
+	case sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM:
+		return cmpStray
+	default:
+		return ""
+	}
+}
+
+// Finding is one open disagreement.
+type Finding struct {
+	Kind      Kind      `json:"kind"`
+	Subject   string    `json:"subject"`
+	ActorUID  string    `json:"actor_uid"`
+	Detail    string    `json:"detail,omitempty"`
+	FirstSeen time.Time `json:"first_seen"`
+}
+
+func (f Finding) key() string { return f.ActorUID + "\x00" + f.Kind.String() + "\x00" + f.Subject }
+
+// EventType says what an event did to a finding.
+type EventType = sandboxstatsv1.DriftEventType
+
+// Event is one change to the open findings.
+type Event struct {
+	At      time.Time `json:"at"`
+	Type    EventType `json:"type"`
+	Finding Finding   `json:"finding"`
+	Message string    `json:"message"`
+}
+
+// Observation is what one look at the sandbox found.
+type Observation struct {
+	// Ran lists the comparisons that could be made: their findings are
+	// authoritative (an open finding missing from Findings is cleared).
+	Ran map[comparison]bool
+	// Skipped lists the comparisons that could not be made, with why.
+	Skipped map[comparison]string
+	// Findings are the disagreements seen by the comparisons that ran.
+	Findings []Finding
+}
+
+func newObservation() Observation {
+	return Observation{Ran: map[comparison]bool{}, Skipped: map[comparison]string{}}
+}
+
+func (o *Observation) ran(c comparison) { o.Ran[c] = true }
+
+func (o *Observation) skip(c comparison, why string) {
+	delete(o.Ran, c)
+	o.Skipped[c] = why
+}
+
+func (o *Observation) find(c comparison, k Kind, subject, detail string) {
+	o.Ran[c] = true
+	o.Findings = append(o.Findings, Finding{Kind: k, Subject: subject, Detail: detail})
+}
+
+// Observer looks at the sandbox a binding names. It must only read.
+type Observer interface {
+	Observe(ctx context.Context, b *identity.Binding) Observation
+}
+
+// Config configures a Checker.
+type Config struct {
+	Store    *identity.Store
+	Observer Observer
+	// Interval between cycles; 0 turns the check off (Run returns at once
+	// and nothing is ever read).
+	Interval time.Duration
+	// Grace after a Run/Restore during which the workload is not checked.
+	Grace time.Duration
+	// StateDir holds drift.json beside the identity; empty keeps findings in
+	// memory only.
+	StateDir string
+	Now      func() time.Time
+	Logger   *slog.Logger
+	// MaxEvents bounds the recent events kept (default 100).
+	MaxEvents int
+}
+
+// StateFileName is the file under the state directory holding the findings.
+const StateFileName = "drift.json"
+
+const stateVersion = 1
+
+type stateFile struct {
+	Version  int       `json:"version"`
+	Findings []Finding `json:"findings"`
+	Events   []Event   `json:"events"`
+}
+
+// Status describes the last cycle.
+type Status struct {
+	Enabled   bool
+	LastCycle time.Time
+	Outcome   string
+	Skipped   []string
+}
+
+// Checker runs the periodic drift check.
+type Checker struct {
+	cfg Config
+
+	cycle   sync.Mutex // one cycle at a time
+	mu      sync.Mutex // guards the fields below; never held across a read
+	open    map[string]Finding
+	events  []Event
+	status  Status
+	persist bool // something changed since the last save
+	// lastSkipped is the previous cycle's skipped comparisons.
+	lastSkipped []string
+}
+
+// New returns a Checker with the findings persisted under cfg.StateDir. A
+// state file that cannot be read is moved aside and logged.
+func New(cfg Config) (*Checker, error) {
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.MaxEvents <= 0 {
+		cfg.MaxEvents = 100
+	}
+	c := &Checker{cfg: cfg, open: map[string]Finding{}, status: Status{Enabled: cfg.Interval > 0}}
+	if cfg.StateDir == "" {
+		return c, nil
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("drift: state dir: %w", err)
+	}
+	p := filepath.Join(cfg.StateDir, StateFileName)
+	b, err := os.ReadFile(p)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return c, nil
+	case err == nil:
+		var st stateFile
+		if err = json.Unmarshal(b, &st); err == nil && st.Version != stateVersion {
+			err = fmt.Errorf("unknown state version %d", st.Version)
+		}
+		if err == nil {
+			for _, f := range st.Findings {
+				c.open[f.key()] = f
+			}
+			c.events = st.Events
+			return c, nil
+		}
+	}
+	aside, rerr := atomicfile.MoveAside(p, cfg.Now().UnixNano())
+	if rerr != nil {
+		return nil, fmt.Errorf("drift: state file %s is unreadable (%v) and could not be moved aside: %w", p, err, rerr)
+	}
+	cfg.Logger.Error("drift state file unreadable; moved aside, starting with no findings", "path", p, "moved_to", aside, "err", err)
+	return c, nil
+}
+
+// Run runs a cycle every Interval until ctx is done. With Interval 0 it
+// returns at once.
+func (c *Checker) Run(ctx context.Context) {
+	if c.cfg.Interval <= 0 {
+		return
+	}
+	t := time.NewTicker(c.cfg.Interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			c.Cycle(ctx)
+		}
+	}
+}
+
+// Cycle runs one check now. The observation runs without the lock that
+// OpenCount takes, so a poll never waits for a slow read of the check.
+func (c *Checker) Cycle(ctx context.Context) {
+	c.cycle.Lock()
+	defer c.cycle.Unlock()
+	now := c.cfg.Now()
+	b := c.prepare(now)
+	if b == nil {
+		return
+	}
+	obs := c.cfg.Observer.Observe(ctx, b)
+	c.apply(now, b, obs)
+}
+
+// prepare drops findings of workloads no longer bound and returns the binding
+// to check, or nil when this cycle skips it.
+func (c *Checker) prepare(now time.Time) *identity.Binding {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer c.save()
+	c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now}
+
+	if c.cfg.Store.InLifecycle() {
+		c.status.Outcome = "skipped: lifecycle call in progress"
+		return nil
+	}
+	b := c.cfg.Store.Current()
+	for k, f := range c.open {
+		if b == nil || f.ActorUID != b.Identity.ActorUID {
+			delete(c.open, k)
+			c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_DROPPED, f, "workload %q is no longer bound; finding dropped", f.ActorUID)
+		}
+	}
+	if b == nil {
+		c.status.Outcome = "skipped: no workload"
+		return nil
+	}
+	if age := now.Sub(time.Unix(0, b.EpochUnixNano)); age < c.cfg.Grace {
+		c.status.Outcome = fmt.Sprintf("skipped: within grace (%s of %s)", age.Round(time.Second), c.cfg.Grace)
+		return nil
+	}
+	return b
+}
+
+// apply turns an observation into events: new findings open, findings of
+// comparisons that ran and no longer see them clear, findings of skipped
+// comparisons stay as they are.
+func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer c.save()
+	if c.cfg.Store.Current() != b {
+		c.status.Outcome = "skipped: the binding changed during the cycle"
+		return
+	}
+	seen := map[string]Finding{}
+	for _, f := range obs.Findings {
+		f.ActorUID = b.Identity.ActorUID
+		seen[f.key()] = f
+	}
+	for k, f := range c.open {
+		if _, still := seen[k]; !still && obs.Ran[comparisonOf(f.Kind)] {
+			delete(c.open, k)
+			c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_CLEARED, f, "%s %s matches again", kindName(f.Kind), f.Subject)
+		}
+	}
+	for k, f := range seen {
+		if _, already := c.open[k]; already {
+			continue
+		}
+		f.FirstSeen = now
+		c.open[k] = f
+		c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_OPENED, f, "%s %s: %s", kindName(f.Kind), f.Subject, f.Detail)
+	}
+	c.status.Outcome = "checked"
+	for cmp, why := range obs.Skipped {
+		c.status.Skipped = append(c.status.Skipped, fmt.Sprintf("%s: %s", cmp, why))
+	}
+	sort.Strings(c.status.Skipped)
+	// Say so when the set of skipped comparisons changes, not every cycle.
+	if !slices.Equal(c.status.Skipped, c.lastSkipped) && len(c.status.Skipped) > 0 {
+		c.cfg.Logger.Info("drift: comparisons skipped, their findings kept", "actor_uid", b.Identity.ActorUID, "skipped", c.status.Skipped)
+	}
+	c.lastSkipped = c.status.Skipped
+}
+
+// event records and logs one change: WARN for a new finding, INFO otherwise.
+func (c *Checker) event(now time.Time, t EventType, f Finding, format string, args ...any) {
+	e := Event{At: now, Type: t, Finding: f, Message: fmt.Sprintf(format, args...)}
+	c.events = append(c.events, e)
+	if over := len(c.events) - c.cfg.MaxEvents; over > 0 {
+		c.events = slices.Delete(c.events, 0, over)
+	}
+	c.persist = true
+	attrs := []any{"kind", kindName(f.Kind), "subject", f.Subject, "actor_uid", f.ActorUID}
+	if t == sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_OPENED {
+		c.cfg.Logger.Warn("drift: "+e.Message, attrs...)
+	} else {
+		c.cfg.Logger.Info("drift: "+e.Message, attrs...)
+	}
+}
+
+// save persists the findings if they changed. Called with mu held.
+func (c *Checker) save() {
+	if !c.persist || c.cfg.StateDir == "" {
+		return
+	}
+	st := stateFile{Version: stateVersion, Findings: c.sortedLocked(), Events: c.events}
+	b, err := json.MarshalIndent(st, "", "  ")
+	if err == nil {
+		err = atomicfile.Write(c.cfg.StateDir, StateFileName, append(b, '\n'), 0o600)
+	}
+	if err != nil {
+		c.cfg.Logger.Error("drift: could not persist findings", "err", err)
+		return
+	}
+	c.persist = false
+}
+
+func (c *Checker) sortedLocked() []Finding {
+	out := make([]Finding, 0, len(c.open))
+	for _, f := range c.open {
+		out = append(out, f)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].key() < out[j].key() })
+	return out
+}
+
+// Open returns the open findings, sorted.
+func (c *Checker) Open() []Finding {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sortedLocked()
+}
+
+// Events returns the recent events, oldest first.
+func (c *Checker) Events() []Event {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Clone(c.events)
+}
+
+// Status returns what the last cycle did.
+func (c *Checker) Status() Status {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.status
+}
+
+// OpenCount returns how many findings are open for actorUID. It never
+// waits for a cycle in progress longer than the cycle's bookkeeping.
+func (c *Checker) OpenCount(actorUID string) uint32 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var n uint32
+	for _, f := range c.open {
+		if f.ActorUID == actorUID {
+			n++
+		}
+	}
+	return n
+}
+
+func kindName(k Kind) string {
+	return k.String()[len("DRIFT_KIND_"):]
+}

@@ -1,0 +1,253 @@
+package drift
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// SystemObserver observes a sandbox through its bound source (one read-only
+// sample, shared with polls in flight) and /proc.
+type SystemObserver struct {
+	procRoot   string
+	reads      *bounded.Group
+	agentGrace time.Duration
+	now        func() time.Time
+
+	mu sync.Mutex
+	// Per epoch: when the agent last answered, and the sentry's cgroup file
+	// at the first look, to notice it moving.
+	epoch        int64
+	lastAnswer   time.Time
+	sentryCgroup []byte
+}
+
+// NewSystemObserver reads /proc under procRoot with every read bounded by
+// readTimeout. agentGrace is how long an agent may stay silent before that is
+// a finding.
+func NewSystemObserver(procRoot string, readTimeout, agentGrace time.Duration, now func() time.Time) *SystemObserver {
+	if now == nil {
+		now = time.Now
+	}
+	return &SystemObserver{procRoot: procRoot, reads: bounded.New(readTimeout), agentGrace: agentGrace, now: now}
+}
+
+// Observe implements Observer.
+func (o *SystemObserver) Observe(ctx context.Context, b *identity.Binding) Observation {
+	obs := newObservation()
+	o.mu.Lock()
+	if o.epoch != b.EpochUnixNano {
+		o.epoch, o.lastAnswer, o.sentryCgroup = b.EpochUnixNano, time.Time{}, nil
+	}
+	o.mu.Unlock()
+
+	var (
+		reading source.Reading
+		err     = fmt.Errorf("no source could be opened: %w", source.ErrNotMeasurable)
+	)
+	if b.Source != nil {
+		reading, err = b.Source.Sample(ctx)
+	}
+	switch b.Ref.Class {
+	case source.ClassGVisor:
+		o.observeCgroup(&obs, b, reading, err)
+		if b.Ref.SentryPID > 0 {
+			o.observeSentry(ctx, &obs, b.Ref.SentryPID)
+		}
+	case source.ClassMicroVM:
+		o.observeAgent(&obs, b, reading, err)
+	}
+	vmmPID, guest := o.observeVMM(ctx, &obs, b.Ref)
+	o.observeStrays(ctx, &obs, vmmPID, guest)
+	return obs
+}
+
+func (o *SystemObserver) observeCgroup(obs *Observation, b *identity.Binding, r source.Reading, err error) {
+	subject := b.Ref.CgroupPath
+	if subject == "" {
+		subject = fmt.Sprintf("cgroup of sentry pid %d", b.Ref.SentryPID)
+	}
+	switch {
+	case err == nil && r.SandboxProcesses != nil && *r.SandboxProcesses == 0:
+		obs.find(cmpCgroup, sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, subject,
+			"the cgroup has no processes left: its numbers are a dead sandbox's, not an idle workload's")
+	case err == nil:
+		obs.ran(cmpCgroup)
+	case errors.Is(err, source.ErrSandboxGone):
+		obs.find(cmpCgroup, sandboxstatsv1.DriftKind_DRIFT_KIND_CGROUP_GONE, subject, err.Error())
+	default:
+		obs.skip(cmpCgroup, err.Error())
+	}
+}
+
+func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pid int) {
+	subject := fmt.Sprintf("pid %d", pid)
+	cg, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cgroup"))
+	switch {
+	case isGone(err):
+		obs.find(cmpSentry, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, subject, "the sentry process it was bound by no longer exists")
+		return
+	case err != nil:
+		obs.skip(cmpSentry, err.Error())
+		return
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.sentryCgroup == nil {
+		o.sentryCgroup = cg
+	}
+	if !bytes.Equal(o.sentryCgroup, cg) {
+		obs.find(cmpSentry, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_MOVED, subject,
+			fmt.Sprintf("the sentry's cgroups changed from %q to %q", oneLine(o.sentryCgroup), oneLine(cg)))
+		return
+	}
+	obs.ran(cmpSentry)
+}
+
+// isGone reports whether a /proc read failed because the process is gone
+// (ESRCH: it exited while its file was being read).
+func isGone(err error) bool {
+	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+}
+
+func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r source.Reading, err error) {
+	now := o.now()
+	o.mu.Lock()
+	answered := err == nil || errors.Is(err, source.ErrMalformed) // a garbled reply is still an answer
+	if answered {
+		o.lastAnswer = now
+	}
+	last := o.lastAnswer
+	o.mu.Unlock()
+
+	if last.IsZero() {
+		last = time.Unix(0, b.EpochUnixNano)
+	}
+	if silent := now.Sub(last); !answered && silent > o.agentGrace {
+		obs.find(cmpAgentAnswer, sandboxstatsv1.DriftKind_DRIFT_KIND_AGENT_SILENT, b.Ref.AgentAddress,
+			fmt.Sprintf("no answer for %s (grace %s): %v", silent.Round(time.Second), o.agentGrace, err))
+	} else {
+		obs.ran(cmpAgentAnswer)
+	}
+
+	if err != nil {
+		obs.skip(cmpAgentContainers, "agent unreadable: "+err.Error())
+		return
+	}
+	obs.ran(cmpAgentContainers)
+	for _, c := range r.UnreadContainers {
+		if c.Reason == source.ReasonUnknownContainer {
+			obs.find(cmpAgentContainers, sandboxstatsv1.DriftKind_DRIFT_KIND_CONTAINER_UNKNOWN, c.ID,
+				"the guest agent does not know this container id")
+		}
+	}
+}
+
+// observeVMM checks that the VMM named by the ref still runs, and returns its
+// pid (0 if unknown) and the guest name it serves ("" if none).
+func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref source.SandboxRef) (int, string) {
+	pid := ref.VMMPID
+	guest := ""
+	if ref.VMMPIDFile != "" {
+		guest = filepath.Base(filepath.Dir(ref.VMMPIDFile))
+		b, err := o.reads.ReadFile(ctx, ref.VMMPIDFile)
+		switch {
+		case errors.Is(err, os.ErrNotExist):
+			obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, ref.VMMPIDFile, "the VMM pid file is gone (the VMM removes it on exit)")
+			return 0, guest
+		case err != nil:
+			obs.skip(cmpVMM, err.Error())
+			return 0, guest
+		}
+		n, perr := strconv.Atoi(strings.TrimSpace(string(b)))
+		if perr != nil || n <= 0 {
+			obs.skip(cmpVMM, fmt.Sprintf("pid file %s holds %q, not a pid", ref.VMMPIDFile, oneLine(b)))
+			return 0, guest
+		}
+		pid = n
+	}
+	if pid == 0 {
+		return 0, guest
+	}
+	cmdline, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cmdline"))
+	switch {
+	case isGone(err) || (err == nil && len(cmdline) == 0):
+		// An exited process that is not yet reaped has an empty cmdline.
+		obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, fmt.Sprintf("pid %d", pid), "the VMM process no longer exists")
+		return pid, guest
+	case err != nil:
+		obs.skip(cmpVMM, err.Error())
+		return pid, guest
+	}
+	obs.ran(cmpVMM)
+	if name := GuestName(cmdline); name != "" {
+		guest = name
+	}
+	return pid, guest
+}
+
+// observeStrays looks for another VMM process claiming the bound guest's name.
+func (o *SystemObserver) observeStrays(ctx context.Context, obs *Observation, boundPID int, guest string) {
+	if guest == "" {
+		return // nothing to compare: the ref names no guest
+	}
+	entries, err := os.ReadDir(o.procRoot)
+	if err != nil {
+		obs.skip(cmpStray, err.Error())
+		return
+	}
+	obs.ran(cmpStray)
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || pid == boundPID {
+			continue
+		}
+		cmdline, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, e.Name(), "cmdline"))
+		if errors.Is(err, source.ErrTimeout) {
+			obs.skip(cmpStray, err.Error())
+			return
+		}
+		if err == nil && GuestName(cmdline) == guest {
+			obs.find(cmpStray, sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM, fmt.Sprintf("pid %d", pid),
+				fmt.Sprintf("a VMM process other than the bound one (pid %d) claims guest %q", boundPID, guest))
+		}
+	}
+}
+
+// GuestName returns the guest name a VMM command line (NUL-separated, as in
+// /proc/<pid>/cmdline) gives with QEMU's "-name guest=<name>,..." or
+// "-name <name>", or "" when it gives none.
+func GuestName(cmdline []byte) string {
+	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
+	for i := 0; i+1 < len(args); i++ {
+		if args[i] != "-name" && args[i] != "--name" {
+			continue
+		}
+		for j, opt := range strings.Split(args[i+1], ",") {
+			if v, ok := strings.CutPrefix(opt, "guest="); ok {
+				return v
+			}
+			if j == 0 && !strings.Contains(opt, "=") {
+				return opt
+			}
+		}
+	}
+	return ""
+}
+
+func oneLine(b []byte) string {
+	return strings.ReplaceAll(strings.TrimSpace(string(b)), "\n", "; ")
+}
