@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"cmp"
 	"log/slog"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -41,6 +43,10 @@ type MetricsConfig struct {
 	// is remembered after it was last seen. A workload seen again within the
 	// grace period continues its counter; after it, it is a first sight.
 	Grace time.Duration
+	// CPUs bounds how much CPU time a workload can have used since its
+	// counter restarted (see rate.CPUCounter); 0 means runtime.NumCPU(),
+	// the node's CPUs as this agent sees them.
+	CPUs int
 }
 
 // Metrics is a prometheus.Collector over the latest sweep: the workload
@@ -99,7 +105,7 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 	m := &Metrics{
 		cfg:    cfg,
 		logger: logger,
-		cpu:    rate.NewCPUCounter(cfg.Grace),
+		cpu:    rate.NewCPUCounter(cfg.Grace, cmp.Or(cfg.CPUs, runtime.NumCPU())),
 		totals: make(map[labelSet]*cpuTotal),
 		descCur: prometheus.NewDesc(MetricMemoryCurrent,
 			"Memory charged now (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),

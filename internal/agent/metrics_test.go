@@ -137,6 +137,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	// growing and never decreases.
 	w1 := sample("w1", 300_000, 40<<20)
 	w1.EpochUnixNano = t0.Add(90 * time.Second).UnixNano()
+	w1.ObservedAtUnixNano = t0.Add(2 * time.Minute).UnixNano()
 	m.Apply([]DaemonResult{okResult("1", w1), hung}, t0.Add(2*time.Minute), 0)
 	got = gather(t, reg)
 	if diff := cmp.Diff(map[string]float64{lCgroup: 40 << 20}, pick(got, MetricMemoryCurrent)); diff != "" {

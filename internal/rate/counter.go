@@ -38,6 +38,13 @@ func KeyOf(s *sandboxstatsv1.WorkloadStatsSample) WorkloadKey {
 //     the baseline. This under-counts at most the usage between the restore
 //     and the first sample of the new epoch (one interval), where charging
 //     in full could charge the guest's whole lifetime again;
+//   - plausibility bound on "in full": a value is charged in full only if it
+//     could have been used since the counter restarted, that is at most
+//     cpus x the wall time since then (since epoch_unix_nano for an epoch
+//     change, since the previous sample for a decrease). A larger value
+//     cannot be a counter that restarted (a cgroup reused across epochs, a
+//     re-resolved sentry cgroup with a long history): it becomes the
+//     baseline and nothing is charged;
 //   - a sample that was not measured (source UNSPECIFIED) charges nothing
 //     and keeps the baseline, but counts as seen;
 //   - a workload not seen for longer than the grace period is forgotten; if
@@ -46,6 +53,7 @@ func KeyOf(s *sandboxstatsv1.WorkloadStatsSample) WorkloadKey {
 // A CPUCounter is not safe for concurrent use.
 type CPUCounter struct {
 	grace     time.Duration
+	cpus      int
 	workloads map[WorkloadKey]*counterState
 }
 
@@ -56,8 +64,10 @@ type counterState struct {
 
 // NewCPUCounter returns a CPUCounter that forgets a workload not seen for
 // longer than grace (0: forgotten at the first Prune after it was missed).
-func NewCPUCounter(grace time.Duration) *CPUCounter {
-	return &CPUCounter{grace: grace, workloads: make(map[WorkloadKey]*counterState)}
+// cpus is the most CPUs a workload can use at once (the node's CPU count),
+// for the plausibility bound; 0 disables the bound.
+func NewCPUCounter(grace time.Duration, cpus int) *CPUCounter {
+	return &CPUCounter{grace: grace, cpus: cpus, workloads: make(map[WorkloadKey]*counterState)}
 }
 
 // Observe records sample s, seen at now (the poller's clock, used only for
@@ -78,10 +88,10 @@ func (c *CPUCounter) Observe(s *sandboxstatsv1.WorkloadStatsSample, now time.Tim
 	case EventNone:
 		chargedUsec = s.GetCpuUsageUsec() - st.last.GetCpuUsageUsec()
 	case EventCounterReset:
-		chargedUsec = s.GetCpuUsageUsec()
+		chargedUsec = c.inFull(s, st.last.GetObservedAtUnixNano())
 	case EventEpochReset:
 		if countsFromEpochStart(s.GetSource()) {
-			chargedUsec = s.GetCpuUsageUsec()
+			chargedUsec = c.inFull(s, s.GetEpochUnixNano())
 		}
 	default:
 		// EventFirst (and actor/source changes, which cannot happen
@@ -89,6 +99,20 @@ func (c *CPUCounter) Observe(s *sandboxstatsv1.WorkloadStatsSample, now time.Tim
 	}
 	st.last = s
 	return chargedUsec, ev
+}
+
+// inFull returns s's whole counter if it could have been used since
+// sinceUnixNano, else 0 (see the plausibility bound above).
+func (c *CPUCounter) inFull(s *sandboxstatsv1.WorkloadStatsSample, sinceUnixNano int64) uint64 {
+	v := s.GetCpuUsageUsec()
+	if c.cpus <= 0 {
+		return v
+	}
+	window := s.GetObservedAtUnixNano() - sinceUnixNano
+	if window <= 0 || v/uint64(c.cpus) > uint64(window)/1000 {
+		return 0
+	}
+	return v
 }
 
 // countsFromEpochStart reports whether a source's cpu_usage_usec restarts

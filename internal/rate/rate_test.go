@@ -134,7 +134,22 @@ func TestCPUCounter(t *testing.T) {
 		}},
 		{"cgroup epoch change detected even when the counter is lower", []step{
 			{smp(0, 5_000_000), 0, EventFirst},
-			{smp(60, 300, epoch(e2)), 300, EventEpochReset},
+			{smp(70, 300, epoch(e2)), 300, EventEpochReset},
+		}},
+		{"cgroup epoch change with a counter that cannot be the new epoch's (reused cgroup)", []step{
+			{smp(0, 5_000_000), 0, EventFirst},
+			// 10 s into the new epoch, 2 CPUs: at most 20 s could be new.
+			{smp(70, 500_000_000, epoch(e2)), 0, EventEpochReset},
+			{smp(80, 501_000_000, epoch(e2)), 1_000_000, EventNone},
+		}},
+		{"cgroup epoch change at the plausibility limit is charged", []step{
+			{smp(0, 5_000_000), 0, EventFirst},
+			{smp(70, 20_000_000, epoch(e2)), 20_000_000, EventEpochReset},
+		}},
+		{"decrease to a value too large for the time since the last sample", []step{
+			{smp(0, 900_000_000), 0, EventFirst},
+			{smp(60, 800_000_000), 0, EventCounterReset},
+			{smp(120, 800_500_000), 500_000, EventNone},
 		}},
 		{"guest agent epoch change: carried counter is a new baseline", []step{
 			{smp(0, 5_000_000, src(guest)), 0, EventFirst},
@@ -159,7 +174,7 @@ func TestCPUCounter(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NewCPUCounter(time.Minute)
+			c := NewCPUCounter(time.Minute, 2)
 			for i, st := range tc.steps {
 				charge, ev := c.Observe(st.s, base.Add(time.Duration(i)*time.Second))
 				if charge != st.charge || ev != st.ev {
@@ -172,7 +187,7 @@ func TestCPUCounter(t *testing.T) {
 }
 
 func TestCPUCounterGrace(t *testing.T) {
-	c := NewCPUCounter(5 * time.Minute)
+	c := NewCPUCounter(5*time.Minute, 2)
 	c.Observe(smp(0, 1_000), base)
 	c.Observe(smp(0, 1_000, actor("a2")), base)
 	c.Observe(smp(240, 2_000, actor("a2")), base.Add(4*time.Minute))
