@@ -96,6 +96,7 @@ type Agent struct {
 	raw      map[net.Conn]bool // every accepted connection still open
 	stopped  chan struct{}
 	wg       sync.WaitGroup
+	dials    int // connections accepted on the socket, handshake or not
 	accepted int // connections that completed the handshake
 	closedN  int // handed-over connections that have closed
 	stats    int // StatsContainer calls received
@@ -195,6 +196,7 @@ func (a *Agent) acceptLoop(ln net.Listener, handoff chan net.Conn, stopped chan 
 		}
 		a.mu.Lock()
 		a.raw[conn] = true
+		a.dials++
 		a.mu.Unlock()
 		a.wg.Add(1)
 		go func() {
@@ -420,6 +422,14 @@ func (a *Agent) Counts() (accepted, closed, stats, versions int) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.accepted, a.closedN, a.stats, a.versions
+}
+
+// Dials is the number of connections accepted on the socket, whether or not
+// their handshake succeeded.
+func (a *Agent) Dials() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.dials
 }
 
 // Disconnected receives once per handshaken connection that closes.

@@ -1,0 +1,160 @@
+package microvm
+
+import (
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+)
+
+// statsdProc is a real statsd built from ./cmd/statsd on Unix sockets in a
+// temporary directory, with the statsctl built beside it.
+type statsdProc struct {
+	bin, dir         string
+	stats, lifecycle string
+}
+
+func startStatsd(t *testing.T) *statsdProc {
+	t.Helper()
+	d := &statsdProc{bin: t.TempDir(), dir: t.TempDir()}
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	build := exec.Command(gobin, "build", "-o", d.bin+"/",
+		"github.com/sandboxstats/sandboxstats/cmd/statsd", "github.com/sandboxstats/sandboxstats/cmd/statsctl")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build statsd statsctl: %v\n%s", err, out)
+	}
+	d.stats = filepath.Join(d.dir, "stats.sock")
+	d.lifecycle = filepath.Join(d.dir, "lifecycle.sock")
+	logPath := filepath.Join(d.dir, "statsd.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(filepath.Join(d.bin, "statsd"),
+		"--listen", d.stats, "--lifecycle-listen", d.lifecycle, "--state-dir", filepath.Join(d.dir, "state"),
+		"--cgroup-root", "/sys/fs/cgroup", "--proc-root", "/proc", "--read-timeout", "2s")
+	cmd.Stdout, cmd.Stderr = logf, logf
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	logf.Close()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("statsd.log:\n%s", b)
+		}
+	})
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, e1 := os.Stat(d.stats)
+		_, e2 := os.Stat(d.lifecycle)
+		if e1 == nil && e2 == nil {
+			return d
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("statsd did not create its sockets within 10 s")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (d *statsdProc) statsctl(t *testing.T, args ...string) []byte {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(d.bin, "statsctl"), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("statsctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// TestStatsdEndToEnd binds a micro-VM workload in a real statsd with the
+// fake agent's hvsock:// address (statsctl run-workload), reads the summed
+// sample through StatsWorkload over a Unix socket (statsctl stats -o json),
+// and checks that CheckpointWorkload closes the agent connection. Needs only
+// the Go toolchain; skipped under -short.
+func TestStatsdEndToEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs statsd and statsctl; not under -short")
+	}
+	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithVersion("4.1.0"),
+		fakeagent.WithContainer("a", fakeagent.V2(v2a)), fakeagent.WithContainer("b", fakeagent.V2(v2b)))
+	d := startStatsd(t)
+	const actor = "e2e-microvm-actor"
+	d.statsctl(t, "run-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor,
+		"--class", "microvm", "--agent-address", agent.Address(), "--container-id", "a", "--container-id", "b")
+
+	var w struct {
+		Source        string `json:"source"`
+		SourceDetail  string `json:"source_detail"`
+		SandboxClass  string `json:"sandbox_class"`
+		MemoryCurrent string `json:"memory_current_bytes"`
+		MemoryPeak    string `json:"memory_peak_bytes"`
+		WorkingSet    string `json:"memory_working_set_bytes"`
+		CPUUsageUsec  string `json:"cpu_usage_usec"`
+		Unread        []any  `json:"unread_containers"`
+		Absent        []any  `json:"absent"`
+	}
+	for i := range 3 { // the connection is kept across polls
+		out := d.statsctl(t, "stats", "--socket", d.stats, "--actor-uid", actor, "-o", "json")
+		if err := json.Unmarshal(out, &w); err != nil {
+			t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
+		}
+		if i == 0 {
+			t.Logf("statsctl stats -o json:\n%s", out)
+		}
+	}
+	want := map[string]string{
+		"source":                   "STATS_SOURCE_GUEST_AGENT",
+		"sandbox_class":            "SANDBOX_CLASS_MICROVM",
+		"memory_current_bytes":     strconv.Itoa(350 * mib), // 300 + 50 MiB
+		"memory_peak_bytes":        strconv.Itoa(410 * mib), // 350 + 60 MiB, an upper bound
+		"memory_working_set_bytes": strconv.Itoa(240 * mib), // (300-100) + (50-10) MiB
+		"cpu_usage_usec":           "3000000",               // 2.5 s + 0.5 s of guest ns
+	}
+	got := map[string]string{
+		"source": w.Source, "sandbox_class": w.SandboxClass, "memory_current_bytes": w.MemoryCurrent,
+		"memory_peak_bytes": w.MemoryPeak, "memory_working_set_bytes": w.WorkingSet, "cpu_usage_usec": w.CPUUsageUsec,
+	}
+	for k, v := range want {
+		if got[k] != v {
+			t.Errorf("%s = %q, want %q", k, got[k], v)
+		}
+	}
+	if len(w.Unread) != 0 || len(w.Absent) != 0 {
+		t.Errorf("unread %v absent %v; want a full sample", w.Unread, w.Absent)
+	}
+	for _, frag := range []string{agent.Address(), `"4.1.0"`, "guest cgroup v2", "2 container(s) summed"} {
+		if !strings.Contains(w.SourceDetail, frag) {
+			t.Errorf("source_detail %q lacks %q", w.SourceDetail, frag)
+		}
+	}
+	if accepted, closed, _, versions := agent.Counts(); accepted != 1 || closed != 0 || versions != 1 {
+		t.Errorf("after 3 polls: %d connections, %d closed, %d Version calls; want one kept connection", accepted, closed, versions)
+	}
+
+	d.statsctl(t, "checkpoint-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor)
+	select {
+	case <-agent.Disconnected():
+	case <-time.After(5 * time.Second):
+		t.Fatal("CheckpointWorkload did not close the agent connection within 5 s")
+	}
+	if accepted, closed, _, _ := agent.Counts(); accepted != 1 || closed != 1 {
+		t.Errorf("after checkpoint: %d connections, %d closed; want 1 and 1", accepted, closed)
+	}
+}
