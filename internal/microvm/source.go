@@ -295,7 +295,8 @@ func (s *Source) connect() (*agentConn, error) {
 		// The agent answered but would not say (policy, old agent): its
 		// version stays unknown and CPU of a v2 guest unverified.
 		s.log.Debug("agent refused Version", "err", err)
-		c.version = parseAgentVersion("", "")
+		st, _ := status.FromError(err)
+		c.version = parseAgentVersion(fmt.Sprintf("unavailable: Version answered %s", st.Code()), "")
 		return c, nil
 	}
 	c.version = parseAgentVersion(vr.GetAgentVersion(), vr.GetGrpcVersion())

@@ -112,6 +112,21 @@ func TestSampleScriptedGuests(t *testing.T) {
 	}
 }
 
+// An agent that refuses Version is still read; its version is unknown, so
+// a v2 guest's CPU is absent (unit unverified) rather than guessed.
+func TestVersionRefused(t *testing.T) {
+	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithVersionError(status.Error(codes.PermissionDenied, "denied by policy")),
+		fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	s := mustOpen(t, agent.Address(), testConfig(), "a")
+	r := sample(t, s)
+	if !strings.Contains(r.Detail, `agent_version "unavailable: Version answered PermissionDenied"`) {
+		t.Errorf("Detail = %q", r.Detail)
+	}
+	if r.MemoryWorkingSetBytes != 200*mib || r.CPUUsageUsec != 0 || len(r.Absent) != 1 || r.Absent[0].Field != "cpu_usage_usec" {
+		t.Errorf("reading %+v; want memory and an absent cpu_usage_usec", r)
+	}
+}
+
 // One connection, one Version call, however many polls.
 func TestPersistentConnection(t *testing.T) {
 	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)), fakeagent.WithContainer("b", fakeagent.V2(v2b)))

@@ -60,6 +60,10 @@ type Option func(*Agent)
 // "3.9.0").
 func WithVersion(v string) Option { return func(a *Agent) { a.version = v } }
 
+// WithVersionError makes Health.Version fail with err (a policy that denies
+// it, an agent without it).
+func WithVersionError(err error) Option { return func(a *Agent) { a.versionErr = err } }
+
 // WithContainer scripts the StatsContainer reply for id.
 func WithContainer(id string, reply *katagrpc.StatsContainerResponse) Option {
 	return func(a *Agent) { a.replies[id] = reply }
@@ -82,13 +86,14 @@ type Agent struct {
 	tb   testing.TB
 	path string
 
-	mu        sync.Mutex
-	version   string
-	replies   map[string]*katagrpc.StatsContainerResponse
-	errs      map[string]error
-	handshake Handshake
-	port      uint32
-	nextPort  int
+	mu         sync.Mutex
+	version    string
+	versionErr error
+	replies    map[string]*katagrpc.StatsContainerResponse
+	errs       map[string]error
+	handshake  Handshake
+	port       uint32
+	nextPort   int
 
 	ln       net.Listener
 	srv      *ttrpc.Server
@@ -336,6 +341,9 @@ func (a *Agent) versionCall(_ context.Context, unmarshal func(any) error) (any, 
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.versions++
+	if a.versionErr != nil {
+		return nil, a.versionErr
+	}
 	return &katagrpc.VersionCheckResponse{GrpcVersion: "0.0.1", AgentVersion: a.version}, nil
 }
 
