@@ -41,6 +41,7 @@ var commands = []command{
 	{"stats", "one sample of the named workload", runStats},
 	{"active", "the discovery read: whatever workload is bound here", runActive},
 	{"host", "the runner-layer (host) view of the named workload's sandbox", runHost},
+	{"drift", "open drift findings (what was told vs what runs) and recent events", runDrift},
 	{"health", "grpc.health.v1 status of statsd", runHealth},
 	{"run-workload", "bind a workload (launcher side)", runRunWorkload},
 	{"restore-workload", "bind a restored workload (launcher side)", runRestoreWorkload},

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/server"
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -43,6 +44,9 @@ var (
 type daemon struct {
 	stats, lifecycle string
 	src              *scriptedSource
+	store            *identity.Store
+	checker          *drift.Checker
+	clock            time.Time
 }
 
 // startDaemon serves statsd's services on Unix sockets with a fixed clock, so
@@ -52,6 +56,7 @@ func startDaemon(t *testing.T) *daemon {
 	dir := t.TempDir()
 	d := &daemon{stats: filepath.Join(dir, "s.sock"), lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}}
 	clock := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
+	d.clock = clock
 	store, err := identity.NewStore(identity.Config{
 		Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) { return d.src, nil, nil },
 		Now:  func() time.Time { return clock },
@@ -59,9 +64,17 @@ func startDaemon(t *testing.T) *daemon {
 	if err != nil {
 		t.Fatal(err)
 	}
+	d.store = store
+	d.checker, err = drift.New(drift.Config{
+		Store: store, Observer: drift.NewSystemObserver(t.TempDir(), time.Second, time.Minute, nil),
+		Interval: time.Minute, Now: func() time.Time { return clock.Add(5 * time.Minute) },
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
 	logger := slog.New(slog.DiscardHandler)
 	srv := grpc.NewServer(server.UnaryInterceptors(logger))
-	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, func() time.Time { return clock.Add(90 * time.Second) }, logger))
+	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, func() time.Time { return clock.Add(90 * time.Second) }, logger).WithDrift(d.checker))
 	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, server.NewLifecycleService(store, logger))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	for _, p := range []string{d.stats, d.lifecycle} {
@@ -162,5 +175,35 @@ func TestGolden(t *testing.T) {
 			}
 			golden(t, tc.name, "$ statsctl "+strings.Join(tc.args, " ")+"\n"+out+errOut)
 		})
+	}
+}
+
+func TestGoldenDrift(t *testing.T) {
+	d := startDaemon(t)
+	if _, _, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
+		t.Fatal("run-workload failed")
+	}
+	steps := []struct {
+		name  string
+		procs uint32
+		args  []string
+	}{
+		{"drift-before-cycle", 3, []string{"drift", "--socket", "$STATS"}},
+		{"drift-dead-sandbox", 0, []string{"drift", "--socket", "$STATS"}},
+		{"stats-with-drift", 0, []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{"drift-cleared", 3, []string{"drift", "--socket", "$STATS"}},
+		{"drift-json", 3, []string{"drift", "--socket", "$STATS", "-o", "json"}},
+	}
+	for i, st := range steps {
+		procs := st.procs
+		d.src.reading = source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, SandboxProcesses: &procs}
+		if i > 0 {
+			d.checker.Cycle(context.Background())
+		}
+		out, errOut, code := d.ctl(t, st.args...)
+		if code != 0 {
+			t.Fatalf("%s: exit %d: %s", st.name, code, errOut)
+		}
+		golden(t, st.name, "$ statsctl "+strings.Join(st.args, " ")+"\n"+out+errOut)
 	}
 }

@@ -87,6 +87,9 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 			row("ABSENT", a.GetField(), a.GetReason())
 		}
 	}
+	if n := s.GetOpenDriftFindings(); n > 0 {
+		row("DRIFT", fmt.Sprintf("%d open finding(s)", n), "see statsctl drift")
+	}
 	if h := s.GetHost(); h != nil {
 		note := h.GetUnavailableReason()
 		if note == "" {

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 
@@ -22,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
@@ -40,6 +42,8 @@ type config struct {
 	debugfsRoot     string
 	readTimeout     time.Duration
 	shutdownTimeout time.Duration
+	driftInterval   time.Duration
+	driftGrace      time.Duration
 	logLevel        slog.Level
 }
 
@@ -55,6 +59,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.debugfsRoot, "debugfs-root", "/sys/kernel/debug", "mount point of debugfs (KVM counters)")
 	fs.DurationVar(&c.readTimeout, "read-timeout", 2*time.Second, "bound of every read (file, agent call, pid file)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long graceful shutdown may take before a hard stop")
+	fs.DurationVar(&c.driftInterval, "drift-interval", 5*time.Minute, "how often to check that the bound sandbox still matches what runs; 0 turns the check off")
+	fs.DurationVar(&c.driftGrace, "drift-grace", 15*time.Minute, "after a Run/Restore, how long before the drift check looks (also how long an agent may stay silent)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: statsd [flags]\n\nServes one sandbox's workload stats over gRPC on Unix sockets.\n\nFlags:\n")
@@ -112,9 +118,26 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer removeLife()
 
+	checker, err := drift.New(drift.Config{
+		Store:    store,
+		Observer: drift.NewSystemObserver(cfg.procRoot, cfg.readTimeout, cfg.driftGrace, nil),
+		Interval: cfg.driftInterval,
+		Grace:    cfg.driftGrace,
+		StateDir: cfg.stateDir,
+		Logger:   logger.With("component", "drift"),
+	})
+	if err != nil {
+		return err
+	}
+	driftCtx, stopDrift := context.WithCancel(ctx)
+	var driftDone sync.WaitGroup
+	driftDone.Go(func() { checker.Run(driftCtx) })
+	defer driftDone.Wait() // before the store closes its sources
+	defer stopDrift()
+
 	healthSrv := health.NewServer()
 	statsSrv := grpc.NewServer(server.UnaryInterceptors(logger.With("component", "stats")))
-	sandboxstatsv1.RegisterWorkloadStatsServiceServer(statsSrv, server.NewStatsService(store, nil, logger.With("component", "stats")))
+	sandboxstatsv1.RegisterWorkloadStatsServiceServer(statsSrv, server.NewStatsService(store, nil, logger.With("component", "stats")).WithDrift(checker))
 	healthpb.RegisterHealthServer(statsSrv, healthSrv)
 	reflection.Register(statsSrv)
 
@@ -129,7 +152,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for _, svc := range []string{"", sandboxstatsv1.WorkloadStatsService_ServiceDesc.ServiceName, sandboxstatsv1.WorkloadLifecycleService_ServiceDesc.ServiceName} {
 		healthSrv.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
-	logger.Info("statsd serving", "listen", cfg.listen, "lifecycle_listen", cfg.lifecycleListen, "state_dir", cfg.stateDir)
+	logger.Info("statsd serving", "listen", cfg.listen, "lifecycle_listen", cfg.lifecycleListen, "state_dir", cfg.stateDir, "drift_interval", cfg.driftInterval)
 
 	var serveErr error
 	select {

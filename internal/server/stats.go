@@ -8,6 +8,7 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -21,6 +22,7 @@ type StatsService struct {
 	store  *identity.Store
 	now    func() time.Time
 	logger *slog.Logger
+	drift  *drift.Checker // nil: the check is off
 	// afterRead, when set, runs between the read and the identity re-check
 	// (tests use it to change the binding under a read).
 	afterRead func()
@@ -88,6 +90,7 @@ func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeH
 	}
 	sample := sampleFromReading(b, reading, observed)
 	sample.Host = host
+	sample.OpenDriftFindings = s.openFindings(b.Identity.ActorUID)
 	return sample, nil
 }
 

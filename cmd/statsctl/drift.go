@@ -1,0 +1,81 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+func runDrift(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "drift", "Print the drift check's open findings and recent events")
+	var (
+		conn connFlags
+		out  outputFlag
+	)
+	conn.register(fs, defaultSocket, "stats")
+	out.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := out.validate(); err != nil {
+		return err
+	}
+	cc, err := conn.dial()
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
+	defer cancel()
+	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
+	if err != nil {
+		return err
+	}
+	if out.format == "json" {
+		return writeJSON(e.stdout, resp)
+	}
+	return writeDriftTable(e.stdout, resp)
+}
+
+func writeDriftTable(w io.Writer, resp *sandboxstatsv1.ListDriftFindingsResponse) error {
+	st := resp.GetStatus()
+	if st.GetLastCycleUnixNano() == 0 {
+		fmt.Fprintf(w, "check: %s; no cycle yet\n", onOff(st.GetEnabled()))
+	} else {
+		fmt.Fprintf(w, "check: %s; last cycle %s: %s\n", onOff(st.GetEnabled()), formatTime(st.GetLastCycleUnixNano()), st.GetLastOutcome())
+	}
+	for _, s := range st.GetSkippedComparisons() {
+		fmt.Fprintf(w, "skipped: %s (its findings kept)\n", s)
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if len(resp.GetFindings()) == 0 {
+		fmt.Fprintln(tw, "\nno open findings")
+	} else {
+		fmt.Fprintln(tw, "\nOPEN FINDING\tSUBJECT\tACTOR\tFIRST SEEN\tDETAIL")
+		for _, f := range resp.GetFindings() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", driftKind(f.GetKind()), f.GetSubject(), f.GetActorUid(), formatTime(f.GetFirstSeenUnixNano()), f.GetDetail())
+		}
+	}
+	if len(resp.GetEvents()) > 0 {
+		fmt.Fprintln(tw, "\nEVENT\tAT\tMESSAGE")
+		for _, e := range resp.GetEvents() {
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", strings.TrimPrefix(e.GetType().String(), "DRIFT_EVENT_TYPE_"), formatTime(e.GetAtUnixNano()), e.GetMessage())
+		}
+	}
+	return tw.Flush()
+}
+
+func driftKind(k sandboxstatsv1.DriftKind) string {
+	return strings.TrimPrefix(k.String(), "DRIFT_KIND_")
+}
+
+func onOff(on bool) string {
+	if on {
+		return "on"
+	}
+	return "off"
+}
