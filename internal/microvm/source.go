@@ -149,11 +149,15 @@ func (s *Source) Sample(ctx context.Context) (source.Reading, error) {
 		return source.Reading{}, err
 	}
 	results := make([]containerResult, len(s.ids))
-	var wg sync.WaitGroup
-	for i, id := range s.ids {
-		wg.Go(func() { results[i] = s.readContainer(ctx, c, id) })
+	if len(s.ids) == 1 {
+		results[0] = s.readContainer(ctx, c, s.ids[0])
+	} else {
+		var wg sync.WaitGroup
+		for i, id := range s.ids {
+			wg.Go(func() { results[i] = s.readContainer(ctx, c, id) })
+		}
+		wg.Wait()
 	}
-	wg.Wait()
 	return aggregate(s.addr.String(), c.version, results)
 }
 
