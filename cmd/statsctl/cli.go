@@ -40,7 +40,9 @@ type command struct {
 var commands = []command{
 	{"stats", "one sample of the named workload", runStats},
 	{"active", "the discovery read: whatever workload is bound here", runActive},
-	{"host", "the runner-layer (host) view of the named workload's sandbox", runHost},
+	{"watch", "sample repeatedly: CPU cores used per interval, memory", runWatch},
+	{"host", "the runner-layer (host) view; --window for differences and rates", runHost},
+	{"poll", "one sweep over a socket glob, as the node agent sees it", runPoll},
 	{"drift", "open drift findings (what was told vs what runs) and recent events", runDrift},
 	{"health", "grpc.health.v1 status of statsd", runHealth},
 	{"run-workload", "bind a workload (launcher side)", runRunWorkload},
@@ -66,6 +68,9 @@ Examples:
   statsctl health
   statsctl active -o json
   statsctl stats --actor-uid 7f3c9a
+  statsctl watch --actor-uid 7f3c9a --interval 5s --count 12
+  statsctl host --actor-uid 7f3c9a --window 10s
+  statsctl poll --sockets '/run/statsd/*.sock'
   statsctl run-workload --actor-uid 7f3c9a --class gvisor --sentry-pid 4242
   statsctl run-workload --actor-uid 7f3c9a --class microvm \
       --agent-address hvsock:///run/vc/vm/7f3c9a/clh.sock:1024 --container-id web_ovl

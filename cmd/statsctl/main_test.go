@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -47,19 +49,57 @@ type daemon struct {
 	store            *identity.Store
 	checker          *drift.Checker
 	clock            time.Time
+	host             *scriptedHost
+	seq              *sequenceSource
+	tick             time.Duration // how far the stats clock moves per read
+	reads            atomic.Int64
 }
+
+// scriptedHost answers SampleHost with its samples in turn.
+type scriptedHost struct {
+	samples []*sandboxstatsv1.HostStats
+	n       atomic.Int64
+}
+
+func (h *scriptedHost) SampleHost(context.Context) (*sandboxstatsv1.HostStats, error) {
+	i := int(h.n.Add(1)) - 1
+	return h.samples[min(i, len(h.samples)-1)], nil
+}
+func (h *scriptedHost) Close() error { return nil }
+
+// sequenceSource answers Sample with its readings in turn; before reading
+// number bindAt it re-binds the workload (a restore under the read).
+type sequenceSource struct {
+	readings []source.Reading
+	n        atomic.Int64
+	onRead   func(n int)
+}
+
+func (s *sequenceSource) Sample(context.Context) (source.Reading, error) {
+	i := int(s.n.Add(1)) - 1
+	if s.onRead != nil {
+		s.onRead(i)
+	}
+	return s.readings[min(i, len(s.readings)-1)], nil
+}
+func (s *sequenceSource) Close() error { return nil }
 
 // startDaemon serves statsd's services on Unix sockets with a fixed clock, so
 // outputs are byte-for-byte stable.
 func startDaemon(t *testing.T) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{stats: filepath.Join(dir, "s.sock"), lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}}
+	d := &daemon{stats: filepath.Join(dir, "s.sock"), lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}, host: &scriptedHost{}}
 	clock := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	d.clock = clock
 	store, err := identity.NewStore(identity.Config{
-		Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) { return d.src, nil, nil },
-		Now:  func() time.Time { return clock },
+		Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) {
+			if d.seq != nil {
+				return d.seq, d.host, nil
+			}
+			return d.src, d.host, nil
+		},
+		Now: func() time.Time { return clock.Add(time.Duration(d.reads.Load()) * time.Second) },
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +114,9 @@ func startDaemon(t *testing.T) *daemon {
 	}
 	logger := slog.New(slog.DiscardHandler)
 	srv := grpc.NewServer(server.UnaryInterceptors(logger))
-	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, func() time.Time { return clock.Add(90 * time.Second) }, logger).WithDrift(d.checker))
+	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, func() time.Time {
+		return clock.Add(90*time.Second + time.Duration(d.reads.Add(1)-1)*d.tick)
+	}, logger).WithDrift(d.checker))
 	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, server.NewLifecycleService(store, logger))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	for _, p := range []string{d.stats, d.lifecycle} {
@@ -205,5 +247,115 @@ func TestGoldenDrift(t *testing.T) {
 			t.Fatalf("%s: exit %d: %s", st.name, code, errOut)
 		}
 		golden(t, st.name, "$ statsctl "+strings.Join(st.args, " ")+"\n"+out+errOut)
+	}
+}
+
+func TestGoldenWatch(t *testing.T) {
+	d := startDaemon(t)
+	d.tick = 5 * time.Second
+	mib := func(n uint64) uint64 { return n << 20 }
+	r := func(cpu, cur uint64) source.Reading {
+		return source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: mib(cur), MemoryWorkingSetBytes: mib(cur) - mib(1), MemoryPeakBytes: &peak, CPUUsageUsec: cpu}
+	}
+	d.seq = &sequenceSource{readings: []source.Reading{
+		r(1_000_000, 20), r(3_500_000, 220), r(6_000_000, 220), r(6_100_000, 20), // 0.5 cores, then 0.5, then 0.02
+		r(100_000, 20), // restored: the counter starts again in a new epoch
+		r(600_000, 20),
+	}}
+	d.seq.onRead = func(n int) {
+		if n == 4 { // a Restore lands under this read: ACTOR_CHANGED, then a new epoch
+			if _, err := d.store.Bind(identity.OpRestore, identity.Identity{ActorUID: "actor-7f3c"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/pod1"}); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if _, errOut, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
+		t.Fatal(errOut)
+	}
+	for _, format := range []string{"table", "json"} {
+		t.Run(format, func(t *testing.T) {
+			d.seq.n.Store(0)
+			args := []string{"watch", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "--interval", "1ms", "--count", "7", "-o", format}
+			out, errOut, code := d.ctl(t, args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			golden(t, "watch-"+format, "$ statsctl "+strings.Join(args, " ")+"\n"+out+errOut)
+			// The restore happened at read 4; bind it back to a Run for the next format.
+			if _, err := d.store.Bind(identity.OpRun, identity.Identity{ActorUID: "actor-7f3c"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/pod1"}); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+func TestGoldenPoll(t *testing.T) {
+	bound, idle := startDaemon(t), startDaemon(t)
+	// A directory path of fixed length keeps the table's columns stable.
+	dir := fmt.Sprintf("/tmp/statsctl-poll-%08x", rand.Uint32())
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	// Put the daemons' stats sockets under one glob, plus a stale socket
+	// whose daemon is gone.
+	for name, target := range map[string]string{"a-bound.sock": bound.stats, "b-idle.sock": idle.stats} {
+		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stale, err := net.Listen("unix", filepath.Join(dir, "c-gone.sock"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale.(*net.UnixListener).SetUnlinkOnClose(false)
+	stale.Close()
+	bound.src.reading = source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, MemoryWorkingSetBytes: 12 << 20, MemoryPeakBytes: &peak, CPUUsageUsec: 2_500_000}
+	if _, errOut, code := bound.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--template-namespace", "templates", "--template-name", "python", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
+		t.Fatal(errOut)
+	}
+	args := []string{"poll", "--sockets", dir + "/*.sock", "--timeout", "2s"}
+	var out, errOut bytes.Buffer
+	if code := run(context.Background(), args, &out, &errOut); code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	got := strings.ReplaceAll(out.String()+errOut.String(), dir, "$DIR")
+	golden(t, "poll", "$ statsctl poll --sockets '$DIR/*.sock' --timeout 2s\n"+got)
+}
+
+func TestGoldenHost(t *testing.T) {
+	d := startDaemon(t)
+	at := d.clock.Add(time.Minute)
+	view := func(sec int, userUsec, systemUsec, stealUsec uint64) *sandboxstatsv1.HostStats {
+		return &sandboxstatsv1.HostStats{
+			ObservedAtUnixNano: at.Add(time.Duration(sec) * time.Second).UnixNano(),
+			GuestName:          "srv1", GuestNameSource: "pid file directory",
+			RunnerKernel: &sandboxstatsv1.RunnerKernelView{
+				Legend: "host kernel /proc/stat; user includes guest",
+				Total:  &sandboxstatsv1.CpuTimes{Cpu: "cpu", UserUsec: userUsec, SystemUsec: systemUsec, StealUsec: stealUsec},
+			},
+		}
+	}
+	d.host.samples = []*sandboxstatsv1.HostStats{view(0, 1_000_000, 500_000, 10_000), view(10, 6_000_000, 1_500_000, 10_000)}
+	if _, errOut, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "microvm",
+		"--agent-address", "hvsock:///run/vm/clh.sock:1024", "--container-id", "web", "--vmm-pid-file", "/run/vm/srv1/qemu.pid"); code != 0 {
+		t.Fatal(errOut)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+	}{
+		{"host-sample", []string{"host", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{"host-window", []string{"host", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "--window", "1ms"}},
+		{"host-window-json", []string{"host", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "--window", "1ms", "-o", "json"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			d.host.n.Store(0)
+			out, errOut, code := d.ctl(t, tc.args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			golden(t, tc.name, "$ statsctl "+strings.Join(tc.args, " ")+"\n"+out+errOut)
+		})
 	}
 }
