@@ -93,10 +93,14 @@ func ParseAddress(s string) (Address, error) {
 	}
 }
 
-// parseUint32 reads plain ASCII decimal: no sign, no spaces, no base prefix.
+// parseUint32 reads canonical ASCII decimal: no sign, no spaces, no base
+// prefix, no leading zeros.
 func parseUint32(s string) (uint32, error) {
 	if s == "" {
 		return 0, errors.New("empty")
+	}
+	if len(s) > 1 && s[0] == '0' {
+		return 0, errors.New("leading zero")
 	}
 	for i := 0; i < len(s); i++ {
 		if s[i] < '0' || s[i] > '9' {

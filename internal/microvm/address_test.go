@@ -49,6 +49,7 @@ func TestParseAddressRejects(t *testing.T) {
 		{"signed port", "vsock://3:+1024"},
 		{"port with space", "vsock://3: 1024"},
 		{"hex cid", "vsock://0x10:1024"},
+		{"leading zero", "vsock://03:01024"},
 		{"cid of host", "vsock://2:1024"},
 		{"cid local", "vsock://1:1024"},
 		{"cid hypervisor", "vsock://0:1024"},

@@ -30,6 +30,7 @@ func TestParseHandshakeLine(t *testing.T) {
 		{"ok space only", "OK \n", 0, false},
 		{"two spaces", "OK  1\n", 0, false},
 		{"negative", "OK -1\n", 0, false},
+		{"leading zeros", "OK 0000\n", 0, false},
 		{"overflow", "OK 4294967296\n", 0, false},
 		{"trailing text", "OK 1 extra\n", 0, false},
 		{"contains ok", "NOT OK 1\n", 0, false},
