@@ -1,0 +1,342 @@
+// Package testenv starts the real parts end-to-end tests need (a gVisor
+// sandbox under Debian's runsc, a QEMU process) and checks their
+// prerequisites: a missing one skips the test with a hint, or fails it when
+// CI=true, because CI installs everything the tests need. Only tests import
+// it.
+package testenv
+
+import (
+	"bytes"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// Need skips the test with hint when ok is false, or fails it under CI=true.
+func Need(t testing.TB, ok bool, hint string) {
+	t.Helper()
+	if ok {
+		return
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("prerequisite missing (CI=true): %s", hint)
+	}
+	t.Skip(hint)
+}
+
+// RmdirRetry removes a cgroup directory, retrying while its last processes
+// are still leaving it.
+func RmdirRetry(dir string) error {
+	var err error
+	for range 50 {
+		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, syscall.ENOENT) {
+			return nil
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("rmdir %s: %w", dir, err)
+}
+
+// BusyboxStatic returns the path of a statically linked busybox, or "".
+func BusyboxStatic() string {
+	for _, p := range []string{"/bin/busybox", "/usr/bin/busybox"} {
+		f, err := elf.Open(p)
+		if err != nil {
+			continue
+		}
+		static := true
+		for _, prog := range f.Progs {
+			if prog.Type == elf.PT_INTERP {
+				static = false
+			}
+		}
+		f.Close()
+		if static {
+			return p
+		}
+	}
+	return ""
+}
+
+// Sandbox is a real gVisor sandbox started with runsc (--platform=ptrace
+// --network=none) from an OCI bundle whose rootfs is busybox-static. The
+// test's cleanup deletes it and every cgroup runsc made for it (runsc leaves
+// the parent in every v1 hierarchy).
+type Sandbox struct {
+	ID         string
+	CgroupPath string // linux.cgroupsPath, e.g. /sbstest-123-456/pause
+	PID        int    // the sentry (runsc-sandbox)
+	bin        string
+	runscRoot  string
+	bundle     string
+	logs       string
+}
+
+// NeedRunsc checks the prerequisites of a real sandbox and returns the
+// runsc and busybox paths.
+func NeedRunsc(t testing.TB) (runsc, busybox string) {
+	t.Helper()
+	Need(t, os.Geteuid() == 0, "needs root for runsc (run the tests as root)")
+	runsc, err := exec.LookPath("runsc")
+	Need(t, err == nil, "needs runsc in PATH (apt-get install runsc)")
+	busybox = BusyboxStatic()
+	Need(t, busybox != "", "needs a static busybox (apt-get install busybox-static)")
+	return runsc, busybox
+}
+
+// UniqueCgroupPath returns a fresh cgroupsPath for a sandbox.
+func UniqueCgroupPath() string {
+	return fmt.Sprintf("/sbstest-%d-%d/pause", os.Getpid(), time.Now().UnixNano())
+}
+
+// StartSandbox starts a sandbox in cgroupPath ("" for a fresh one) whose init
+// runs args.
+func StartSandbox(t testing.TB, cgroupPath string, args ...string) *Sandbox {
+	t.Helper()
+	runsc, busybox := NeedRunsc(t)
+	if cgroupPath == "" {
+		cgroupPath = UniqueCgroupPath()
+	}
+	sb := &Sandbox{
+		ID:         fmt.Sprintf("sbstest-%d-%d", os.Getpid(), time.Now().UnixNano()),
+		CgroupPath: cgroupPath,
+		bin:        runsc,
+		runscRoot:  t.TempDir(),
+		bundle:     t.TempDir(),
+		logs:       t.TempDir(),
+	}
+	rootfs := filepath.Join(sb.bundle, "rootfs")
+	for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "etc"} {
+		if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bb, err := os.ReadFile(busybox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), bb, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range []string{"sh", "ls", "cat", "dd", "sleep", "echo", "rm", "free", "true"} {
+		if err := os.Symlink("busybox", filepath.Join(rootfs, "bin", a)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := sb.Runsc(t, sb.bundle, append([]string{"spec", "--"}, args...)...); err != nil {
+		t.Fatal(err)
+	}
+	cfgPath := filepath.Join(sb.bundle, "config.json")
+	var spec map[string]any
+	b, err := os.ReadFile(cfgPath)
+	if err == nil {
+		err = json.Unmarshal(b, &spec)
+	}
+	if err != nil {
+		t.Fatalf("runsc spec: %v", err)
+	}
+	spec["process"].(map[string]any)["terminal"] = false
+	linux, _ := spec["linux"].(map[string]any)
+	if linux == nil {
+		linux = map[string]any{}
+		spec["linux"] = linux
+	}
+	linux["cgroupsPath"] = sb.CgroupPath
+	if b, err = json.MarshalIndent(spec, "", "  "); err == nil {
+		err = os.WriteFile(cfgPath, b, 0o644)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	t.Cleanup(func() { sb.cleanup(t) })
+	start := time.Now()
+	if _, err := sb.Runsc(t, sb.bundle, "run", "-detach", sb.ID); err != nil {
+		t.Fatalf("runsc run: %v (logs in %s)", err, sb.logs)
+	}
+	out, err := sb.Runsc(t, "", "state", sb.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st struct {
+		Pid    int    `json:"pid"`
+		Status string `json:"status"`
+	}
+	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
+		t.Fatalf("runsc state: %q: %v", out, err)
+	}
+	sb.PID = st.Pid
+	t.Logf("sandbox %s running (%s) in %v: sentry pid %d, cgroupsPath %s", sb.ID, st.Status, time.Since(start).Round(time.Millisecond), sb.PID, sb.CgroupPath)
+	return sb
+}
+
+// Runsc runs one runsc command with the sandbox's root and flags. The
+// sandbox's and runsc's output go to their own files (sharing the test's
+// stdout would corrupt it); stdout is also returned.
+func (sb *Sandbox) Runsc(t testing.TB, dir string, args ...string) ([]byte, error) {
+	t.Helper()
+	full := append([]string{"--root", sb.runscRoot, "--platform=ptrace", "--network=none"}, args...)
+	cmd := exec.Command(sb.bin, full...)
+	cmd.Dir = dir
+	name := filepath.Join(sb.logs, fmt.Sprintf("%d-%s", time.Now().UnixNano(), args[0]))
+	stdout, err := os.Create(name + ".stdout")
+	if err != nil {
+		return nil, err
+	}
+	defer stdout.Close()
+	stderr, err := os.Create(name + ".stderr")
+	if err != nil {
+		return nil, err
+	}
+	defer stderr.Close()
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, stdout, stderr
+	runErr := cmd.Run()
+	out, _ := os.ReadFile(name + ".stdout")
+	if runErr != nil {
+		msg, _ := os.ReadFile(name + ".stderr")
+		return out, fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), runErr, bytes.TrimSpace(msg))
+	}
+	return out, nil
+}
+
+// Exec runs args inside the sandbox and waits for it.
+func (sb *Sandbox) Exec(t testing.TB, args ...string) {
+	t.Helper()
+	if _, err := sb.Runsc(t, "", append([]string{"exec", sb.ID}, args...)...); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// CgroupProcs returns the pids in the sandbox's v1 memory cgroup.
+func (sb *Sandbox) CgroupProcs(t testing.TB) []int {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", sb.CgroupPath, "cgroup.procs"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids
+}
+
+// KillProcesses kills every process of the sandbox but keeps its cgroup: a
+// dead sandbox.
+func (sb *Sandbox) KillProcesses(t testing.TB) {
+	t.Helper()
+	for range 50 {
+		pids := sb.CgroupProcs(t)
+		if len(pids) == 0 {
+			return
+		}
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("sandbox %s: processes left in its cgroup after SIGKILL", sb.ID)
+}
+
+func (sb *Sandbox) cleanup(t testing.TB) {
+	if _, err := sb.Runsc(t, "", "delete", "-force", sb.ID); err != nil {
+		t.Logf("cleanup: %v", err)
+	}
+	parent := filepath.Dir(sb.CgroupPath)
+	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	for _, h := range hier {
+		for _, d := range []string{sb.CgroupPath, parent} {
+			p := filepath.Join(h, d)
+			if _, err := os.Stat(p); err != nil {
+				continue
+			}
+			if err := RmdirRetry(p); err != nil && !errors.Is(err, syscall.EBUSY) {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+	}
+	if t.Failed() {
+		dumpLogs(t, sb.logs)
+	}
+}
+
+func dumpLogs(t testing.TB, dir string) {
+	files, _ := filepath.Glob(filepath.Join(dir, "*"))
+	for _, f := range files {
+		b, _ := os.ReadFile(f)
+		if len(bytes.TrimSpace(b)) > 0 {
+			t.Logf("%s:\n%s", filepath.Base(f), b[:min(len(b), 4096)])
+		}
+	}
+}
+
+// QEMU is a daemonized QEMU with no guest (SeaBIOS only), 2 vCPUs, named
+// guest=<name>, its pid file in <dir>/<name>/qemu.pid and a QMP socket. The
+// test's cleanup stops it by its pid.
+type QEMU struct {
+	Dir, PIDFile, QMP string
+	PID               int
+}
+
+// Accel returns "kvm" when /dev/kvm exists, else "tcg": /dev/kvm belongs to
+// the machine and cannot be installed.
+func Accel() string {
+	if _, err := os.Stat("/dev/kvm"); err == nil {
+		return "kvm"
+	}
+	return "tcg"
+}
+
+// StartQEMU starts QEMU with the given accelerator.
+func StartQEMU(t testing.TB, dir, name, accel string) *QEMU {
+	t.Helper()
+	bin, err := exec.LookPath("qemu-system-x86_64")
+	Need(t, err == nil, "qemu-system-x86_64 not found: apt-get install -y --no-install-recommends qemu-system-x86")
+	Need(t, os.Geteuid() == 0, "the QEMU tests read other processes' files: run as root")
+	vm := &QEMU{Dir: dir, PIDFile: filepath.Join(dir, name, "qemu.pid"), QMP: filepath.Join(dir, name+"-qmp.sock")}
+	if err := os.MkdirAll(filepath.Dir(vm.PIDFile), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-accel", accel, "-name", "guest="+name+",debug-threads=on", "-smp", "2", "-m", "128",
+		"-nodefaults", "-display", "none", "-daemonize", "-pidfile", vm.PIDFile,
+		"-qmp", "unix:"+vm.QMP+",server=on,wait=off")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("qemu -accel %s: %v: %s", accel, err, stderr.String())
+	}
+	b, err := os.ReadFile(vm.PIDFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if vm.PID, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(vm.Stop)
+	return vm
+}
+
+// Stop stops QEMU by its pid (SIGTERM, then SIGKILL) and waits for it.
+func (vm *QEMU) Stop() {
+	if err := syscall.Kill(vm.PID, syscall.SIGTERM); err != nil {
+		return
+	}
+	for range 100 {
+		if syscall.Kill(vm.PID, 0) != nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	syscall.Kill(vm.PID, syscall.SIGKILL)
+}
