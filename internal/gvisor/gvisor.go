@@ -64,8 +64,12 @@ type cgroupSource struct {
 	unified, memory, cpuacct *os.Root
 	cpuacctErr               error
 
-	mu  sync.Mutex
-	loc *location // nil until resolved; replaced when the cgroup disappears
+	mu   sync.Mutex
+	loc  *location           // nil until resolved; replaced when the cgroup disappears
+	dirs map[string]*os.Root // open cgroup directories, by display path
+	// retired directories, dropped from dirs but maybe still in use; closed
+	// by Close.
+	retired []*os.Root
 
 	closeOnce sync.Once
 }
@@ -103,6 +107,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		mode:     cfg.Mode,
 		procRoot: cfg.ProcRoot,
 		g:        bounded.New(cfg.ReadTimeout),
+		dirs:     map[string]*os.Root{},
 	}
 	if ref.CgroupPath != "" {
 		p, err := checkCgroupPath(ref.CgroupPath)
@@ -166,6 +171,16 @@ func (s *cgroupSource) Close() error {
 				r.Close()
 			}
 		}
+		s.mu.Lock()
+		for k, r := range s.dirs {
+			r.Close()
+			delete(s.dirs, k)
+		}
+		for _, r := range s.retired {
+			r.Close()
+		}
+		s.retired = nil
+		s.mu.Unlock()
 	})
 	return nil
 }
@@ -303,94 +318,179 @@ func wrapRead(err error) error {
 	return fmt.Errorf("gvisor: %w: %w", source.ErrNotMeasurable, err)
 }
 
+// dirRoot returns the cgroup directory dir of root, opened once (inside
+// root, so it cannot escape) and cached, so that each file read is a single
+// openat.
+func (s *cgroupSource) dirRoot(ctx context.Context, root *os.Root, dir string) (*os.Root, error) {
+	key := display(root, dir)
+	s.mu.Lock()
+	d := s.dirs[key]
+	s.mu.Unlock()
+	if d != nil {
+		return d, nil
+	}
+	d, err := bounded.Do(ctx, s.g, "dir\x00"+key, func() (*os.Root, error) { return root.OpenRoot(rel(dir)) })
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if old := s.dirs[key]; old != nil { // another caller won
+		if old != d {
+			d.Close()
+		}
+		return old, nil
+	}
+	s.dirs[key] = d
+	return d, nil
+}
+
+// forgetDir drops a cached directory that was removed (or removed and made
+// again). Concurrent reads may still hold it, so it is closed only by Close.
+func (s *cgroupSource) forgetDir(root *os.Root, dir string, d *os.Root) {
+	key := display(root, dir)
+	s.mu.Lock()
+	if s.dirs[key] == d {
+		delete(s.dirs, key)
+		s.retired = append(s.retired, d)
+	}
+	s.mu.Unlock()
+}
+
 // readFile reads name in the cgroup dir of root. A missing file is reported
 // as fs.ErrNotExist when the directory is there, and as errCgroupGone (with
 // source.ErrNotMeasurable) when the directory is gone.
 func (s *cgroupSource) readFile(ctx context.Context, root *os.Root, dir, name string) ([]byte, error) {
-	b, err := s.g.ReadRootFile(ctx, root, path.Join(rel(dir), name))
-	if err == nil {
-		return b, nil
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, wrapRead(err)
-	}
-	exists, serr := bounded.Do(ctx, s.g, "stat\x00"+root.Name()+"\x00"+dir, func() (bool, error) {
-		_, err := root.Stat(rel(dir))
-		if errors.Is(err, fs.ErrNotExist) {
-			return false, nil
+	for attempt := 0; ; attempt++ {
+		d, err := s.dirRoot(ctx, root, dir)
+		if err == nil {
+			var b []byte
+			if b, err = s.g.ReadRootFile(ctx, d, name); err == nil {
+				return b, nil
+			}
 		}
-		return err == nil, err
-	})
-	if serr != nil {
-		return nil, wrapRead(serr)
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, wrapRead(err)
+		}
+		// Is the directory still there, and still the one we hold open?
+		type dirState struct{ exists, same bool }
+		st, serr := bounded.Do(ctx, s.g, "stat\x00"+display(root, dir), func() (dirState, error) {
+			fi, err := root.Stat(rel(dir))
+			if errors.Is(err, fs.ErrNotExist) {
+				return dirState{}, nil
+			}
+			if err != nil {
+				return dirState{}, err
+			}
+			if d == nil {
+				return dirState{exists: true}, nil
+			}
+			held, err := d.Stat(".")
+			return dirState{exists: true, same: err == nil && os.SameFile(fi, held)}, nil
+		})
+		if serr != nil {
+			return nil, wrapRead(serr)
+		}
+		if d != nil && !st.same {
+			s.forgetDir(root, dir, d)
+		}
+		if !st.exists {
+			return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
+		}
+		if st.same || attempt > 0 {
+			return nil, err // the file alone is missing: the caller decides
+		}
 	}
-	if !exists {
-		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
-	}
-	return nil, err // the file alone is missing: the caller decides
 }
 
-// readUint reads a required one-number file.
-func (s *cgroupSource) readUint(ctx context.Context, root *os.Root, dir, name string) (uint64, error) {
-	b, err := s.readFile(ctx, root, dir, name)
-	if errors.Is(err, fs.ErrNotExist) {
-		return 0, fmt.Errorf("gvisor: %w: %s has no %s", source.ErrNotMeasurable, display(root, dir), name)
+// fileReq is one file a Sample reads; the reads of one Sample run
+// concurrently, each bounded.
+type fileReq struct {
+	root      *os.Root
+	dir, name string
+	b         []byte
+	err       error
+}
+
+func (s *cgroupSource) readAll(ctx context.Context, reqs []*fileReq) {
+	var wg sync.WaitGroup
+	for _, r := range reqs[1:] {
+		wg.Go(func() { r.b, r.err = s.readFile(ctx, r.root, r.dir, r.name) })
 	}
-	if err != nil {
-		return 0, err
+	reqs[0].b, reqs[0].err = s.readFile(ctx, reqs[0].root, reqs[0].dir, reqs[0].name)
+	wg.Wait()
+}
+
+func (f *fileReq) path() string { return filepath.Join(display(f.root, f.dir), f.name) }
+
+func (f *fileReq) malformed(err error) error {
+	return fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, f.path(), err)
+}
+
+// reqUint parses a required one-number file.
+func reqUint(f *fileReq) (uint64, error) {
+	if errors.Is(f.err, fs.ErrNotExist) {
+		return 0, fmt.Errorf("gvisor: %w: %s has no %s", source.ErrNotMeasurable, display(f.root, f.dir), f.name)
 	}
-	v, err := parseSingleUint(b)
+	if f.err != nil {
+		return 0, f.err
+	}
+	v, err := parseSingleUint(f.b)
 	if err != nil {
-		return 0, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), name), err)
+		return 0, f.malformed(err)
 	}
 	return v, nil
 }
 
-// optUint reads an optional one-number file: ok is false when the file alone
-// is missing.
-func (s *cgroupSource) optUint(ctx context.Context, root *os.Root, dir, name string) (v uint64, ok bool, err error) {
-	b, err := s.readFile(ctx, root, dir, name)
-	if errors.Is(err, fs.ErrNotExist) {
+// optUint parses an optional one-number file: ok is false when the file
+// alone is missing.
+func optUint(f *fileReq) (v uint64, ok bool, err error) {
+	if errors.Is(f.err, fs.ErrNotExist) {
 		return 0, false, nil
 	}
-	if err != nil {
-		return 0, false, err
+	if f.err != nil {
+		return 0, false, f.err
 	}
-	if v, err = parseSingleUint(b); err != nil {
-		return 0, false, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), name), err)
+	if v, err = parseSingleUint(f.b); err != nil {
+		return 0, false, f.malformed(err)
 	}
 	return v, true, nil
 }
 
-// optKeyed reads key from an optional flat keyed file: ok is false when the
+// optKeyed finds key in an optional flat keyed file: ok is false when the
 // file is missing or lacks the key.
-func (s *cgroupSource) optKeyed(ctx context.Context, root *os.Root, dir, name, key string) (v uint64, ok bool, err error) {
-	b, err := s.readFile(ctx, root, dir, name)
-	if errors.Is(err, fs.ErrNotExist) {
+func optKeyed(f *fileReq, key string) (v uint64, ok bool, err error) {
+	if errors.Is(f.err, fs.ErrNotExist) {
 		return 0, false, nil
 	}
-	if err != nil {
-		return 0, false, err
+	if f.err != nil {
+		return 0, false, f.err
 	}
-	if v, ok, err = parseKeyed(b, key); err != nil {
-		return 0, false, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), name), err)
+	if v, ok, err = parseKeyed(f.b, key); err != nil {
+		return 0, false, f.malformed(err)
 	}
 	return v, ok, nil
 }
 
-// procs counts cgroup.procs of dir; nil with an Absent when it is missing.
-func (s *cgroupSource) procs(ctx context.Context, r *source.Reading, root *os.Root, dir string) error {
-	b, err := s.readFile(ctx, root, dir, "cgroup.procs")
-	if errors.Is(err, fs.ErrNotExist) {
-		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: "no cgroup.procs in " + display(root, dir)})
+// readKeyed reads one flat keyed file and finds key in it.
+func (s *cgroupSource) readKeyed(ctx context.Context, root *os.Root, dir, name, key string) (uint64, bool, error) {
+	f := &fileReq{root: root, dir: dir, name: name}
+	s.readAll(ctx, []*fileReq{f})
+	return optKeyed(f, key)
+}
+
+// procs counts cgroup.procs into r; nil with an Absent when it is missing.
+func procs(r *source.Reading, f *fileReq) error {
+	if errors.Is(f.err, fs.ErrNotExist) {
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: "no cgroup.procs in " + display(f.root, f.dir)})
 		return nil
 	}
-	if err != nil {
-		return err
+	if f.err != nil {
+		return f.err
 	}
-	n, err := parseProcs(b)
+	n, err := parseProcs(f.b)
 	if err != nil {
-		return fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, filepath.Join(display(root, dir), "cgroup.procs"), err)
+		return f.malformed(err)
 	}
 	r.SandboxProcesses = &n
 	return nil
@@ -426,41 +526,43 @@ func workingSet(usage, inactive uint64, ok bool) uint64 {
 // memory.stat inactive_file, cpu.stat usage_usec and cgroup.procs.
 func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Reading, error) {
 	root, dir := s.unified, loc.mem
+	req := func(name string) *fileReq { return &fileReq{root: root, dir: dir, name: name} }
+	cur, peak, stat, cpu, pr := req("memory.current"), req("memory.peak"), req("memory.stat"), req("cpu.stat"), req("cgroup.procs")
+	s.readAll(ctx, []*fileReq{cur, peak, stat, cpu, pr})
+
 	r := source.Reading{
 		Kind:   source.KindCgroup,
 		Detail: "cgroup v2 (unified) " + display(root, dir) + s.suffix(),
 	}
-	cur, err := s.readUint(ctx, root, dir, "memory.current")
-	if err != nil {
+	var err error
+	if r.MemoryCurrentBytes, err = reqUint(cur); err != nil {
 		return source.Reading{}, err
 	}
-	r.MemoryCurrentBytes = cur
-	peak, ok, err := s.optUint(ctx, root, dir, "memory.peak")
+	p, ok, err := optUint(peak)
 	if err != nil {
 		return source.Reading{}, err
 	}
 	if ok {
-		r.MemoryPeakBytes = &peak
+		r.MemoryPeakBytes = &p
 	} else {
 		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes",
-			Reason: "memory.peak not offered by this kernel (needs Linux 5.19): no " + filepath.Join(display(root, dir), "memory.peak")})
+			Reason: "memory.peak not offered by this kernel (needs Linux 5.19): no " + peak.path()})
 	}
-	inactive, ok, err := s.optKeyed(ctx, root, dir, "memory.stat", "inactive_file")
+	inactive, ok, err := optKeyed(stat, "inactive_file")
 	if err != nil {
 		return source.Reading{}, err
 	}
-	r.MemoryWorkingSetBytes = workingSet(cur, inactive, ok)
-	usec, ok, err := s.optKeyed(ctx, root, dir, "cpu.stat", "usage_usec")
+	r.MemoryWorkingSetBytes = workingSet(r.MemoryCurrentBytes, inactive, ok)
+	usec, ok, err := optKeyed(cpu, "usage_usec")
 	if err != nil {
 		return source.Reading{}, err
 	}
 	if ok {
 		r.CPUUsageUsec = usec
 	} else {
-		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec",
-			Reason: "no usage_usec in " + filepath.Join(display(root, dir), "cpu.stat")})
+		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "no usage_usec in " + cpu.path()})
 	}
-	if err := s.procs(ctx, &r, root, dir); err != nil {
+	if err := procs(&r, pr); err != nil {
 		return source.Reading{}, err
 	}
 	return r, nil
@@ -471,41 +573,49 @@ func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Readin
 // and cpuacct.usage (ns) in the cpuacct hierarchy.
 func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Reading, error) {
 	root, dir := s.memory, loc.mem
+	req := func(name string) *fileReq { return &fileReq{root: root, dir: dir, name: name} }
+	cur, peak, stat, pr := req("memory.usage_in_bytes"), req("memory.max_usage_in_bytes"), req("memory.stat"), req("cgroup.procs")
+	reqs := []*fileReq{cur, peak, stat, pr}
+	var cpu *fileReq
+	if s.cpuacct != nil && loc.cpu != "" {
+		cpu = &fileReq{root: s.cpuacct, dir: loc.cpu, name: "cpuacct.usage"}
+		reqs = append(reqs, cpu)
+	}
+	s.readAll(ctx, reqs)
+
 	r := source.Reading{Kind: source.KindCgroup}
 	cpuDetail := "cpuacct (none)"
-	if s.cpuacct != nil && loc.cpu != "" {
-		cpuDetail = "cpuacct " + display(s.cpuacct, loc.cpu)
+	if cpu != nil {
+		cpuDetail = "cpuacct " + display(cpu.root, cpu.dir)
 	}
 	r.Detail = fmt.Sprintf("cgroup v1 (%s) memory %s, %s%s", s.mode, display(root, dir), cpuDetail, s.suffix())
 
-	cur, err := s.readUint(ctx, root, dir, "memory.usage_in_bytes")
-	if err != nil {
+	var err error
+	if r.MemoryCurrentBytes, err = reqUint(cur); err != nil {
 		return source.Reading{}, err
 	}
-	r.MemoryCurrentBytes = cur
-	peak, ok, err := s.optUint(ctx, root, dir, "memory.max_usage_in_bytes")
+	p, ok, err := optUint(peak)
 	if err != nil {
 		return source.Reading{}, err
 	}
 	if ok {
-		r.MemoryPeakBytes = &peak
+		r.MemoryPeakBytes = &p
 	} else {
-		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes",
-			Reason: "no " + filepath.Join(display(root, dir), "memory.max_usage_in_bytes")})
+		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes", Reason: "no " + peak.path()})
 	}
-	inactive, ok, err := s.optKeyed(ctx, root, dir, "memory.stat", "total_inactive_file")
+	inactive, ok, err := optKeyed(stat, "total_inactive_file")
 	if err != nil {
 		return source.Reading{}, err
 	}
-	r.MemoryWorkingSetBytes = workingSet(cur, inactive, ok)
+	r.MemoryWorkingSetBytes = workingSet(r.MemoryCurrentBytes, inactive, ok)
 
 	switch {
 	case s.cpuacct == nil:
 		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "no cpuacct hierarchy: " + s.cpuacctErr.Error()})
-	case loc.cpu == "":
+	case cpu == nil:
 		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "the sentry is in no cpuacct cgroup"})
 	default:
-		ns, err := s.readUint(ctx, s.cpuacct, loc.cpu, "cpuacct.usage")
+		ns, err := reqUint(cpu)
 		switch {
 		case err == nil:
 			r.CPUUsageUsec = ns / 1000
@@ -516,7 +626,7 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 			return source.Reading{}, err
 		}
 	}
-	if err := s.procs(ctx, &r, root, dir); err != nil {
+	if err := procs(&r, pr); err != nil {
 		return source.Reading{}, err
 	}
 	return r, nil

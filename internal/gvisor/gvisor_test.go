@@ -215,7 +215,10 @@ func TestSentryCgroupMoves(t *testing.T) {
 		t.Fatalf("first sample = %q, %v", r.Detail, err)
 	}
 	// The sandbox moves: the old cgroup disappears, /proc shows the new one.
-	if err := os.Rename(filepath.Join(cg, "sandbox"), filepath.Join(cg, "moved")); err != nil {
+	if err := os.CopyFS(filepath.Join(cg, "moved"), os.DirFS(filepath.Join(cg, "sandbox"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
 		t.Fatal(err)
 	}
 	writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/moved\n")
@@ -359,5 +362,33 @@ func TestDetectModeThisHost(t *testing.T) {
 	}
 	if m, err := detectMode(t.TempDir()); err == nil {
 		t.Errorf("detectMode(plain dir) = %v, want an error", m)
+	}
+}
+
+// TestCgroupRemadeIsReadAfresh: the reader keeps the cgroup directory open
+// between samples; when the cgroup is removed and made again under the same
+// path, the new one is read, and while it is missing the sample says so.
+func TestCgroupRemadeIsReadAfresh(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"}, Config{CgroupRoot: cg, Mode: ModeUnified})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if r, err := s.Sample(ctx); err != nil || r.MemoryCurrentBytes != 268435456 {
+		t.Fatalf("first sample = %d, %v", r.MemoryCurrentBytes, err)
+	}
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sample(ctx); !errors.Is(err, errCgroupGone) || !errors.Is(err, source.ErrNotMeasurable) {
+		t.Fatalf("removed cgroup: err = %v, want ErrNotMeasurable (no such cgroup)", err)
+	}
+	if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Sample(ctx); err != nil || r.MemoryCurrentBytes != 12288 {
+		t.Fatalf("remade cgroup: sample = %d, %v; want the new cgroup's 12288", r.MemoryCurrentBytes, err)
 	}
 }

@@ -1,0 +1,5 @@
+//go:build !race
+
+package gvisor
+
+const raceEnabled = false
