@@ -246,7 +246,7 @@ func (s *Source) connection(ctx context.Context) (*agentConn, error) {
 			source.ErrNotMeasurable, s.addr, wait.Round(time.Millisecond), s.failures, err)
 	}
 	s.mu.Unlock()
-	return bounded.Do(ctx, s.dials, "dial", s.dial)
+	return bounded.Do(ctx, s.dials, "dial "+s.addr.String(), s.dial)
 }
 
 // dial connects, learns the agent's version and installs the connection.

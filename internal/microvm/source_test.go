@@ -227,6 +227,23 @@ func TestAgentNeverAnswers(t *testing.T) {
 	}
 }
 
+// Sample honours the caller's deadline when it is shorter than CallTimeout.
+func TestSampleHonoursCallerDeadline(t *testing.T) {
+	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	cfg := testConfig()
+	cfg.CallTimeout = 10 * time.Second
+	s := mustOpen(t, agent.Address(), cfg, "a")
+	sample(t, s)
+	agent.SetStatsHang(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Sample(ctx)
+	if !errors.Is(err, source.ErrTimeout) || time.Since(start) > 2*time.Second {
+		t.Fatalf("Sample = %v after %s; want ErrTimeout at the caller's 50ms deadline", err, time.Since(start))
+	}
+}
+
 // At most one StatsContainer per container is in flight, however many
 // callers poll at once; concurrent callers share it.
 func TestOneCallInFlightPerContainer(t *testing.T) {
