@@ -240,10 +240,10 @@ func (s *Source) connection(ctx context.Context) (*agentConn, error) {
 		s.conn = nil
 	}
 	if wait := s.retryAt.Sub(s.now()); wait > 0 {
-		err := s.lastErr
+		err, failures := s.lastErr, s.failures
 		s.mu.Unlock()
 		return nil, fmt.Errorf("microvm: %w: agent %s: next dial in %s after %d failure(s); last: %v",
-			source.ErrNotMeasurable, s.addr, wait.Round(time.Millisecond), s.failures, err)
+			source.ErrNotMeasurable, s.addr, wait.Round(time.Millisecond), failures, err)
 	}
 	s.mu.Unlock()
 	return bounded.Do(ctx, s.dials, "dial "+s.addr.String(), s.dial)
