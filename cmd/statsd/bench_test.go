@@ -143,4 +143,3 @@ func BenchmarkStatsWorkloadAgent(b *testing.B) {
 		}
 	})
 }
-

@@ -21,18 +21,23 @@ import (
 // startStatsd runs statsd's run() on sockets in a temp dir until the test ends.
 func startStatsd(t *testing.T) (dir string, stop func() error) {
 	t.Helper()
-	dir = t.TempDir()
+	return startStatsdIn(t, t.TempDir(), io.Discard)
+}
+
+// startStatsdIn runs statsd on sockets and state in dir, logging to logs.
+func startStatsdIn(t *testing.T, dir string, logs io.Writer, extra ...string) (string, func() error) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	errc := make(chan error, 1)
 	go func() {
-		errc <- run(ctx, []string{
+		errc <- run(ctx, append([]string{
 			"--listen", filepath.Join(dir, "statsd.sock"),
 			"--lifecycle-listen", filepath.Join(dir, "lifecycle.sock"),
 			"--state-dir", filepath.Join(dir, "state"),
-		}, io.Discard)
+		}, extra...), logs)
 	}()
 	stopped := false
-	stop = func() error {
+	stop := func() error {
 		if stopped {
 			return nil
 		}
