@@ -141,3 +141,21 @@ func TestHungPidFileIsSkipped(t *testing.T) {
 		t.Fatalf("observation = %+v, want the VMM comparison skipped", got)
 	}
 }
+
+func TestSentryMoved(t *testing.T) {
+	proc := procTree(t, map[int]string{77: "runsc-sandbox\x00"})
+	o := NewSystemObserver(proc, time.Second, time.Minute, nil)
+	b := &identity.Binding{Ref: source.SandboxRef{Class: source.ClassGVisor, SentryPID: 77}, EpochUnixNano: 1, Source: stubSource{r: source.Reading{SandboxProcesses: u32(2)}}}
+	if got := summary(o.Observe(context.Background(), b)); len(got) != 0 {
+		t.Fatalf("first look: %v", got)
+	}
+	os.WriteFile(filepath.Join(proc, "77", "cgroup"), []byte("4:memory:/elsewhere\n0::/\n"), 0o644)
+	if diff := cmp.Diff([]string{"SENTRY_MOVED pid 77"}, summary(o.Observe(context.Background(), b))); diff != "" {
+		t.Errorf("after the move (-want +got):\n%s", diff)
+	}
+	// A new epoch takes a new baseline.
+	b.EpochUnixNano = 2
+	if got := summary(o.Observe(context.Background(), b)); len(got) != 0 {
+		t.Fatalf("new epoch: %v", got)
+	}
+}
