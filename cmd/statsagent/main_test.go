@@ -130,6 +130,14 @@ func scrape(t *testing.T, base string) map[string]float64 {
 	return out
 }
 
+// waitNewSweeps waits until a sweep that started after the call completed
+// (call it after the action whose effect the scrape must show): the sweep
+// in progress may have started before, the one after it did not.
+func waitNewSweeps(t *testing.T, base string) map[string]float64 {
+	t.Helper()
+	return waitSweeps(t, base, scrape(t, base)["sandboxstats_agent_sweeps_total{}"]+2)
+}
+
 // waitSweeps scrapes until at least n sweeps completed and returns that
 // scrape.
 func waitSweeps(t *testing.T, base string, n float64) map[string]float64 {
@@ -234,8 +242,7 @@ func TestEndToEnd(t *testing.T) {
 	d1.Set(workload("w1", gv, cg, 12_000_000, 100<<20, proto.Uint64(150<<20)))
 	d2.Set(workload("w2", gv, cg, 4_500_000, 40<<20, proto.Uint64(41<<20)))
 	d5.Kill()
-	n := m["sandboxstats_agent_sweeps_total{}"]
-	m = waitSweeps(t, base, n+2)
+	m = waitNewSweeps(t, base)
 	cpuW1 := "sandboxstats_workload_cpu_seconds_total" + series("w1", "gvisor", "cgroup")
 	checkCPU := func(m map[string]float64, w1, w2 float64) {
 		t.Helper()
@@ -260,8 +267,7 @@ func TestEndToEnd(t *testing.T) {
 	restored := workload("w1", gv, cg, 500_000, 30<<20, proto.Uint64(31<<20))
 	restored.EpochUnixNano = time.Now().UnixNano()
 	d1.Set(restored)
-	n = m["sandboxstats_agent_sweeps_total{}"]
-	m = waitSweeps(t, base, n+2)
+	m = waitNewSweeps(t, base)
 	// The cgroup counter restarted with the epoch: its 0.5 s are charged in
 	// full, and the exported counter never decreased.
 	checkCPU(m, 2.5, 1.5)
