@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -125,8 +126,14 @@ func isGone(err error) bool {
 
 func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r source.Reading, err error) {
 	now := o.now()
+	// A garbled reply is still an answer, and so is "unknown container" for
+	// every id (the reading then fails as a whole but lists why).
+	var unread *source.UnreadError
+	if errors.As(err, &unread) && slices.ContainsFunc(unread.Containers, func(c source.ContainerError) bool { return c.Reason == source.ReasonUnknownContainer }) {
+		r, err = source.Reading{UnreadContainers: unread.Containers}, nil
+	}
 	o.mu.Lock()
-	answered := err == nil || errors.Is(err, source.ErrMalformed) // a garbled reply is still an answer
+	answered := err == nil || errors.Is(err, source.ErrMalformed)
 	if answered {
 		o.lastAnswer = now
 	}

@@ -280,5 +280,12 @@ func allFailed(addr string, results []containerResult) error {
 	if len(results) == 0 {
 		sentinel = source.ErrNotMeasurable
 	}
-	return fmt.Errorf("microvm: %w: agent %s: no container could be read: %s", sentinel, addr, strings.Join(parts, "; "))
+	unread := make([]source.ContainerError, 0, len(results))
+	for _, c := range results {
+		unread = append(unread, source.ContainerError{ID: c.ID, Reason: c.Why})
+	}
+	return &source.UnreadError{
+		Containers: unread,
+		Err:        fmt.Errorf("microvm: %w: agent %s: no container could be read: %s", sentinel, addr, strings.Join(parts, "; ")),
+	}
 }

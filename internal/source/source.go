@@ -103,6 +103,18 @@ type ContainerError struct {
 	Reason string
 }
 
+// UnreadError is returned when no container of a reading could be read. It
+// wraps the sentinel that classifies the failure and keeps why each container
+// failed: an agent that answered "unknown container" for every id did
+// answer, which the drift check needs to tell from silence.
+type UnreadError struct {
+	Containers []ContainerError
+	Err        error
+}
+
+func (e *UnreadError) Error() string { return e.Err.Error() }
+func (e *UnreadError) Unwrap() error { return e.Err }
+
 // Reading is one measurement of a sandbox. Units are in the field names.
 type Reading struct {
 	Kind   Kind
