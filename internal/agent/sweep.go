@@ -117,7 +117,11 @@ func poll(ctx context.Context, socket string, timeout time.Duration) DaemonResul
 		ctx, cancel = context.WithTimeout(ctx, timeout)
 		defer cancel()
 	}
-	conn, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	abs, err := filepath.Abs(socket) // "unix://" needs an absolute path
+	if err != nil {
+		return failed(socket, err)
+	}
+	conn, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return failed(socket, err)
 	}

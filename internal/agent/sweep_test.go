@@ -191,3 +191,13 @@ func TestWritePollTableGolden(t *testing.T) {
 }
 
 func wrapPoll(sock string, err error) error { return failed(sock, err).Err }
+
+func TestPollRelativePath(t *testing.T) {
+	dir := t.TempDir()
+	agenttest.Start(t, filepath.Join(dir, "rel.sock")).Set(sample("a", 1, 1))
+	t.Chdir(dir)
+	results, err := Sweep(context.Background(), "*.sock", 1, time.Second)
+	if err != nil || len(results) != 1 || results[0].Status != StatusOK {
+		t.Fatalf("Sweep(relative glob) = %+v, %v", results, err)
+	}
+}
