@@ -87,4 +87,3 @@ func TestHungMemoryCurrent(t *testing.T) {
 	t.Logf("one Sample timed out after %v; 100 concurrent Samples after %v; goroutines: %d before, peak %d during (100 callers), %d after",
 		first.Round(time.Millisecond), all.Round(time.Millisecond), before, peak, runtime.NumGoroutine())
 }
-
