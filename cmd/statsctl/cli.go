@@ -29,7 +29,7 @@ const (
 
 const (
 	defaultSocket          = "/run/statsd/statsd.sock"
-	defaultLifecycleSocket = "/run/statsd/lifecycle.sock"
+	defaultLifecycleSocket = "/run/statsd/lifecycle/statsd.sock"
 )
 
 type command struct {

@@ -52,7 +52,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs := flag.NewFlagSet("statsd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.StringVar(&c.listen, "listen", "/run/statsd/statsd.sock", "Unix socket for the read-only stats service (mode 0660)")
-	fs.StringVar(&c.lifecycleListen, "lifecycle-listen", "/run/statsd/lifecycle.sock", "Unix socket for the launcher's lifecycle service (mode 0600)")
+	fs.StringVar(&c.lifecycleListen, "lifecycle-listen", "/run/statsd/lifecycle/statsd.sock", "Unix socket for the launcher's lifecycle service (mode 0600); kept out of the stats sockets' directory so a node agent's glob never matches it")
 	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/statsd", "directory holding the bound workload across restarts")
 	fs.StringVar(&c.procRoot, "proc-root", "/proc", "mount point of procfs")
 	fs.StringVar(&c.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "mount point of the cgroup file system(s)")

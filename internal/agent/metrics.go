@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"log/slog"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,6 +32,7 @@ const (
 	MetricLastSweepTime    = "sandboxstats_agent_last_sweep_timestamp_seconds"
 	MetricSweeps           = "sandboxstats_agent_sweeps_total"
 	MetricPollErrors       = "sandboxstats_agent_poll_errors_total"
+	MetricDriftFindings    = "sandboxstats_drift_open_findings"
 )
 
 // MetricsConfig configures Metrics.
@@ -62,7 +64,7 @@ type Metrics struct {
 
 	snap atomic.Pointer[snapshot]
 
-	descCur, descWS, descPeak, descCPU, descSampled, descDaemons *prometheus.Desc
+	descCur, descWS, descPeak, descCPU, descSampled, descDaemons, descDrift *prometheus.Desc
 
 	sweepDuration prometheus.Histogram
 	lastSweep     prometheus.Gauge
@@ -89,7 +91,14 @@ type seriesValues struct {
 	peakIncomplete bool // a workload of the set has no peak: no peak series
 }
 
+// driftKey is one drift gauge series: a finding kind and its workload's labels.
+type driftKey struct {
+	kind   string
+	labels labelSet
+}
+
 type snapshot struct {
+	drift   map[driftKey]int
 	series  map[labelSet]*seriesValues
 	cpu     map[labelSet]uint64 // microseconds charged
 	daemons map[Status]int
@@ -117,6 +126,8 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 			"CPU time charged to workloads with these labels (counter, seconds, layer: source). First sight of a workload charges nothing; an epoch reset never decreases it.", labels, nil),
 		descSampled: prometheus.NewDesc(MetricSampledWorkloads,
 			"Workloads in the last sweep (gauge); source=\"unspecified\" counts workloads bound but not measured.", labels, nil),
+		descDrift: prometheus.NewDesc(MetricDriftFindings,
+			"Open drift findings (gauge): where what statsd was told no longer matches what runs, by kind (see docs/drift.md).", append([]string{"kind"}, labels...), nil),
 		descDaemons: prometheus.NewDesc(MetricDaemons,
 			"Daemons found by the last sweep, by outcome (gauge).", []string{"result"}, nil),
 		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -174,6 +185,7 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 	defer m.mu.Unlock()
 
 	snap := &snapshot{
+		drift:   make(map[driftKey]int),
 		series:  make(map[labelSet]*seriesValues),
 		cpu:     make(map[labelSet]uint64),
 		daemons: make(map[Status]int),
@@ -198,6 +210,16 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 			}
 			seen[key] = r.Socket
 			m.add(snap, s, now)
+		}
+		if r.DriftErr != nil {
+			m.logger.Debug("drift findings not listed", "socket", r.Socket, "err", r.DriftErr)
+		}
+		for _, f := range r.DriftFindings {
+			for _, s := range r.Samples {
+				if s.GetActorUid() == f.GetActorUid() {
+					snap.drift[driftKey{kind: strings.TrimPrefix(f.GetKind().String(), "DRIFT_KIND_"), labels: m.labelsOf(s)}]++
+				}
+			}
 		}
 	}
 	for l, t := range m.totals {
@@ -249,7 +271,7 @@ func (m *Metrics) add(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSample, now
 
 // Describe implements prometheus.Collector.
 func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.descCur, m.descWS, m.descPeak, m.descCPU, m.descSampled, m.descDaemons} {
+	for _, d := range []*prometheus.Desc{m.descCur, m.descWS, m.descPeak, m.descCPU, m.descSampled, m.descDaemons, m.descDrift} {
 		ch <- d
 	}
 }
@@ -272,6 +294,9 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 	for l, usec := range snap.cpu {
 		ch <- prometheus.MustNewConstMetric(m.descCPU, prometheus.CounterValue, float64(usec)/1e6, l.values(wa)...)
+	}
+	for k, n := range snap.drift {
+		ch <- prometheus.MustNewConstMetric(m.descDrift, prometheus.GaugeValue, float64(n), append([]string{k.kind}, k.labels.values(wa)...)...)
 	}
 	for _, st := range []Status{StatusOK, StatusNoSample, StatusVanished, StatusError} {
 		ch <- prometheus.MustNewConstMetric(m.descDaemons, prometheus.GaugeValue, float64(snap.daemons[st]), string(st))

@@ -1,8 +1,10 @@
 package agent
 
 import (
+	"context"
 	"io"
 	"log/slog"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -186,5 +189,35 @@ func TestMetricsLabelActor(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, pick(gather(t, reg), MetricMemoryCurrent)); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// TestDriftGaugePerKind: a sample that says it has open drift findings makes
+// the sweep list them (a second call) and the agent export one gauge per kind.
+func TestDriftGaugePerKind(t *testing.T) {
+	d := agenttest.Start(t, filepath.Join(t.TempDir(), "d.sock"))
+	s := sample("actor-1", 1_000_000, 64<<20)
+	s.OpenDriftFindings = 2
+	d.Set(s)
+	d.SetDrift(
+		&sandboxstatsv1.DriftFinding{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, Subject: "/pod1", ActorUid: "actor-1"},
+		&sandboxstatsv1.DriftFinding{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM, Subject: "pid 7", ActorUid: "actor-1"},
+	)
+	idle := agenttest.Start(t, filepath.Join(t.TempDir(), "idle.sock"))
+	idle.Set(sample("actor-2", 1, 1)) // no open findings: no second call
+
+	reg := prometheus.NewPedanticRegistry()
+	m, err := NewMetrics(reg, MetricsConfig{Grace: time.Minute}, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	results := PollAll(context.Background(), []string{d.Socket, idle.Socket}, 2, 5*time.Second)
+	m.Apply(results, time.Now(), time.Millisecond)
+	want := map[string]float64{
+		"{kind=SANDBOX_DEAD,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 1,
+		"{kind=STRAY_VMM,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":    1,
+	}
+	if diff := cmp.Diff(want, pick(gather(t, reg), MetricDriftFindings)); diff != "" {
+		t.Errorf("drift gauge (-want +got):\n%s", diff)
 	}
 }

@@ -51,6 +51,11 @@ type DaemonResult struct {
 	Err error
 	// Took is the wall time of the poll, dial included.
 	Took time.Duration
+	// DriftFindings are the daemon's open drift findings, fetched with a
+	// second call (ListDriftFindings) only when a sample says it has some.
+	DriftFindings []*sandboxstatsv1.DriftFinding
+	// DriftErr is why that second call failed (the samples still count).
+	DriftErr error
 }
 
 // Discover returns the sockets matching glob, sorted. It keeps only Unix
@@ -137,7 +142,16 @@ func poll(ctx context.Context, socket string, timeout time.Duration) DaemonResul
 			NoSampleDetail: resp.GetNoSampleDetail(),
 		}
 	}
-	return DaemonResult{Status: StatusOK, Samples: resp.GetSamples()}
+	r := DaemonResult{Status: StatusOK, Samples: resp.GetSamples()}
+	if slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
+		drift, err := sandboxstatsv1.NewWorkloadStatsServiceClient(conn).ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
+		if err != nil {
+			r.DriftErr = fmt.Errorf("agent: list drift findings %s: %w", socket, err)
+		} else {
+			r.DriftFindings = drift.GetFindings()
+		}
+	}
+	return r
 }
 
 // failed classifies a failed poll. A socket that no longer exists after the

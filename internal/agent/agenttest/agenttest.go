@@ -35,6 +35,7 @@ type Daemon struct {
 	err    error
 	hang   bool
 	killed bool
+	drift  []*sandboxstatsv1.DriftFinding
 }
 
 var _ sandboxstatsv1.WorkloadStatsServiceServer = (*Daemon)(nil)
@@ -98,6 +99,20 @@ func (d *Daemon) Kill() {
 	d.mu.Unlock()
 	d.srv.Stop()
 	_ = os.Remove(d.Socket)
+}
+
+// SetDrift makes ListDriftFindings answer with these open findings.
+func (d *Daemon) SetDrift(findings ...*sandboxstatsv1.DriftFinding) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.drift = findings
+}
+
+// ListDriftFindings answers as scripted by SetDrift.
+func (d *Daemon) ListDriftFindings(context.Context, *sandboxstatsv1.ListDriftFindingsRequest) (*sandboxstatsv1.ListDriftFindingsResponse, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return &sandboxstatsv1.ListDriftFindingsResponse{Findings: d.drift, Status: &sandboxstatsv1.DriftCheckStatus{Enabled: true}}, nil
 }
 
 // Calls returns how many StatsActiveWorkloads calls arrived.
