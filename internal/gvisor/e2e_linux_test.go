@@ -45,7 +45,7 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 
 	r0 := sample("idle")
 	t.Logf("detail: %s", r0.Detail)
-	if !strings.Contains(r0.Detail, "/memory"+sb.cgroupPath) {
+	if !strings.Contains(r0.Detail, sb.cgroupPath) {
 		t.Errorf("detail %q does not name the sandbox cgroup %s", r0.Detail, sb.cgroupPath)
 	}
 	if r0.SandboxProcesses == nil || *r0.SandboxProcesses < 2 {

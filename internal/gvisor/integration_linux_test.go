@@ -23,13 +23,13 @@ func within(got, want int64, frac float64) bool {
 }
 
 // TestIntegrationRealCgroup makes a v1 memory+cpuacct cgroup (and a v2
-// cgroup under the hybrid host's unified mount, which offers cpu.stat only),
-// moves a child process in, has it allocate 160 MiB and burn 1 s of CPU, and
+// cgroup under the hybrid host's unified mount, which offers cpu.stat only;
+// on a unified host one v2 cgroup), moves a child process in, has it allocate 160 MiB and burn 1 s of CPU, and
 // checks that the source's figures move by that much:
 //
 //   - memory current rises by 160 MiB ± 10 % and falls back by ≥ 140 MiB
 //     when the child frees it; peak keeps the high value;
-//   - CPU (v1 cpuacct.usage, and v2 cpu.stat usage_usec) rises by the CPU the
+//   - CPU (v1 cpuacct.usage and/or v2 cpu.stat usage_usec) rises by the CPU the
 //     child measured itself with getrusage, ± 10 % + 20 ms;
 //   - sandbox_processes is 1, then 0 once the child is dead (the numbers
 //     are still there);
@@ -38,27 +38,37 @@ func TestIntegrationRealCgroup(t *testing.T) {
 	need(t, os.Geteuid() == 0, "needs root to create cgroups (sudo go test -run TestIntegrationRealCgroup ./internal/gvisor)")
 	const root = "/sys/fs/cgroup"
 	mode, err := detectMode(root)
-	need(t, err == nil && mode.v1(), fmt.Sprintf("needs a cgroup v1 or hybrid host with memory and cpuacct (mode %v, %v)", mode, err))
-	memDir, cpuDir := filepath.Join(root, "memory"), filepath.Join(root, "cpuacct")
-	_, err = os.Stat(cpuDir)
-	need(t, err == nil, "needs the v1 cpuacct hierarchy at "+cpuDir)
-
+	need(t, err == nil, fmt.Sprintf("needs a cgroup mount at %s: %v", root, err))
 	name := fmt.Sprintf("sbstest-%d-%d", os.Getpid(), time.Now().UnixNano())
-	mkCgroup(t, filepath.Join(memDir, name))
-	mkCgroup(t, filepath.Join(cpuDir, name))
+	// The directories the child joins: v1 memory and cpuacct (plus the
+	// unified mount's cgroup on a hybrid host, for cpu.stat), or one v2
+	// cgroup with the memory controller.
+	var dirs []string
 	unified := ""
-	if mode == ModeHybrid {
-		unified = filepath.Join(root, "unified", name)
-		mkCgroup(t, unified)
+	if mode.v1() {
+		memDir, cpuDir := filepath.Join(root, "memory"), filepath.Join(root, "cpuacct")
+		_, err = os.Stat(cpuDir)
+		need(t, err == nil, "needs the v1 cpuacct hierarchy at "+cpuDir)
+		dirs = []string{filepath.Join(memDir, name), filepath.Join(cpuDir, name)}
+		if mode == ModeHybrid {
+			unified = filepath.Join(root, "unified", name)
+			dirs = append(dirs, unified)
+		}
+	} else {
+		ctl, _ := os.ReadFile(filepath.Join(root, "cgroup.subtree_control"))
+		need(t, strings.Contains(" "+strings.TrimSpace(string(ctl))+" ", " memory "),
+			"needs the memory controller enabled in "+root+"/cgroup.subtree_control")
+		dirs = []string{filepath.Join(root, name)}
+	}
+	for _, d := range dirs {
+		mkCgroup(t, d)
 	}
 	// Cleanups run last-in first-out: the child (registered below) dies
 	// before the cgroups are removed.
 	c := startChild(t)
 	pid := c.cmd.Process.Pid
-	join(t, filepath.Join(memDir, name), pid)
-	join(t, filepath.Join(cpuDir, name), pid)
-	if unified != "" {
-		join(t, unified, pid)
+	for _, d := range dirs {
+		join(t, d, pid)
 	}
 
 	ctx := context.Background()
@@ -107,7 +117,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 	if r0.SandboxProcesses == nil || *r0.SandboxProcesses != 1 {
 		t.Errorf("sandbox processes = %v, want 1", r0.SandboxProcesses)
 	}
-	if p := sample(byPID); !strings.Contains(p.Detail, "memory /sys/fs/cgroup/memory/"+name+", cpuacct /sys/fs/cgroup/cpuacct/"+name+" (sentry pid") {
+	if p := sample(byPID); !strings.Contains(p.Detail, "/"+name) || !strings.Contains(p.Detail, "(sentry pid") {
 		t.Errorf("by pid: detail %q, want the test cgroup", p.Detail)
 	}
 
@@ -139,7 +149,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 	cpu := int64(r2.CPUUsageUsec) - int64(r1.CPUUsageUsec)
 	tol := func(want int64) float64 { return 0.10 + 20000/float64(want) }
 	if !within(cpu, used, tol(used)) {
-		t.Errorf("v1 cpuacct rose by %d us, the child used %d us (want ±10%% + 20 ms)", cpu, used)
+		t.Errorf("cpu_usage_usec (%v) rose by %d us, the child used %d us (want ±10%% + 20 ms)", mode, cpu, used)
 	}
 	if v2 != nil {
 		t.Logf("v2 cpu.stat usage_usec rose by %d us", v2After-v2Before)

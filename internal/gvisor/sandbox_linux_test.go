@@ -183,6 +183,7 @@ func (sb *sandbox) cleanup(t testing.TB) {
 	}
 	parent := filepath.Dir(sb.cgroupPath)
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	hier = append(hier, "/sys/fs/cgroup") // a unified host
 	for _, h := range hier {
 		for _, d := range []string{sb.cgroupPath, parent} {
 			p := filepath.Join(h, d)
