@@ -44,6 +44,10 @@ type Config struct {
 // that a source opened by sentry pid re-resolves the cgroup.
 var errCgroupGone = errors.New("no such cgroup")
 
+// errRootCgroup: a sentry in the root cgroup (runsc --ignore-cgroups) has no
+// cgroup of its own; the root's numbers would be the whole host's.
+var errRootCgroup = errors.New("the sentry is in the root cgroup (runsc --ignore-cgroups?): the numbers there are the whole host's")
+
 // location is where one sandbox's cgroup is, as paths relative to the mounts
 // ("/a/b"). On v2 mem and cpu are the same path. cpu is "" when a resolved
 // process has no cpuacct hierarchy.
@@ -159,6 +163,9 @@ func checkCgroupPath(p string) (string, error) {
 	if path.Clean(p) != p {
 		return "", fmt.Errorf("%q is not clean", p)
 	}
+	if p == "/" {
+		return "", errors.New(`"/" is the root cgroup: its numbers would be the whole host's`)
+	}
 	return p, nil
 }
 
@@ -266,6 +273,9 @@ func selectLocation(pc procCgroup, mode Mode) (*location, error) {
 		if err != nil {
 			return nil, err
 		}
+		if p == "/" {
+			return nil, errRootCgroup
+		}
 		return &location{mem: p, cpu: p}, nil
 	}
 	mp, ok := pc.V1["memory"]
@@ -275,6 +285,9 @@ func selectLocation(pc procCgroup, mode Mode) (*location, error) {
 	mem, err := namespacePath(mp)
 	if err != nil {
 		return nil, err
+	}
+	if mem == "/" {
+		return nil, errRootCgroup
 	}
 	loc := &location{mem: mem}
 	if cp, ok := pc.V1["cpuacct"]; ok {

@@ -126,6 +126,8 @@ func TestSampleFixtures(t *testing.T) {
 			wantErr: source.ErrNotMeasurable, errHas: "no v1 memory line"},
 		{name: "unified pid with only v1 lines", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 200},
 			wantErr: source.ErrNotMeasurable, errHas: `no cgroup v2 ("0::") line`},
+		{name: "sentry in the root cgroup (--ignore-cgroups)", tree: "hybrid", mode: ModeHybrid, ref: source.SandboxRef{SentryPID: 600},
+			wantErr: source.ErrNotMeasurable, errHas: "root cgroup"},
 		{name: "v1 without cpuacct hierarchy: cpu absent", tree: "v1-nocpuacct", mode: ModeLegacy, ref: source.SandboxRef{CgroupPath: "/statstest/pause"},
 			want: with(v1("legacy", "", "", ""), func(r *source.Reading) {
 				r.Detail = "cgroup v1 (legacy) memory testdata/cgroup/v1-nocpuacct/memory/statstest/pause, cpuacct (none)"
@@ -167,6 +169,7 @@ func TestOpenRejects(t *testing.T) {
 		{"relative path", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "a/b"}},
 		{"dot-dot", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a/../../etc"}},
 		{"unclean", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a//b/"}},
+		{"root cgroup", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/"}},
 		{"negative pid", source.SandboxRef{Class: source.ClassGVisor, SentryPID: -4}},
 		{"micro-VM class", source.SandboxRef{Class: source.ClassMicroVM, CgroupPath: "/a"}},
 	} {
