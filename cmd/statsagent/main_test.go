@@ -163,7 +163,7 @@ func workload(actor string, class sandboxstatsv1.SandboxClass, src sandboxstatsv
 		TemplateNamespace: "tmpl", TemplateName: "py",
 		SandboxClass: class, Source: src,
 		MemoryCurrentBytes: mem, MemoryWorkingSetBytes: mem - mem/4, MemoryPeakBytes: peak,
-		CpuUsageUsec: cpuUsec, EpochUnixNano: epoch1,
+		CpuUsageUsec: proto.Uint64(cpuUsec), EpochUnixNano: epoch1,
 	}
 }
 

@@ -57,11 +57,15 @@ func writeActiveTable(w io.Writer, resp *sandboxstatsv1.StatsActiveWorkloadsResp
 		if s.MemoryPeakBytes != nil {
 			peak = fmt.Sprintf("%.1fMiB", float64(s.GetMemoryPeakBytes())/(1<<20))
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1fMiB\t%.1fMiB\t%s\t%.3fs\t%s\n",
+		cpu := "absent"
+		if s.CpuUsageUsec != nil {
+			cpu = fmt.Sprintf("%.3fs", float64(s.GetCpuUsageUsec())/1e6)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1fMiB\t%.1fMiB\t%s\t%s\t%s\n",
 			s.GetActorUid(), qualified(s.GetTemplateNamespace(), s.GetTemplateName()),
 			className(s.GetSandboxClass()), sourceName(s.GetSource()),
 			float64(s.GetMemoryCurrentBytes())/(1<<20), float64(s.GetMemoryWorkingSetBytes())/(1<<20),
-			peak, float64(s.GetCpuUsageUsec())/1e6, formatTime(s.GetEpochUnixNano()))
+			peak, cpu, formatTime(s.GetEpochUnixNano()))
 	}
 	return tw.Flush()
 }

@@ -167,7 +167,7 @@ func TestGolden(t *testing.T) {
 	v1 := source.Reading{
 		Kind: source.KindCgroup, Detail: "cgroup v1 (hybrid): /sys/fs/cgroup/memory/statstest/pod1, /sys/fs/cgroup/cpuacct/statstest/pod1",
 		MemoryCurrentBytes: 222_867_456, MemoryPeakBytes: &peak, MemoryWorkingSetBytes: 222_728_192,
-		CPUUsageUsec: 255_682, SandboxProcesses: &procs,
+		CPUUsageUsec: cpuUsec(255_682), SandboxProcesses: &procs,
 	}
 	noPeak := v1
 	noPeak.Detail = "cgroup v2: /sys/fs/cgroup/statstest/pod1"
@@ -175,6 +175,15 @@ func TestGolden(t *testing.T) {
 	noPeak.Absent = []source.Absent{{Field: "memory_peak_bytes", Reason: "memory.peak not offered by this kernel (needs Linux 5.19)"}}
 	dead := v1
 	dead.SandboxProcesses = &zero
+	partial := source.Reading{
+		Kind: source.KindGuestAgent, Detail: "guest agent hvsock:///run/vm/clh.sock:1024, agent_version 3.9.0; guest cgroup v2; 1 container(s) summed",
+		MemoryCurrentBytes: 100 << 20, MemoryWorkingSetBytes: 90 << 20,
+		UnreadContainers: []source.ContainerError{{ID: "sidecar", Reason: source.ReasonUnknownContainer}},
+		Absent: []source.Absent{
+			{Field: "memory_peak_bytes", Reason: "partial sample: 1 of 2 containers unread; a partial sum is not comparable with a full one"},
+			{Field: "cpu_usage_usec", Reason: "partial sample: 1 of 2 containers unread; a partial sum is not comparable with a full one"},
+		},
+	}
 
 	for _, tc := range []struct {
 		name    string
@@ -193,6 +202,8 @@ func TestGolden(t *testing.T) {
 		{name: "stats-json", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "-o", "json"}},
 		{name: "stats-no-peak", reading: noPeak, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
 		{name: "stats-dead-sandbox", reading: dead, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-partial-guest", reading: partial, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "active-partial-guest", reading: partial, args: []string{"active", "--socket", "$STATS"}},
 		{name: "stats-mismatch", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "someone-else"}, code: exitError},
 		{name: "stats-invalid-uid", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "has space"}, code: exitError},
 		{name: "stats-not-measurable", err: fmt.Errorf("gvisor: /sys/fs/cgroup/memory/statstest/pod1: no such cgroup: %w", source.ErrNotMeasurable), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
@@ -255,7 +266,7 @@ func TestGoldenWatch(t *testing.T) {
 	d.tick = 5 * time.Second
 	mib := func(n uint64) uint64 { return n << 20 }
 	r := func(cpu, cur uint64) source.Reading {
-		return source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: mib(cur), MemoryWorkingSetBytes: mib(cur) - mib(1), MemoryPeakBytes: &peak, CPUUsageUsec: cpu}
+		return source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: mib(cur), MemoryWorkingSetBytes: mib(cur) - mib(1), MemoryPeakBytes: &peak, CPUUsageUsec: cpuUsec(cpu)}
 	}
 	d.seq = &sequenceSource{readings: []source.Reading{
 		r(1_000_000, 20), r(3_500_000, 220), r(6_000_000, 220), r(6_100_000, 20), // 0.5 cores, then 0.5, then 0.02
@@ -310,7 +321,7 @@ func TestGoldenPoll(t *testing.T) {
 	}
 	stale.(*net.UnixListener).SetUnlinkOnClose(false)
 	stale.Close()
-	bound.src.reading = source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, MemoryWorkingSetBytes: 12 << 20, MemoryPeakBytes: &peak, CPUUsageUsec: 2_500_000}
+	bound.src.reading = source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, MemoryWorkingSetBytes: 12 << 20, MemoryPeakBytes: &peak, CPUUsageUsec: cpuUsec(2_500_000)}
 	if _, errOut, code := bound.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--template-namespace", "templates", "--template-name", "python", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
 		t.Fatal(errOut)
 	}
@@ -359,3 +370,6 @@ func TestGoldenHost(t *testing.T) {
 		})
 	}
 }
+
+// cpuUsec returns a CPU counter value for a source.Reading.
+func cpuUsec(v uint64) *uint64 { return &v }

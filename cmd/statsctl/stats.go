@@ -59,19 +59,23 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 	row("TEMPLATE", qualified(s.GetTemplateNamespace(), s.GetTemplateName()), "")
 	row("CLASS", className(s.GetSandboxClass()), "")
 	row("SOURCE", sourceName(s.GetSource()), s.GetSourceDetail())
-	row("EPOCH", formatTime(s.GetEpochUnixNano()), "counters and peaks restart per epoch")
+	row("EPOCH", formatTime(s.GetEpochUnixNano()), "when the current Run/Restore began")
 	row("OBSERVED", formatTime(s.GetObservedAtUnixNano()), "")
 	if s.GetSource() == sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED {
 		row("MEASURED", "no", "numbers below are not measurements")
 	}
 	row("MEMORY CURRENT", formatBytes(s.GetMemoryCurrentBytes()), "gauge")
 	if s.MemoryPeakBytes != nil {
-		row("MEMORY PEAK", formatBytes(s.GetMemoryPeakBytes()), "peak within the epoch")
+		row("MEMORY PEAK", formatBytes(s.GetMemoryPeakBytes()), "peak, never differenced")
 	} else {
 		row("MEMORY PEAK", "absent", absentReason(s, "memory_peak_bytes"))
 	}
 	row("WORKING SET", formatBytes(s.GetMemoryWorkingSetBytes()), "gauge, current minus inactive file")
-	row("CPU USAGE", formatUsec(s.GetCpuUsageUsec()), "counter since the epoch began")
+	if s.CpuUsageUsec != nil {
+		row("CPU USAGE", formatUsec(s.GetCpuUsageUsec()), "counter; compare only within one epoch")
+	} else {
+		row("CPU USAGE", "absent", absentReason(s, "cpu_usage_usec"))
+	}
 	if s.SandboxProcesses != nil {
 		note := ""
 		if s.GetSandboxProcesses() == 0 {
@@ -83,7 +87,7 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 		row("PARTIAL", c.GetContainerId(), c.GetReason())
 	}
 	for _, a := range s.GetAbsent() {
-		if a.GetField() != "memory_peak_bytes" {
+		if a.GetField() != "memory_peak_bytes" && a.GetField() != "cpu_usage_usec" {
 			row("ABSENT", a.GetField(), a.GetReason())
 		}
 	}

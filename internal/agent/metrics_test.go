@@ -157,7 +157,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	// forgotten; w1 comes back in the same epoch but is a first sight again
 	// (nothing charged), and its label set's counter continues.
 	w1 = proto.Clone(w1).(*sandboxstatsv1.WorkloadStatsSample)
-	w1.CpuUsageUsec = 400_000
+	w1.CpuUsageUsec = proto.Uint64(400_000)
 	m.Apply([]DaemonResult{okResult("1", w1)}, t0.Add(8*time.Minute), 0)
 	got = gather(t, reg)
 	if diff := cmp.Diff(map[string]float64{lCgroup: 2.8}, pick(got, MetricCPUSeconds), approx()); diff != "" {

@@ -49,8 +49,12 @@ func sampleCols(r DaemonResult, s *sandboxstatsv1.WorkloadStatsSample) []string 
 	if s.MemoryPeakBytes != nil {
 		peak = mib(s.GetMemoryPeakBytes())
 	}
+	cpu := "-"
+	if s.CpuUsageUsec != nil {
+		cpu = fmt.Sprintf("%.3f", float64(s.GetCpuUsageUsec())/1e6)
+	}
 	return append(cols,
-		fmt.Sprintf("%.3f", float64(s.GetCpuUsageUsec())/1e6),
+		cpu,
 		mib(s.GetMemoryCurrentBytes()), mib(s.GetMemoryWorkingSetBytes()), peak, dash(s.GetSourceDetail()))
 }
 

@@ -28,7 +28,7 @@ func sample(actor string, cpuUsec, memCur uint64) *sandboxstatsv1.WorkloadStatsS
 		MemoryCurrentBytes:    memCur,
 		MemoryWorkingSetBytes: memCur / 2,
 		MemoryPeakBytes:       proto.Uint64(memCur * 2),
-		CpuUsageUsec:          cpuUsec,
+		CpuUsageUsec:          proto.Uint64(cpuUsec),
 		EpochUnixNano:         time.Date(2026, 11, 29, 16, 0, 0, 0, time.UTC).UnixNano(),
 	}
 }

@@ -60,8 +60,8 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 	if !within(grew, 200*mib, 0.10) {
 		t.Errorf("memory current rose by %.1f MiB after writing 200 MiB to /dev/shm, want 200 MiB ±10%%", float64(grew)/mib)
 	}
-	if r1.CPUUsageUsec <= r0.CPUUsageUsec {
-		t.Errorf("cpu did not rise: %d -> %d us", r0.CPUUsageUsec, r1.CPUUsageUsec)
+	if *r1.CPUUsageUsec <= *r0.CPUUsageUsec {
+		t.Errorf("cpu did not rise: %d -> %d us", *r0.CPUUsageUsec, *r1.CPUUsageUsec)
 	}
 
 	sb.exec(t, "/bin/rm", "/dev/shm/fill")
@@ -80,13 +80,13 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 	if r2.MemoryPeakBytes == nil || int64(*r2.MemoryPeakBytes)-int64(r0.MemoryCurrentBytes) < 180*mib {
 		t.Errorf("peak %v after rm, want at least idle + 180 MiB (kept)", r2.MemoryPeakBytes)
 	}
-	if r2.CPUUsageUsec < r1.CPUUsageUsec {
-		t.Errorf("cpu went backwards: %d -> %d us", r1.CPUUsageUsec, r2.CPUUsageUsec)
+	if *r2.CPUUsageUsec < *r1.CPUUsageUsec {
+		t.Errorf("cpu went backwards: %d -> %d us", *r1.CPUUsageUsec, *r2.CPUUsageUsec)
 	}
 	if out, err := sb.runsc(t, "", "events", "--stats", sb.id); err == nil {
 		t.Logf("runsc events --stats (sentry accounting, for comparison): %s", strings.TrimSpace(string(out)))
 	}
 	t.Logf("figures: idle %.1f MiB, +%.1f MiB after dd, %.1f MiB after rm, peak %s, cpu +%d us",
 		float64(r0.MemoryCurrentBytes)/mib, float64(grew)/mib, float64(r2.MemoryCurrentBytes)/mib,
-		fmt.Sprintf("%.1f MiB", float64(*r2.MemoryPeakBytes)/mib), r2.CPUUsageUsec-r0.CPUUsageUsec)
+		fmt.Sprintf("%.1f MiB", float64(*r2.MemoryPeakBytes)/mib), *r2.CPUUsageUsec-*r0.CPUUsageUsec)
 }

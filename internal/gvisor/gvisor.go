@@ -571,7 +571,7 @@ func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Readin
 		return source.Reading{}, err
 	}
 	if ok {
-		r.CPUUsageUsec = usec
+		r.CPUUsageUsec = &usec
 	} else {
 		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "no usage_usec in " + cpu.path()})
 	}
@@ -631,7 +631,8 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 		ns, err := reqUint(cpu)
 		switch {
 		case err == nil:
-			r.CPUUsageUsec = ns / 1000
+			usec := ns / 1000
+			r.CPUUsageUsec = &usec
 		case errors.Is(err, source.ErrNotMeasurable):
 			// The memory cgroup is there but the cpuacct one is not.
 			r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: err.Error()})

@@ -54,7 +54,7 @@ func TestSampleFixtures(t *testing.T) {
 		MemoryCurrentBytes:    268435456,
 		MemoryPeakBytes:       u64(301989888),
 		MemoryWorkingSetBytes: 268435456 - 4194304,
-		CPUUsageUsec:          255682,
+		CPUUsageUsec:          u64(255682),
 		SandboxProcesses:      u32(4),
 	}
 	v1 := func(mode, mem, cpu, suffix string) source.Reading {
@@ -64,7 +64,7 @@ func TestSampleFixtures(t *testing.T) {
 			MemoryCurrentBytes:    222867456,
 			MemoryPeakBytes:       u64(224350208),
 			MemoryWorkingSetBytes: 222867456 - 139264,
-			CPUUsageUsec:          255682, // 255682885 ns
+			CPUUsageUsec:          u64(255682), // 255682885 ns
 			SandboxProcesses:      u32(3),
 		}
 	}
@@ -92,10 +92,10 @@ func TestSampleFixtures(t *testing.T) {
 			})},
 		{name: "inactive file larger than current floors at 0", tree: "v2-inactive-gt-current", mode: ModeUnified, ref: source.SandboxRef{CgroupPath: "/sandbox"},
 			want: source.Reading{Kind: source.KindCgroup, Detail: "cgroup v2 (unified) testdata/cgroup/v2-inactive-gt-current/sandbox",
-				MemoryCurrentBytes: 1048576, MemoryPeakBytes: u64(2097152), MemoryWorkingSetBytes: 0, CPUUsageUsec: 255682, SandboxProcesses: u32(1)}},
+				MemoryCurrentBytes: 1048576, MemoryPeakBytes: u64(2097152), MemoryWorkingSetBytes: 0, CPUUsageUsec: u64(255682), SandboxProcesses: u32(1)}},
 		{name: "dead sandbox keeps its numbers and says so", tree: "v2-dead", mode: ModeUnified, ref: source.SandboxRef{CgroupPath: "/sandbox"},
 			want: source.Reading{Kind: source.KindCgroup, Detail: "cgroup v2 (unified) testdata/cgroup/v2-dead/sandbox",
-				MemoryCurrentBytes: 12288, MemoryPeakBytes: u64(301989888), MemoryWorkingSetBytes: 0 /* inactive_file > current */, CPUUsageUsec: 255682, SandboxProcesses: u32(0)}},
+				MemoryCurrentBytes: 12288, MemoryPeakBytes: u64(301989888), MemoryWorkingSetBytes: 0 /* inactive_file > current */, CPUUsageUsec: u64(255682), SandboxProcesses: u32(0)}},
 		{name: "no memory.stat or cpu.stat: working set is usage, cpu absent", tree: "v2-missing-stat", mode: ModeUnified, ref: source.SandboxRef{CgroupPath: "/sandbox"},
 			want: source.Reading{Kind: source.KindCgroup, Detail: "cgroup v2 (unified) testdata/cgroup/v2-missing-stat/sandbox",
 				MemoryCurrentBytes: 268435456, MemoryPeakBytes: u64(301989888), MemoryWorkingSetBytes: 268435456, SandboxProcesses: u32(1),
@@ -131,7 +131,7 @@ func TestSampleFixtures(t *testing.T) {
 		{name: "v1 without cpuacct hierarchy: cpu absent", tree: "v1-nocpuacct", mode: ModeLegacy, ref: source.SandboxRef{CgroupPath: "/statstest/pause"},
 			want: with(v1("legacy", "", "", ""), func(r *source.Reading) {
 				r.Detail = "cgroup v1 (legacy) memory testdata/cgroup/v1-nocpuacct/memory/statstest/pause, cpuacct (none)"
-				r.CPUUsageUsec = 0
+				r.CPUUsageUsec = nil
 				r.Absent = []source.Absent{{Field: "cpu_usage_usec",
 					Reason: "no cpuacct hierarchy: open testdata/cgroup/v1-nocpuacct/cpuacct: no such file or directory"}}
 			})},

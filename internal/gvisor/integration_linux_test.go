@@ -146,7 +146,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 	r2 := sample(byPath)
 	v2After := v2cpu()
 	t.Logf("burn:   %s (child's own getrusage: %d us)", fmtReading(r2), used)
-	cpu := int64(r2.CPUUsageUsec) - int64(r1.CPUUsageUsec)
+	cpu := int64(*r2.CPUUsageUsec) - int64(*r1.CPUUsageUsec)
 	tol := func(want int64) float64 { return 0.10 + 20000/float64(want) }
 	if !within(cpu, used, tol(used)) {
 		t.Errorf("cpu_usage_usec (%v) rose by %d us, the child used %d us (want ±10%% + 20 ms)", mode, cpu, used)
@@ -174,7 +174,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 		if r.SandboxProcesses == nil || *r.SandboxProcesses != 0 {
 			t.Errorf("after the child died: sandbox processes = %v, want 0 (%s)", r.SandboxProcesses, r.Detail)
 		}
-		if r.MemoryPeakBytes == nil || *r.MemoryPeakBytes < r1.MemoryCurrentBytes || r.CPUUsageUsec < r2.CPUUsageUsec {
+		if r.MemoryPeakBytes == nil || *r.MemoryPeakBytes < r1.MemoryCurrentBytes || *r.CPUUsageUsec < *r2.CPUUsageUsec {
 			t.Errorf("dead sandbox lost its numbers: %s", fmtReading(r))
 		}
 	}
@@ -190,5 +190,5 @@ func fmtReading(r source.Reading) string {
 		procs = strconv.Itoa(int(*r.SandboxProcesses))
 	}
 	return fmt.Sprintf("current %.1f MiB, peak %s, working set %.1f MiB, cpu %d us, processes %s",
-		float64(r.MemoryCurrentBytes)/mib, peak, float64(r.MemoryWorkingSetBytes)/mib, r.CPUUsageUsec, procs)
+		float64(r.MemoryCurrentBytes)/mib, peak, float64(r.MemoryWorkingSetBytes)/mib, *r.CPUUsageUsec, procs)
 }

@@ -189,7 +189,8 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 			peakMissing = append(peakMissing, c.ID)
 		}
 		if s.CPUKnown {
-			r.CPUUsageUsec = addSat(r.CPUUsageUsec, s.CPUUsec)
+			c := addSat(derefOr(r.CPUUsageUsec), s.CPUUsec)
+			r.CPUUsageUsec = &c
 		} else {
 			cpuMissing = append(cpuMissing, c.ID)
 			cpuWhy = s.CPUUnknownBecause
@@ -210,7 +211,7 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 	case partial:
 		// A sum missing a container is neither the workload's counter (it
 		// would fall, then jump back) nor an upper bound on its peak.
-		r.CPUUsageUsec, r.MemoryPeakBytes = 0, nil
+		r.CPUUsageUsec, r.MemoryPeakBytes = nil, nil
 		why := fmt.Sprintf("partial sample: %d of %d containers unread; a partial sum is not comparable with a full one", len(r.UnreadContainers), len(results))
 		r.Absent = append(r.Absent,
 			source.Absent{Field: "memory_peak_bytes", Reason: why},
@@ -222,7 +223,7 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 				Reason: fmt.Sprintf("the guest reports no memory peak for container(s) %s (cgroup v2 memory.peak needs guest Linux 5.19)", strings.Join(peakMissing, ", "))})
 		}
 		if len(cpuMissing) > 0 {
-			r.CPUUsageUsec = 0
+			r.CPUUsageUsec = nil
 			r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec",
 				Reason: fmt.Sprintf("container(s) %s: %s", strings.Join(cpuMissing, ", "), cpuWhy)})
 		}

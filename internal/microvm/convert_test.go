@@ -225,7 +225,7 @@ func TestAggregate(t *testing.T) {
 				MemoryCurrentBytes:    350 * mib,
 				MemoryPeakBytes:       ptr[uint64](410 * mib),
 				MemoryWorkingSetBytes: 200 * mib, // 200 + max(50-70, 0)
-				CPUUsageUsec:          3_000_000,
+				CPUUsageUsec:          cpuUsec(3_000_000),
 			},
 		},
 		{
@@ -238,7 +238,7 @@ func TestAggregate(t *testing.T) {
 				MemoryCurrentBytes:    math.MaxUint64,
 				MemoryPeakBytes:       ptr[uint64](math.MaxUint64),
 				MemoryWorkingSetBytes: math.MaxUint64,
-				CPUUsageUsec:          2_500_000 + math.MaxUint64/1000,
+				CPUUsageUsec:          cpuUsec(2_500_000 + math.MaxUint64/1000),
 			},
 		},
 		{
@@ -251,7 +251,7 @@ func TestAggregate(t *testing.T) {
 				MemoryCurrentBytes:    4096,
 				MemoryPeakBytes:       ptr[uint64](4096),
 				MemoryWorkingSetBytes: 4096,
-				CPUUsageUsec:          2_500_000,
+				CPUUsageUsec:          cpuUsec(2_500_000),
 			},
 		},
 		{
@@ -263,7 +263,7 @@ func TestAggregate(t *testing.T) {
 				Detail:                `guest agent ` + addr + `, agent_version "4.1.0"; guest cgroup v2; 2 container(s) summed; memory limit: unlimited`,
 				MemoryCurrentBytes:    300*mib + 4096,
 				MemoryWorkingSetBytes: 200*mib + 4096,
-				CPUUsageUsec:          2_500_000,
+				CPUUsageUsec:          cpuUsec(2_500_000),
 				Absent:                []source.Absent{{Field: "memory_peak_bytes", Reason: "the guest reports no memory peak for container(s) b (cgroup v2 memory.peak needs guest Linux 5.19)"}},
 			},
 		},
@@ -351,3 +351,6 @@ func TestAggregateAllFailed(t *testing.T) {
 }
 
 func protoSize(m *katagrpc.StatsContainerResponse) int { return proto.Size(m) }
+
+// cpuUsec returns a CPU counter value for a source.Reading.
+func cpuUsec(v uint64) *uint64 { return &v }

@@ -54,8 +54,8 @@ func TestCPUAcrossRestore(t *testing.T) {
 		t.Helper()
 		agent.SetContainer("a", fakeagent.V2(guest(guestCPU)))
 		r := sample(t, s)
-		seen = append(seen, r.CPUUsageUsec)
-		c.observe(epoch, r.CPUUsageUsec, clock)
+		seen = append(seen, *r.CPUUsageUsec)
+		c.observe(epoch, *r.CPUUsageUsec, clock)
 		clock = clock.Add(time.Second)
 	}
 

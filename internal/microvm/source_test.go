@@ -66,7 +66,7 @@ func TestSampleScriptedGuests(t *testing.T) {
 			opts: []fakeagent.Option{fakeagent.WithVersion("4.1.0"), fakeagent.WithContainer("a", fakeagent.V2(v2a))},
 			ids:  []string{"a"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 300 * mib, MemoryPeakBytes: ptr[uint64](350 * mib),
-				MemoryWorkingSetBytes: 200 * mib, CPUUsageUsec: 2_500_000},
+				MemoryWorkingSetBytes: 200 * mib, CPUUsageUsec: cpuUsec(2_500_000)},
 			wantCPU: `agent_version "4.1.0"; guest cgroup v2; 1 container(s) summed; memory limit: unlimited`,
 		},
 		{
@@ -75,7 +75,7 @@ func TestSampleScriptedGuests(t *testing.T) {
 				UsageBytes: 1024 * mib, MaxUsageBytes: 1500 * mib, InactiveFileBytes: 1 * mib, TotalInactiveFileBytes: 24 * mib, CPUTotal: 9_000_000_000}))},
 			ids: []string{"a"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 1024 * mib, MemoryPeakBytes: ptr[uint64](1500 * mib),
-				MemoryWorkingSetBytes: 1000 * mib, CPUUsageUsec: 9_000_000},
+				MemoryWorkingSetBytes: 1000 * mib, CPUUsageUsec: cpuUsec(9_000_000)},
 			wantCPU: `agent_version "3.2.0"; guest cgroup v1; 1 container(s) summed; memory limit: unlimited`,
 		},
 		{
@@ -84,7 +84,7 @@ func TestSampleScriptedGuests(t *testing.T) {
 				UsageBytes: 4 * mib, MaxUsageBytes: 4 * mib, CPUTotal: 2_500_000}))},
 			ids: []string{"a"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 4 * mib, MemoryPeakBytes: ptr[uint64](4 * mib),
-				MemoryWorkingSetBytes: 4 * mib, CPUUsageUsec: 2_500_000},
+				MemoryWorkingSetBytes: 4 * mib, CPUUsageUsec: cpuUsec(2_500_000)},
 			wantCPU: `agent_version "3.8.0"; guest cgroup v2; 1 container(s) summed; CPU corrected from us (agent < 3.9.0 on a cgroup v2 guest)`,
 		},
 		{
@@ -93,7 +93,7 @@ func TestSampleScriptedGuests(t *testing.T) {
 				fakeagent.WithContainer("c", fakeagent.V2(v2c))},
 			ids: []string{"a", "b", "c"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 358 * mib, MemoryPeakBytes: ptr[uint64](419 * mib),
-				MemoryWorkingSetBytes: 248 * mib, CPUUsageUsec: 3_007_000},
+				MemoryWorkingSetBytes: 248 * mib, CPUUsageUsec: cpuUsec(3_007_000)},
 			wantCPU: "3 container(s) summed; memory peak is the sum of per-container peaks, an upper bound",
 		},
 	} {
@@ -122,7 +122,7 @@ func TestVersionRefused(t *testing.T) {
 	if !strings.Contains(r.Detail, `agent_version "unavailable: Version answered PermissionDenied"`) {
 		t.Errorf("Detail = %q", r.Detail)
 	}
-	if r.MemoryWorkingSetBytes != 200*mib || r.CPUUsageUsec != 0 || len(r.Absent) != 1 || r.Absent[0].Field != "cpu_usage_usec" {
+	if r.MemoryWorkingSetBytes != 200*mib || r.CPUUsageUsec != nil || len(r.Absent) != 1 || r.Absent[0].Field != "cpu_usage_usec" {
 		t.Errorf("reading %+v; want memory and an absent cpu_usage_usec", r)
 	}
 }
@@ -155,8 +155,8 @@ func TestUnknownAndFailingContainers(t *testing.T) {
 		if got.MemoryCurrentBytes != 308*mib || got.MemoryWorkingSetBytes != 208*mib {
 			t.Fatalf("memory %d / %d; want a+c = %d / %d", got.MemoryCurrentBytes, got.MemoryWorkingSetBytes, 308*mib, 208*mib)
 		}
-		if got.MemoryPeakBytes != nil || got.CPUUsageUsec != 0 || len(got.Absent) != 2 {
-			t.Fatalf("partial sample: peak %v cpu %d absent %+v; want peak and cpu absent", got.MemoryPeakBytes, got.CPUUsageUsec, got.Absent)
+		if got.MemoryPeakBytes != nil || got.CPUUsageUsec != nil || len(got.Absent) != 2 {
+			t.Fatalf("partial sample: peak %v cpu %v absent %+v; want peak and cpu absent", got.MemoryPeakBytes, got.CPUUsageUsec, got.Absent)
 		}
 	})
 	t.Run("unknown id", func(t *testing.T) {

@@ -83,8 +83,8 @@ func (c *CPUCounter) Observe(s *sandboxstatsv1.WorkloadStatsSample, now time.Tim
 	st.lastSeen = now
 	ev = Classify(st.last, s)
 	switch ev {
-	case EventNotMeasured:
-		return 0, ev
+	case EventNotMeasured, EventCPUAbsent:
+		return 0, ev // the last sample with a counter stays the baseline
 	case EventNone:
 		chargedUsec = s.GetCpuUsageUsec() - st.last.GetCpuUsageUsec()
 	case EventCounterReset:

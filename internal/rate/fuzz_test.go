@@ -1,6 +1,7 @@
 package rate
 
 import (
+	"google.golang.org/protobuf/proto"
 	"testing"
 	"time"
 
@@ -21,7 +22,7 @@ func FuzzRates(f *testing.F) {
 		mk := func(at int64, cpu uint64, ep int64, src uint8) *sandboxstatsv1.WorkloadStatsSample {
 			return &sandboxstatsv1.WorkloadStatsSample{
 				ActorUid: "a", Source: sandboxstatsv1.StatsSource(src % 3),
-				CpuUsageUsec: cpu, ObservedAtUnixNano: at, EpochUnixNano: ep,
+				CpuUsageUsec: proto.Uint64(cpu), ObservedAtUnixNano: at, EpochUnixNano: ep,
 			}
 		}
 		prev, cur := mk(at1, cpu1, ep1, src1), mk(at2, cpu2, ep2, src2)

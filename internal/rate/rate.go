@@ -26,6 +26,10 @@ const (
 	EventEpochReset Event = "epoch-reset"
 	// EventCounterReset: cpu_usage_usec decreased within the same epoch.
 	EventCounterReset Event = "counter-reset"
+	// EventCPUAbsent: the sample is measured but carries no CPU counter (see
+	// its absent list); memory still counts, no rate, and the previous
+	// sample with a counter stays the baseline.
+	EventCPUAbsent Event = "cpu-absent"
 	// EventNoInterval: observed_at did not move forward (identical or
 	// earlier timestamp); no rate can be computed.
 	EventNoInterval Event = "no-interval"
@@ -43,6 +47,8 @@ func Classify(prev, cur *sandboxstatsv1.WorkloadStatsSample) Event {
 	switch {
 	case !Measured(cur):
 		return EventNotMeasured
+	case cur.CpuUsageUsec == nil:
+		return EventCPUAbsent
 	case prev == nil:
 		return EventFirst
 	case prev.GetActorUid() != cur.GetActorUid():

@@ -29,7 +29,7 @@ func smp(atSec float64, cpuUsec uint64, opts ...func(*sandboxstatsv1.WorkloadSta
 		MemoryCurrentBytes:    100 << 20,
 		MemoryWorkingSetBytes: 80 << 20,
 		MemoryPeakBytes:       proto.Uint64(120 << 20),
-		CpuUsageUsec:          cpuUsec,
+		CpuUsageUsec:          proto.Uint64(cpuUsec),
 		ObservedAtUnixNano:    base.Add(time.Duration(atSec * float64(time.Second))).UnixNano(),
 		EpochUnixNano:         base.Add(-time.Hour).UnixNano(),
 	}
@@ -38,6 +38,9 @@ func smp(atSec float64, cpuUsec uint64, opts ...func(*sandboxstatsv1.WorkloadSta
 	}
 	return s
 }
+
+// noCPU drops the CPU counter (a partial guest sample).
+func noCPU(s *sandboxstatsv1.WorkloadStatsSample) { s.CpuUsageUsec = nil }
 
 func epoch(e time.Time) func(*sandboxstatsv1.WorkloadStatsSample) {
 	return func(s *sandboxstatsv1.WorkloadStatsSample) { s.EpochUnixNano = e.UnixNano() }
@@ -119,6 +122,11 @@ func TestCPUCounter(t *testing.T) {
 			{smp(0, 1_000_000_000), 0, EventFirst},
 			{smp(60, 1_000_600_000), 600_000, EventNone},
 			{smp(120, 1_000_600_000), 0, EventNone},
+		}},
+		{"a sample without a CPU counter charges nothing and keeps the baseline", []step{
+			{smp(0, 1_000_000), 0, EventFirst},
+			{smp(60, 0, noCPU), 0, EventCPUAbsent},
+			{smp(120, 1_500_000), 500_000, EventNone},
 		}},
 		{"upstream TestStatsPollerCPUDeltas: 1000 -> 0 -> 600 -> 250", []step{
 			{smp(0, 1000), 0, EventFirst},

@@ -65,13 +65,15 @@ func (w *Watcher) Observe(s *sandboxstatsv1.WorkloadStatsSample) Row {
 	if ev == EventNotMeasured {
 		return r
 	}
-	r.CPUUsageUsec = ptr(s.GetCpuUsageUsec())
+	r.CPUUsageUsec = s.CpuUsageUsec
 	r.MemoryCurrentBytes = ptr(s.GetMemoryCurrentBytes())
 	r.MemoryWorkingSetBytes = ptr(s.GetMemoryWorkingSetBytes())
 	if s.MemoryPeakBytes != nil {
 		r.MemoryPeakBytes = ptr(s.GetMemoryPeakBytes())
 	}
-	w.prev = s
+	if ev != EventCPUAbsent {
+		w.prev = s
+	}
 	return r
 }
 

@@ -61,7 +61,7 @@ var (
 	cgroupRdg = source.Reading{
 		Kind: source.KindCgroup, Detail: "cgroup v1 (hybrid) /sys/fs/cgroup/memory/statstest",
 		MemoryCurrentBytes: 200 << 20, MemoryPeakBytes: &peak, MemoryWorkingSetBytes: 190 << 20,
-		CPUUsageUsec: 1_000_000, SandboxProcesses: &procs,
+		CPUUsageUsec: cpuUsec(1_000_000), SandboxProcesses: &procs,
 	}
 	identA = &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-a", ActorName: "a", ActorNamespace: "ns", TemplateNamespace: "tns", TemplateName: "tpl"}
 	identB = &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-b"}
@@ -212,7 +212,7 @@ func TestStatsWorkloadSample(t *testing.T) {
 		SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR,
 		Source:       sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP,
 		SourceDetail: cgroupRdg.Detail, MemoryCurrentBytes: 200 << 20, MemoryPeakBytes: proto.Uint64(300 << 20),
-		MemoryWorkingSetBytes: 190 << 20, CpuUsageUsec: 1_000_000, ObservedAtUnixNano: fixedNow.UnixNano(),
+		MemoryWorkingSetBytes: 190 << 20, CpuUsageUsec: proto.Uint64(1_000_000), ObservedAtUnixNano: fixedNow.UnixNano(),
 		EpochUnixNano: epoch, SandboxProcesses: proto.Uint32(4),
 	}
 	if diff := cmp.Diff(want, resp.GetSample(), protocmp.Transform()); diff != "" {
@@ -459,3 +459,6 @@ func BenchmarkStatsWorkload(b *testing.B) {
 		}
 	}
 }
+
+// cpuUsec returns a CPU counter value for a source.Reading.
+func cpuUsec(v uint64) *uint64 { return &v }

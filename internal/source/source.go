@@ -123,7 +123,7 @@ type Reading struct {
 	MemoryCurrentBytes    uint64  // gauge
 	MemoryPeakBytes       *uint64 // peak within the epoch; nil when not offered (see Absent)
 	MemoryWorkingSetBytes uint64  // gauge, current minus inactive file, floored at 0
-	CPUUsageUsec          uint64  // counter
+	CPUUsageUsec          *uint64 // counter; nil when not offered (see Absent)
 
 	// SandboxProcesses is the number of processes in the sandbox cgroup; nil
 	// when the source cannot tell. 0 means a dead sandbox.

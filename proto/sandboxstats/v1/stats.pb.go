@@ -1019,11 +1019,16 @@ type WorkloadStatsSample struct {
 	// Gauge, bytes. Layer: source. memory_current_bytes minus inactive file
 	// pages (v2 inactive_file, v1 total_inactive_file), floored at 0.
 	MemoryWorkingSetBytes uint64 `protobuf:"varint,11,opt,name=memory_working_set_bytes,json=memoryWorkingSetBytes,proto3" json:"memory_working_set_bytes,omitempty"`
-	// Counter, microseconds of CPU time, cumulative within the epoch. Layer:
-	// source. Restarts with a new epoch for the cgroup source; for the guest
-	// agent it carries the guest's counter across a restore, so a consumer
-	// compares only samples with equal epoch_unix_nano.
-	CpuUsageUsec uint64 `protobuf:"varint,12,opt,name=cpu_usage_usec,json=cpuUsageUsec,proto3" json:"cpu_usage_usec,omitempty"`
+	// Counter, microseconds of CPU time. Layer: source. The source's own
+	// counter: for the cgroup source, CPU since the sandbox cgroup was created
+	// (a Run/Restore normally makes a new cgroup, so it restarts with the
+	// epoch; a cgroup reused across epochs carries its history); for the guest
+	// agent, since the guest's containers started (it survives a restore with
+	// the guest). A consumer computes rates only between samples with equal
+	// epoch_unix_nano and treats a decrease as a reset, never a negative rate.
+	// Absent (not 0) when the source cannot offer it (a partial guest sample,
+	// an agent whose CPU unit is unknown); `absent` says why.
+	CpuUsageUsec *uint64 `protobuf:"varint,12,opt,name=cpu_usage_usec,json=cpuUsageUsec,proto3,oneof" json:"cpu_usage_usec,omitempty"`
 	// When the reading began, unix nanoseconds (wall clock of the daemon).
 	ObservedAtUnixNano int64 `protobuf:"varint,13,opt,name=observed_at_unix_nano,json=observedAtUnixNano,proto3" json:"observed_at_unix_nano,omitempty"`
 	// When the current epoch began (the Run/Restore), unix nanoseconds.
@@ -1156,8 +1161,8 @@ func (x *WorkloadStatsSample) GetMemoryWorkingSetBytes() uint64 {
 }
 
 func (x *WorkloadStatsSample) GetCpuUsageUsec() uint64 {
-	if x != nil {
-		return x.CpuUsageUsec
+	if x != nil && x.CpuUsageUsec != nil {
+		return *x.CpuUsageUsec
 	}
 	return 0
 }
@@ -1911,7 +1916,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x04host\x18\x04 \x01(\v2\x1a.sandboxstats.v1.HostStatsR\x04host\";\n" +
 	"\vAbsentValue\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xd0\a\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xe8\a\n" +
 	"\x13WorkloadStatsSample\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12\x1d\n" +
 	"\n" +
@@ -1925,16 +1930,17 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x14memory_current_bytes\x18\t \x01(\x04R\x12memoryCurrentBytes\x12/\n" +
 	"\x11memory_peak_bytes\x18\n" +
 	" \x01(\x04H\x00R\x0fmemoryPeakBytes\x88\x01\x01\x127\n" +
-	"\x18memory_working_set_bytes\x18\v \x01(\x04R\x15memoryWorkingSetBytes\x12$\n" +
-	"\x0ecpu_usage_usec\x18\f \x01(\x04R\fcpuUsageUsec\x121\n" +
+	"\x18memory_working_set_bytes\x18\v \x01(\x04R\x15memoryWorkingSetBytes\x12)\n" +
+	"\x0ecpu_usage_usec\x18\f \x01(\x04H\x01R\fcpuUsageUsec\x88\x01\x01\x121\n" +
 	"\x15observed_at_unix_nano\x18\r \x01(\x03R\x12observedAtUnixNano\x12&\n" +
 	"\x0fepoch_unix_nano\x18\x0e \x01(\x03R\repochUnixNano\x12.\n" +
 	"\x04host\x18\x0f \x01(\v2\x1a.sandboxstats.v1.HostStatsR\x04host\x120\n" +
-	"\x11sandbox_processes\x18\x10 \x01(\rH\x01R\x10sandboxProcesses\x88\x01\x01\x12P\n" +
+	"\x11sandbox_processes\x18\x10 \x01(\rH\x02R\x10sandboxProcesses\x88\x01\x01\x12P\n" +
 	"\x11unread_containers\x18\x11 \x03(\v2#.sandboxstats.v1.ContainerReadErrorR\x10unreadContainers\x124\n" +
 	"\x06absent\x18\x12 \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\x12.\n" +
 	"\x13open_drift_findings\x18\x13 \x01(\rR\x11openDriftFindingsB\x14\n" +
-	"\x12_memory_peak_bytesB\x14\n" +
+	"\x12_memory_peak_bytesB\x11\n" +
+	"\x0f_cpu_usage_usecB\x14\n" +
 	"\x12_sandbox_processes\"O\n" +
 	"\x12ContainerReadError\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
