@@ -42,7 +42,7 @@ type Config struct {
 
 // errCgroupGone marks a read that found the cgroup directory missing, so
 // that a source opened by sentry pid re-resolves the cgroup.
-var errCgroupGone = errors.New("no such cgroup")
+var errCgroupGone = fmt.Errorf("no such cgroup: %w", source.ErrSandboxGone)
 
 // errRootCgroup: a sentry in the root cgroup (runsc --ignore-cgroups) has no
 // cgroup of its own; the root's numbers would be the whole host's.

@@ -314,8 +314,8 @@ func TestCgroupRemadeIsReadAfresh(t *testing.T) {
 	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Sample(ctx); !errors.Is(err, errCgroupGone) || !errors.Is(err, source.ErrNotMeasurable) {
-		t.Fatalf("removed cgroup: err = %v, want ErrNotMeasurable (no such cgroup)", err)
+	if _, err := s.Sample(ctx); !errors.Is(err, errCgroupGone) || !errors.Is(err, source.ErrNotMeasurable) || !errors.Is(err, source.ErrSandboxGone) {
+		t.Fatalf("removed cgroup: err = %v, want ErrNotMeasurable and ErrSandboxGone (no such cgroup)", err)
 	}
 	if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
 		t.Fatal(err)
