@@ -151,6 +151,9 @@ func validateCgroupPath(p string) error {
 	if err := validateAbsPath("cgroup_path", p); err != nil {
 		return err
 	}
+	if p == "/" {
+		return fmt.Errorf("%w: cgroup_path \"/\" is the root cgroup: it would measure the whole host, not a sandbox", ErrInvalid)
+	}
 	for _, elem := range strings.Split(p, "/") {
 		if elem == ".." {
 			return fmt.Errorf("%w: cgroup_path %q has a \"..\" element", ErrInvalid, p)

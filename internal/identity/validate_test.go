@@ -54,6 +54,7 @@ func TestValidateRef(t *testing.T) {
 		{"gvisor neither", gv("", 0), false},
 		{"gvisor both", gv("/a", 42), false},
 		{"relative path", gv("kubepods", 0), false},
+		{"root cgroup", gv("/", 0), false},
 		{"dotdot", gv("/a/../../etc", 0), false},
 		{"unclean", gv("/a//b", 0), false},
 		{"trailing slash", gv("/a/", 0), false},
