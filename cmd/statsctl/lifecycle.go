@@ -62,28 +62,26 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 }
 
 func runRunWorkload(ctx context.Context, e *env, args []string) error {
-	b, parse := bindFlagSet(e, "run-workload", "Bind a workload to statsd (what the launcher does on run)")
-	if err := parse(args); err != nil {
-		return err
-	}
-	cc, err := b.conn.dial()
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, b.conn.timeout)
-	defer cancel()
-	resp, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).RunWorkload(ctx,
-		&sandboxstatsv1.RunWorkloadRequest{Identity: &b.identity, Sandbox: &b.ref})
-	if err != nil {
-		return err
-	}
-	fmt.Fprintf(e.stdout, "bound %s, epoch %s\n", b.identity.GetActorUid(), formatTime(resp.GetEpochUnixNano()))
-	return nil
+	return bindWorkload(ctx, e, args, "run-workload", "Bind a workload to statsd (what the launcher does on run)", "",
+		func(ctx context.Context, c sandboxstatsv1.WorkloadLifecycleServiceClient, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, error) {
+			resp, err := c.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref})
+			return resp.GetEpochUnixNano(), err
+		})
 }
 
 func runRestoreWorkload(ctx context.Context, e *env, args []string) error {
-	b, parse := bindFlagSet(e, "restore-workload", "Bind a restored workload to statsd (what the launcher does on restore)")
+	return bindWorkload(ctx, e, args, "restore-workload", "Bind a restored workload to statsd (what the launcher does on restore)", " (restored)",
+		func(ctx context.Context, c sandboxstatsv1.WorkloadLifecycleServiceClient, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, error) {
+			resp, err := c.RestoreWorkload(ctx, &sandboxstatsv1.RestoreWorkloadRequest{Identity: id, Sandbox: ref})
+			return resp.GetEpochUnixNano(), err
+		})
+}
+
+// bindWorkload parses the identity and sandbox flags and makes one binding
+// call, printing the epoch it started.
+func bindWorkload(ctx context.Context, e *env, args []string, name, summary, note string,
+	call func(context.Context, sandboxstatsv1.WorkloadLifecycleServiceClient, *sandboxstatsv1.WorkloadIdentity, *sandboxstatsv1.SandboxRef) (int64, error)) error {
+	b, parse := bindFlagSet(e, name, summary)
 	if err := parse(args); err != nil {
 		return err
 	}
@@ -94,12 +92,11 @@ func runRestoreWorkload(ctx context.Context, e *env, args []string) error {
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(ctx, b.conn.timeout)
 	defer cancel()
-	resp, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).RestoreWorkload(ctx,
-		&sandboxstatsv1.RestoreWorkloadRequest{Identity: &b.identity, Sandbox: &b.ref})
+	epoch, err := call(ctx, sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc), &b.identity, &b.ref)
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(e.stdout, "bound %s (restored), epoch %s\n", b.identity.GetActorUid(), formatTime(resp.GetEpochUnixNano()))
+	fmt.Fprintf(e.stdout, "bound %s%s, epoch %s\n", b.identity.GetActorUid(), note, formatTime(epoch))
 	return nil
 }
 

@@ -213,6 +213,7 @@ func TestGolden(t *testing.T) {
 		{name: "active-json", reading: v1, args: []string{"active", "--socket", "$STATS", "-o", "json"}},
 		{name: "active-not-measurable", err: fmt.Errorf("cgroup not created yet: %w", source.ErrNotMeasurable), args: []string{"active", "--socket", "$STATS"}},
 		{name: "health", args: []string{"health", "--socket", "$STATS"}},
+		{name: "restore-workload", args: append([]string{"restore-workload"}, gv[1:]...)},
 		{name: "checkpoint-other", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "other"}, code: exitError},
 		{name: "checkpoint", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
 		{name: "checkpoint-retry", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
