@@ -307,6 +307,7 @@ func TestAggregate(t *testing.T) {
 				MemoryCurrentBytes:    2,
 				MemoryPeakBytes:       ptr[uint64](2),
 				MemoryWorkingSetBytes: 2,
+				CPUUsageUsec:          cpuUsec(0),
 			},
 		},
 	} {
