@@ -262,30 +262,3 @@ func TestCorruptStateMovedAside(t *testing.T) {
 		t.Fatalf("moved aside: %v", m)
 	}
 }
-
-func TestGuestName(t *testing.T) {
-	for _, tc := range []struct{ cmdline, want string }{
-		{"qemu-system-x86_64\x00-accel\x00kvm\x00-name\x00guest=srv1,debug-threads=on\x00-m\x00128\x00", "srv1"},
-		{"qemu-system-x86_64\x00-name\x00srv2\x00", "srv2"},
-		{"qemu-system-x86_64\x00-name\x00debug-threads=on,guest=srv3\x00", "srv3"},
-		{"qemu-system-x86_64\x00-m\x00128\x00", ""},
-		{"/bin/sh\x00-c\x00sleep 1\x00", ""},
-		{"qemu\x00-name", ""},
-		{"", ""},
-	} {
-		if got := GuestName([]byte(tc.cmdline)); got != tc.want {
-			t.Errorf("GuestName(%q) = %q, want %q", tc.cmdline, got, tc.want)
-		}
-	}
-}
-
-func FuzzGuestName(f *testing.F) {
-	f.Add([]byte("qemu\x00-name\x00guest=srv1,debug-threads=on\x00"))
-	f.Add([]byte("qemu\x00-name\x00\x00"))
-	f.Fuzz(func(t *testing.T, b []byte) {
-		name := GuestName(b)
-		if strings.ContainsAny(name, "\x00,") {
-			t.Fatalf("name %q holds a separator", name)
-		}
-	})
-}

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -169,7 +170,7 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 	pid := ref.VMMPID
 	guest := ""
 	if ref.VMMPIDFile != "" {
-		guest = filepath.Base(filepath.Dir(ref.VMMPIDFile))
+		guest = hoststat.GuestNameFromPIDFile(ref.VMMPIDFile)
 		b, err := o.reads.ReadFile(ctx, ref.VMMPIDFile)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
@@ -200,7 +201,7 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 		return pid, guest
 	}
 	obs.ran(cmpVMM)
-	if name := GuestName(cmdline); name != "" {
+	if name := hoststat.QEMUGuestName(cmdline); name != "" {
 		guest = name
 	}
 	return pid, guest
@@ -227,32 +228,11 @@ func (o *SystemObserver) observeStrays(ctx context.Context, obs *Observation, bo
 			obs.skip(cmpStray, err.Error())
 			return
 		}
-		if err == nil && GuestName(cmdline) == guest {
+		if err == nil && hoststat.QEMUGuestName(cmdline) == guest {
 			obs.find(cmpStray, sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM, fmt.Sprintf("pid %d", pid),
 				fmt.Sprintf("a VMM process other than the bound one (pid %d) claims guest %q", boundPID, guest))
 		}
 	}
-}
-
-// GuestName returns the guest name a VMM command line (NUL-separated, as in
-// /proc/<pid>/cmdline) gives with QEMU's "-name guest=<name>,..." or
-// "-name <name>", or "" when it gives none.
-func GuestName(cmdline []byte) string {
-	args := strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00")
-	for i := 0; i+1 < len(args); i++ {
-		if args[i] != "-name" && args[i] != "--name" {
-			continue
-		}
-		for j, opt := range strings.Split(args[i+1], ",") {
-			if v, ok := strings.CutPrefix(opt, "guest="); ok {
-				return v
-			}
-			if j == 0 && !strings.Contains(opt, "=") {
-				return opt
-			}
-		}
-	}
-	return ""
 }
 
 func oneLine(b []byte) string {

@@ -211,3 +211,12 @@ func unavailable(src sandboxstatsv1.KvmSource, origin, reason string) *sandboxst
 		Reason: reason,
 	}
 }
+
+// QEMUGuestName returns the guest name a VMM command line (NUL-separated, as
+// in /proc/<pid>/cmdline) gives with QEMU's "-name guest=<x>,..." (or the
+// legacy "-name <x>"), or "" when it gives none.
+func QEMUGuestName(cmdline []byte) string { return parseQEMUGuestName(cmdline) }
+
+// GuestNameFromPIDFile returns the guest name a pid file's directory gives
+// (".../srv1/qemu.pid" gives "srv1"), or "" when the directory is generic.
+func GuestNameFromPIDFile(path string) string { return guestNameFromPIDFile(path) }
