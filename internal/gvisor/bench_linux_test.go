@@ -10,6 +10,7 @@ import (
 	"github.com/containerd/cgroups/v3/cgroup2"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // The benchmarks follow the benchtable convention: in each group the
@@ -90,7 +91,7 @@ func BenchmarkCgroupReadV1(b *testing.B) {
 		if err := os.Mkdir(dir, 0o755); err != nil {
 			b.Fatal(err)
 		}
-		b.Cleanup(func() { rmdirRetry(dir) })
+		b.Cleanup(func() { testenv.RmdirRetry(dir) })
 	}
 	files := []string{
 		filepath.Join(root, "memory", name, "memory.usage_in_bytes"),
@@ -142,19 +143,19 @@ func BenchmarkGVisorSample(b *testing.B) {
 	if testing.Short() {
 		b.Skip("starts a real gVisor sandbox; not under -short")
 	}
-	if os.Geteuid() != 0 || busyboxStatic() == "" {
+	if os.Geteuid() != 0 || testenv.BusyboxStatic() == "" {
 		b.Skip("needs root, runsc and a static busybox")
 	}
-	sb := startSandbox(b, "/bin/sh", "-c", "while true; do sleep 1; done")
+	sb := testenv.StartSandbox(b, "", "/bin/sh", "-c", "while true; do sleep 1; done")
 	b.Run("baseline", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := sb.runsc(b, "", "events", "--stats", sb.id); err != nil {
+			if _, err := sb.Runsc(b, "", "events", "--stats", sb.ID); err != nil {
 				b.Fatal(err)
 			}
 		}
 	})
 	b.Run("targeted", func(b *testing.B) {
-		s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: sb.pid}, Config{})
+		s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: sb.PID}, Config{})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // TestIntegrationGVisorSentryPID starts a real gVisor sandbox in a unique
@@ -26,8 +27,8 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real gVisor sandbox; not under -short")
 	}
-	sb := startSandbox(t, "/bin/sh", "-c", "while true; do sleep 1; done")
-	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: sb.pid}, Config{Logger: discard()})
+	sb := testenv.StartSandbox(t, "", "/bin/sh", "-c", "while true; do sleep 1; done")
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: sb.PID}, Config{Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,15 +46,15 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 
 	r0 := sample("idle")
 	t.Logf("detail: %s", r0.Detail)
-	if !strings.Contains(r0.Detail, sb.cgroupPath) {
-		t.Errorf("detail %q does not name the sandbox cgroup %s", r0.Detail, sb.cgroupPath)
+	if !strings.Contains(r0.Detail, sb.CgroupPath) {
+		t.Errorf("detail %q does not name the sandbox cgroup %s", r0.Detail, sb.CgroupPath)
 	}
 	if r0.SandboxProcesses == nil || *r0.SandboxProcesses < 2 {
 		t.Errorf("sandbox processes = %v, want at least the sentry and the gofer", r0.SandboxProcesses)
 	}
 
 	start := time.Now()
-	sb.exec(t, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
+	sb.Exec(t, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
 	t.Logf("dd of 200 MiB took %v", time.Since(start).Round(time.Millisecond))
 	r1 := sample("filled")
 	grew := int64(r1.MemoryCurrentBytes) - int64(r0.MemoryCurrentBytes)
@@ -64,7 +65,7 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 		t.Errorf("cpu did not rise: %d -> %d us", *r0.CPUUsageUsec, *r1.CPUUsageUsec)
 	}
 
-	sb.exec(t, "/bin/rm", "/dev/shm/fill")
+	sb.Exec(t, "/bin/rm", "/dev/shm/fill")
 	var r2 source.Reading
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -83,7 +84,7 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 	if *r2.CPUUsageUsec < *r1.CPUUsageUsec {
 		t.Errorf("cpu went backwards: %d -> %d us", *r1.CPUUsageUsec, *r2.CPUUsageUsec)
 	}
-	if out, err := sb.runsc(t, "", "events", "--stats", sb.id); err == nil {
+	if out, err := sb.Runsc(t, "", "events", "--stats", sb.ID); err == nil {
 		t.Logf("runsc events --stats (sentry accounting, for comparison): %s", strings.TrimSpace(string(out)))
 	}
 	t.Logf("figures: idle %.1f MiB, +%.1f MiB after dd, %.1f MiB after rm, peak %s, cpu +%d us",

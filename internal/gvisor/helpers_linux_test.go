@@ -2,7 +2,6 @@ package gvisor
 
 import (
 	"bufio"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,34 +11,9 @@ import (
 	"strings"
 	"syscall"
 	"testing"
-	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
-
-// need skips the test when a prerequisite is missing, or fails it when
-// CI=true (CI must not silently skip an end-to-end test).
-func need(t testing.TB, ok bool, hint string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("prerequisite missing (CI=true): %s", hint)
-	}
-	t.Skip(hint)
-}
-
-// rmdirRetry removes an empty cgroup directory; the kernel may briefly
-// answer EBUSY while the last process is being reaped.
-func rmdirRetry(dir string) error {
-	var err error
-	for range 50 {
-		if err = syscall.Rmdir(dir); err == nil || errors.Is(err, syscall.ENOENT) {
-			return nil
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return fmt.Errorf("rmdir %s: %w", dir, err)
-}
 
 const childEnv = "SANDBOXSTATS_GVISOR_TEST_CHILD"
 
@@ -154,7 +128,7 @@ func mkCgroup(t *testing.T, dir string) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		if err := rmdirRetry(dir); err != nil {
+		if err := testenv.RmdirRetry(dir); err != nil {
 			t.Errorf("cleanup: %v", err)
 		}
 	})

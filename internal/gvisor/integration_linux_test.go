@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 const mib = 1 << 20
@@ -35,10 +36,10 @@ func within(got, want int64, frac float64) bool {
 //     are still there);
 //   - the source opened by the child's pid reads the same cgroup.
 func TestIntegrationRealCgroup(t *testing.T) {
-	need(t, os.Geteuid() == 0, "needs root to create cgroups (sudo go test -run TestIntegrationRealCgroup ./internal/gvisor)")
+	testenv.Need(t, os.Geteuid() == 0, "needs root to create cgroups (sudo go test -run TestIntegrationRealCgroup ./internal/gvisor)")
 	const root = "/sys/fs/cgroup"
 	mode, err := detectMode(root)
-	need(t, err == nil, fmt.Sprintf("needs a cgroup mount at %s: %v", root, err))
+	testenv.Need(t, err == nil, fmt.Sprintf("needs a cgroup mount at %s: %v", root, err))
 	name := fmt.Sprintf("sbstest-%d-%d", os.Getpid(), time.Now().UnixNano())
 	// The directories the child joins: v1 memory and cpuacct (plus the
 	// unified mount's cgroup on a hybrid host, for cpu.stat), or one v2
@@ -48,7 +49,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 	if mode.v1() {
 		memDir, cpuDir := filepath.Join(root, "memory"), filepath.Join(root, "cpuacct")
 		_, err = os.Stat(cpuDir)
-		need(t, err == nil, "needs the v1 cpuacct hierarchy at "+cpuDir)
+		testenv.Need(t, err == nil, "needs the v1 cpuacct hierarchy at "+cpuDir)
 		dirs = []string{filepath.Join(memDir, name), filepath.Join(cpuDir, name)}
 		if mode == ModeHybrid {
 			unified = filepath.Join(root, "unified", name)
@@ -56,7 +57,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 		}
 	} else {
 		ctl, _ := os.ReadFile(filepath.Join(root, "cgroup.subtree_control"))
-		need(t, strings.Contains(" "+strings.TrimSpace(string(ctl))+" ", " memory "),
+		testenv.Need(t, strings.Contains(" "+strings.TrimSpace(string(ctl))+" ", " memory "),
 			"needs the memory controller enabled in "+root+"/cgroup.subtree_control")
 		dirs = []string{filepath.Join(root, name)}
 	}

@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // daemon is a real statsd built from ./cmd/statsd, serving on Unix sockets in
@@ -120,11 +122,11 @@ func TestIntegrationGVisorThroughStatsd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real gVisor sandbox and statsd; not under -short")
 	}
-	sb := startSandbox(t, "/bin/sh", "-c", "while true; do sleep 1; done")
+	sb := testenv.StartSandbox(t, "", "/bin/sh", "-c", "while true; do sleep 1; done")
 	d := startStatsd(t)
 	const actor = "e2e-gvisor-actor"
 	d.statsctl(t, "run-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor,
-		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.pid))
+		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
 	sample := func(what string) wireSample {
 		t.Helper()
 		var w wireSample
@@ -136,13 +138,13 @@ func TestIntegrationGVisorThroughStatsd(t *testing.T) {
 		return w
 	}
 	w0 := sample("idle")
-	if w0.Source != "STATS_SOURCE_CGROUP" || !strings.Contains(w0.SourceDetail, sb.cgroupPath) {
-		t.Errorf("source %s %q, want the cgroup %s", w0.Source, w0.SourceDetail, sb.cgroupPath)
+	if w0.Source != "STATS_SOURCE_CGROUP" || !strings.Contains(w0.SourceDetail, sb.CgroupPath) {
+		t.Errorf("source %s %q, want the cgroup %s", w0.Source, w0.SourceDetail, sb.CgroupPath)
 	}
 	if w0.SandboxProcesses == nil || *w0.SandboxProcesses < 2 {
 		t.Errorf("sandbox_processes = %v, want at least 2", deref(w0.SandboxProcesses))
 	}
-	sb.exec(t, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
+	sb.Exec(t, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
 	w1 := sample("filled")
 	grew := w1.num(t, w1.MemoryCurrent) - w0.num(t, w0.MemoryCurrent)
 	if !within(grew, 200*mib, 0.10) {
@@ -151,7 +153,7 @@ func TestIntegrationGVisorThroughStatsd(t *testing.T) {
 	if w1.num(t, w1.CPUUsageUsec) <= w0.num(t, w0.CPUUsageUsec) {
 		t.Errorf("cpu_usage_usec did not rise: %s -> %s", w0.CPUUsageUsec, w1.CPUUsageUsec)
 	}
-	sb.exec(t, "/bin/rm", "/dev/shm/fill")
+	sb.Exec(t, "/bin/rm", "/dev/shm/fill")
 	var w2 wireSample
 	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(time.Second) {
 		w2 = sample("removed")

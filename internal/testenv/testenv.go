@@ -75,6 +75,7 @@ type Sandbox struct {
 	ID         string
 	CgroupPath string // linux.cgroupsPath, e.g. /sbstest-123-456/pause
 	PID        int    // the sentry (runsc-sandbox)
+	shared     bool   // CgroupPath came from the caller and may hold other sandboxes
 	bin        string
 	runscRoot  string
 	bundle     string
@@ -99,16 +100,20 @@ func UniqueCgroupPath() string {
 }
 
 // StartSandbox starts a sandbox in cgroupPath ("" for a fresh one) whose init
-// runs args.
+// runs args. The cleanup fails the test when a fresh cgroup cannot be
+// removed; a cgroupPath given by the caller may still hold another sandbox,
+// so EBUSY on it is tolerated.
 func StartSandbox(t testing.TB, cgroupPath string, args ...string) *Sandbox {
 	t.Helper()
 	runsc, busybox := NeedRunsc(t)
-	if cgroupPath == "" {
+	shared := cgroupPath != ""
+	if !shared {
 		cgroupPath = UniqueCgroupPath()
 	}
 	sb := &Sandbox{
 		ID:         fmt.Sprintf("sbstest-%d-%d", os.Getpid(), time.Now().UnixNano()),
 		CgroupPath: cgroupPath,
+		shared:     shared,
 		bin:        runsc,
 		runscRoot:  t.TempDir(),
 		bundle:     t.TempDir(),
@@ -255,13 +260,14 @@ func (sb *Sandbox) cleanup(t testing.TB) {
 	}
 	parent := filepath.Dir(sb.CgroupPath)
 	hier, _ := filepath.Glob("/sys/fs/cgroup/*")
+	hier = append(hier, "/sys/fs/cgroup") // a unified host
 	for _, h := range hier {
 		for _, d := range []string{sb.CgroupPath, parent} {
 			p := filepath.Join(h, d)
 			if _, err := os.Stat(p); err != nil {
 				continue
 			}
-			if err := RmdirRetry(p); err != nil && !errors.Is(err, syscall.EBUSY) {
+			if err := RmdirRetry(p); err != nil && !(sb.shared && errors.Is(err, syscall.EBUSY)) {
 				t.Errorf("cleanup: %v", err)
 			}
 		}
@@ -298,12 +304,20 @@ func Accel() string {
 	return "tcg"
 }
 
-// StartQEMU starts QEMU with the given accelerator.
-func StartQEMU(t testing.TB, dir, name, accel string) *QEMU {
+// NeedQEMU checks the prerequisites of StartQEMU (qemu-system-x86_64 and
+// root) and returns the QEMU binary's path.
+func NeedQEMU(t testing.TB) string {
 	t.Helper()
 	bin, err := exec.LookPath("qemu-system-x86_64")
 	Need(t, err == nil, "qemu-system-x86_64 not found: apt-get install -y --no-install-recommends qemu-system-x86")
 	Need(t, os.Geteuid() == 0, "the QEMU tests read other processes' files: run as root")
+	return bin
+}
+
+// StartQEMU starts QEMU with the given accelerator.
+func StartQEMU(t testing.TB, dir, name, accel string) *QEMU {
+	t.Helper()
+	bin := NeedQEMU(t)
 	vm := &QEMU{Dir: dir, PIDFile: filepath.Join(dir, name, "qemu.pid"), QMP: filepath.Join(dir, name+"-qmp.sock")}
 	if err := os.MkdirAll(filepath.Dir(vm.PIDFile), 0o755); err != nil {
 		t.Fatal(err)
@@ -325,6 +339,18 @@ func StartQEMU(t testing.TB, dir, name, accel string) *QEMU {
 	}
 	t.Cleanup(vm.Stop)
 	return vm
+}
+
+// WaitReady waits up to timeout for QEMU's QMP socket and at least four
+// threads (the main loop, call_rcu and the two vCPUs); it returns even when
+// they do not appear, leaving the test's own checks to report what is missing.
+func (vm *QEMU) WaitReady(timeout time.Duration) {
+	for deadline := time.Now().Add(timeout); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		ents, _ := os.ReadDir("/proc/" + strconv.Itoa(vm.PID) + "/task")
+		if _, err := os.Stat(vm.QMP); err == nil && len(ents) >= 4 {
+			return
+		}
+	}
 }
 
 // Stop stops QEMU by its pid (SIGTERM, then SIGKILL) and waits for it.
