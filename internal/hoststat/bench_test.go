@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // benchVMM returns the proc root, a SandboxRef for a 2-vCPU QEMU (a real
@@ -22,12 +23,11 @@ func benchVMM(b *testing.B) (procRoot string, ref source.SandboxRef, pid int, wh
 	if err != nil || os.Geteuid() != 0 {
 		return filepath.Join("testdata", "proc"), source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "srv1", "qemu.pid")}, 4242, "fixture tree"
 	}
-	accel := "kvm"
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		accel = "tcg"
-	}
-	vm := startQEMUForBench(b, accel)
-	return "/proc", source.SandboxRef{VMMPIDFile: vm.pidFile, QMPSocket: vm.qmp}, vm.pid, "real QEMU -accel " + accel
+	accel := testenv.Accel()
+	// The prerequisites were checked above, so StartQEMU cannot fail on them.
+	vm := testenv.StartQEMU(b, b.TempDir(), "srv1", accel)
+	vm.WaitReady(5 * time.Second)
+	return "/proc", source.SandboxRef{VMMPIDFile: vm.PIDFile, QMPSocket: vm.QMP}, vm.PID, "real QEMU -accel " + accel
 }
 
 // BenchmarkHostSample compares a full host sample of a 2-vCPU VMM with

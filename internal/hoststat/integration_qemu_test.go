@@ -4,59 +4,21 @@ import (
 	"bytes"
 	"context"
 	"os"
-	"os/exec"
-	"path/filepath"
-	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// need skips the test with hint, or fails it when CI=true.
-func need(t testing.TB, ok bool, hint string) {
+// startQEMU starts a 2-vCPU QEMU with no guest (SeaBIOS only) named srv1
+// (testenv.StartQEMU) and waits for its vCPU threads and QMP socket.
+func startQEMU(t *testing.T, accel string) *testenv.QEMU {
 	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("CI=true: %s", hint)
-	}
-	t.Skip(hint)
-}
-
-type qemuVM struct {
-	dir, pidFile, qmp string
-	pid               int
-}
-
-// startQEMU starts a 2-vCPU QEMU with no guest (SeaBIOS only) named srv1,
-// daemonized with a pid file in <dir>/srv1/qemu.pid and a QMP socket, and
-// stops it by its pid in cleanup.
-func startQEMU(t *testing.T, accel string) qemuVM {
-	t.Helper()
-	return startQEMUTB(t, accel, need)
-}
-
-// startQEMUForBench starts QEMU for a benchmark; prerequisites were checked.
-func startQEMUForBench(b *testing.B, accel string) qemuVM {
-	b.Helper()
-	return startQEMUTB(b, accel, func(tb testing.TB, ok bool, hint string) {
-		if !ok {
-			tb.Skip(hint)
-		}
-	})
-}
-
-func startQEMUTB(t testing.TB, accel string, need func(testing.TB, bool, string)) qemuVM {
-	t.Helper()
-	bin, err := exec.LookPath("qemu-system-x86_64")
-	need(t, err == nil, "qemu-system-x86_64 not found: apt-get install -y --no-install-recommends qemu-system-x86")
-	need(t, os.Geteuid() == 0, "QEMU end-to-end test reads other processes' task files and debugfs: run as root")
+	testenv.NeedQEMU(t)
 	if accel == "kvm" {
 		// /dev/kvm is the machine's, not something .ci/run can install, so
 		// its absence skips even under CI=true; TestIntegrationQEMUTCG runs
@@ -65,49 +27,8 @@ func startQEMUTB(t testing.TB, accel string, need func(testing.TB, bool, string)
 			t.Skip("/dev/kvm is missing on this machine (hardware, not installable): the KVM variant cannot run; the TCG variant covers real QEMU")
 		}
 	}
-	vm := qemuVM{dir: t.TempDir()}
-	vm.pidFile = filepath.Join(vm.dir, "srv1", "qemu.pid")
-	vm.qmp = filepath.Join(vm.dir, "qmp.sock")
-	if err := os.Mkdir(filepath.Dir(vm.pidFile), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "-accel", accel, "-name", "guest=srv1,debug-threads=on", "-smp", "2", "-m", "128",
-		"-nodefaults", "-display", "none", "-daemonize", "-pidfile", vm.pidFile,
-		"-qmp", "unix:"+vm.qmp+",server=on,wait=off")
-	var stderr bytes.Buffer
-	cmd.Stderr = &stderr
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("qemu -accel %s: %v: %s", accel, err, stderr.String())
-	}
-	b, err := os.ReadFile(vm.pidFile)
-	if err != nil {
-		t.Fatal(err)
-	}
-	vm.pid, err = strconv.Atoi(strings.TrimSpace(string(b)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := syscall.Kill(vm.pid, syscall.SIGTERM); err != nil {
-			return
-		}
-		for range 100 {
-			if syscall.Kill(vm.pid, 0) != nil {
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-		syscall.Kill(vm.pid, syscall.SIGKILL)
-	})
-	// Wait for the vCPU threads and the QMP socket.
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
-		ents, _ := os.ReadDir("/proc/" + strconv.Itoa(vm.pid) + "/task")
-		if _, err := os.Stat(vm.qmp); err == nil && len(ents) >= 4 {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	vm := testenv.StartQEMU(t, t.TempDir(), "srv1", accel)
+	vm.WaitReady(5 * time.Second)
 	return vm
 }
 
@@ -116,9 +37,9 @@ type qemuRun struct {
 	report        hoststat.WindowReport
 }
 
-func sampleQEMU(t *testing.T, vm qemuVM, window time.Duration) qemuRun {
+func sampleQEMU(t *testing.T, vm *testenv.QEMU, window time.Duration) qemuRun {
 	t.Helper()
-	s, err := hoststat.Open(source.SandboxRef{Class: source.ClassMicroVM, VMMPIDFile: vm.pidFile, QMPSocket: vm.qmp},
+	s, err := hoststat.Open(source.SandboxRef{Class: source.ClassMicroVM, VMMPIDFile: vm.PIDFile, QMPSocket: vm.QMP},
 		hoststat.Config{ReadTimeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)

@@ -89,7 +89,7 @@ func TestIntegrationQEMUThroughStatsd(t *testing.T) {
 	const actor = "e2e-qemu-actor"
 	if out, err := d.ctl("run-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor, "--class", "microvm",
 		"--agent-address", "hvsock:///nonexistent:1024", "--container-id", "c",
-		"--vmm-pid-file", vm.pidFile, "--qmp-socket", vm.qmp); err != nil {
+		"--vmm-pid-file", vm.PIDFile, "--qmp-socket", vm.QMP); err != nil {
 		t.Fatalf("run-workload: %v\n%s", err, out)
 	}
 	out, err := d.ctl("stats", "--socket", d.stats, "--actor-uid", actor, "--include-host", "-o", "json")
