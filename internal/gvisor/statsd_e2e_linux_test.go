@@ -3,85 +3,27 @@ package gvisor
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
-// daemon is a real statsd built from ./cmd/statsd, serving on Unix sockets in
-// a temporary directory, and the statsctl built beside it.
+// daemon is a real statsd (testenv.StartStatsd) and the statsctl built
+// beside it.
 type daemon struct {
-	bin, dir         string
-	stats, lifecycle string
-	cmd              *exec.Cmd
-}
-
-// buildBinaries builds ./cmd/statsd and ./cmd/statsctl into a temporary
-// directory.
-func buildBinaries(t testing.TB) string {
-	t.Helper()
-	bin := t.TempDir()
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	cmd := exec.Command(gobin, "build", "-o", bin+"/",
-		"github.com/sandboxstats/sandboxstats/cmd/statsd", "github.com/sandboxstats/sandboxstats/cmd/statsctl")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build statsd statsctl: %v\n%s", err, out)
-	}
-	return bin
+	*testenv.Statsd
+	bin string
 }
 
 func startStatsd(t testing.TB) *daemon {
 	t.Helper()
-	d := &daemon{bin: buildBinaries(t), dir: t.TempDir()}
-	d.stats = filepath.Join(d.dir, "stats.sock")
-	d.lifecycle = filepath.Join(d.dir, "lifecycle.sock")
-	d.cmd = exec.Command(filepath.Join(d.bin, "statsd"),
-		"--listen", d.stats, "--lifecycle-listen", d.lifecycle, "--state-dir", filepath.Join(d.dir, "state"),
-		"--cgroup-root", "/sys/fs/cgroup", "--proc-root", "/proc", "--read-timeout", "2s")
-	logf, err := os.Create(filepath.Join(d.dir, "statsd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.cmd.Stdout, d.cmd.Stderr = logf, logf
-	if err := d.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	t.Cleanup(func() {
-		d.cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { d.cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			d.cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(d.dir, "statsd.log"))
-			t.Logf("statsd.log:\n%s", b)
-		}
-	})
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		_, e1 := os.Stat(d.stats)
-		_, e2 := os.Stat(d.lifecycle)
-		if e1 == nil && e2 == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("statsd did not create its sockets within 10 s")
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return d
+	bin := testenv.BuildBinaries(t)
+	return &daemon{Statsd: testenv.StartStatsd(t, bin), bin: bin}
 }
 
 func (d *daemon) statsctl(t testing.TB, args ...string) []byte {
@@ -125,12 +67,12 @@ func TestIntegrationGVisorThroughStatsd(t *testing.T) {
 	sb := testenv.StartSandbox(t, "", "/bin/sh", "-c", "while true; do sleep 1; done")
 	d := startStatsd(t)
 	const actor = "e2e-gvisor-actor"
-	d.statsctl(t, "run-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor,
+	d.statsctl(t, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,
 		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
 	sample := func(what string) wireSample {
 		t.Helper()
 		var w wireSample
-		out := d.statsctl(t, "stats", "--socket", d.stats, "--actor-uid", actor, "-o", "json")
+		out := d.statsctl(t, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
 		if err := json.Unmarshal(out, &w); err != nil {
 			t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
 		}
