@@ -2,76 +2,28 @@ package microvm
 
 import (
 	"encoding/json"
-	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
-// statsdProc is a real statsd built from ./cmd/statsd on Unix sockets in a
-// temporary directory, with the statsctl built beside it.
+// statsdProc is a real statsd (testenv.StartStatsd) and the statsctl built
+// beside it.
 type statsdProc struct {
-	bin, dir         string
-	stats, lifecycle string
+	*testenv.Statsd
+	bin string
 }
 
 func startStatsd(t *testing.T) *statsdProc {
 	t.Helper()
-	d := &statsdProc{bin: t.TempDir(), dir: t.TempDir()}
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	build := exec.Command(gobin, "build", "-o", d.bin+"/",
-		"github.com/sandboxstats/sandboxstats/cmd/statsd", "github.com/sandboxstats/sandboxstats/cmd/statsctl")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build statsd statsctl: %v\n%s", err, out)
-	}
-	d.stats = filepath.Join(d.dir, "stats.sock")
-	d.lifecycle = filepath.Join(d.dir, "lifecycle.sock")
-	logPath := filepath.Join(d.dir, "statsd.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(filepath.Join(d.bin, "statsd"),
-		"--listen", d.stats, "--lifecycle-listen", d.lifecycle, "--state-dir", filepath.Join(d.dir, "state"),
-		"--cgroup-root", "/sys/fs/cgroup", "--proc-root", "/proc", "--read-timeout", "2s")
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("statsd.log:\n%s", b)
-		}
-	})
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		_, e1 := os.Stat(d.stats)
-		_, e2 := os.Stat(d.lifecycle)
-		if e1 == nil && e2 == nil {
-			return d
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("statsd did not create its sockets within 10 s")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	bin := testenv.BuildBinaries(t)
+	return &statsdProc{Statsd: testenv.StartStatsd(t, bin), bin: bin}
 }
 
 func (d *statsdProc) statsctl(t *testing.T, args ...string) []byte {
@@ -96,7 +48,7 @@ func TestStatsdEndToEnd(t *testing.T) {
 		fakeagent.WithContainer("a", fakeagent.V2(v2a)), fakeagent.WithContainer("b", fakeagent.V2(v2b)))
 	d := startStatsd(t)
 	const actor = "e2e-microvm-actor"
-	d.statsctl(t, "run-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor,
+	d.statsctl(t, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,
 		"--class", "microvm", "--agent-address", agent.Address(), "--container-id", "a", "--container-id", "b")
 
 	var w struct {
@@ -111,7 +63,7 @@ func TestStatsdEndToEnd(t *testing.T) {
 		Absent        []any  `json:"absent"`
 	}
 	for i := range 3 { // the connection is kept across polls
-		out := d.statsctl(t, "stats", "--socket", d.stats, "--actor-uid", actor, "-o", "json")
+		out := d.statsctl(t, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
 		if err := json.Unmarshal(out, &w); err != nil {
 			t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
 		}
@@ -148,7 +100,7 @@ func TestStatsdEndToEnd(t *testing.T) {
 		t.Errorf("after 3 polls: %d connections, %d closed, %d Version calls; want one kept connection", accepted, closed, versions)
 	}
 
-	d.statsctl(t, "checkpoint-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor)
+	d.statsctl(t, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor)
 	select {
 	case <-agent.Disconnected():
 	case <-time.After(5 * time.Second):
