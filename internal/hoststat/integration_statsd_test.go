@@ -4,68 +4,26 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// statsd is a real statsd built from ./cmd/statsd with the statsctl beside it.
+// statsd is a real statsd (testenv.StartStatsd, with the debugfs view) and
+// the statsctl built beside it.
 type statsd struct {
-	bin, dir, stats, lifecycle string
+	*testenv.Statsd
+	bin string
 }
 
 func startStatsd(t *testing.T) *statsd {
 	t.Helper()
-	d := &statsd{bin: t.TempDir(), dir: t.TempDir()}
-	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	if out, err := exec.Command(gobin, "build", "-o", d.bin+"/",
-		"github.com/sandboxstats/sandboxstats/cmd/statsd", "github.com/sandboxstats/sandboxstats/cmd/statsctl").CombinedOutput(); err != nil {
-		t.Fatalf("go build statsd statsctl: %v\n%s", err, out)
-	}
-	d.stats, d.lifecycle = filepath.Join(d.dir, "stats.sock"), filepath.Join(d.dir, "lifecycle.sock")
-	cmd := exec.Command(filepath.Join(d.bin, "statsd"), "--listen", d.stats, "--lifecycle-listen", d.lifecycle,
-		"--state-dir", filepath.Join(d.dir, "state"), "--cgroup-root", "/sys/fs/cgroup", "--proc-root", "/proc",
-		"--debugfs-root", "/sys/kernel/debug", "--read-timeout", "2s")
-	logf, err := os.Create(filepath.Join(d.dir, "statsd.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	t.Cleanup(func() {
-		cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(filepath.Join(d.dir, "statsd.log"))
-			t.Logf("statsd.log:\n%s", b)
-		}
-	})
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		_, e1 := os.Stat(d.stats)
-		_, e2 := os.Stat(d.lifecycle)
-		if e1 == nil && e2 == nil {
-			return d
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("statsd did not create its sockets within 10 s")
-		}
-	}
+	bin := testenv.BuildBinaries(t)
+	return &statsd{Statsd: testenv.StartStatsd(t, bin, "--debugfs-root", "/sys/kernel/debug"), bin: bin}
 }
 
 func (d *statsd) ctl(args ...string) ([]byte, error) {
@@ -87,15 +45,15 @@ func TestIntegrationQEMUThroughStatsd(t *testing.T) {
 	vm := startQEMU(t, accel)
 	d := startStatsd(t)
 	const actor = "e2e-qemu-actor"
-	if out, err := d.ctl("run-workload", "--lifecycle-socket", d.lifecycle, "--actor-uid", actor, "--class", "microvm",
+	if out, err := d.ctl("run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--class", "microvm",
 		"--agent-address", "hvsock:///nonexistent:1024", "--container-id", "c",
 		"--vmm-pid-file", vm.PIDFile, "--qmp-socket", vm.QMP); err != nil {
 		t.Fatalf("run-workload: %v\n%s", err, out)
 	}
-	out, err := d.ctl("stats", "--socket", d.stats, "--actor-uid", actor, "--include-host", "-o", "json")
+	out, err := d.ctl("stats", "--socket", d.Stats, "--actor-uid", actor, "--include-host", "-o", "json")
 	t.Logf("statsctl stats --include-host with the agent unreachable: err %v: %.300s", err, out)
 
-	out, err = d.ctl("host", "--socket", d.stats, "--actor-uid", actor, "-o", "json")
+	out, err = d.ctl("host", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
 	if err != nil {
 		t.Fatalf("statsctl host: %v\n%s", err, out)
 	}
