@@ -98,7 +98,7 @@ func printTable(out io.Writer, results []result) error {
 	for _, r := range results {
 		ratio := "-"
 		if b, ok := base[r.group]; ok && b > 0 {
-			ratio = fmt.Sprintf("%.2fx", r.nsPerOp/b)
+			ratio = fmt.Sprintf("%.3gx", r.nsPerOp/b)
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\n", r.group, r.variant, r.nsPerOp, ratio, strings.Join(r.extra, ", "))
 	}
