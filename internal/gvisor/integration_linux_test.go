@@ -66,8 +66,8 @@ func TestIntegrationRealCgroup(t *testing.T) {
 	}
 	// Cleanups run last-in first-out: the child (registered below) dies
 	// before the cgroups are removed.
-	c := startChild(t)
-	pid := c.cmd.Process.Pid
+	c := testenv.StartChild(t, "TestHelperChild")
+	pid := c.Cmd.Process.Pid
 	for _, d := range dirs {
 		join(t, d, pid)
 	}
@@ -126,7 +126,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 		t.Skip("the race detector multiplies the child's memory; run without -race")
 	}
 	const allocMiB = 160
-	c.do(t, "alloc "+strconv.Itoa(allocMiB))
+	c.Do(t, "alloc "+strconv.Itoa(allocMiB))
 	r1 := sample(byPath)
 	t.Logf("alloc:  %s", fmtReading(r1))
 	grew := int64(r1.MemoryCurrentBytes) - int64(r0.MemoryCurrentBytes)
@@ -141,7 +141,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 	}
 
 	v2Before := v2cpu()
-	ans := c.do(t, "burn 1000")
+	ans := c.Do(t, "burn 1000")
 	var used int64
 	fmt.Sscanf(ans, "ok %d", &used)
 	r2 := sample(byPath)
@@ -159,7 +159,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 		}
 	}
 
-	c.do(t, "free")
+	c.Do(t, "free")
 	r3 := sample(byPath)
 	t.Logf("free:   %s", fmtReading(r3))
 	if fell := int64(r2.MemoryCurrentBytes) - int64(r3.MemoryCurrentBytes); fell < (allocMiB-20)*mib {
@@ -169,7 +169,7 @@ func TestIntegrationRealCgroup(t *testing.T) {
 		t.Errorf("peak %v after free, want at least %d (kept)", r3.MemoryPeakBytes, r1.MemoryCurrentBytes)
 	}
 
-	c.kill()
+	c.Kill()
 	for _, s := range []source.Source{byPath, byPID} {
 		r := sample(s)
 		if r.SandboxProcesses == nil || *r.SandboxProcesses != 0 {

@@ -1,0 +1,133 @@
+package testenv
+
+import (
+	"bufio"
+	"fmt"
+	"os"
+	"os/exec"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+)
+
+// ChildEnv is set to "1" in the environment of a workload child that
+// StartChild starts.
+const ChildEnv = "SANDBOXSTATS_TEST_CHILD"
+
+// RunChild is the body of a package's helper "test" that StartChild
+// re-executes the test binary to run, e.g.
+//
+//	func TestHelperChild(t *testing.T) { testenv.RunChild(t) }
+//
+// Run normally (ChildEnv unset) it skips. As the child it obeys one command
+// per stdin line, answers one line and exits when stdin closes:
+//
+//	alloc <MiB>  allocate and touch that much memory  -> "ok"
+//	free         drop it and return it to the kernel  -> "ok"
+//	burn <ms>    spin until this process used <ms> more CPU -> "ok <usec used>"
+func RunChild(t *testing.T) {
+	if os.Getenv(ChildEnv) != "1" {
+		t.Skip("helper process: the workload child testenv.StartChild starts")
+	}
+	var hold [][]byte
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		cmd, arg, _ := strings.Cut(in.Text(), " ")
+		n, _ := strconv.Atoi(arg)
+		switch cmd {
+		case "alloc":
+			b := make([]byte, n<<20)
+			for i := 0; i < len(b); i += 4096 {
+				b[i] = 1
+			}
+			hold = append(hold, b)
+			fmt.Println("ok")
+		case "free":
+			hold = nil
+			debug.FreeOSMemory()
+			fmt.Println("ok")
+		case "burn":
+			start := selfCPUUsec()
+			x := 0
+			for selfCPUUsec()-start < int64(n)*1000 {
+				for i := range 100000 {
+					x += i
+				}
+			}
+			fmt.Println("ok", selfCPUUsec()-start, x%2)
+		default:
+			fmt.Println("unknown command", cmd)
+		}
+	}
+	os.Exit(0)
+}
+
+func selfCPUUsec() int64 {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return ru.Utime.Sec*1e6 + ru.Utime.Usec + ru.Stime.Sec*1e6 + ru.Stime.Usec
+}
+
+// Child is a running workload child (see RunChild).
+type Child struct {
+	Cmd *exec.Cmd
+	in  *os.File
+	out *bufio.Scanner
+}
+
+// StartChild re-executes the test binary to run only the helper test named
+// helper (whose body is RunChild) with ChildEnv=1. The test's cleanup kills
+// the child; register cgroups it will join before starting it, so that their
+// removal runs after.
+func StartChild(t testing.TB, helper string) *Child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
+	cmd.Env = append(os.Environ(), ChildEnv+"=1")
+	inR, inW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outR, outW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	inR.Close()
+	outW.Close()
+	c := &Child{Cmd: cmd, in: inW, out: bufio.NewScanner(outR)}
+	t.Cleanup(func() { c.Kill(); outR.Close() })
+	return c
+}
+
+// Do sends one command and returns the child's answer, failing the test
+// unless it starts with "ok".
+func (c *Child) Do(t testing.TB, line string) string {
+	t.Helper()
+	if _, err := fmt.Fprintln(c.in, line); err != nil {
+		t.Fatalf("child %q: %v", line, err)
+	}
+	if !c.out.Scan() {
+		t.Fatalf("child %q: no answer: %v", line, c.out.Err())
+	}
+	ans := c.out.Text()
+	if !strings.HasPrefix(ans, "ok") {
+		t.Fatalf("child %q: %q", line, ans)
+	}
+	return ans
+}
+
+// Kill closes the child's stdin, kills it and waits for it; a second call
+// does nothing.
+func (c *Child) Kill() {
+	if c.Cmd.ProcessState != nil {
+		return
+	}
+	c.in.Close()
+	_ = c.Cmd.Process.Kill()
+	_ = c.Cmd.Wait()
+}
