@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,126 +8,23 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // This file runs statsagent (the built binary) against real statsd
 // processes (built from ./cmd/statsd) that measure real v1 cgroups holding a
 // workload whose usage the test controls.
 
-// need skips the test when a prerequisite is missing, or fails it when
-// CI=true (CI must not silently skip an end-to-end test).
-func need(t testing.TB, ok bool, hint string) {
-	t.Helper()
-	if ok {
-		return
-	}
-	if os.Getenv("CI") == "true" {
-		t.Fatalf("prerequisite missing (CI=true): %s", hint)
-	}
-	t.Skip(hint)
-}
-
-const childEnv = "STATSAGENT_E2E_CHILD"
-
 // TestWorkloadChild is not a test: it is the workload the end-to-end test
-// moves into its cgroups (the test binary re-executed with childEnv). One
-// command per stdin line, one answer line:
-//
-//	alloc <MiB>  allocate and touch that much memory -> "ok"
-//	burn <ms>    spin until this process used <ms> more CPU -> "ok <usec used>"
-func TestWorkloadChild(t *testing.T) {
-	if os.Getenv(childEnv) != "1" {
-		t.Skip("helper process for TestIntegrationRealStatsd")
-	}
-	var hold [][]byte
-	in := bufio.NewScanner(os.Stdin)
-	for in.Scan() {
-		cmd, arg, _ := strings.Cut(in.Text(), " ")
-		n, _ := strconv.Atoi(arg)
-		switch cmd {
-		case "alloc":
-			b := make([]byte, n<<20)
-			for i := 0; i < len(b); i += 4096 {
-				b[i] = 1
-			}
-			hold = append(hold, b)
-			fmt.Println("ok")
-		case "burn":
-			start := selfCPUUsec()
-			x := 0
-			for selfCPUUsec()-start < int64(n)*1000 {
-				for i := range 100000 {
-					x += i
-				}
-			}
-			fmt.Println("ok", selfCPUUsec()-start, x%2)
-		default:
-			fmt.Println("unknown command", cmd)
-		}
-	}
-	os.Exit(0)
-}
-
-func selfCPUUsec() int64 {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return ru.Utime.Sec*1e6 + ru.Utime.Usec + ru.Stime.Sec*1e6 + ru.Stime.Usec
-}
-
-type workloadChild struct {
-	cmd *exec.Cmd
-	in  *os.File
-	out *bufio.Scanner
-}
-
-func startWorkload(t *testing.T) *workloadChild {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestWorkloadChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), childEnv+"=1")
-	inR, inW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	outR, outW, err := os.Pipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = inR, outW, os.Stderr
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	inR.Close()
-	outW.Close()
-	c := &workloadChild{cmd: cmd, in: inW, out: bufio.NewScanner(outR)}
-	t.Cleanup(func() {
-		c.in.Close()
-		_ = c.cmd.Process.Kill()
-		_ = c.cmd.Wait()
-		outR.Close()
-	})
-	return c
-}
-
-func (c *workloadChild) do(t *testing.T, line string) string {
-	t.Helper()
-	if _, err := fmt.Fprintln(c.in, line); err != nil {
-		t.Fatalf("workload %q: %v", line, err)
-	}
-	if !c.out.Scan() {
-		t.Fatalf("workload %q: no answer: %v", line, c.out.Err())
-	}
-	ans := c.out.Text()
-	if !strings.HasPrefix(ans, "ok") {
-		t.Fatalf("workload %q: %q", line, ans)
-	}
-	return ans
-}
+// moves into its cgroups (testenv.StartChild re-executes the test binary to
+// run it; see testenv.RunChild for its commands).
+func TestWorkloadChild(t *testing.T) { testenv.RunChild(t) }
 
 // v1Cgroup makes the cgroup path rel in the v1 memory and cpuacct
 // hierarchies and removes it at the end of the test (after the processes
@@ -161,21 +57,6 @@ func moveTo(t *testing.T, rel string, pid int) {
 			t.Fatalf("move %d to %s: %v", pid, p, err)
 		}
 	}
-}
-
-// buildBinaries builds statsd, statsctl and statsagent into a temporary
-// directory.
-func buildBinaries(t *testing.T) string {
-	t.Helper()
-	bin := t.TempDir()
-	cmd := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), "build", "-o", bin+"/",
-		"github.com/sandboxstats/sandboxstats/cmd/statsd",
-		"github.com/sandboxstats/sandboxstats/cmd/statsctl",
-		"github.com/sandboxstats/sandboxstats/cmd/statsagent")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
 }
 
 // realStatsd is a statsd process with its stats socket under dir/stats and
@@ -301,12 +182,12 @@ func TestIntegrationRealStatsd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs statsd and statsagent on real cgroups; not under -short")
 	}
-	need(t, os.Geteuid() == 0, "needs root to create cgroups (run as root)")
+	testenv.Need(t, os.Geteuid() == 0, "needs root to create cgroups (run as root)")
 	_, errM := os.Stat("/sys/fs/cgroup/memory/cgroup.procs")
 	_, errC := os.Stat("/sys/fs/cgroup/cpuacct/cgroup.procs")
-	need(t, errM == nil && errC == nil, "needs the cgroup v1 memory and cpuacct hierarchies under /sys/fs/cgroup")
+	testenv.Need(t, errM == nil && errC == nil, "needs the cgroup v1 memory and cpuacct hierarchies under /sys/fs/cgroup")
 
-	bin := buildBinaries(t)
+	bin := testenv.BuildBinaries(t, "statsagent")
 	dir := t.TempDir()
 	for _, sub := range []string{"stats", "lifecycle"} {
 		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
@@ -317,8 +198,8 @@ func TestIntegrationRealStatsd(t *testing.T) {
 	cgA2 := fmt.Sprintf("/statsagent-e2e-%d-a2", os.Getpid())
 	v1Cgroup(t, cgA)
 	v1Cgroup(t, cgA2)
-	w := startWorkload(t) // after the cgroups: its cleanup (kill) runs before their rmdir
-	moveTo(t, cgA, w.cmd.Process.Pid)
+	w := testenv.StartChild(t, "TestWorkloadChild") // after the cgroups: its cleanup (kill) runs before their rmdir
+	moveTo(t, cgA, w.Cmd.Process.Pid)
 
 	dA := startRealStatsd(t, bin, dir, "a")
 	dB := startRealStatsd(t, bin, dir, "b")
@@ -336,7 +217,7 @@ func TestIntegrationRealStatsd(t *testing.T) {
 	if err := dH.cmd.Process.Signal(syscall.SIGSTOP); err != nil { // hung: accepts, never answers
 		t.Fatal(err)
 	}
-	w.do(t, "alloc 64")
+	w.Do(t, "alloc 64")
 
 	const timeout = time.Second
 	base := startAgentBinary(t, bin, dir, "--sockets", filepath.Join(dir, "stats", "*.sock"),
@@ -376,7 +257,7 @@ func TestIntegrationRealStatsd(t *testing.T) {
 
 	// CPU: the workload burns a known 600 ms.
 	c0 := m["sandboxstats_workload_cpu_seconds_total"+lA]
-	ans := w.do(t, "burn 600")
+	ans := w.Do(t, "burn 600")
 	m = waitNewSweeps(t, base)
 	c1 := m["sandboxstats_workload_cpu_seconds_total"+lA]
 	t.Logf("burn 600 ms (%s): counter %.3f -> %.3f s", ans, c0, c1)
@@ -402,10 +283,10 @@ func TestIntegrationRealStatsd(t *testing.T) {
 
 	// Restore into a fresh cgroup (new epoch, counter from 0), burn 300 ms:
 	// the new epoch's counter is charged in full, nothing decreases.
-	moveTo(t, cgA2, w.cmd.Process.Pid)
+	moveTo(t, cgA2, w.Cmd.Process.Pid)
 	statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", dA.lifecycle, "--actor-uid", "e2e-a")
 	bind(dA, "restore-workload", "e2e-a", cgA2)
-	ans = w.do(t, "burn 300")
+	ans = w.Do(t, "burn 300")
 	m = waitNewSweeps(t, base)
 	c2 := m["sandboxstats_workload_cpu_seconds_total"+lA]
 	t.Logf("restore + burn 300 ms (%s): counter %.3f -> %.3f s", ans, c1, c2)
