@@ -173,5 +173,6 @@ while [ $n -le "$SAMPLES" ]; do
 	say "sample $n/$SAMPLES: statsctl stats --actor-uid $ACTOR"
 	"$BIN/statsctl" stats --socket "$TMP/stats.sock" --actor-uid "$ACTOR" || true
 	n=$((n + 1))
-	[ $n -le "$SAMPLES" ] && sleep "$INTERVAL"
+	if [ $n -le "$SAMPLES" ]; then sleep "$INTERVAL"; fi
 done
+exit 0
