@@ -1,7 +1,6 @@
 package hoststat_test
 
 import (
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -38,10 +37,7 @@ func TestIntegrationQEMUThroughStatsd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds statsd and starts QEMU; not under -short")
 	}
-	accel := "kvm"
-	if _, err := os.Stat("/dev/kvm"); err != nil {
-		accel = "tcg" // TestIntegrationQEMUKVM already fails under CI=true without /dev/kvm
-	}
+	accel := testenv.Accel() // tcg without /dev/kvm
 	vm := startQEMU(t, accel)
 	d := startStatsd(t)
 	const actor = "e2e-qemu-actor"
