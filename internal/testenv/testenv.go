@@ -358,11 +358,19 @@ func (vm *QEMU) Stop() {
 	if err := syscall.Kill(vm.PID, syscall.SIGTERM); err != nil {
 		return
 	}
-	for range 100 {
-		if syscall.Kill(vm.PID, 0) != nil {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
+	if vm.waitGone(10 * time.Second) {
+		return
 	}
+	// Killed, QEMU leaves its pid file behind.
 	syscall.Kill(vm.PID, syscall.SIGKILL)
+	vm.waitGone(5 * time.Second)
+}
+
+func (vm *QEMU) waitGone(d time.Duration) bool {
+	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if syscall.Kill(vm.PID, 0) != nil {
+			return true
+		}
+	}
+	return false
 }
