@@ -53,6 +53,8 @@ var errRootCgroup = errors.New("the sentry is in the root cgroup (runsc --ignore
 // process has no cpuacct hierarchy.
 type location struct {
 	mem, cpu string
+	// cpuWhy says why cpu is empty when the process has a cpuacct line.
+	cpuWhy string
 }
 
 // cgroupSource is the Source of one sandbox.
@@ -293,6 +295,12 @@ func selectLocation(pc procCgroup, mode Mode) (*location, error) {
 	if cp, ok := pc.V1["cpuacct"]; ok {
 		if loc.cpu, err = namespacePath(cp); err != nil {
 			return nil, err
+		}
+		// A process can sit in a memory cgroup of its own but in the root of
+		// the separately mounted cpuacct hierarchy: that counter is the
+		// whole host's, not the sandbox's.
+		if loc.cpu == "/" {
+			loc.cpu, loc.cpuWhy = "", "the sentry's cpuacct cgroup is the root: its counter would be the whole host's CPU"
 		}
 	}
 	return loc, nil
@@ -625,6 +633,8 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 	switch {
 	case s.cpuacct == nil:
 		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "no cpuacct hierarchy: " + s.cpuacctErr.Error()})
+	case cpu == nil && loc.cpuWhy != "":
+		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: loc.cpuWhy})
 	case cpu == nil:
 		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "the sentry is in no cpuacct cgroup"})
 	default:

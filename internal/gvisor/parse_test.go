@@ -144,6 +144,8 @@ func TestSelectLocation(t *testing.T) {
 		{name: "unified", in: "0::/a/b\n", mode: ModeUnified, want: &location{mem: "/a/b", cpu: "/a/b"}},
 		{name: "hybrid ignores 0::/", in: "4:memory:/m\n2:cpuacct:/c\n0::/\n", mode: ModeHybrid, want: &location{mem: "/m", cpu: "/c"}},
 		{name: "legacy without cpuacct", in: "4:memory:/m\n", mode: ModeLegacy, want: &location{mem: "/m"}},
+		{name: "memory cgroup of its own, cpuacct root", in: "4:memory:/m\n2:cpuacct:/\n0::/\n", mode: ModeHybrid,
+			want: &location{mem: "/m", cpuWhy: "the sentry's cpuacct cgroup is the root: its counter would be the whole host's CPU"}},
 		{name: "root cgroup (unified)", in: "0::/\n", mode: ModeUnified, wantErr: "root cgroup"},
 		{name: "root cgroup (v1)", in: "4:memory:/\n2:cpuacct:/\n0::/\n", mode: ModeHybrid, wantErr: "root cgroup"},
 		{name: "outside the namespace", in: "0::/../x\n", mode: ModeUnified, wantErr: "outside this cgroup namespace"},
