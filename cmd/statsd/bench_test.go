@@ -77,8 +77,11 @@ func ownCgroupFiles(b *testing.B) []string {
 	}
 	if mem, ok := paths["memory"]; ok { // v1 (hybrid or legacy)
 		m := filepath.Join("/sys/fs/cgroup/memory", mem)
-		return []string{m + "/memory.usage_in_bytes", m + "/memory.max_usage_in_bytes", m + "/memory.stat",
-			filepath.Join("/sys/fs/cgroup/cpuacct", paths["cpuacct"], "cpuacct.usage")}
+		files := []string{m + "/memory.usage_in_bytes", m + "/memory.max_usage_in_bytes", m + "/memory.stat"}
+		if cpu := paths["cpuacct"]; cpu != "/" { // the source does not read a root cpuacct counter either
+			files = append(files, filepath.Join("/sys/fs/cgroup/cpuacct", cpu, "cpuacct.usage"))
+		}
+		return files
 	}
 	d := filepath.Join("/sys/fs/cgroup", paths["unified"])
 	return []string{d + "/memory.current", d + "/memory.peak", d + "/memory.stat", d + "/cpu.stat"}
