@@ -13,6 +13,8 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
@@ -24,6 +26,14 @@ import (
 // serveForBench serves statsd's stats service, with the real source wiring,
 // on a Unix socket, binds ref and returns a client.
 func serveForBench(b *testing.B, ref source.SandboxRef) sandboxstatsv1.WorkloadStatsServiceClient {
+	client, _ := serveForBenchWithHealth(b, ref)
+	return client
+}
+
+// serveForBenchWithHealth also returns a health client on the same
+// connection: a gRPC round trip that reads nothing, the floor under every
+// StatsWorkload.
+func serveForBenchWithHealth(b *testing.B, ref source.SandboxRef) (sandboxstatsv1.WorkloadStatsServiceClient, healthpb.HealthClient) {
 	b.Helper()
 	cfg := config{procRoot: "/proc", cgroupRoot: "/sys/fs/cgroup", debugfsRoot: "/sys/kernel/debug", readTimeout: 2 * time.Second}
 	logger := slog.New(slog.DiscardHandler)
@@ -42,6 +52,7 @@ func serveForBench(b *testing.B, ref source.SandboxRef) sandboxstatsv1.WorkloadS
 	}
 	srv := grpc.NewServer(server.UnaryInterceptors(logger))
 	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, nil, logger))
+	healthpb.RegisterHealthServer(srv, health.NewServer())
 	go srv.Serve(lis)
 	b.Cleanup(srv.Stop)
 	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
@@ -49,7 +60,7 @@ func serveForBench(b *testing.B, ref source.SandboxRef) sandboxstatsv1.WorkloadS
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { cc.Close() })
-	return sandboxstatsv1.NewWorkloadStatsServiceClient(cc)
+	return sandboxstatsv1.NewWorkloadStatsServiceClient(cc), healthpb.NewHealthClient(cc)
 }
 
 // ownCgroupFiles returns the four files the targeted reader reads for this
@@ -131,6 +142,14 @@ func BenchmarkStatsWorkloadAgent(b *testing.B) {
 		defer client.Close()
 		for b.Loop() {
 			if _, err := client.StatsContainer(context.Background(), "web"); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	b.Run("grpc-health-floor", func(b *testing.B) {
+		_, health := serveForBenchWithHealth(b, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: agent.Address(), ContainerIDs: []string{"web"}})
+		for b.Loop() {
+			if _, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
 				b.Fatal(err)
 			}
 		}
