@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"path"
-	"strconv"
 	"strings"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -141,6 +140,9 @@ func validateAbsPath(name, p string) error {
 	if len(p) > MaxPathBytes || strings.ContainsRune(p, 0) {
 		return fmt.Errorf("%w: %s is too long or holds a NUL", ErrInvalid, name)
 	}
+	if i := strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
+		return fmt.Errorf("%w: %s %q has a control character", ErrInvalid, name, p)
+	}
 	if !path.IsAbs(p) || path.Clean(p) != p {
 		return fmt.Errorf("%w: %s %q must be absolute and clean", ErrInvalid, name, p)
 	}
@@ -166,29 +168,16 @@ func validateCgroupPath(p string) error {
 }
 
 // ValidateAgentAddress checks "hvsock://<absolute unix path>:<port>" or
-// "vsock://<cid>:<port>" (ports and cids are uint32).
+// "vsock://<cid>:<port>" with the parser the micro-VM source dials with, so
+// an address accepted here can be dialled: a guest cid (>= 3, not "any"), a
+// listening port, canonical decimals, no control characters in the path.
 func ValidateAgentAddress(addr string) error {
-	scheme, rest, ok := strings.Cut(addr, "://")
-	if !ok {
-		return fmt.Errorf("%w: agent_address %q has no scheme (hvsock:// or vsock://)", ErrInvalid, addr)
+	a, err := source.ParseAgentAddress(addr)
+	if err != nil {
+		return fmt.Errorf("%w: agent_address: %w", ErrInvalid, err)
 	}
-	i := strings.LastIndexByte(rest, ':')
-	if i < 0 {
-		return fmt.Errorf("%w: agent_address %q has no port", ErrInvalid, addr)
+	if a.Scheme == source.SchemeHybridVsock {
+		return validateAbsPath("agent_address socket path", a.Path)
 	}
-	host, port := rest[:i], rest[i+1:]
-	if _, err := strconv.ParseUint(port, 10, 32); err != nil {
-		return fmt.Errorf("%w: agent_address %q: port %q is not a uint32", ErrInvalid, addr, port)
-	}
-	switch scheme {
-	case "hvsock":
-		return validateAbsPath("agent_address socket path", host)
-	case "vsock":
-		if _, err := strconv.ParseUint(host, 10, 32); err != nil {
-			return fmt.Errorf("%w: agent_address %q: cid %q is not a uint32", ErrInvalid, addr, host)
-		}
-		return nil
-	default:
-		return fmt.Errorf("%w: agent_address %q: unknown scheme %q (hvsock or vsock)", ErrInvalid, addr, scheme)
-	}
+	return nil
 }

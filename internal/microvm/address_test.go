@@ -81,10 +81,10 @@ func FuzzParseAddress(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if a.Port == 0 || a.Port == portAny {
+		if a.Port == 0 || a.Port == 0xFFFFFFFF {
 			t.Fatalf("%q: accepted port %d", s, a.Port)
 		}
-		if a.Scheme == SchemeVsock && (a.CID < minGuestCID || a.CID == cidAny) {
+		if a.Scheme == SchemeVsock && (a.CID < 3 || a.CID == 0xFFFFFFFF) {
 			t.Fatalf("%q: accepted cid %d", s, a.CID)
 		}
 		b, err := ParseAddress(a.String())
