@@ -94,8 +94,12 @@ func TestDriftFindingSurvivesRestart(t *testing.T) {
 
 	var logs2 syncBuffer
 	startStatsdIn(t, dir, &logs2, "--drift-interval", "100ms", "--drift-grace", "0s")
-	time.Sleep(600 * time.Millisecond) // several cycles
 	resp := listDrift(t, dir)
+	for deadline := time.Now().Add(10 * time.Second); resp.GetStatus().GetLastOutcome() != "checked" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		resp = listDrift(t, dir) // wait for a cycle after the restart
+	}
+	time.Sleep(300 * time.Millisecond) // a few more cycles: none may re-report
+	resp = listDrift(t, dir)
 	if len(resp.GetFindings()) != 1 || resp.GetFindings()[0].GetFirstSeenUnixNano() != first.GetFirstSeenUnixNano() {
 		t.Fatalf("after restart findings = %v, want the same finding (first seen %d)", resp.GetFindings(), first.GetFirstSeenUnixNano())
 	}

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -60,6 +61,8 @@ type Finding struct {
 	ActorUID  string    `json:"actor_uid"`
 	Detail    string    `json:"detail,omitempty"`
 	FirstSeen time.Time `json:"first_seen"`
+	// Epoch is the activation it was found in; a new Run/Restore drops it.
+	Epoch int64 `json:"epoch_unix_nano"`
 }
 
 func (f Finding) key() string { return f.ActorUID + "\x00" + f.Kind.String() + "\x00" + f.Subject }
@@ -228,6 +231,7 @@ func (c *Checker) Cycle(ctx context.Context) {
 	defer c.cycle.Unlock()
 	now := c.cfg.Now()
 	b := c.prepare(now)
+	// While the observation runs, the status of the previous cycle stands.
 	if b == nil {
 		return
 	}
@@ -241,26 +245,30 @@ func (c *Checker) prepare(now time.Time) *identity.Binding {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.save()
-	c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now}
+	skip := func(outcome string) *identity.Binding {
+		c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now, Outcome: outcome}
+		return nil
+	}
 
 	if c.cfg.Store.InLifecycle() {
-		c.status.Outcome = "skipped: lifecycle call in progress"
-		return nil
+		return skip("skipped: lifecycle call in progress")
 	}
 	b := c.cfg.Store.Current()
 	for k, f := range c.open {
-		if b == nil || f.ActorUID != b.Identity.ActorUID {
+		switch {
+		case b == nil || f.ActorUID != b.Identity.ActorUID:
 			delete(c.open, k)
 			c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_DROPPED, f, "workload %q is no longer bound; finding dropped", f.ActorUID)
+		case f.Epoch != b.EpochUnixNano:
+			delete(c.open, k)
+			c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_DROPPED, f, "a new Run/Restore of %q began; finding dropped", f.ActorUID)
 		}
 	}
 	if b == nil {
-		c.status.Outcome = "skipped: no workload"
-		return nil
+		return skip("skipped: no workload")
 	}
 	if age := now.Sub(time.Unix(0, b.EpochUnixNano)); age < c.cfg.Grace {
-		c.status.Outcome = fmt.Sprintf("skipped: within grace (%s of %s)", age.Round(time.Second), c.cfg.Grace)
-		return nil
+		return skip(fmt.Sprintf("skipped: within grace (%s of %s)", age.Round(time.Second), c.cfg.Grace))
 	}
 	return b
 }
@@ -272,13 +280,14 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.save()
+	c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now}
 	if c.cfg.Store.Current() != b {
 		c.status.Outcome = "skipped: the binding changed during the cycle"
 		return
 	}
 	seen := map[string]Finding{}
 	for _, f := range obs.Findings {
-		f.ActorUID = b.Identity.ActorUID
+		f.ActorUID, f.Epoch = b.Identity.ActorUID, b.EpochUnixNano
 		seen[f.key()] = f
 	}
 	for k, f := range c.open {
@@ -385,5 +394,5 @@ func (c *Checker) OpenCount(actorUID string) uint32 {
 }
 
 func kindName(k Kind) string {
-	return k.String()[len("DRIFT_KIND_"):]
+	return strings.TrimPrefix(k.String(), "DRIFT_KIND_")
 }

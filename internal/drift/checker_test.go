@@ -262,3 +262,28 @@ func TestCorruptStateMovedAside(t *testing.T) {
 		t.Fatalf("moved aside: %v", m)
 	}
 }
+
+func TestNewEpochDropsFindings(t *testing.T) {
+	f := newFixture(t, "", obs(all, nil, dead))
+	f.cycle()
+	if _, err := f.store.Bind(identity.OpRestore, identity.Identity{ActorUID: "actor-a"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}); err != nil {
+		t.Fatal(err)
+	}
+	f.cycle() // within the new epoch's grace: the old epoch's finding is dropped
+	if n := f.checker.OpenCount("actor-a"); n != 0 {
+		t.Fatalf("%d findings of the old epoch still open", n)
+	}
+	if diff := cmp.Diff([]string{"OPENED SANDBOX_DEAD /statstest", "DROPPED SANDBOX_DEAD /statstest"}, eventTypes(f.checker)); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+}
+
+func TestUnknownKindFromANewerStateFile(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, StateFileName), []byte(`{"version":1,"findings":[{"kind":99,"subject":"x","actor_uid":"someone-else"}]}`), 0o600)
+	f := newFixture(t, dir, obs(all, nil))
+	f.cycle() // drops the other actor's finding and logs it: must not panic
+	if got := eventTypes(f.checker); len(got) != 1 || !strings.HasPrefix(got[0], "DROPPED 99 x") {
+		t.Fatalf("events = %q", got)
+	}
+}

@@ -72,8 +72,14 @@ func (o *SystemObserver) Observe(ctx context.Context, b *identity.Binding) Obser
 	case source.ClassMicroVM:
 		o.observeAgent(&obs, b, reading, err)
 	}
-	vmmPID, guest := o.observeVMM(ctx, &obs, b.Ref)
-	o.observeStrays(ctx, &obs, vmmPID, guest)
+	vmmPID, guest, known := o.observeVMM(ctx, &obs, b.Ref)
+	if known {
+		o.observeStrays(ctx, &obs, vmmPID, guest)
+	} else if guest != "" {
+		// Without the bound VMM's pid the bound VMM itself would look like a
+		// stray claiming the guest.
+		obs.skip(cmpStray, "the bound VMM's pid is unknown this cycle")
+	}
 	return obs
 }
 
@@ -165,46 +171,49 @@ func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r s
 }
 
 // observeVMM checks that the VMM named by the ref still runs, and returns its
-// pid (0 if unknown) and the guest name it serves ("" if none).
-func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref source.SandboxRef) (int, string) {
+// pid, the guest name it serves ("" if none), and whether the pid is known
+// (false when a pid file names none this cycle). A VMM_GONE finding has one
+// subject however it is seen: the pid file if the ref names one, else the pid.
+func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref source.SandboxRef) (int, string, bool) {
 	pid := ref.VMMPID
 	guest := ""
+	subject := fmt.Sprintf("pid %d", pid)
 	if ref.VMMPIDFile != "" {
-		guest = hoststat.GuestNameFromPIDFile(ref.VMMPIDFile)
+		guest, subject = hoststat.GuestNameFromPIDFile(ref.VMMPIDFile), ref.VMMPIDFile
 		b, err := o.reads.ReadFile(ctx, ref.VMMPIDFile)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
-			obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, ref.VMMPIDFile, "the VMM pid file is gone (the VMM removes it on exit)")
-			return 0, guest
+			obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, subject, "the VMM pid file is gone (the VMM removes it on exit)")
+			return 0, guest, false
 		case err != nil:
 			obs.skip(cmpVMM, err.Error())
-			return 0, guest
+			return 0, guest, false
 		}
 		n, perr := strconv.Atoi(strings.TrimSpace(string(b)))
 		if perr != nil || n <= 0 {
 			obs.skip(cmpVMM, fmt.Sprintf("pid file %s holds %q, not a pid", ref.VMMPIDFile, oneLine(b)))
-			return 0, guest
+			return 0, guest, false
 		}
 		pid = n
 	}
 	if pid == 0 {
-		return 0, guest
+		return 0, guest, true // no VMM named: nothing is bound, any claimant is a stray
 	}
 	cmdline, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cmdline"))
 	switch {
 	case isGone(err) || (err == nil && len(cmdline) == 0):
 		// An exited process that is not yet reaped has an empty cmdline.
-		obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, fmt.Sprintf("pid %d", pid), "the VMM process no longer exists")
-		return pid, guest
+		obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, subject, fmt.Sprintf("the VMM process (pid %d) no longer exists", pid))
+		return pid, guest, true
 	case err != nil:
 		obs.skip(cmpVMM, err.Error())
-		return pid, guest
+		return pid, guest, false
 	}
 	obs.ran(cmpVMM)
 	if name := hoststat.QEMUGuestName(cmdline); name != "" {
 		guest = name
 	}
-	return pid, guest
+	return pid, guest, true
 }
 
 // observeStrays looks for another VMM process claiming the bound guest's name.

@@ -87,8 +87,8 @@ func TestSystemObserver(t *testing.T) {
 		{name: "every container unknown: the agent answered", ref: vm, src: stubSource{err: &source.UnreadError{
 			Containers: []source.ContainerError{{ID: "c1", Reason: source.ReasonUnknownContainer}, {ID: "c2", Reason: source.ReasonUnknownContainer}},
 			Err:        fmt.Errorf("no container could be read: %w", source.ErrNotMeasurable)}}, want: []string{"CONTAINER_UNKNOWN c1", "CONTAINER_UNKNOWN c2"}},
-		{name: "vmm pid file gone", ref: source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: vm.AgentAddress, ContainerIDs: vm.ContainerIDs, VMMPIDFile: filepath.Join(pidFileDir, "none", "qemu.pid")}, src: stubSource{}, want: []string{"VMM_GONE " + filepath.Join(pidFileDir, "none", "qemu.pid")}},
-		{name: "vmm pid dead", ref: source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: vm.AgentAddress, ContainerIDs: vm.ContainerIDs, VMMPIDFile: pidFile("4242\n")}, src: stubSource{}, procs: map[int]string{1: "init\x00"}, want: []string{"VMM_GONE pid 4242"}},
+		{name: "vmm pid file gone", ref: source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: vm.AgentAddress, ContainerIDs: vm.ContainerIDs, VMMPIDFile: filepath.Join(pidFileDir, "none", "qemu.pid")}, src: stubSource{}, want: []string{"VMM_GONE " + filepath.Join(pidFileDir, "none", "qemu.pid"), "skipped stray vmm"}},
+		{name: "vmm pid dead", ref: source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: vm.AgentAddress, ContainerIDs: vm.ContainerIDs, VMMPIDFile: pidFile("4242\n")}, src: stubSource{}, procs: map[int]string{1: "init\x00"}, want: []string{"VMM_GONE " + filepath.Join(pidFileDir, "srv1", "qemu.pid")}},
 		{name: "vmm alive, stray claims its guest", ref: source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: vm.AgentAddress, ContainerIDs: vm.ContainerIDs, VMMPIDFile: pidFile("4242\n")}, src: stubSource{}, procs: map[int]string{4242: qemu, 5151: qemu, 6000: "qemu-system-x86_64\x00-name\x00guest=srv2\x00"}, want: []string{"STRAY_VMM pid 5151"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -160,5 +160,20 @@ func TestSentryMoved(t *testing.T) {
 	b.EpochUnixNano = 2
 	if got := summary(o.Observe(context.Background(), b)); len(got) != 0 {
 		t.Fatalf("new epoch: %v", got)
+	}
+}
+
+// TestBoundVMMUnknownIsNoStray: a pid file that names no pid this cycle
+// (empty, being rewritten) must not make the bound QEMU look like a stray.
+func TestBoundVMMUnknownIsNoStray(t *testing.T) {
+	qemu := "qemu-system-x86_64\x00-name\x00guest=srv1\x00"
+	pidFile := filepath.Join(t.TempDir(), "srv1", "qemu.pid")
+	os.MkdirAll(filepath.Dir(pidFile), 0o755)
+	os.WriteFile(pidFile, nil, 0o644)
+	o := NewSystemObserver(procTree(t, map[int]string{4242: qemu}), time.Second, time.Minute, nil)
+	ref := source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///a:1", ContainerIDs: []string{"c"}, VMMPIDFile: pidFile}
+	got := o.Observe(context.Background(), &identity.Binding{Ref: ref, Source: stubSource{}})
+	if diff := cmp.Diff([]string{"skipped stray vmm", "skipped vmm process"}, summary(got)); diff != "" {
+		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
