@@ -10,9 +10,11 @@ package bounded
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -72,14 +74,25 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 		if c.err != nil {
 			return zero, c.err
 		}
-		return c.val.(T), nil
+		v, _ := c.val.(T) // a nil interface value asserts to the zero T
+		return v, nil
 	case <-ctx.Done():
-		return zero, fmt.Errorf("%w: %s: %w", source.ErrTimeout, key, ctx.Err())
+		what := strings.ReplaceAll(key, "\x00", "/")
+		if errors.Is(ctx.Err(), context.Canceled) {
+			// The caller went away; that is not the read's fault.
+			return zero, fmt.Errorf("%s: %w", what, ctx.Err())
+		}
+		return zero, fmt.Errorf("%w: %s: %w", source.ErrTimeout, what, ctx.Err())
 	}
 }
 
 func (g *Group) run(key string, c *call, fn func() (any, error)) {
 	defer func() {
+		// This goroutine is outside every RPC's panic recovery: a panicking
+		// read must not take the daemon down.
+		if p := recover(); p != nil {
+			c.val, c.err = nil, fmt.Errorf("%w: read of %s panicked: %v", source.ErrMalformed, strings.ReplaceAll(key, "\x00", "/"), p)
+		}
 		g.mu.Lock()
 		delete(g.calls, key)
 		g.mu.Unlock()
