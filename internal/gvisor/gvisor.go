@@ -76,6 +76,11 @@ type cgroupSource struct {
 	// retired directories, dropped from dirs but maybe still in use; closed
 	// by Close.
 	retired []*os.Root
+	// sentryStart is the sentry's start time (field 22 of /proc/<pid>/stat),
+	// recorded at the first resolve that found the process; a later resolve
+	// that finds another start time (or none) is a reused or exited pid.
+	sentryStart     uint64
+	haveSentryStart bool
 
 	closeOnce sync.Once
 }
@@ -237,18 +242,102 @@ func (s *cgroupSource) locate(ctx context.Context, stale *location) (*location, 
 	return nloc, nil
 }
 
-// resolve finds the sentry's cgroup through <ProcRoot>/<pid>/cgroup.
+// errPidChanged: the start time of a pid changed between two reads of its
+// stat file (the process exited and the pid was reused meanwhile).
+var errPidChanged = errors.New("the process changed while its files were read")
+
+// procSnap is one consistent look at a pid: its start time and cgroup file,
+// read between two reads of its stat file that agree.
+type procSnap struct {
+	start  uint64
+	cgroup []byte
+}
+
+// readProcLimited reads a small /proc file, bounded like every other read.
+func readProcLimited(p string) ([]byte, error) {
+	f, err := os.Open(p)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, bounded.DefaultMaxFileBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(b) > bounded.DefaultMaxFileBytes {
+		return nil, fmt.Errorf("%s: larger than %d bytes", p, bounded.DefaultMaxFileBytes)
+	}
+	return b, nil
+}
+
+// snapProc reads <dir>/stat, <dir>/cgroup and <dir>/stat again: if the two
+// start times differ, the pid was reused between the reads.
+func snapProc(dir string) (procSnap, error) {
+	start := func() (uint64, error) {
+		p := filepath.Join(dir, "stat")
+		b, err := readProcLimited(p)
+		if err != nil {
+			return 0, err
+		}
+		v, err := parseStatStartTime(b)
+		if err != nil {
+			return 0, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)
+		}
+		return v, nil
+	}
+	before, err := start()
+	if err != nil {
+		return procSnap{}, err
+	}
+	cg, err := readProcLimited(filepath.Join(dir, "cgroup"))
+	if err != nil {
+		return procSnap{}, err
+	}
+	after, err := start()
+	if err != nil {
+		return procSnap{}, err
+	}
+	if after != before {
+		return procSnap{}, fmt.Errorf("%w: start time %d, then %d", errPidChanged, before, after)
+	}
+	return procSnap{start: before, cgroup: cg}, nil
+}
+
+// resolve finds the sentry's cgroup through <ProcRoot>/<pid>/cgroup. The
+// first resolve records the sentry's start time; a later one refuses a pid
+// that exited or now belongs to another process (same pid, another start
+// time), so another workload's cgroup is never read under this identity.
 func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
 	pid := s.ref.SentryPID
-	p := filepath.Join(s.procRoot, strconv.Itoa(pid), "cgroup")
-	b, err := s.g.ReadFile(ctx, p)
-	if err != nil {
-		if errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) {
-			return nil, fmt.Errorf("gvisor: %w: sentry pid %d is gone (%s): %w", source.ErrNotMeasurable, pid, p, err)
-		}
+	dir := filepath.Join(s.procRoot, strconv.Itoa(pid))
+	p := filepath.Join(dir, "cgroup")
+	s.mu.Lock()
+	want, known := s.sentryStart, s.haveSentryStart
+	s.mu.Unlock()
+	snap, err := bounded.Do(ctx, s.g, "resolve\x00"+dir, func() (procSnap, error) { return snapProc(dir) })
+	gone := errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) || errors.Is(err, errPidChanged)
+	switch {
+	case known && gone:
+		return nil, fmt.Errorf("gvisor: %w: %w: sentry pid %d was reused/exited (%s): %w", source.ErrNotMeasurable, source.ErrSandboxGone, pid, dir, err)
+	case known && err == nil && snap.start != want:
+		return nil, fmt.Errorf("gvisor: %w: %w: sentry pid %d was reused/exited: start time %d, was %d", source.ErrNotMeasurable, source.ErrSandboxGone, pid, snap.start, want)
+	case gone:
+		return nil, fmt.Errorf("gvisor: %w: sentry pid %d is gone (%s): %w", source.ErrNotMeasurable, pid, dir, err)
+	case err != nil:
 		return nil, wrapRead(err)
 	}
-	pc, err := parseProcCgroup(b)
+	if !known {
+		s.mu.Lock()
+		if !s.haveSentryStart {
+			s.sentryStart, s.haveSentryStart = snap.start, true
+		}
+		want = s.sentryStart
+		s.mu.Unlock()
+		if snap.start != want { // a concurrent first resolve saw another process
+			return nil, fmt.Errorf("gvisor: %w: %w: sentry pid %d was reused/exited: start time %d, was %d", source.ErrNotMeasurable, source.ErrSandboxGone, pid, snap.start, want)
+		}
+	}
+	pc, err := parseProcCgroup(snap.cgroup)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)
 	}
@@ -256,7 +345,7 @@ func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: sentry pid %d (%s): %w", source.ErrNotMeasurable, pid, p, err)
 	}
-	s.log.Debug("resolved sentry cgroup", "pid", pid, "memory", loc.mem, "cpu", loc.cpu)
+	s.log.Debug("resolved sentry cgroup", "pid", pid, "start", snap.start, "memory", loc.mem, "cpu", loc.cpu)
 	return loc, nil
 }
 
