@@ -4,10 +4,17 @@
 package atomicfile
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 )
+
+// ErrNotDurable wraps a failure after the rename: the new content is in
+// place (a reader sees it) but the directory entry may not survive a crash.
+// Callers keep their memory in step with the file, so they treat it as
+// written.
+var ErrNotDurable = errors.New("atomicfile: written but not known to be durable")
 
 // Write replaces dir/name with data: a temp file in the same directory,
 // fsync, rename over the old file, fsync the directory.
@@ -37,11 +44,11 @@ func Write(dir, name string, data []byte, perm os.FileMode) error {
 	}
 	d, err := os.Open(dir)
 	if err != nil {
-		return fmt.Errorf("atomicfile: %w", err)
+		return fmt.Errorf("%w: %w", ErrNotDurable, err)
 	}
 	defer d.Close()
 	if err := d.Sync(); err != nil {
-		return fmt.Errorf("atomicfile: fsync %s: %w", dir, err)
+		return fmt.Errorf("%w: fsync %s: %w", ErrNotDurable, dir, err)
 	}
 	return nil
 }

@@ -342,7 +342,7 @@ func (c *Checker) save() {
 	if err == nil {
 		err = atomicfile.Write(c.cfg.StateDir, StateFileName, append(b, '\n'), 0o600)
 	}
-	if err != nil {
+	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
 		c.cfg.Logger.Error("drift: could not persist findings", "err", err)
 		return
 	}

@@ -134,14 +134,17 @@ func (s *Store) statePath() string { return filepath.Join(s.dir, StateFileName) 
 func (s *Store) load() (stateFile, error) {
 	p := s.statePath()
 	b, err := os.ReadFile(p)
-	if errors.Is(err, os.ErrNotExist) {
+	switch {
+	case errors.Is(err, os.ErrNotExist):
 		return stateFile{Version: stateVersion}, nil
+	case err != nil:
+		// EIO, EACCES, EMFILE: the file may be fine; moving it aside would
+		// forget a good binding. Refuse to start instead.
+		return stateFile{}, fmt.Errorf("identity: read state: %w", err)
 	}
-	if err == nil {
-		var st stateFile
-		if err = decodeState(b, &st); err == nil {
-			return st, nil
-		}
+	var st stateFile
+	if err = decodeState(b, &st); err == nil {
+		return st, nil
 	}
 	aside, rerr := atomicfile.MoveAside(p, s.now().UnixNano())
 	if rerr != nil {
@@ -234,8 +237,13 @@ func (s *Store) Bind(op Op, id Identity, ref source.SandboxRef) (*Binding, error
 	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch}
 	b.Source, b.Host = s.openSources(ref)
 	if err := s.save(stateFile{Version: stateVersion, Binding: &bindingState{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch}}); err != nil {
-		closeBinding(b, s.logger)
-		return nil, err
+		if !errors.Is(err, atomicfile.ErrNotDurable) {
+			closeBinding(b, s.logger)
+			return nil, err
+		}
+		// The new state is in place but its directory entry may not survive
+		// a crash: memory must match the file, so publish and say so.
+		s.logger.Warn("binding saved but not known to be durable", "err", err)
 	}
 	s.current.Store(b)
 	s.lastCleared = ""
@@ -265,7 +273,10 @@ func (s *Store) Release(actorUID string) error {
 		return fmt.Errorf("%w: actor %q is bound, not %q", ErrActorMismatch, old.Identity.ActorUID, actorUID)
 	}
 	if err := s.save(stateFile{Version: stateVersion, LastCleared: actorUID}); err != nil {
-		return err
+		if !errors.Is(err, atomicfile.ErrNotDurable) {
+			return err
+		}
+		s.logger.Warn("checkpoint saved but not known to be durable", "err", err)
 	}
 	s.current.Store(nil)
 	s.lastCleared = actorUID

@@ -197,3 +197,19 @@ func TestHoldLifecycle(t *testing.T) {
 	}
 	release()
 }
+
+// TestUnreadableStateIsNotMovedAside: a read error (here: the state path is a
+// directory) is not a corrupt file; moving it aside would forget a good
+// binding, so the store refuses to start instead.
+func TestUnreadableStateIsNotMovedAside(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.Mkdir(filepath.Join(dir, StateFileName), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := NewStore(Config{StateDir: dir}); err == nil {
+		t.Fatal("started over an unreadable state file")
+	}
+	if aside, _ := filepath.Glob(filepath.Join(dir, StateFileName+".corrupt-*")); len(aside) != 0 {
+		t.Fatalf("moved aside: %v", aside)
+	}
+}
