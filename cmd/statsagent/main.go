@@ -60,7 +60,7 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 	fs.IntVar(&o.agent.Concurrency, "concurrency", 8, "most daemons polled at once")
 	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9477", "TCP address serving /metrics and /healthz")
 	fs.BoolVar(&o.agent.LabelActor, "label-actor", false, "add actor_uid, actor_name, actor_namespace labels (one series per workload: high cardinality)")
-	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen")
+	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen; raised to at least 2 x --interval + --timeout")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
 	if err := fs.Parse(args); err != nil {
@@ -87,8 +87,15 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 	if o.agent.Interval > 0 && o.agent.Timeout >= o.agent.Interval {
 		warnings = append(warnings, fmt.Sprintf("--timeout %s is not below --interval %s: a hung daemon makes sweeps skip ticks", o.agent.Timeout, o.agent.Interval))
 	}
-	if o.agent.Interval > 0 && o.agent.Grace < o.agent.Interval {
-		warnings = append(warnings, fmt.Sprintf("--grace %s is below --interval %s: a workload missed by one sweep restarts as a first sight", o.agent.Grace, o.agent.Interval))
+	// A workload is seen once per sweep, and sweeps end up to an interval
+	// plus a sweep's length apart: a grace shorter than that forgets every
+	// workload before its next sample, so every sample is a first sight and
+	// no CPU is ever charged. With sweeps no longer than one timeout, twice
+	// the interval plus the timeout also survives one sweep that missed it.
+	if floor := 2*o.agent.Interval + o.agent.Timeout; o.agent.Interval > 0 && o.agent.Grace < floor {
+		warnings = append(warnings, fmt.Sprintf("--grace %s is below 2 x --interval + --timeout: a workload would be forgotten between sweeps and never charged CPU; using %s",
+			o.agent.Grace, floor))
+		o.agent.Grace = floor
 	}
 	return o, warnings, nil
 }

@@ -334,6 +334,46 @@ func TestParseFlags(t *testing.T) {
 	}
 }
 
+// TestSmallGraceStillChargesCPU: a --grace below the time between sweeps
+// would forget every workload before it is seen again (every sample a first
+// sight, nothing ever charged); it is raised to 2 x --interval + --timeout,
+// with a warning, and CPU is charged across sweeps.
+func TestSmallGraceStillChargesCPU(t *testing.T) {
+	for _, tc := range []struct {
+		args      []string
+		wantGrace time.Duration
+	}{
+		{[]string{"--interval", "20s", "--timeout", "5s", "--grace", "1s"}, 45 * time.Second},
+		{[]string{"--interval", "20s", "--timeout", "5s", "--grace", "20s"}, 45 * time.Second},
+		{[]string{"--interval", "20s", "--timeout", "5s", "--grace", "1h"}, time.Hour},
+		{[]string{"--interval", "0", "--grace", "0"}, 0},
+	} {
+		o, warnings, err := parseFlags(tc.args, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if o.agent.Grace != tc.wantGrace {
+			t.Errorf("parseFlags(%q): grace %v (warnings %q), want %v", tc.args, o.agent.Grace, warnings, tc.wantGrace)
+		}
+	}
+
+	const gv, cg = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP
+	dir := t.TempDir()
+	d := agenttest.Start(t, filepath.Join(dir, "d.sock"))
+	d.Set(workload("w1", gv, cg, 1_000_000, 10<<20, nil))
+	base, _, logs := startAgent(t, "--sockets", filepath.Join(dir, "*.sock"),
+		"--interval", "250ms", "--min-interval", "100ms", "--timeout", "1s", "--label-actor", "--grace", "1ms")
+	waitSweeps(t, base, 1)
+	d.Set(workload("w1", gv, cg, 3_000_000, 10<<20, nil))
+	m := waitNewSweeps(t, base)
+	if got := m["sandboxstats_workload_cpu_seconds_total"+series("w1", "gvisor", "cgroup")]; got != 2 {
+		t.Errorf("cpu = %v s with --grace 1ms, want 2 (charged across sweeps)\nlog:\n%s", got, logs)
+	}
+	if !strings.Contains(logs.String(), "--grace 1ms is below 2 x --interval + --timeout") || !strings.Contains(logs.String(), "using 1.5s") {
+		t.Errorf("no warning that --grace was raised to 1.5s:\n%s", logs)
+	}
+}
+
 // TestIntervalZero: sweeping disabled, the agent still serves its health
 // and its own metrics, and never polls.
 func TestIntervalZero(t *testing.T) {
