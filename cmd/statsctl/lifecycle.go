@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"math"
 	"strings"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -53,6 +54,14 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 			b.ref.SandboxClass = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
 		default:
 			return usageError{fmt.Errorf("--class must be gvisor or microvm, not %q", b.class)}
+		}
+		for _, p := range []struct {
+			name string
+			v    int
+		}{{"--sentry-pid", b.sentry}, {"--vmm-pid", b.vmmPID}} {
+			if p.v < 0 || p.v > math.MaxInt32 {
+				return usageError{fmt.Errorf("%s %d is not a pid", p.name, p.v)}
+			}
 		}
 		b.ref.ContainerIds = b.ids
 		b.ref.SentryPid = int32(b.sentry)

@@ -197,6 +197,7 @@ func TestGolden(t *testing.T) {
 		{name: "run-workload", args: gv},
 		{name: "run-workload-other", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "other", "--class", "gvisor", "--sentry-pid", "42"}, code: exitError},
 		{name: "run-workload-invalid", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "gvisor", "--cgroup-path", "relative"}, code: exitError},
+		{name: "run-workload-pid-out-of-range", args: []string{"run-workload", "--actor-uid", "x", "--class", "gvisor", "--sentry-pid", "4294967297"}, code: exitUsage},
 		{name: "run-workload-bad-class", args: []string{"run-workload", "--actor-uid", "x", "--class", "docker"}, code: exitUsage},
 		{name: "stats-table", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
 		{name: "stats-json", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "-o", "json"}},

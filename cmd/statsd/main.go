@@ -107,12 +107,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	defer store.Close()
 
-	statsLis, removeStats, err := listenUnix(cfg.listen, 0o660)
+	statsLis, removeStats, err := listenUnix(cfg.listen, 0o755, 0o660)
 	if err != nil {
 		return err
 	}
 	defer removeStats()
-	lifeLis, removeLife, err := listenUnix(cfg.lifecycleListen, 0o600)
+	lifeLis, removeLife, err := listenUnix(cfg.lifecycleListen, 0o700, 0o600)
 	if err != nil {
 		return err
 	}
@@ -204,27 +204,36 @@ func opener(cfg config, logger *slog.Logger) identity.Opener {
 	}
 }
 
-// listenUnix listens on a Unix socket at path with the given mode. A stale
-// socket file (nobody answers) is replaced; a live one is an error. The
-// returned cleanup removes the file only if it is still the one this process
-// created.
-func listenUnix(path string, mode os.FileMode) (net.Listener, func(), error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+// listenUnix listens on a Unix socket at path with the given mode, creating
+// its directory with dirMode if missing. A stale socket file (connection
+// refused: nobody listens) is replaced; any other answer means it may be live
+// and is an error. The returned cleanup removes the file only if it is still
+// the one this process created.
+func listenUnix(path string, dirMode, mode os.FileMode) (net.Listener, func(), error) {
+	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
 		return nil, nil, fmt.Errorf("listen %s: %w", path, err)
 	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != os.ModeSocket {
 			return nil, nil, fmt.Errorf("listen %s: exists and is not a socket", path)
 		}
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		c, err := net.DialTimeout("unix", path, time.Second)
+		switch {
+		case err == nil:
 			c.Close()
 			return nil, nil, fmt.Errorf("listen %s: another process is serving on it", path)
+		case !errors.Is(err, syscall.ECONNREFUSED):
+			return nil, nil, fmt.Errorf("listen %s: cannot tell whether the socket is live, leaving it: %w", path, err)
 		}
 		if err := os.Remove(path); err != nil {
 			return nil, nil, fmt.Errorf("listen %s: remove stale socket: %w", path, err)
 		}
 	}
+	// The socket is created with 0777 minus the umask and narrowed by Chmod
+	// below; a restrictive umask closes that window.
+	old := syscall.Umask(0o077)
 	lis, err := net.Listen("unix", path)
+	syscall.Umask(old)
 	if err != nil {
 		return nil, nil, fmt.Errorf("listen %s: %w", path, err)
 	}
