@@ -483,34 +483,57 @@ func (s *cgroupSource) readFile(ctx context.Context, root *os.Root, dir, name st
 			return nil, wrapRead(err)
 		}
 		// Is the directory still there, and still the one we hold open?
-		type dirState struct{ exists, same bool }
-		st, serr := bounded.Do(ctx, s.g, "stat\x00"+display(root, dir), func() (dirState, error) {
-			fi, err := root.Stat(rel(dir))
-			if errors.Is(err, fs.ErrNotExist) {
-				return dirState{}, nil
-			}
-			if err != nil {
-				return dirState{}, err
-			}
-			if d == nil {
-				return dirState{exists: true}, nil
-			}
-			held, err := d.Stat(".")
-			return dirState{exists: true, same: err == nil && os.SameFile(fi, held)}, nil
-		})
+		exists, same, serr := s.dirState(ctx, root, dir, d)
 		if serr != nil {
 			return nil, wrapRead(serr)
 		}
-		if d != nil && !st.same {
+		if d != nil && !same {
 			s.forgetDir(root, dir, d)
 		}
-		if !st.exists {
+		if !exists {
 			return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
 		}
-		if st.same || attempt > 0 {
+		if same || attempt > 0 {
 			return nil, err // the file alone is missing: the caller decides
 		}
 	}
+}
+
+// statHook, when a test sets it, runs inside the shared stat of a cgroup
+// directory (to hold that call while another caller joins it).
+var statHook func()
+
+// dirState says whether dir exists in root and, when d is not nil, whether it
+// is still the directory d holds open. The stat of dir is one bounded call
+// shared by concurrent callers, which may hold different handles: it returns
+// only what it found, and each caller compares that with its own handle.
+func (s *cgroupSource) dirState(ctx context.Context, root *os.Root, dir string, d *os.Root) (exists, same bool, err error) {
+	type found struct{ fi fs.FileInfo } // nil fi: no such directory
+	cur, err := bounded.Do(ctx, s.g, "stat\x00"+display(root, dir), func() (found, error) {
+		if statHook != nil {
+			statHook()
+		}
+		fi, err := root.Stat(rel(dir))
+		if errors.Is(err, fs.ErrNotExist) {
+			return found{}, nil
+		}
+		return found{fi}, err
+	})
+	if err != nil || cur.fi == nil {
+		return false, false, err
+	}
+	if d == nil {
+		return true, false, nil
+	}
+	// This handle's own stat, shared only with callers holding the same one.
+	held, err := bounded.Do(ctx, s.g, fmt.Sprintf("held\x00%p", d), func() (found, error) {
+		fi, err := d.Stat(".")
+		return found{fi}, err
+	})
+	if errors.Is(err, source.ErrTimeout) {
+		return false, false, err
+	}
+	return true, err == nil && os.SameFile(cur.fi, held.fi), nil
 }
 
 // fileReq is one file a Sample reads; the reads of one Sample run

@@ -11,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -394,5 +395,73 @@ func TestCgroupRemadeIsReadAfresh(t *testing.T) {
 	}
 	if r, err := s.Sample(ctx); err != nil || r.MemoryCurrentBytes != 12288 {
 		t.Fatalf("remade cgroup: sample = %d, %v; want the new cgroup's 12288", r.MemoryCurrentBytes, err)
+	}
+}
+
+// TestSharedDirStatPerHandle: two callers hold different handles on the same
+// cgroup path (one on a removed directory, one on the directory made again)
+// and share one stat of that path. Each must get "same" for its own handle,
+// not the answer computed for the other's.
+func TestSharedDirStatPerHandle(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	src, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"},
+		Config{CgroupRoot: cg, Mode: ModeUnified, ReadTimeout: 10 * time.Second, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	s := src.(*cgroupSource)
+	stale, err := s.unified.OpenRoot("sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2/sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := s.unified.OpenRoot("sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	statHook = func() {
+		once.Do(func() { close(entered) })
+		<-release
+	}
+	defer func() { statHook = nil }()
+
+	type result struct{ exists, same bool }
+	ctx := context.Background()
+	var freshRes, staleRes result
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		e, same, err := s.dirState(ctx, s.unified, "/sandbox", fresh)
+		if err != nil {
+			t.Errorf("fresh handle: %v", err)
+		}
+		freshRes = result{e, same}
+	})
+	<-entered // the first caller's shared stat is in flight and held
+	wg.Go(func() {
+		e, same, err := s.dirState(ctx, s.unified, "/sandbox", stale)
+		if err != nil {
+			t.Errorf("stale handle: %v", err)
+		}
+		staleRes = result{e, same}
+	})
+	time.Sleep(100 * time.Millisecond) // let the second caller join the held call
+	close(release)
+	wg.Wait()
+	if want := (result{true, true}); freshRes != want {
+		t.Errorf("fresh handle: %+v, want %+v", freshRes, want)
+	}
+	if want := (result{true, false}); staleRes != want {
+		t.Errorf("stale handle (joined the fresh caller's stat): %+v, want %+v", staleRes, want)
 	}
 }
