@@ -215,10 +215,22 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 			m.logger.Debug("drift findings not listed", "socket", r.Socket, "err", r.DriftErr)
 		}
 		for _, f := range r.DriftFindings {
+			kind := strings.TrimPrefix(f.GetKind().String(), "DRIFT_KIND_")
+			matched := false
 			for _, s := range r.Samples {
 				if s.GetActorUid() == f.GetActorUid() {
-					snap.drift[driftKey{kind: strings.TrimPrefix(f.GetKind().String(), "DRIFT_KIND_"), labels: m.labelsOf(s)}]++
+					snap.drift[driftKey{kind: kind, labels: m.labelsOf(s)}]++
+					matched = true
 				}
+			}
+			if !matched {
+				// No sample of its workload (not measurable yet, reads
+				// timing out): only what the finding itself carries.
+				var l labelSet
+				if m.cfg.LabelActor {
+					l.actorUID = f.GetActorUid()
+				}
+				snap.drift[driftKey{kind: kind, labels: l}]++
 			}
 		}
 	}

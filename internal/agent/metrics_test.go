@@ -13,6 +13,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
@@ -219,5 +220,75 @@ func TestDriftGaugePerKind(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, pick(gather(t, reg), MetricDriftFindings)); diff != "" {
 		t.Errorf("drift gauge (-want +got):\n%s", diff)
+	}
+}
+
+// TestDriftWithoutSamples: a workload that produces no sample (its agent
+// silent: NOT_MEASURABLE_YET; its reads timing out or failing:
+// DeadlineExceeded, Internal) still has its drift findings listed and
+// exported, labelled with the kind and what the finding carries (actor_uid
+// with LabelActor), the other workload labels empty. An idle daemon
+// (NO_WORKLOAD), a refused call and a hung daemon (no time left) are not
+// asked.
+func TestDriftWithoutSamples(t *testing.T) {
+	dir := t.TempDir()
+	finding := func(kind sandboxstatsv1.DriftKind, actor string) *sandboxstatsv1.DriftFinding {
+		return &sandboxstatsv1.DriftFinding{Kind: kind, Subject: "s-" + actor, ActorUid: actor}
+	}
+	silent := agenttest.Start(t, filepath.Join(dir, "a-silent.sock"))
+	silent.SetNoSample(sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET, "agent not answering")
+	silent.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_AGENT_SILENT, "actor-1"))
+	slow := agenttest.Start(t, filepath.Join(dir, "b-slow.sock"))
+	slow.SetError(status.Error(codes.DeadlineExceeded, "READ_TIMEOUT"))
+	slow.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, "actor-2"))
+	broken := agenttest.Start(t, filepath.Join(dir, "c-internal.sock"))
+	broken.SetError(status.Error(codes.Internal, "MALFORMED_SOURCE"))
+	broken.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, "actor-3"))
+	idle := agenttest.Start(t, filepath.Join(dir, "d-idle.sock")) // NO_WORKLOAD
+	idle.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM, "actor-4"))
+	unavailable := agenttest.Start(t, filepath.Join(dir, "e-unavailable.sock"))
+	unavailable.SetError(status.Error(codes.Unavailable, "NOT_MEASURABLE"))
+	unavailable.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_CGROUP_GONE, "actor-5"))
+	hung := agenttest.Start(t, filepath.Join(dir, "f-hung.sock"))
+	hung.Hang()
+	hung.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, "actor-6"))
+
+	results, err := Sweep(context.Background(), filepath.Join(dir, "*.sock"), 8, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, wantFindings := range []int{1, 1, 1, 0, 0, 0} {
+		if r := results[i]; len(r.DriftFindings) != wantFindings {
+			t.Errorf("%s: %d findings listed (drift err %v), want %d", filepath.Base(r.Socket), len(r.DriftFindings), r.DriftErr, wantFindings)
+		}
+	}
+	if r := results[5]; r.Code != codes.DeadlineExceeded || r.DriftErr == nil {
+		t.Errorf("hung daemon: code %s, drift err %v; want DeadlineExceeded and a drift error (no time left)", r.Code, r.DriftErr)
+	}
+
+	for _, tc := range []struct {
+		labelActor bool
+		want       map[string]float64
+	}{
+		{false, map[string]float64{
+			"{kind=AGENT_SILENT,sandbox_class=,source=,template_name=,template_namespace=}": 1,
+			"{kind=SANDBOX_DEAD,sandbox_class=,source=,template_name=,template_namespace=}": 1,
+			"{kind=VMM_GONE,sandbox_class=,source=,template_name=,template_namespace=}":     1,
+		}},
+		{true, map[string]float64{
+			"{actor_name=,actor_namespace=,actor_uid=actor-1,kind=AGENT_SILENT,sandbox_class=,source=,template_name=,template_namespace=}": 1,
+			"{actor_name=,actor_namespace=,actor_uid=actor-2,kind=SANDBOX_DEAD,sandbox_class=,source=,template_name=,template_namespace=}": 1,
+			"{actor_name=,actor_namespace=,actor_uid=actor-3,kind=VMM_GONE,sandbox_class=,source=,template_name=,template_namespace=}":     1,
+		}},
+	} {
+		reg := prometheus.NewPedanticRegistry()
+		m, err := NewMetrics(reg, MetricsConfig{LabelActor: tc.labelActor, Grace: time.Minute}, discard())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Apply(results, time.Now(), time.Millisecond)
+		if diff := cmp.Diff(tc.want, pick(gather(t, reg), MetricDriftFindings)); diff != "" {
+			t.Errorf("label actor %v: drift gauge (-want +got):\n%s", tc.labelActor, diff)
+		}
 	}
 }

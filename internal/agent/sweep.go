@@ -52,9 +52,14 @@ type DaemonResult struct {
 	// Took is the wall time of the poll, dial included.
 	Took time.Duration
 	// DriftFindings are the daemon's open drift findings, fetched with a
-	// second call (ListDriftFindings) only when a sample says it has some.
+	// second call (ListDriftFindings) on the same connection, within the
+	// same per-call deadline, when a sample says it has some, and when the
+	// daemon produced no sample for a reason drift may explain: it answered
+	// NOT_MEASURABLE_YET, or the call failed DeadlineExceeded or Internal
+	// (not for NO_WORKLOAD, a vanished daemon or a refused connection).
 	DriftFindings []*sandboxstatsv1.DriftFinding
-	// DriftErr is why that second call failed (the samples still count).
+	// DriftErr is why that second call failed or was not made (out of
+	// time); the samples still count.
 	DriftErr error
 }
 
@@ -131,27 +136,48 @@ func poll(ctx context.Context, socket string, timeout time.Duration) DaemonResul
 		return failed(socket, err)
 	}
 	defer conn.Close()
-	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(conn).StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	client := sandboxstatsv1.NewWorkloadStatsServiceClient(conn)
+	resp, err := client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
 	if err != nil {
-		return failed(socket, err)
+		r := failed(socket, err)
+		// A workload whose reads time out or fail produces no sample, but
+		// drift (a dead sandbox, a silent agent) may say why.
+		if r.Status == StatusError && (r.Code == codes.DeadlineExceeded || r.Code == codes.Internal) {
+			listDrift(ctx, client, socket, &r)
+		}
+		return r
 	}
 	if len(resp.GetSamples()) == 0 {
-		return DaemonResult{
+		r := DaemonResult{
 			Status:         StatusNoSample,
 			NoSampleReason: resp.GetNoSampleReason(),
 			NoSampleDetail: resp.GetNoSampleDetail(),
 		}
+		if r.NoSampleReason == sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
+			listDrift(ctx, client, socket, &r)
+		}
+		return r
 	}
 	r := DaemonResult{Status: StatusOK, Samples: resp.GetSamples()}
 	if slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
-		drift, err := sandboxstatsv1.NewWorkloadStatsServiceClient(conn).ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
-		if err != nil {
-			r.DriftErr = fmt.Errorf("agent: list drift findings %s: %w", socket, err)
-		} else {
-			r.DriftFindings = drift.GetFindings()
-		}
+		listDrift(ctx, client, socket, &r)
 	}
 	return r
+}
+
+// listDrift fills r's DriftFindings (or DriftErr) with ListDriftFindings,
+// under what is left of ctx (the poll's per-call deadline).
+func listDrift(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, socket string, r *DaemonResult) {
+	if err := ctx.Err(); err != nil {
+		r.DriftErr = fmt.Errorf("agent: list drift findings %s: no time left: %w", socket, err)
+		return
+	}
+	drift, err := client.ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
+	if err != nil {
+		r.DriftErr = fmt.Errorf("agent: list drift findings %s: %w", socket, err)
+		return
+	}
+	r.DriftFindings = drift.GetFindings()
 }
 
 // failed classifies a failed poll. A socket that no longer exists after the
