@@ -71,11 +71,11 @@ type cgroupSource struct {
 	cpuacctErr               error
 
 	mu   sync.Mutex
-	loc  *location           // nil until resolved; replaced when the cgroup disappears
-	dirs map[string]*os.Root // open cgroup directories, by display path
-	// retired directories, dropped from dirs but maybe still in use; closed
-	// by Close.
-	retired []*os.Root
+	loc  *location             // nil until resolved; replaced when the cgroup disappears
+	dirs map[string]*dirHandle // open cgroup directories, by display path
+	// closed is set by Close: a directory opened afterwards is closed, not
+	// cached.
+	closed bool
 	// sentryStart is the sentry's start time (field 22 of /proc/<pid>/stat),
 	// recorded at the first resolve that found the process; a later resolve
 	// that finds another start time (or none) is a reused or exited pid.
@@ -86,6 +86,16 @@ type cgroupSource struct {
 }
 
 var _ source.Source = (*cgroupSource)(nil)
+
+// dirHandle is an open cgroup directory and the number of reads using it
+// (guarded by cgroupSource.mu). A handle dropped from the cache (its
+// directory was removed, or the source closed) is closed by the last read
+// that uses it, so no handle (and no dying memcg) is pinned until Close.
+type dirHandle struct {
+	r       *os.Root
+	users   int
+	dropped bool
+}
 
 // Open returns a Source for the sandbox ref names (by cgroup path or sentry
 // pid). It does not require the cgroup to exist yet: Sample then says
@@ -118,7 +128,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		mode:     cfg.Mode,
 		procRoot: cfg.ProcRoot,
 		g:        bounded.New(cfg.ReadTimeout),
-		dirs:     map[string]*os.Root{},
+		dirs:     map[string]*dirHandle{},
 	}
 	if ref.CgroupPath != "" {
 		p, err := checkCgroupPath(ref.CgroupPath)
@@ -186,14 +196,11 @@ func (s *cgroupSource) Close() error {
 			}
 		}
 		s.mu.Lock()
-		for k, r := range s.dirs {
-			r.Close()
+		s.closed = true
+		for k, h := range s.dirs {
 			delete(s.dirs, k)
+			s.dropLocked(h)
 		}
-		for _, r := range s.retired {
-			r.Close()
-		}
-		s.retired = nil
 		s.mu.Unlock()
 	})
 	return nil
@@ -428,41 +435,85 @@ func wrapRead(err error) error {
 	return fmt.Errorf("gvisor: %w: %w", source.ErrNotMeasurable, err)
 }
 
-// dirRoot returns the cgroup directory dir of root, opened once (inside
+// errClosed: the source was closed.
+var errClosed = fmt.Errorf("gvisor: %w: source closed", source.ErrNotMeasurable)
+
+// acquireDir returns the cgroup directory dir of root, opened once (inside
 // root, so it cannot escape) and cached, so that each file read is a single
-// openat.
-func (s *cgroupSource) dirRoot(ctx context.Context, root *os.Root, dir string) (*os.Root, error) {
+// openat. The caller uses it until releaseDir.
+func (s *cgroupSource) acquireDir(ctx context.Context, root *os.Root, dir string) (*dirHandle, error) {
 	key := display(root, dir)
 	s.mu.Lock()
-	d := s.dirs[key]
-	s.mu.Unlock()
-	if d != nil {
-		return d, nil
+	if s.closed {
+		s.mu.Unlock()
+		return nil, errClosed
 	}
-	d, err := bounded.Do(ctx, s.g, "dir\x00"+key, func() (*os.Root, error) { return root.OpenRoot(rel(dir)) })
+	if h := s.dirs[key]; h != nil {
+		h.users++
+		s.mu.Unlock()
+		return h, nil
+	}
+	s.mu.Unlock()
+	d, err := bounded.Do(ctx, s.g, "dir\x00"+key, func() (*os.Root, error) {
+		d, err := root.OpenRoot(rel(dir))
+		if testHook != nil {
+			testHook("open")
+		}
+		return d, err
+	})
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if old := s.dirs[key]; old != nil { // another caller won
-		if old != d {
-			d.Close()
-		}
-		return old, nil
+	if s.closed { // Close ran while the directory was being opened
+		d.Close()
+		return nil, errClosed
 	}
-	s.dirs[key] = d
-	return d, nil
+	h := s.dirs[key]
+	switch {
+	case h != nil && h.r != d: // another caller won
+		d.Close()
+	case h == nil:
+		h = &dirHandle{r: d}
+		s.dirs[key] = h
+	}
+	h.users++
+	return h, nil
+}
+
+// releaseDir ends one use of h; a dropped handle is closed by its last user.
+func (s *cgroupSource) releaseDir(h *dirHandle) {
+	if h == nil {
+		return
+	}
+	s.mu.Lock()
+	h.users--
+	if h.dropped && h.users == 0 {
+		h.r.Close()
+	}
+	s.mu.Unlock()
+}
+
+// dropLocked marks h no longer cached and closes it if no read uses it.
+func (s *cgroupSource) dropLocked(h *dirHandle) {
+	if h.dropped {
+		return
+	}
+	h.dropped = true
+	if h.users == 0 {
+		h.r.Close()
+	}
 }
 
 // forgetDir drops a cached directory that was removed (or removed and made
-// again). Concurrent reads may still hold it, so it is closed only by Close.
-func (s *cgroupSource) forgetDir(root *os.Root, dir string, d *os.Root) {
+// again). Concurrent reads may still use it: the last of them closes it.
+func (s *cgroupSource) forgetDir(root *os.Root, dir string, h *dirHandle) {
 	key := display(root, dir)
 	s.mu.Lock()
-	if s.dirs[key] == d {
+	if s.dirs[key] == h {
 		delete(s.dirs, key)
-		s.retired = append(s.retired, d)
+		s.dropLocked(h)
 	}
 	s.mu.Unlock()
 }
@@ -472,36 +523,47 @@ func (s *cgroupSource) forgetDir(root *os.Root, dir string, d *os.Root) {
 // source.ErrNotMeasurable) when the directory is gone.
 func (s *cgroupSource) readFile(ctx context.Context, root *os.Root, dir, name string) ([]byte, error) {
 	for attempt := 0; ; attempt++ {
-		d, err := s.dirRoot(ctx, root, dir)
-		if err == nil {
-			var b []byte
-			if b, err = s.g.ReadRootFile(ctx, d, name); err == nil {
-				return b, nil
-			}
-		}
-		if !errors.Is(err, fs.ErrNotExist) {
-			return nil, wrapRead(err)
-		}
-		// Is the directory still there, and still the one we hold open?
-		exists, same, serr := s.dirState(ctx, root, dir, d)
-		if serr != nil {
-			return nil, wrapRead(serr)
-		}
-		if d != nil && !same {
-			s.forgetDir(root, dir, d)
-		}
-		if !exists {
-			return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
-		}
-		if same || attempt > 0 {
-			return nil, err // the file alone is missing: the caller decides
+		if b, again, err := s.readFileOnce(ctx, root, dir, name, attempt); !again {
+			return b, err
 		}
 	}
 }
 
-// statHook, when a test sets it, runs inside the shared stat of a cgroup
-// directory (to hold that call while another caller joins it).
-var statHook func()
+// readFileOnce is one attempt of readFile; again is true when the directory
+// held open was replaced by a new one, which the next attempt opens.
+func (s *cgroupSource) readFileOnce(ctx context.Context, root *os.Root, dir, name string, attempt int) (b []byte, again bool, err error) {
+	h, err := s.acquireDir(ctx, root, dir)
+	defer s.releaseDir(h)
+	var d *os.Root
+	if err == nil {
+		d = h.r
+		if b, err = s.g.ReadRootFile(ctx, d, name); err == nil {
+			return b, false, nil
+		}
+	}
+	if !errors.Is(err, fs.ErrNotExist) {
+		return nil, false, wrapRead(err)
+	}
+	// Is the directory still there, and still the one we hold open?
+	exists, same, serr := s.dirState(ctx, root, dir, d)
+	if serr != nil {
+		return nil, false, wrapRead(serr)
+	}
+	if h != nil && !same {
+		s.forgetDir(root, dir, h)
+	}
+	if !exists {
+		return nil, false, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
+	}
+	if same || attempt > 0 {
+		return nil, false, err // the file alone is missing: the caller decides
+	}
+	return nil, true, nil
+}
+
+// testHook, when a test sets it, runs inside the shared stat ("stat") and
+// the open ("open", after it) of a cgroup directory, to hold that call.
+var testHook func(op string)
 
 // dirState says whether dir exists in root and, when d is not nil, whether it
 // is still the directory d holds open. The stat of dir is one bounded call
@@ -510,8 +572,8 @@ var statHook func()
 func (s *cgroupSource) dirState(ctx context.Context, root *os.Root, dir string, d *os.Root) (exists, same bool, err error) {
 	type found struct{ fi fs.FileInfo } // nil fi: no such directory
 	cur, err := bounded.Do(ctx, s.g, "stat\x00"+display(root, dir), func() (found, error) {
-		if statHook != nil {
-			statHook()
+		if testHook != nil {
+			testHook("stat")
 		}
 		fi, err := root.Stat(rel(dir))
 		if errors.Is(err, fs.ErrNotExist) {

@@ -430,11 +430,14 @@ func TestSharedDirStatPerHandle(t *testing.T) {
 
 	entered, release := make(chan struct{}), make(chan struct{})
 	var once sync.Once
-	statHook = func() {
+	testHook = func(op string) {
+		if op != "stat" {
+			return
+		}
 		once.Do(func() { close(entered) })
 		<-release
 	}
-	defer func() { statHook = nil }()
+	defer func() { testHook = nil }()
 
 	type result struct{ exists, same bool }
 	ctx := context.Background()
@@ -463,5 +466,85 @@ func TestSharedDirStatPerHandle(t *testing.T) {
 	}
 	if want := (result{true, false}); staleRes != want {
 		t.Errorf("stale handle (joined the fresh caller's stat): %+v, want %+v", staleRes, want)
+	}
+}
+
+// TestDirOpenedAfterCloseIsNotCached: a cgroup directory whose open finishes
+// after Close is closed, not stored in the cache (where nothing would ever
+// close it).
+func TestDirOpenedAfterCloseIsNotCached(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	src, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"},
+		Config{CgroupRoot: cg, Mode: ModeUnified, ReadTimeout: 10 * time.Second, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := src.(*cgroupSource)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	testHook = func(op string) {
+		if op != "open" {
+			return
+		}
+		once.Do(func() { close(entered) })
+		<-release
+	}
+	defer func() { testHook = nil }()
+	done := make(chan error, 1)
+	go func() { _, err := s.Sample(context.Background()); done <- err }()
+	<-entered // the directory is open, not yet cached
+	s.Close()
+	close(release)
+	if err := <-done; err == nil {
+		t.Errorf("Sample racing Close succeeded; want an error")
+	}
+	s.mu.Lock()
+	n := len(s.dirs)
+	s.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d directories cached after Close, want 0 (a leaked handle)", n)
+	}
+}
+
+// TestRecreatedCgroupDoesNotPinHandles: each time the cgroup is removed and
+// made again, the handle on the removed directory is closed once no read
+// uses it, not kept (pinning a dying memcg) until Close.
+func TestRecreatedCgroupDoesNotPinHandles(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("counts /proc/self/fd")
+	}
+	cg := copyTree(t, "testdata/cgroup/v2")
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"},
+		Config{CgroupRoot: cg, Mode: ModeUnified, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	fds := func() int {
+		es, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(es)
+	}
+	if _, err := s.Sample(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := fds()
+	const n = 20
+	for i := range n {
+		if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2/sandbox")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Sample(ctx); err != nil {
+			t.Fatalf("sample after recreation %d: %v", i, err)
+		}
+	}
+	if after := fds(); after > before+2 {
+		t.Errorf("open fds: %d before, %d after %d recreations of the cgroup; want no growth", before, after, n)
 	}
 }
