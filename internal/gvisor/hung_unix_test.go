@@ -46,7 +46,9 @@ func TestHungMemoryCurrent(t *testing.T) {
 		t.Fatalf("Sample() = %v, want ErrTimeout", err)
 	}
 	first := time.Since(start)
-	if first < bound || first > bound+500*time.Millisecond {
+	// The upper bound is generous: a loaded 2-core runner can be late by
+	// far more than the read bound itself; "hung forever" is what it catches.
+	if first < bound || first > bound+3*time.Second {
 		t.Errorf("Sample took %v, want about %v", first, bound)
 	}
 
@@ -73,12 +75,17 @@ func TestHungMemoryCurrent(t *testing.T) {
 		}
 	}
 	all := time.Since(start)
-	if all > bound+time.Second {
+	if all > bound+3*time.Second {
 		t.Errorf("100 concurrent Samples took %v, want about %v", all, bound)
 	}
 	// The callers themselves are gone; what remains is at most the one hung
-	// read (plus scheduling slack).
-	if after := runtime.NumGoroutine(); after > before+2 {
+	// read (plus scheduling slack). Goroutines that have returned may take a
+	// moment to exit, so poll before failing.
+	after := runtime.NumGoroutine()
+	for deadline := time.Now().Add(2 * time.Second); after > before+2 && time.Now().Before(deadline); after = runtime.NumGoroutine() {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if after > before+2 {
 		t.Errorf("goroutines: %d before, %d after 100 concurrent Samples against a hung read", before, after)
 	}
 	if n := s.(*cgroupSource).g.InFlight(); n != 1 {
