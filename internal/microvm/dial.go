@@ -98,11 +98,25 @@ func handshake(ctx context.Context, conn net.Conn, port uint32) error {
 	if _, err := parseHandshakeLine(line); err != nil {
 		return fmt.Errorf("%w: %w", source.ErrMalformed, err)
 	}
+	if testHookHandshakeReplied != nil {
+		testHookHandshakeReplied()
+	}
+	// Stop the AfterFunc before clearing the deadline: if ctx ended in
+	// between, the AfterFunc would set a past deadline on the connection
+	// after it was cleared and the first ttrpc read would fail. If it has
+	// run or is running, the dial ran out of time.
+	if !stop() {
+		return fmt.Errorf("%w: %w: out of time as the reply arrived: %w", source.ErrTimeout, ErrHandshake, ctx.Err())
+	}
 	if err := conn.SetDeadline(time.Time{}); err != nil {
 		return fmt.Errorf("%w: clear deadline: %w", source.ErrNotMeasurable, err)
 	}
 	return nil
 }
+
+// testHookHandshakeReplied, if set (tests only), runs in handshake after a
+// valid reply was read and before the deadline is cleared.
+var testHookHandshakeReplied func()
 
 var errLineTooLong = errors.New("no newline within the line limit")
 

@@ -3,10 +3,13 @@ package microvm
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -186,5 +189,82 @@ func TestDialVsockInjected(t *testing.T) {
 	_, err = dial(context.Background(), addr, func(context.Context, uint32, uint32) (net.Conn, error) { return nil, refused })
 	if !errors.Is(err, refused) || !errors.Is(err, source.ErrNotMeasurable) || !strings.Contains(err.Error(), "vsock://16187:1024") {
 		t.Fatalf("failed vsock dial: %v; want ErrNotMeasurable wrapping the cause and naming the address", err)
+	}
+}
+
+// deadlineConn reports when a deadline in the past is set on it (what the
+// handshake's cancel AfterFunc does).
+type deadlineConn struct {
+	net.Conn
+	pastOnce sync.Once
+	past     chan struct{}
+}
+
+func (c *deadlineConn) SetDeadline(t time.Time) error {
+	err := c.Conn.SetDeadline(t)
+	if !t.IsZero() && t.Before(time.Now()) {
+		c.pastOnce.Do(func() { close(c.past) })
+	}
+	return err
+}
+
+// TestHandshakeDeadlineAsReplyArrives: when the dial's context ends after
+// the VMM's reply was read but before the deadline is cleared, the
+// AfterFunc sets a past deadline. The handshake must not then hand out a
+// connection whose first ttrpc read fails: it is a timeout. Made
+// deterministic with a hook that cancels the context at that point and
+// waits for the AfterFunc to have run.
+func TestHandshakeDeadlineAsReplyArrives(t *testing.T) {
+	for _, cancelInHook := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cancel=%v", cancelInHook), func(t *testing.T) {
+			client, vmm := net.Pipe()
+			defer vmm.Close()
+			conn := &deadlineConn{Conn: client, past: make(chan struct{})}
+			defer conn.Close()
+			go func() {
+				buf := make([]byte, len("CONNECT 1024\n"))
+				if _, err := io.ReadFull(vmm, buf); err != nil {
+					return
+				}
+				vmm.Write([]byte("OK 1073741824\n"))
+				vmm.Write([]byte("TTRPC"))
+			}()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			hookRan := false
+			testHookHandshakeReplied = func() {
+				hookRan = true
+				if !cancelInHook {
+					return
+				}
+				cancel()
+				select {
+				case <-conn.past:
+				case <-time.After(5 * time.Second):
+					t.Error("the AfterFunc did not set a past deadline within 5 s of the cancel")
+				}
+			}
+			t.Cleanup(func() { testHookHandshakeReplied = nil })
+
+			err := handshake(ctx, conn, 1024)
+			if !hookRan {
+				t.Fatalf("hook did not run (handshake: %v)", err)
+			}
+			if cancelInHook {
+				if !errors.Is(err, source.ErrTimeout) || !errors.Is(err, ErrHandshake) {
+					buf := make([]byte, 5)
+					_, rerr := conn.Read(buf)
+					t.Fatalf("handshake = %v (then first read: %v); want ErrTimeout and ErrHandshake", err, rerr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("handshake: %v", err)
+			}
+			buf := make([]byte, 5)
+			if _, err := io.ReadFull(conn, buf); err != nil || string(buf) != "TTRPC" {
+				t.Fatalf("first agent read = %q, %v", buf, err)
+			}
+		})
 	}
 }
