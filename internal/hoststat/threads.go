@@ -229,10 +229,11 @@ func readFileLimited(path string) ([]byte, error) {
 	return b, nil
 }
 
-// readProcThreads reads <proc>/<pid>/cmdline and, per thread, task/<tid>/
-// stat (required), schedstat and comm. It blocks; callers run it bounded.
-// A thread that vanishes mid-read is reported in errs, not as an error.
-func readProcThreads(procRoot string, pid int32) (*procThreads, error) {
+// readProcThreads reads, per thread, task/<tid>/stat (required), schedstat
+// and comm, and <proc>/<pid>/cmdline when withCmdline (only the VMM's is
+// needed, for the guest name). It blocks; callers run it bounded. A thread
+// that vanishes mid-read is reported in errs, not as an error.
+func readProcThreads(procRoot string, pid int32, withCmdline bool) (*procThreads, error) {
 	base := filepath.Join(procRoot, strconv.Itoa(int(pid)))
 	ents, err := os.ReadDir(filepath.Join(base, "task"))
 	if err != nil {
@@ -242,7 +243,9 @@ func readProcThreads(procRoot string, pid int32) (*procThreads, error) {
 		return nil, err
 	}
 	pt := &procThreads{pid: pid}
-	pt.cmdline, _ = readFileLimited(filepath.Join(base, "cmdline")) // optional: only for the guest name
+	if withCmdline {
+		pt.cmdline, _ = readFileLimited(filepath.Join(base, "cmdline")) // optional: only for the guest name
+	}
 	for _, e := range ents {
 		tid, err := strconv.ParseInt(e.Name(), 10, 32)
 		if err != nil {
@@ -301,10 +304,24 @@ func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 		}
 		return v, name, nameSrc
 	}
+	// One bound for the whole view, not one per process: N stuck processes
+	// must not make a host sample take N times the read timeout.
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+	defer cancel()
 	var firstErr error
-	for _, pid := range procs {
-		key := fmt.Sprintf("hoststat:threads:%s/%d", s.cfg.ProcRoot, pid)
-		pt, err := bounded.Do(ctx, s.g, key, func() (*procThreads, error) { return readProcThreads(s.cfg.ProcRoot, pid) })
+	for i, pid := range procs {
+		if err := ctx.Err(); err != nil {
+			// Start no more reads once the bound is spent.
+			if firstErr == nil {
+				firstErr = fmt.Errorf("%w: threads of %d of %d processes not read: %w", source.ErrTimeout, len(procs)-i, len(procs), err)
+			} else {
+				v.ThreadErrors = append(v.ThreadErrors, fmt.Sprintf("threads of %d of %d processes not read: %v", len(procs)-i, len(procs), err))
+			}
+			break
+		}
+		first := i == 0
+		key := fmt.Sprintf("hoststat:threads:%s/%d:cmdline=%t", s.cfg.ProcRoot, pid, first)
+		pt, err := bounded.Do(ctx, s.g, key, func() (*procThreads, error) { return readProcThreads(s.cfg.ProcRoot, pid, first) })
 		if err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s/%d/task: %w", s.cfg.ProcRoot, pid, err)
@@ -314,7 +331,7 @@ func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 		v.Pids = append(v.Pids, pid)
 		v.Threads = append(v.Threads, pt.threads...)
 		v.ThreadErrors = append(v.ThreadErrors, pt.errs...)
-		if name == "" && pid == procs[0] {
+		if name == "" && first {
 			if n := parseQEMUGuestName(pt.cmdline); n != "" {
 				name, nameSrc = n, "qemu-cmdline"
 			}

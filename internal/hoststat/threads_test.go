@@ -1,0 +1,112 @@
+package hoststat
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// writeProcFile writes one file of a temporary /proc tree.
+func writeProcFile(t *testing.T, root, rel, content string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// taskStatLine is a stat line of thread tid (process pid's parent ppid).
+func taskStatLine(tid, ppid int32, comm string, start uint64) string {
+	return fmt.Sprintf("%d (%s) S %d 1 1 0 -1 4194368 1200 0 3 0 12 30 0 0 20 0 6 0 %d 1234567890 6500 18446744073709551615 1 1 0 0 0 0 0 4096 17664 0 0 0 -1 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+		tid, comm, ppid, start)
+}
+
+// writeThread writes task/<tid>/{stat,schedstat,comm} of process pid.
+func writeThread(t *testing.T, root string, pid, tid int32, comm string) {
+	t.Helper()
+	dir := filepath.Join(strconv.Itoa(int(pid)), "task", strconv.Itoa(int(tid)))
+	writeProcFile(t, root, filepath.Join(dir, "stat"), taskStatLine(tid, 1, comm, 85000))
+	writeProcFile(t, root, filepath.Join(dir, "schedstat"), "1000 20 3\n")
+	writeProcFile(t, root, filepath.Join(dir, "comm"), comm+"\n")
+}
+
+// hungFile puts a FIFO with no writer at rel: opening it never returns until
+// the test ends.
+func hungFile(t *testing.T, root, rel string) {
+	t.Helper()
+	p := filepath.Join(root, rel)
+	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Mkfifo(p, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { // release the hung open so its goroutine ends
+		if f, err := os.OpenFile(p, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
+			f.Close()
+		}
+	})
+}
+
+func tempSampler(t *testing.T, root string, bound time.Duration) *Sampler {
+	t.Helper()
+	s, err := newSampler(sourceRefNone, Config{ProcRoot: root, DebugfsRoot: t.TempDir(), ReadTimeout: bound, DisableDebugfsMount: true, Now: fixedNow})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// TestThreadsViewOneBound: five sandbox processes whose thread files hang
+// cost the thread view one read timeout, not five.
+func TestThreadsViewOneBound(t *testing.T) {
+	root := t.TempDir()
+	writeThread(t, root, 100, 100, "runsc-sandbox")
+	procs := []int32{100}
+	for pid := int32(101); pid <= 105; pid++ {
+		hungFile(t, root, fmt.Sprintf("%d/task/%d/stat", pid, pid))
+		procs = append(procs, pid)
+	}
+	const bound = 300 * time.Millisecond
+	s := tempSampler(t, root, bound)
+	start := time.Now()
+	v, _, _ := s.threadsView(context.Background(), procs, "test", nil)
+	took := time.Since(start)
+	if took > 3*bound {
+		t.Errorf("thread view took %v for 5 hung processes with a %v bound; want about one bound", took, bound)
+	}
+	if len(v.Pids) != 1 || v.Pids[0] != 100 || len(v.Threads) != 1 {
+		t.Errorf("pids %v, %d threads; want the sentry's one thread", v.Pids, len(v.Threads))
+	}
+	if len(v.ThreadErrors) == 0 {
+		t.Errorf("no thread error for the hung processes")
+	}
+	t.Logf("took %v; errors %q", took, v.ThreadErrors)
+}
+
+// TestThreadsViewCmdlineOnlyOfVMM: only the first process's (the VMM's or
+// sentry's) cmdline is read; a hung cmdline of another process does not cost
+// that process its threads.
+func TestThreadsViewCmdlineOnlyOfVMM(t *testing.T) {
+	root := t.TempDir()
+	writeThread(t, root, 100, 100, "qemu-system-x86")
+	writeProcFile(t, root, "100/cmdline", "qemu-system-x86_64\x00-name\x00guest=srv7\x00")
+	writeThread(t, root, 200, 200, "gofer")
+	hungFile(t, root, "200/cmdline")
+	s := tempSampler(t, root, 300*time.Millisecond)
+	v, name, nameSrc := s.threadsView(context.Background(), []int32{100, 200}, "test", nil)
+	if len(v.Pids) != 2 || len(v.Threads) != 2 || len(v.ThreadErrors) != 0 {
+		t.Errorf("pids %v, %d threads, errors %q; want both processes' threads", v.Pids, len(v.Threads), v.ThreadErrors)
+	}
+	if name != "srv7" || nameSrc != "qemu-cmdline" {
+		t.Errorf("guest name %q (%s), want srv7 from the VMM's cmdline", name, nameSrc)
+	}
+}
