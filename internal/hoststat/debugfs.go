@@ -164,7 +164,15 @@ func (s *Sampler) readDebugfs(vmmPID int32) *sandboxstatsv1.KvmSourceView {
 		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root,
 			fmt.Sprintf("debugfs is not mounted at %s and a private mount failed: %v", root, err))
 	}
-	v.Origin = "private debugfs mount: " + v.Origin
+	// The note goes in Reason, not Origin: Origin names the VM directory
+	// only, so a host mounting or unmounting debugfs between two samples is
+	// not "a new VM" to Window.
+	note := "read through a private debugfs mount (debugfs is not mounted at " + root + ")"
+	if v.Reason == "" {
+		v.Reason = note
+	} else {
+		v.Reason += "; " + note
+	}
 	return v
 }
 

@@ -106,3 +106,23 @@ func TestIntegrationDebugfsViewOnThisHost(t *testing.T) {
 		t.Logf("reason does not name %s: %q", DefaultDebugfsRoot, v.Reason)
 	}
 }
+
+// TestIntegrationPrivateMountNoteNotInOrigin: a view read through a private
+// debugfs mount says so in Reason; Origin stays the kvm path alone, so the
+// host mounting debugfs between two samples is not "a new VM".
+func TestIntegrationPrivateMountNoteNotInOrigin(t *testing.T) {
+	requireRoot(t)
+	root := t.TempDir()
+	s, err := newSampler(source.SandboxRef{VMMPID: os.Getpid()}, Config{DebugfsRoot: root})
+	if err != nil {
+		t.Fatal(err)
+	}
+	v := s.readDebugfs(int32(os.Getpid()))
+	t.Logf("view: %s reason %q origin %q", stateName(v.State), v.Reason, v.Origin)
+	if strings.Contains(v.Origin, "private") || !strings.HasPrefix(v.Origin, root) {
+		t.Errorf("origin %q: want the kvm path under %s alone", v.Origin, root)
+	}
+	if !strings.Contains(v.Reason, "read through a private debugfs mount") {
+		t.Errorf("reason %q: want the private mount note", v.Reason)
+	}
+}

@@ -1051,11 +1051,13 @@ type KvmSourceView struct {
 	// How far it could be read. Kind: label.
 	State KvmSourceState `protobuf:"varint,2,opt,name=state,proto3,enum=sandboxstats.v1.KvmSourceState" json:"state,omitempty"`
 	// Why it is unavailable, partial or not configured (path and cause, e.g.
-	// "open .../exits: operation not permitted (kernel lockdown)"); empty when
-	// available. Kind: label.
+	// "open .../exits: operation not permitted (kernel lockdown)"), plus how it
+	// was read when that is worth saying ("read through a private debugfs
+	// mount ..."); empty when available and read the ordinary way. Kind: label.
 	Reason string `protobuf:"bytes,3,opt,name=reason,proto3" json:"reason,omitempty"`
 	// Where the values came from: the debugfs directory ("kvm/1234-11") or the
-	// QMP socket path. Kind: label.
+	// QMP socket path, nothing else (a change means another VM or socket).
+	// Kind: label.
 	Origin string `protobuf:"bytes,4,opt,name=origin,proto3" json:"origin,omitempty"`
 	// The counters read.
 	Counters []*KvmCounter `protobuf:"bytes,5,rep,name=counters,proto3" json:"counters,omitempty"`
