@@ -260,3 +260,29 @@ func TestQMPUnit(t *testing.T) {
 		}
 	}
 }
+
+// TestQMPStatsUnknownVCPU: a vCPU whose QOM path query-cpus-fast did not
+// list is scoped by that path, not by its position in the reply (which can
+// equal a real vCPU's index).
+func TestQMPStatsUnknownVCPU(t *testing.T) {
+	raw := []byte(`[
+		{"provider": "kvm", "qom-path": "/machine/unattached/device[9]", "stats": [{"name": "exits", "value": 7}]},
+		{"provider": "kvm", "qom-path": "/machine/unattached/device[0]", "stats": [{"name": "exits", "value": 100}]}
+	]`)
+	cpus := map[string]int32{"/machine/unattached/device[0]": 0}
+	got, err := parseQMPStats(raw, "vcpu", nil, cpus)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scopes := map[string]uint64{}
+	for _, c := range got {
+		if _, dup := scopes[c.Scope]; dup {
+			t.Errorf("scope %q given twice", c.Scope)
+		}
+		scopes[c.Scope] = c.Value
+	}
+	want := map[string]uint64{"vcpu0": 100, "qom:/machine/unattached/device[9]": 7}
+	if diff := cmp.Diff(want, scopes); diff != "" {
+		t.Errorf("scopes (-want +got):\n%s", diff)
+	}
+}

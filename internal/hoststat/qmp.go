@@ -250,17 +250,20 @@ func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus
 		return nil, fmt.Errorf("%w: %w", source.ErrMalformed, err)
 	}
 	var out []*sandboxstatsv1.KvmCounter
-	for i, r := range reply {
+	for _, r := range reply {
 		if r.Provider != "" && r.Provider != "kvm" {
 			continue
 		}
 		scope := "vm"
 		if target == "vcpu" {
-			idx, ok := cpus[r.QOMPath]
-			if !ok {
-				idx = int32(i)
+			// A vCPU that query-cpus-fast does not list is named by its QOM
+			// path: its position in this reply could equal a real vCPU's
+			// index.
+			if idx, ok := cpus[r.QOMPath]; ok {
+				scope = "vcpu" + strconv.Itoa(int(idx))
+			} else {
+				scope = "qom:" + r.QOMPath
 			}
-			scope = "vcpu" + strconv.Itoa(int(idx))
 		}
 		for _, st := range r.Stats {
 			val, ok, err := qmpValue(st.Value)

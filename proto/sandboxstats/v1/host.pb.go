@@ -1149,7 +1149,9 @@ type KvmCounter struct {
 	// Cumulative, gauge or peak. Kind: label.
 	Kind KvmCounterKind `protobuf:"varint,2,opt,name=kind,proto3,enum=sandboxstats.v1.KvmCounterKind" json:"kind,omitempty"`
 	// What it covers: "vm" (a VM statistic), "vcpu-sum" (debugfs: summed over
-	// this VM's vCPUs) or "vcpu<N>" (QMP: one vCPU). Kind: label.
+	// this VM's vCPUs), "vcpu<N>" (QMP: one vCPU, N its cpu-index) or
+	// "qom:<path>" (QMP: one vCPU that query-cpus-fast did not list, so its
+	// index is unknown). Kind: label.
 	Scope string `protobuf:"bytes,3,opt,name=scope,proto3" json:"scope,omitempty"`
 	// The value in unit. Booleans are 0 or 1. Kind: see kind.
 	Value uint64 `protobuf:"varint,4,opt,name=value,proto3" json:"value,omitempty"`
