@@ -63,7 +63,11 @@ func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 			if s.Class == sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU {
 				name = "vcpu"
 			}
-			fmt.Fprintf(t, "%s\t%d\t%d\t%d\t%d\t%d\t%d\n", name, s.Threads, s.UtimeUsec, s.StimeUsec, s.GuestTimeUsec, s.RunNs, s.RunDelayNs)
+			run, delay := strconv.FormatUint(s.RunNs, 10), strconv.FormatUint(s.RunDelayNs, 10)
+			if s.Threads > 0 && !anySchedstat(tv.GetThreads(), s.Class) {
+				run, delay = "-", "-" // unknown, not 0
+			}
+			fmt.Fprintf(t, "%s\t%d\t%d\t%d\t%d\t%s\t%s\n", name, s.Threads, s.UtimeUsec, s.StimeUsec, s.GuestTimeUsec, run, delay)
 		}
 		p.flush(t)
 		for _, tid := range tv.GetReusedTids() {
@@ -187,4 +191,14 @@ func className(th *sandboxstatsv1.VmmThread) string {
 
 func sourceName(s sandboxstatsv1.KvmSource) string {
 	return strings.ToLower(strings.TrimPrefix(s.String(), "KVM_SOURCE_"))
+}
+
+// anySchedstat reports whether some thread of class had its schedstat read.
+func anySchedstat(ths []*sandboxstatsv1.VmmThread, class sandboxstatsv1.VmmThreadClass) bool {
+	for _, th := range ths {
+		if th.Class == class && th.RunNs != nil {
+			return true
+		}
+	}
+	return false
 }

@@ -33,7 +33,8 @@ const legendThreads = "VMM threads as the host scheduler accounted them: utime/s
 	"USER_HZ tick resolution (utime includes guest), run/run_delay in ns from schedstat; run_delay of a " +
 	"vCPU thread is the host-side analogue of the guest's steal; 'other' threads are VMM overhead no guest " +
 	"counter sees; guest time stays 0 where the host accounts guest execution as system time (PVM); " +
-	"all are counters except threads (gauge)"
+	"per thread all are counters; the class totals are sums over the threads present at this sample, not " +
+	"counters (a thread exiting makes them drop: difference per thread), run/run_delay over the threads with schedstat"
 
 // taskStat is what the VMM view takes from /proc/<pid>/task/<tid>/stat.
 type taskStat struct {
@@ -342,7 +343,9 @@ func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 	} else if firstErr != nil {
 		v.ThreadErrors = append(v.ThreadErrors, firstErr.Error())
 	}
-	v.VcpuTotals, v.OtherTotals = threadTotals(v.Threads)
+	var notes []string
+	v.VcpuTotals, v.OtherTotals, notes = threadTotals(v.Threads)
+	v.ThreadErrors = append(v.ThreadErrors, notes...)
 	v.ReusedTids = s.noteThreads(v.Threads)
 	if name == "" {
 		name, nameSrc = "anonymous", "none"
@@ -350,23 +353,47 @@ func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 	return v, name, nameSrc
 }
 
-// threadTotals sums each class.
-func threadTotals(ths []*sandboxstatsv1.VmmThread) (vcpu, other *sandboxstatsv1.VmmThreadTotals) {
+// threadTotals sums each class over the threads present in this sample
+// (sums, not counters: a thread exiting makes them drop). Run and run delay
+// sum only the threads whose schedstat was read; each class with threads
+// lacking it gets a note "k of n threads without schedstat", and a class
+// where no thread has it says its run totals are unknown, not 0.
+func threadTotals(ths []*sandboxstatsv1.VmmThread) (vcpu, other *sandboxstatsv1.VmmThreadTotals, notes []string) {
 	vcpu = &sandboxstatsv1.VmmThreadTotals{Class: sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU}
 	other = &sandboxstatsv1.VmmThreadTotals{Class: sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER}
+	var noSchedVCPU, noSchedOther uint32
 	for _, th := range ths {
-		t := other
+		t, noSched := other, &noSchedOther
 		if th.Class == sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU {
-			t = vcpu
+			t, noSched = vcpu, &noSchedVCPU
 		}
 		t.Threads++
 		t.UtimeUsec += th.UtimeUsec
 		t.StimeUsec += th.StimeUsec
 		t.GuestTimeUsec += th.GuestTimeUsec
-		t.RunNs += th.GetRunNs()
-		t.RunDelayNs += th.GetRunDelayNs()
+		if th.RunNs == nil || th.RunDelayNs == nil {
+			*noSched++ // unknown, not 0: left out of the run sums
+			continue
+		}
+		t.RunNs += *th.RunNs
+		t.RunDelayNs += *th.RunDelayNs
 	}
-	return vcpu, other
+	for _, c := range []struct {
+		name    string
+		t       *sandboxstatsv1.VmmThreadTotals
+		noSched uint32
+	}{{"vcpu", vcpu, noSchedVCPU}, {"other", other, noSchedOther}} {
+		switch {
+		case c.noSched == 0:
+		case c.noSched == c.t.Threads:
+			notes = append(notes, fmt.Sprintf("%s totals: run_ns and run_delay_ns unknown: %d of %d threads without schedstat (the 0 is not a measurement)",
+				c.name, c.noSched, c.t.Threads))
+		default:
+			notes = append(notes, fmt.Sprintf("%s totals: run_ns and run_delay_ns sum %d threads only: %d of %d threads without schedstat",
+				c.name, c.t.Threads-c.noSched, c.noSched, c.t.Threads))
+		}
+	}
+	return vcpu, other, notes
 }
 
 // noteThreads records this sample's (tid, start time) pairs and returns the

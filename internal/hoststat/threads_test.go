@@ -1,14 +1,20 @@
 package hoststat
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-cmp/cmp"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // writeProcFile writes one file of a temporary /proc tree.
@@ -108,5 +114,40 @@ func TestThreadsViewCmdlineOnlyOfVMM(t *testing.T) {
 	}
 	if name != "srv7" || nameSrc != "qemu-cmdline" {
 		t.Errorf("guest name %q (%s), want srv7 from the VMM's cmdline", name, nameSrc)
+	}
+}
+
+// TestThreadTotalsSkipUnknownSchedstat: run sums leave out threads without
+// schedstat and say how many; a class where none has it is flagged unknown
+// (and rendered "-"), not reported as a measured 0.
+func TestThreadTotalsSkipUnknownSchedstat(t *testing.T) {
+	u := func(v uint64) *uint64 { return &v }
+	vcpu, other := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU, sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER
+	ths := []*sandboxstatsv1.VmmThread{
+		{Tid: 1, Class: vcpu, UtimeUsec: 10},
+		{Tid: 2, Class: vcpu, UtimeUsec: 20},
+		{Tid: 3, Class: other, UtimeUsec: 5, RunNs: u(100), RunDelayNs: u(7)},
+		{Tid: 4, Class: other, UtimeUsec: 5},
+	}
+	v, o, notes := threadTotals(ths)
+	if v.Threads != 2 || v.UtimeUsec != 30 || v.RunNs != 0 || o.Threads != 2 || o.RunNs != 100 || o.RunDelayNs != 7 {
+		t.Errorf("totals vcpu %v other %v", v, o)
+	}
+	want := []string{
+		"vcpu totals: run_ns and run_delay_ns unknown: 2 of 2 threads without schedstat (the 0 is not a measurement)",
+		"other totals: run_ns and run_delay_ns sum 1 threads only: 1 of 2 threads without schedstat",
+	}
+	if diff := cmp.Diff(want, notes); diff != "" {
+		t.Errorf("notes (-want +got):\n%s", diff)
+	}
+	var buf bytes.Buffer
+	tv := &sandboxstatsv1.VmmThreadsView{Threads: ths, VcpuTotals: v, OtherTotals: o, ThreadErrors: notes}
+	if err := WriteSampleTable(&buf, &sandboxstatsv1.HostStats{VmmThreads: tv}); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(buf.String(), "\n") {
+		if f := strings.Fields(line); len(f) == 7 && f[0] == "vcpu" && (f[5] != "-" || f[6] != "-") {
+			t.Errorf("vcpu totals row %q: want - for the unknown run sums", line)
+		}
 	}
 }

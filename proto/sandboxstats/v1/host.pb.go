@@ -599,18 +599,23 @@ type VmmThreadsView struct {
 	Pids []int32 `protobuf:"varint,4,rep,packed,name=pids,proto3" json:"pids,omitempty"`
 	// Every thread read, ordered by pid then tid.
 	Threads []*VmmThread `protobuf:"bytes,5,rep,name=threads,proto3" json:"threads,omitempty"`
-	// Sum over the vCPU threads listed. Kind: counter (the sum drops when a
-	// thread exits).
+	// Sums over the vCPU threads present at this sample. NOT counters: a
+	// thread exiting makes them drop and a new thread makes them jump, so never
+	// difference two samples' totals; difference per thread (tid and start
+	// time), as the window does. Kind: sum (not a counter).
 	VcpuTotals *VmmThreadTotals `protobuf:"bytes,6,opt,name=vcpu_totals,json=vcpuTotals,proto3" json:"vcpu_totals,omitempty"`
-	// Sum over the other (VMM overhead) threads listed. Kind: counter (the sum
-	// drops when a thread exits).
+	// Sums over the other (VMM overhead) threads present at this sample; NOT
+	// counters, as vcpu_totals. Kind: sum (not a counter).
 	OtherTotals *VmmThreadTotals `protobuf:"bytes,7,opt,name=other_totals,json=otherTotals,proto3" json:"other_totals,omitempty"`
 	// Thread ids that were seen in this sampler's previous sample with another
 	// start time: the tid was reused by a new thread, so its counters restarted.
 	// Kind: label.
 	ReusedTids []int32 `protobuf:"varint,8,rep,packed,name=reused_tids,json=reusedTids,proto3" json:"reused_tids,omitempty"`
 	// Threads that could not be read fully (they may have exited mid-sample),
-	// "tid: reason". Kind: label.
+	// "tid: reason"; and, per class with threads whose schedstat could not be
+	// read, "<class> totals: ... k of n threads without schedstat" (their run
+	// sums leave those threads out; with k = n the run sums are unknown and
+	// their 0 is not a measurement). Kind: label.
 	ThreadErrors []string `protobuf:"bytes,9,rep,name=thread_errors,json=threadErrors,proto3" json:"thread_errors,omitempty"`
 	// Clock ticks per second used to convert stat's tick fields (USER_HZ, 100
 	// on Linux). Kind: label.
@@ -873,24 +878,28 @@ func (x *VmmThread) GetRunCount() uint64 {
 	return 0
 }
 
-// VmmThreadTotals sums one class of threads. Layer: host scheduler.
+// VmmThreadTotals sums one class of threads over the threads present at
+// this sample. None of its sums is a counter: a thread exiting makes them go
+// down. Difference per thread, never these totals. Layer: host scheduler.
 type VmmThreadTotals struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Which class. Kind: label.
 	Class VmmThreadClass `protobuf:"varint,1,opt,name=class,proto3,enum=sandboxstats.v1.VmmThreadClass" json:"class,omitempty"`
 	// Threads summed. Kind: gauge.
 	Threads uint32 `protobuf:"varint,2,opt,name=threads,proto3" json:"threads,omitempty"`
-	// Sum of utime, usec. Kind: counter.
+	// Sum of utime, usec, over the threads present. Kind: sum (not a counter).
 	UtimeUsec uint64 `protobuf:"varint,3,opt,name=utime_usec,json=utimeUsec,proto3" json:"utime_usec,omitempty"`
-	// Sum of stime, usec. Kind: counter.
+	// Sum of stime, usec, over the threads present. Kind: sum (not a counter).
 	StimeUsec uint64 `protobuf:"varint,4,opt,name=stime_usec,json=stimeUsec,proto3" json:"stime_usec,omitempty"`
-	// Sum of guest time, usec. Kind: counter.
+	// Sum of guest time, usec, over the threads present. Kind: sum (not a
+	// counter).
 	GuestTimeUsec uint64 `protobuf:"varint,5,opt,name=guest_time_usec,json=guestTimeUsec,proto3" json:"guest_time_usec,omitempty"`
-	// Sum of schedstat run time, ns, over the threads whose schedstat was read.
-	// Kind: counter.
+	// Sum of schedstat run time, ns, over only the threads whose schedstat was
+	// read (a thread without it is left out, not counted as 0; thread_errors
+	// says "k of n threads without schedstat"). Kind: sum (not a counter).
 	RunNs uint64 `protobuf:"varint,6,opt,name=run_ns,json=runNs,proto3" json:"run_ns,omitempty"`
-	// Sum of schedstat run delay, ns, over the threads whose schedstat was read.
-	// Kind: counter.
+	// Sum of schedstat run delay, ns, over only the threads whose schedstat
+	// was read, as run_ns. Kind: sum (not a counter).
 	RunDelayNs    uint64 `protobuf:"varint,7,opt,name=run_delay_ns,json=runDelayNs,proto3" json:"run_delay_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
