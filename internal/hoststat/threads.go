@@ -414,8 +414,12 @@ func (s *Sampler) noteThreads(ths []*sandboxstatsv1.VmmThread) []int32 {
 }
 
 // sandboxProcesses returns a gVisor sandbox's processes: the sentry first,
-// then every process in the sentry's cgroups (gofer, ptrace stubs) when the
-// sentry is not in the root cgroup, else the sentry's descendants.
+// then its descendants (ptrace stubs, the sandbox's own processes) that are,
+// when the sentry is not in the root cgroup, also in the sentry's cgroups.
+// Descent is required in every case: with runsc --ignore-cgroups the sentry
+// inherits its parent's cgroup (a session scope, say) and sharing it says
+// nothing. A gofer, a sibling of the sentry (both children of runsc), is
+// therefore not listed.
 func (s *Sampler) sandboxProcesses(ctx context.Context, sentry int32) ([]int32, error) {
 	key := fmt.Sprintf("hoststat:sandbox:%s/%d", s.cfg.ProcRoot, sentry)
 	return bounded.Do(ctx, s.g, key, func() ([]int32, error) { return scanSandboxProcesses(s.cfg.ProcRoot, sentry) })
@@ -439,34 +443,36 @@ func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 		return nil, err
 	}
 	parent := map[int32]int32{}
-	var same []int32
 	for _, e := range ents {
 		n, err := strconv.ParseInt(e.Name(), 10, 32)
 		if err != nil || int32(n) == sentry {
 			continue
 		}
-		pid := int32(n)
-		if !rootOnly {
-			if b, err := readFileLimited(filepath.Join(procRoot, e.Name(), "cgroup")); err == nil && bytes.Equal(b, cg) {
-				same = append(same, pid)
-			}
-			continue
-		}
 		if b, err := readFileLimited(filepath.Join(procRoot, e.Name(), "stat")); err == nil {
 			if st, err := parseTaskStat(b); err == nil {
-				parent[pid] = st.PPID
+				parent[int32(n)] = st.PPID
 			}
 		}
 	}
-	if rootOnly {
-		for pid := range parent {
-			for p, hops := parent[pid], 0; p != 0 && hops < 64; p, hops = parent[p], hops+1 {
-				if p == sentry {
-					same = append(same, pid)
-					break
-				}
+	var same []int32
+	for pid := range parent {
+		descends := false
+		for p, hops := parent[pid], 0; p != 0 && hops < 64; p, hops = parent[p], hops+1 {
+			if p == sentry {
+				descends = true
+				break
 			}
 		}
+		if !descends {
+			continue
+		}
+		if !rootOnly {
+			b, err := readFileLimited(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cgroup"))
+			if err != nil || !bytes.Equal(b, cg) {
+				continue
+			}
+		}
+		same = append(same, pid)
 	}
 	slices.Sort(same)
 	return append([]int32{sentry}, same...), nil

@@ -151,3 +151,41 @@ func TestThreadTotalsSkipUnknownSchedstat(t *testing.T) {
 		}
 	}
 }
+
+// TestSandboxProcessesNeedDescent: a gVisor sandbox's processes are the
+// sentry's descendants (in its cgroup when that is not the root). With runsc
+// --ignore-cgroups the sentry shares its parent's cgroup (a session scope),
+// so an unrelated process there must not be counted.
+func TestSandboxProcessesNeedDescent(t *testing.T) {
+	const scope = "0::/user.slice/user-0.slice/session-1.scope\n"
+	for _, tc := range []struct {
+		name     string
+		sentryCG string
+		want     []int32
+	}{
+		{"sentry in a shared session scope", scope, []int32{300, 301, 302}},
+		{"sentry in the root cgroup", "0::/\n", []int32{300, 301, 302, 303}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			proc := func(pid, ppid int32, cg string) {
+				writeProcFile(t, root, fmt.Sprintf("%d/stat", pid), taskStatLine(pid, ppid, "p", 1000))
+				writeProcFile(t, root, fmt.Sprintf("%d/cgroup", pid), cg)
+			}
+			proc(300, 1, tc.sentryCG) // the sentry
+			proc(301, 300, tc.sentryCG)
+			proc(302, 301, tc.sentryCG)             // a grandchild
+			proc(303, 300, "0::/elsewhere\n")       // a child in another cgroup
+			proc(310, 1, tc.sentryCG)               // unrelated, same cgroup
+			proc(311, 310, tc.sentryCG)             // its child
+			writeProcFile(t, root, "stat", "cpu 0") // not a pid directory
+			got, err := scanSandboxProcesses(root, 300)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("sandbox processes (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
