@@ -221,10 +221,32 @@ func (sb *Sandbox) Exec(t testing.TB, args ...string) {
 	}
 }
 
-// CgroupProcs returns the pids in the sandbox's v1 memory cgroup.
+// cgroup2Magic is CGROUP2_SUPER_MAGIC, statfs's f_type of a cgroup2 mount.
+const cgroup2Magic = 0x63677270
+
+// cgroupProcsFile is the cgroup.procs of cgroupPath under the cgroup mount
+// root: <root>/<path> when root is cgroup2 (a unified host), else the v1
+// memory hierarchy <root>/memory/<path>.
+func cgroupProcsFile(root, cgroupPath string) (string, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(root, &st); err != nil {
+		return "", fmt.Errorf("statfs %s: %w", root, err)
+	}
+	if int64(st.Type) == cgroup2Magic {
+		return filepath.Join(root, cgroupPath, "cgroup.procs"), nil
+	}
+	return filepath.Join(root, "memory", cgroupPath, "cgroup.procs"), nil
+}
+
+// CgroupProcs returns the pids in the sandbox's cgroup: the unified one on a
+// cgroup2 host, else the v1 memory cgroup.
 func (sb *Sandbox) CgroupProcs(t testing.TB) []int {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/memory", sb.CgroupPath, "cgroup.procs"))
+	p, err := cgroupProcsFile("/sys/fs/cgroup", sb.CgroupPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -293,6 +315,7 @@ func dumpLogs(t testing.TB, dir string) {
 type QEMU struct {
 	Dir, PIDFile, QMP string
 	PID               int
+	start             uint64 // PID's start time (stat field 22) when it was started
 }
 
 // Accel returns "kvm" when /dev/kvm exists, else "tcg": /dev/kvm belongs to
@@ -337,6 +360,9 @@ func StartQEMU(t testing.TB, dir, name, accel string) *QEMU {
 	if vm.PID, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
 		t.Fatal(err)
 	}
+	if vm.start, err = StartTime(vm.PID); err != nil {
+		t.Fatalf("qemu pid %d: %v", vm.PID, err)
+	}
 	t.Cleanup(vm.Stop)
 	return vm
 }
@@ -353,8 +379,40 @@ func (vm *QEMU) WaitReady(timeout time.Duration) {
 	}
 }
 
-// Stop stops QEMU by its pid (SIGTERM, then SIGKILL) and waits for it.
+// StartTime returns field 22 (starttime, clock ticks after boot) of
+// /proc/<pid>/stat, counted after the last ')' (the command name may hold
+// spaces and parentheses). With the pid it names one process: a reused pid
+// has another start time.
+func StartTime(pid int) (uint64, error) {
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return 0, err
+	}
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no ')'", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 20 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
+	}
+	return strconv.ParseUint(f[19], 10, 64)
+}
+
+// alive reports whether vm.PID is still the QEMU that was started (same
+// start time), not gone and not a reused pid.
+func (vm *QEMU) alive() bool {
+	st, err := StartTime(vm.PID)
+	return err == nil && st == vm.start
+}
+
+// Stop stops QEMU by its pid (SIGTERM, then SIGKILL) and waits for it. Before
+// each signal it checks that the pid is still that QEMU (its start time), so
+// a reused pid is never signalled.
 func (vm *QEMU) Stop() {
+	if !vm.alive() {
+		return
+	}
 	if err := syscall.Kill(vm.PID, syscall.SIGTERM); err != nil {
 		return
 	}
@@ -362,13 +420,17 @@ func (vm *QEMU) Stop() {
 		return
 	}
 	// Killed, QEMU leaves its pid file behind.
+	if !vm.alive() {
+		return
+	}
 	syscall.Kill(vm.PID, syscall.SIGKILL)
 	vm.waitGone(5 * time.Second)
 }
 
+// waitGone waits up to d for the QEMU to be gone (its pid gone or reused).
 func (vm *QEMU) waitGone(d time.Duration) bool {
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		if syscall.Kill(vm.PID, 0) != nil {
+		if !vm.alive() {
 			return true
 		}
 	}
