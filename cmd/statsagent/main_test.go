@@ -176,10 +176,10 @@ func series(actor, class, src string) string {
 // sockets (one hung, one killed mid-test) and checks what it exports.
 func TestEndToEnd(t *testing.T) {
 	const (
-		gv  = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR
-		mv  = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
-		cg  = sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP
-		ga  = sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
+		gv = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR
+		mv = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
+		cg = sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP
+		ga = sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
 		// Long enough that a healthy fake answers within it on a loaded
 		// 2-core machine; the hung one costs exactly this much.
 		tmo = 2 * time.Second
