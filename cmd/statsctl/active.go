@@ -26,13 +26,11 @@ func runActive(ctx context.Context, e *env, args []string) error {
 	if err := out.validate(); err != nil {
 		return err
 	}
-	cc, err := conn.dial()
+	ctx, cc, done, err := conn.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
+	defer done()
 	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).StatsActiveWorkloads(ctx,
 		&sandboxstatsv1.StatsActiveWorkloadsRequest{IncludeHost: includeHost})
 	if err != nil {

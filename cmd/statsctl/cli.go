@@ -163,6 +163,16 @@ func (c *connFlags) dial() (*grpc.ClientConn, error) {
 	return grpc.NewClient("unix://"+c.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
+// open dials the socket and bounds the call by --timeout; done releases both.
+func (c *connFlags) open(ctx context.Context) (context.Context, *grpc.ClientConn, func(), error) {
+	cc, err := c.dial()
+	if err != nil {
+		return ctx, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	return ctx, cc, func() { cancel(); cc.Close() }, nil
+}
+
 type outputFlag struct{ format string }
 
 func (o *outputFlag) register(fs *flag.FlagSet) {

@@ -24,13 +24,11 @@ func runDrift(ctx context.Context, e *env, args []string) error {
 	if err := out.validate(); err != nil {
 		return err
 	}
-	cc, err := conn.dial()
+	ctx, cc, done, err := conn.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
+	defer done()
 	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
 	if err != nil {
 		return err

@@ -18,13 +18,11 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	cc, err := conn.dial()
+	ctx, cc, done, err := conn.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
+	defer done()
 	resp, err := healthpb.NewHealthClient(cc).Check(ctx, &healthpb.HealthCheckRequest{Service: service})
 	if err != nil {
 		return err

@@ -94,13 +94,11 @@ func bindWorkload(ctx context.Context, e *env, args []string, name, summary, not
 	if err := parse(args); err != nil {
 		return err
 	}
-	cc, err := b.conn.dial()
+	ctx, cc, done, err := b.conn.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, b.conn.timeout)
-	defer cancel()
+	defer done()
 	epoch, err := call(ctx, sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc), &b.identity, &b.ref)
 	if err != nil {
 		return err
@@ -121,13 +119,11 @@ func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	cc, err := conn.dial()
+	ctx, cc, done, err := conn.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
+	defer done()
 	if _, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).CheckpointWorkload(ctx,
 		&sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: actorUID}); err != nil {
 		return err

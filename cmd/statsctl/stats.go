@@ -32,13 +32,11 @@ func runStats(ctx context.Context, e *env, args []string) error {
 	if actorUID == "" {
 		return usageError{fmt.Errorf("--actor-uid is required")}
 	}
-	cc, err := conn.dial()
+	ctx, cc, done, err := conn.open(ctx)
 	if err != nil {
 		return err
 	}
-	defer cc.Close()
-	ctx, cancel := context.WithTimeout(ctx, conn.timeout)
-	defer cancel()
+	defer done()
 	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).StatsWorkload(ctx,
 		&sandboxstatsv1.StatsWorkloadRequest{ActorUid: actorUID, IncludeHost: includeHost})
 	if err != nil {
