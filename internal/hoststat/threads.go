@@ -454,6 +454,11 @@ func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 			}
 		}
 	}
+	// The gofer is the sentry's sibling, not its child (runsc starts both,
+	// and both end up children of init), so it is recognised by its argv[0]
+	// and the runsc --root it shares with the sentry, in the sentry's own
+	// (non-root) cgroup.
+	sentryRoot := runscRoot(procRoot, sentry)
 	var same []int32
 	for pid := range parent {
 		descends := false
@@ -463,7 +468,7 @@ func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 				break
 			}
 		}
-		if !descends {
+		if !descends && (rootOnly || sentryRoot == "") {
 			continue
 		}
 		if !rootOnly {
@@ -471,9 +476,42 @@ func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 			if err != nil || !bytes.Equal(b, cg) {
 				continue
 			}
+			if !descends && !isGoferOf(procRoot, pid, sentryRoot) {
+				continue
+			}
 		}
 		same = append(same, pid)
 	}
 	slices.Sort(same)
 	return append([]int32{sentry}, same...), nil
+}
+
+// runscRoot returns the --root a runsc process (sentry or gofer) was started
+// with, from its command line, or "".
+func runscRoot(procRoot string, pid int32) string {
+	b, err := readFileLimited(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cmdline"))
+	if err != nil {
+		return ""
+	}
+	return runscRootOf(strings.Split(string(b), "\x00"))
+}
+
+// isGoferOf reports whether pid is a runsc gofer started with the given
+// runsc --root.
+func isGoferOf(procRoot string, pid int32, root string) bool {
+	b, err := readFileLimited(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cmdline"))
+	if err != nil {
+		return false
+	}
+	args := strings.Split(string(b), "\x00")
+	return len(args) > 0 && filepath.Base(args[0]) == "runsc-gofer" && runscRootOf(args) == root
+}
+
+func runscRootOf(args []string) string {
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(a, "--root="); ok {
+			return v
+		}
+	}
+	return ""
 }

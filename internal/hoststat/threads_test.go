@@ -163,7 +163,7 @@ func TestSandboxProcessesNeedDescent(t *testing.T) {
 		sentryCG string
 		want     []int32
 	}{
-		{"sentry in a shared session scope", scope, []int32{300, 301, 302}},
+		{"sentry in a shared session scope", scope, []int32{300, 301, 302, 320}},
 		{"sentry in the root cgroup", "0::/\n", []int32{300, 301, 302, 303}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -174,10 +174,15 @@ func TestSandboxProcessesNeedDescent(t *testing.T) {
 			}
 			proc(300, 1, tc.sentryCG) // the sentry
 			proc(301, 300, tc.sentryCG)
-			proc(302, 301, tc.sentryCG)             // a grandchild
-			proc(303, 300, "0::/elsewhere\n")       // a child in another cgroup
-			proc(310, 1, tc.sentryCG)               // unrelated, same cgroup
-			proc(311, 310, tc.sentryCG)             // its child
+			proc(302, 301, tc.sentryCG)       // a grandchild
+			proc(303, 300, "0::/elsewhere\n") // a child in another cgroup
+			proc(310, 1, tc.sentryCG)         // unrelated, same cgroup
+			proc(311, 310, tc.sentryCG)       // its child
+			proc(320, 1, tc.sentryCG)         // the gofer: runsc-gofer with the sentry's --root
+			proc(321, 1, tc.sentryCG)         // another sandbox's gofer (other --root)
+			writeProcFile(t, root, "300/cmdline", "runsc-sandbox\x00--root=/run/runsc\x00boot\x00")
+			writeProcFile(t, root, "320/cmdline", "runsc-gofer\x00--root=/run/runsc\x00gofer\x00")
+			writeProcFile(t, root, "321/cmdline", "runsc-gofer\x00--root=/run/other\x00gofer\x00")
 			writeProcFile(t, root, "stat", "cpu 0") // not a pid directory
 			got, err := scanSandboxProcesses(root, 300)
 			if err != nil {
