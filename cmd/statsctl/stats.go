@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/rate"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -55,8 +55,8 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 	row := func(k, v, note string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", k, v, note) }
 	row("ACTOR", s.GetActorUid(), qualified(s.GetActorNamespace(), s.GetActorName()))
 	row("TEMPLATE", qualified(s.GetTemplateNamespace(), s.GetTemplateName()), "")
-	row("CLASS", className(s.GetSandboxClass()), "")
-	row("SOURCE", sourceName(s.GetSource()), s.GetSourceDetail())
+	row("CLASS", rate.ClassName(s.GetSandboxClass()), "")
+	row("SOURCE", rate.SourceName(s.GetSource()), s.GetSourceDetail())
 	row("EPOCH", formatTime(s.GetEpochUnixNano()), "when the current Run/Restore began")
 	row("OBSERVED", formatTime(s.GetObservedAtUnixNano()), "")
 	if s.GetSource() == sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED {
@@ -120,14 +120,6 @@ func qualified(ns, name string) string {
 	default:
 		return ns + "/" + name
 	}
-}
-
-func className(c sandboxstatsv1.SandboxClass) string {
-	return strings.ToLower(strings.TrimPrefix(c.String(), "SANDBOX_CLASS_"))
-}
-
-func sourceName(s sandboxstatsv1.StatsSource) string {
-	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(s.String(), "STATS_SOURCE_")), "_", "-")
 }
 
 func formatTime(unixNano int64) string {
