@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -10,7 +9,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,36 +18,19 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
-
-// syncBuffer is a goroutine-safe log sink.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 var addrRE = regexp.MustCompile(`msg="statsagent serving" addr=(\S+)`)
 
 // startAgent runs statsagent in-process with args and returns the base URL
 // of its metrics server, a function that stops it (and checks that it
 // stopped cleanly) and its log.
-func startAgent(t *testing.T, args ...string) (string, func(), *syncBuffer) {
+func startAgent(t *testing.T, args ...string) (string, func(), *testenv.SyncBuffer) {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	logs := &syncBuffer{}
+	logs := &testenv.SyncBuffer{}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, append(args, "--metrics-listen", "127.0.0.1:0"), logs) }()
 	deadline := time.Now().Add(5 * time.Second)

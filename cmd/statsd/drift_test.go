@@ -1,31 +1,17 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
-
-// syncBuffer is a bytes.Buffer safe for the daemon's logger and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *syncBuffer) String() string { s.mu.Lock(); defer s.mu.Unlock(); return s.b.String() }
 
 func bindMicroVM(t *testing.T, dir string, ref *sandboxstatsv1.SandboxRef) {
 	t.Helper()
@@ -70,7 +56,7 @@ func TestDriftOffReadsNothing(t *testing.T) {
 func TestDriftFindingSurvivesRestart(t *testing.T) {
 	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("web", fakeagent.V2(fakeagent.Container{UsageBytes: 1 << 20})))
 	dir := t.TempDir()
-	var logs1 syncBuffer
+	var logs1 testenv.SyncBuffer
 	_, stop := startStatsdIn(t, dir, &logs1, "--drift-interval", "100ms", "--drift-grace", "0s")
 	pidFile := filepath.Join(t.TempDir(), "srv1", "qemu.pid") // never created: the VMM is gone
 	bindMicroVM(t, dir, &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
@@ -92,7 +78,7 @@ func TestDriftFindingSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	var logs2 syncBuffer
+	var logs2 testenv.SyncBuffer
 	startStatsdIn(t, dir, &logs2, "--drift-interval", "100ms", "--drift-grace", "0s")
 	resp := listDrift(t, dir)
 	for deadline := time.Now().Add(10 * time.Second); resp.GetStatus().GetLastOutcome() != "checked" && time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
