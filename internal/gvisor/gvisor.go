@@ -717,6 +717,31 @@ func workingSet(usage, inactive uint64, ok bool) uint64 {
 	return usage - inactive
 }
 
+// readMemory fills current (required), peak (absent with peakMissing when the
+// file is not there) and the working set (current minus the inactiveKey of
+// memory.stat, floored at 0) from files already read.
+func readMemory(r *source.Reading, cur, peak, stat *fileReq, inactiveKey, peakMissing string) error {
+	var err error
+	if r.MemoryCurrentBytes, err = reqUint(cur); err != nil {
+		return err
+	}
+	p, ok, err := optUint(peak)
+	if err != nil {
+		return err
+	}
+	if ok {
+		r.MemoryPeakBytes = &p
+	} else {
+		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes", Reason: peakMissing})
+	}
+	inactive, ok, err := optKeyed(stat, inactiveKey)
+	if err != nil {
+		return err
+	}
+	r.MemoryWorkingSetBytes = workingSet(r.MemoryCurrentBytes, inactive, ok)
+	return nil
+}
+
 // readV2 reads memory.current (required), memory.peak (optional, Linux 5.19+),
 // memory.stat inactive_file, cpu.stat usage_usec and cgroup.procs.
 func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Reading, error) {
@@ -729,25 +754,9 @@ func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Readin
 		Kind:   source.KindCgroup,
 		Detail: "cgroup v2 (unified) " + display(root, dir) + s.suffix(),
 	}
-	var err error
-	if r.MemoryCurrentBytes, err = reqUint(cur); err != nil {
+	if err := readMemory(&r, cur, peak, stat, "inactive_file", "memory.peak not offered by this kernel (needs Linux 5.19): no "+peak.path()); err != nil {
 		return source.Reading{}, err
 	}
-	p, ok, err := optUint(peak)
-	if err != nil {
-		return source.Reading{}, err
-	}
-	if ok {
-		r.MemoryPeakBytes = &p
-	} else {
-		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes",
-			Reason: "memory.peak not offered by this kernel (needs Linux 5.19): no " + peak.path()})
-	}
-	inactive, ok, err := optKeyed(stat, "inactive_file")
-	if err != nil {
-		return source.Reading{}, err
-	}
-	r.MemoryWorkingSetBytes = workingSet(r.MemoryCurrentBytes, inactive, ok)
 	usec, ok, err := optKeyed(cpu, "usage_usec")
 	if err != nil {
 		return source.Reading{}, err
@@ -785,24 +794,9 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 	}
 	r.Detail = fmt.Sprintf("cgroup v1 (%s) memory %s, %s%s", s.mode, display(root, dir), cpuDetail, s.suffix())
 
-	var err error
-	if r.MemoryCurrentBytes, err = reqUint(cur); err != nil {
+	if err := readMemory(&r, cur, peak, stat, "total_inactive_file", "no "+peak.path()); err != nil {
 		return source.Reading{}, err
 	}
-	p, ok, err := optUint(peak)
-	if err != nil {
-		return source.Reading{}, err
-	}
-	if ok {
-		r.MemoryPeakBytes = &p
-	} else {
-		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes", Reason: "no " + peak.path()})
-	}
-	inactive, ok, err := optKeyed(stat, "total_inactive_file")
-	if err != nil {
-		return source.Reading{}, err
-	}
-	r.MemoryWorkingSetBytes = workingSet(r.MemoryCurrentBytes, inactive, ok)
 
 	switch {
 	case s.cpuacct == nil:
