@@ -23,7 +23,7 @@ import (
 
 	"golang.org/x/sync/errgroup"
 
-	"github.com/sandboxstats/sandboxstats/internal/agent"
+	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
 )
 
 func main() {
@@ -40,7 +40,7 @@ func main() {
 }
 
 type options struct {
-	agent           agent.Config
+	agent           nodeagent.Config
 	minInterval     time.Duration
 	listen          string
 	logLevel        slog.Level
@@ -110,7 +110,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	for _, w := range warnings {
 		logger.Warn(w)
 	}
-	a, err := agent.New(o.agent, logger.With("component", "agent"))
+	a, err := nodeagent.New(o.agent, logger.With("component", "agent"))
 	if err != nil {
 		return err
 	}

@@ -17,7 +17,7 @@ import (
 	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
+	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -166,11 +166,11 @@ func TestEndToEnd(t *testing.T) {
 		tmo = 2 * time.Second
 	)
 	dir := t.TempDir()
-	d1 := agenttest.Start(t, filepath.Join(dir, "d1.sock"))
-	d2 := agenttest.Start(t, filepath.Join(dir, "d2.sock"))
-	d3 := agenttest.Start(t, filepath.Join(dir, "d3.sock"))
-	hung := agenttest.Start(t, filepath.Join(dir, "d4-hung.sock"))
-	d5 := agenttest.Start(t, filepath.Join(dir, "d5.sock"))
+	d1 := statsdfake.Start(t, filepath.Join(dir, "d1.sock"))
+	d2 := statsdfake.Start(t, filepath.Join(dir, "d2.sock"))
+	d3 := statsdfake.Start(t, filepath.Join(dir, "d3.sock"))
+	hung := statsdfake.Start(t, filepath.Join(dir, "d4-hung.sock"))
+	d5 := statsdfake.Start(t, filepath.Join(dir, "d5.sock"))
 	d1.Set(workload("w1", gv, cg, 10_000_000, 100<<20, proto.Uint64(150<<20)))
 	d2.Set(workload("w2", gv, cg, 3_000_000, 40<<20, proto.Uint64(41<<20)))
 	d3.Set(workload("w3", mv, ga, 900_000, 20<<20, nil))
@@ -342,7 +342,7 @@ func TestSmallGraceStillChargesCPU(t *testing.T) {
 
 	const gv, cg = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP
 	dir := t.TempDir()
-	d := agenttest.Start(t, filepath.Join(dir, "d.sock"))
+	d := statsdfake.Start(t, filepath.Join(dir, "d.sock"))
 	d.Set(workload("w1", gv, cg, 1_000_000, 10<<20, nil))
 	base, _, logs := startAgent(t, "--sockets", filepath.Join(dir, "*.sock"),
 		"--interval", "250ms", "--min-interval", "100ms", "--timeout", "1s", "--label-actor", "--grace", "1ms")
@@ -361,7 +361,7 @@ func TestSmallGraceStillChargesCPU(t *testing.T) {
 // and its own metrics, and never polls.
 func TestIntervalZero(t *testing.T) {
 	dir := t.TempDir()
-	d := agenttest.Start(t, filepath.Join(dir, "d.sock"))
+	d := statsdfake.Start(t, filepath.Join(dir, "d.sock"))
 	base, stop, _ := startAgent(t, "--sockets", filepath.Join(dir, "*.sock"), "--interval", "0")
 	time.Sleep(200 * time.Millisecond)
 	m := scrape(t, base)

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/agent"
+	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
 )
 
 func runPoll(ctx context.Context, e *env, args []string) error {
@@ -24,9 +24,9 @@ func runPoll(ctx context.Context, e *env, args []string) error {
 	if concurrency < 1 || timeout <= 0 {
 		return usageError{fmt.Errorf("--concurrency must be at least 1 and --timeout positive")}
 	}
-	results, err := agent.Sweep(ctx, glob, concurrency, timeout)
+	results, err := nodeagent.Sweep(ctx, glob, concurrency, timeout)
 	if err != nil {
 		return usageError{err}
 	}
-	return agent.WritePollTable(e.stdout, results)
+	return nodeagent.WritePollTable(e.stdout, results)
 }

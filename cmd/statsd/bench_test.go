@@ -17,7 +17,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sandboxstats/sandboxstats/internal/identity"
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/server"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -131,7 +131,7 @@ func BenchmarkStatsWorkloadCgroup(b *testing.B) {
 // micro-VM source, with a bare ttrpc StatsContainer round trip to the same
 // fake agent (target: below 1.5x).
 func BenchmarkStatsWorkloadAgent(b *testing.B) {
-	agent := fakeagent.New(b, b.TempDir(), fakeagent.WithContainer("web", fakeagent.V2(fakeagent.Container{
+	agent := kataagentfake.New(b, b.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{
 		UsageBytes: 200 << 20, MaxUsageBytes: 300 << 20, InactiveFileBytes: 10 << 20, CPUTotal: 1_000_000_000,
 	})))
 	b.Run("baseline", func(b *testing.B) {

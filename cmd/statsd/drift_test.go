@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -38,7 +38,7 @@ func listDrift(t *testing.T, dir string) *sandboxstatsv1.ListDriftFindingsRespon
 // TestDriftOffReadsNothing: with --drift-interval 0 no check runs, so a bound
 // agent that nobody polls sees no call at all.
 func TestDriftOffReadsNothing(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("web", fakeagent.V2(fakeagent.Container{UsageBytes: 1 << 20})))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	dir, _ := startStatsdIn(t, t.TempDir(), io.Discard, "--drift-interval", "0", "--drift-grace", "0s")
 	bindMicroVM(t, dir, &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, AgentAddress: agent.Address(), ContainerIds: []string{"web"}})
 	time.Sleep(time.Second)
@@ -54,7 +54,7 @@ func TestDriftOffReadsNothing(t *testing.T) {
 // TestDriftFindingSurvivesRestart: a finding open when statsd restarts is
 // still listed afterwards and is not reported again.
 func TestDriftFindingSurvivesRestart(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("web", fakeagent.V2(fakeagent.Container{UsageBytes: 1 << 20})))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	dir := t.TempDir()
 	var logs1 testenv.SyncBuffer
 	_, stop := startStatsdIn(t, dir, &logs1, "--drift-interval", "100ms", "--drift-grace", "0s")

@@ -20,7 +20,7 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/microvm"
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
@@ -170,8 +170,8 @@ func TestScenarioBaselineAndDeadSandbox(t *testing.T) {
 }
 
 func TestScenarioAgentGoneAndUnknownContainer(t *testing.T) {
-	reply := fakeagent.V2(fakeagent.Container{UsageBytes: 100 << 20, MaxUsageBytes: 120 << 20, CPUTotal: 1e9})
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("web", reply), fakeagent.WithContainer("sidecar", reply))
+	reply := kataagentfake.V2(kataagentfake.Container{UsageBytes: 100 << 20, MaxUsageBytes: 120 << 20, CPUTotal: 1e9})
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", reply), kataagentfake.WithContainer("sidecar", reply))
 	const grace = time.Second
 	s := newScenario(t, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: agent.Address(), ContainerIDs: []string{"web", "sidecar"}}, grace)
 
@@ -220,7 +220,7 @@ func TestScenarioAgentGoneAndUnknownContainer(t *testing.T) {
 func TestScenarioVMM(t *testing.T) {
 	dir := t.TempDir()
 	vm := testenv.StartQEMU(t, dir, "srv1", testenv.Accel())
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("web", fakeagent.V2(fakeagent.Container{UsageBytes: 1 << 20})))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	s := newScenario(t, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: agent.Address(), ContainerIDs: []string{"web"}, VMMPIDFile: vm.PIDFile}, time.Minute)
 
 	s.cycle()
@@ -247,7 +247,7 @@ func TestScenarioVMM(t *testing.T) {
 // and the check says it skipped that comparison; readable again (naming a
 // live process), it clears.
 func TestScenarioSourceUnreadable(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("web", fakeagent.V2(fakeagent.Container{UsageBytes: 1 << 20})))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	pidFile := filepath.Join(t.TempDir(), "srv9", "vmm.pid")
 	os.MkdirAll(filepath.Dir(pidFile), 0o755)
 	dead := deadPID(t)
@@ -304,7 +304,7 @@ func deadPID(t *testing.T) int {
 }
 
 func TestScenarioMidOperation(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("web", fakeagent.V2(fakeagent.Container{UsageBytes: 1 << 20})))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	s := newScenario(t, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: agent.Address(), ContainerIDs: []string{"web"}}, time.Minute)
 	release := s.store.HoldLifecycle() // a Restore in progress
 	s.cycle()

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 )
 
 // BenchmarkAgentSample compares a micro-VM read with a bare ttrpc
@@ -14,7 +14,7 @@ import (
 // connection; dial-per-poll opens a new connection, with the hybrid-vsock
 // handshake and the Version call, for every poll.
 func BenchmarkAgentSample(b *testing.B) {
-	agent := fakeagent.New(b, b.TempDir(), fakeagent.WithVersion("4.1.0"), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	agent := kataagentfake.New(b, b.TempDir(), kataagentfake.WithVersion("4.1.0"), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 	cfg := Config{CallTimeout: 5 * time.Second}
 	ctx := context.Background()
 

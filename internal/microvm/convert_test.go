@@ -9,7 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
 )
@@ -69,7 +69,7 @@ func TestConvertContainer(t *testing.T) {
 	}{
 		{
 			name: "v2 guest, agent 4.1.0: ns to us, working set without inactive_file, u64::MAX is unlimited",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 300 * mib, MaxUsageBytes: 350 * mib, InactiveFileBytes: 100 * mib,
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 300 * mib, MaxUsageBytes: 350 * mib, InactiveFileBytes: 100 * mib,
 				CPUTotal: 2_500_000_000, CPUUser: 2_000_000_000, CPUSystem: 500_000_000}),
 			v: agent410,
 			want: containerStats{Guest: guestV2, MemoryBytes: 300 * mib, WorkingSetBytes: 200 * mib, PeakBytes: 350 * mib, PeakOffered: true,
@@ -77,7 +77,7 @@ func TestConvertContainer(t *testing.T) {
 		},
 		{
 			name: "v1 guest: total_inactive_file, not the cgroup-local inactive_file; 2^63 limit is unlimited",
-			reply: fakeagent.V1(fakeagent.Container{UsageBytes: 1 * gib, MaxUsageBytes: 2 * gib, InactiveFileBytes: 10 * mib, TotalInactiveFileBytes: 400 * mib,
+			reply: kataagentfake.V1(kataagentfake.Container{UsageBytes: 1 * gib, MaxUsageBytes: 2 * gib, InactiveFileBytes: 10 * mib, TotalInactiveFileBytes: 400 * mib,
 				CPUTotal: 7_000_000_123}),
 			v: agent410,
 			want: containerStats{Guest: guestV1, MemoryBytes: 1 * gib, WorkingSetBytes: 1*gib - 400*mib, PeakBytes: 2 * gib, PeakOffered: true,
@@ -85,57 +85,57 @@ func TestConvertContainer(t *testing.T) {
 		},
 		{
 			name:  "v1 guest on an old agent: cpuacct was always ns",
-			reply: fakeagent.V1(fakeagent.Container{UsageBytes: 4096, MaxUsageBytes: 8192, CPUTotal: 5_000_000}),
+			reply: kataagentfake.V1(kataagentfake.Container{UsageBytes: 4096, MaxUsageBytes: 8192, CPUTotal: 5_000_000}),
 			v:     agent382,
 			want:  containerStats{Guest: guestV1, MemoryBytes: 4096, WorkingSetBytes: 4096, PeakBytes: 8192, PeakOffered: true, CPUUsec: 5000, CPUKnown: true},
 		},
 		{
 			name: "v2 guest, agent 3.8.2 sends us: no division",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 4096, MaxUsageBytes: 4096,
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096, MaxUsageBytes: 4096,
 				CPUTotal: 2_500_000, CPUUser: 2_000_000, CPUSystem: 500_000}),
 			v:    agent382,
 			want: containerStats{Guest: guestV2, MemoryBytes: 4096, WorkingSetBytes: 4096, PeakBytes: 4096, PeakOffered: true, CPUUsec: 2_500_000, CPUKnown: true, CPUFromMicros: true},
 		},
 		{
 			name:  "v2 guest, agent 3.9.0 already sends ns",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 4096, MaxUsageBytes: 4096, CPUTotal: 2_500_000_000}),
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096, MaxUsageBytes: 4096, CPUTotal: 2_500_000_000}),
 			v:     agent390,
 			want:  containerStats{Guest: guestV2, MemoryBytes: 4096, WorkingSetBytes: 4096, PeakBytes: 4096, PeakOffered: true, CPUUsec: 2_500_000, CPUKnown: true},
 		},
 		{
 			name:  "v2 guest, agent version unknown: CPU unit unverified",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 4096, MaxUsageBytes: 4096, CPUTotal: 2_500_000_000}),
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096, MaxUsageBytes: 4096, CPUTotal: 2_500_000_000}),
 			v:     agentDev,
 			want: containerStats{Guest: guestV2, MemoryBytes: 4096, WorkingSetBytes: 4096, PeakBytes: 4096, PeakOffered: true,
 				CPUUnknownBecause: `agent version "unknown" is not a release number, so the CPU unit of this cgroup v2 guest (us before agent 3.9.0, ns after) is unverified`},
 		},
 		{
 			name:  "missing inactive_file: working set is usage",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 300 * mib, MaxUsageBytes: 300 * mib, OmitInactiveFile: true, CPUTotal: 1000}),
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 300 * mib, MaxUsageBytes: 300 * mib, OmitInactiveFile: true, CPUTotal: 1000}),
 			v:     agent410,
 			want:  containerStats{Guest: guestV2, MemoryBytes: 300 * mib, WorkingSetBytes: 300 * mib, PeakBytes: 300 * mib, PeakOffered: true, CPUUsec: 1, CPUKnown: true},
 		},
 		{
 			name:  "inactive_file above usage: working set floored at 0",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 100, MaxUsageBytes: 100, InactiveFileBytes: 4096}),
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 100, MaxUsageBytes: 100, InactiveFileBytes: 4096}),
 			v:     agent410,
 			want:  containerStats{Guest: guestV2, MemoryBytes: 100, PeakBytes: 100, PeakOffered: true, CPUKnown: true},
 		},
 		{
 			name:  "v2 kernel before 5.19: no memory.peak",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 4096}),
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096}),
 			v:     agent410,
 			want:  containerStats{Guest: guestV2, MemoryBytes: 4096, WorkingSetBytes: 4096, CPUKnown: true},
 		},
 		{
 			name:  "v1 peak reset below usage: the peak is at least usage",
-			reply: fakeagent.V1(fakeagent.Container{UsageBytes: 8192, MaxUsageBytes: 4096}),
+			reply: kataagentfake.V1(kataagentfake.Container{UsageBytes: 8192, MaxUsageBytes: 4096}),
 			v:     agent410,
 			want:  containerStats{Guest: guestV1, MemoryBytes: 8192, WorkingSetBytes: 8192, PeakBytes: 8192, PeakOffered: true, CPUKnown: true},
 		},
 		{
 			name:  "a real limit",
-			reply: fakeagent.V2(fakeagent.Container{UsageBytes: 4096, MaxUsageBytes: 4096, LimitBytes: 512 * mib}),
+			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096, MaxUsageBytes: 4096, LimitBytes: 512 * mib}),
 			v:     agent410,
 			want:  containerStats{Guest: guestV2, MemoryBytes: 4096, WorkingSetBytes: 4096, PeakBytes: 4096, PeakOffered: true, LimitBytes: 512 * mib, Limited: true, CPUKnown: true},
 		},
@@ -177,9 +177,9 @@ func TestDetectGuest(t *testing.T) {
 		reply *katagrpc.StatsContainerResponse
 		want  guestCgroup
 	}{
-		{"v1", fakeagent.V1(fakeagent.Container{}), guestV1},
-		{"v2", fakeagent.V2(fakeagent.Container{}), guestV2},
-		{"v1 without inactive keys still has total_rss", fakeagent.V1(fakeagent.Container{OmitInactiveFile: true}), guestV1},
+		{"v1", kataagentfake.V1(kataagentfake.Container{}), guestV1},
+		{"v2", kataagentfake.V2(kataagentfake.Container{}), guestV2},
+		{"v1 without inactive keys still has total_rss", kataagentfake.V1(kataagentfake.Container{OmitInactiveFile: true}), guestV1},
 		{"empty stats", &katagrpc.StatsContainerResponse{CgroupStats: &katagrpc.CgroupStats{MemoryStats: &katagrpc.MemoryStats{}}}, guestUnknown},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -204,9 +204,9 @@ func ok(id string, reply *katagrpc.StatsContainerResponse, v agentVersion) conta
 func TestAggregate(t *testing.T) {
 	const addr = "hvsock:///run/vc/vm/x/clh.sock:1024"
 	const mib = 1 << 20
-	a := fakeagent.V2(fakeagent.Container{UsageBytes: 300 * mib, MaxUsageBytes: 350 * mib, InactiveFileBytes: 100 * mib, CPUTotal: 2_500_000_000})
-	b := fakeagent.V2(fakeagent.Container{UsageBytes: 50 * mib, MaxUsageBytes: 60 * mib, InactiveFileBytes: 70 * mib, CPUTotal: 500_000_000})
-	huge := fakeagent.V2(fakeagent.Container{UsageBytes: math.MaxUint64 - 10, MaxUsageBytes: math.MaxUint64 - 10, CPUTotal: math.MaxUint64})
+	a := kataagentfake.V2(kataagentfake.Container{UsageBytes: 300 * mib, MaxUsageBytes: 350 * mib, InactiveFileBytes: 100 * mib, CPUTotal: 2_500_000_000})
+	b := kataagentfake.V2(kataagentfake.Container{UsageBytes: 50 * mib, MaxUsageBytes: 60 * mib, InactiveFileBytes: 70 * mib, CPUTotal: 500_000_000})
+	huge := kataagentfake.V2(kataagentfake.Container{UsageBytes: math.MaxUint64 - 10, MaxUsageBytes: math.MaxUint64 - 10, CPUTotal: math.MaxUint64})
 	unknown := containerResult{ID: "ghost", Err: errUnknownContainer, Why: "unknown container"}
 
 	for _, tc := range []struct {
@@ -244,7 +244,7 @@ func TestAggregate(t *testing.T) {
 		{
 			name:    "old agent on a v2 guest: corrected, and said so",
 			v:       agent382,
-			results: []containerResult{ok("a", fakeagent.V2(fakeagent.Container{UsageBytes: 4096, MaxUsageBytes: 4096, CPUTotal: 2_500_000}), agent382)},
+			results: []containerResult{ok("a", kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096, MaxUsageBytes: 4096, CPUTotal: 2_500_000}), agent382)},
 			want: source.Reading{
 				Kind:                  source.KindGuestAgent,
 				Detail:                `guest agent ` + addr + `, agent_version "3.8.2"; guest cgroup v2; 1 container(s) summed; CPU corrected from us (agent < 3.9.0 on a cgroup v2 guest); memory limit: unlimited`,
@@ -257,7 +257,7 @@ func TestAggregate(t *testing.T) {
 		{
 			name:    "no memory.peak in the guest: peak absent, not zero",
 			v:       agent410,
-			results: []containerResult{ok("a", a, agent410), ok("b", fakeagent.V2(fakeagent.Container{UsageBytes: 4096, LimitBytes: 1 << 30}), agent410)},
+			results: []containerResult{ok("a", a, agent410), ok("b", kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096, LimitBytes: 1 << 30}), agent410)},
 			want: source.Reading{
 				Kind:                  source.KindGuestAgent,
 				Detail:                `guest agent ` + addr + `, agent_version "4.1.0"; guest cgroup v2; 2 container(s) summed; memory limit: unlimited`,
@@ -300,7 +300,7 @@ func TestAggregate(t *testing.T) {
 		{
 			name:    "v1 limits summed",
 			v:       agent410,
-			results: []containerResult{ok("a", fakeagent.V1(fakeagent.Container{UsageBytes: 1, MaxUsageBytes: 1, LimitBytes: 100}), agent410), ok("b", fakeagent.V1(fakeagent.Container{UsageBytes: 1, MaxUsageBytes: 1, LimitBytes: 200}), agent410)},
+			results: []containerResult{ok("a", kataagentfake.V1(kataagentfake.Container{UsageBytes: 1, MaxUsageBytes: 1, LimitBytes: 100}), agent410), ok("b", kataagentfake.V1(kataagentfake.Container{UsageBytes: 1, MaxUsageBytes: 1, LimitBytes: 200}), agent410)},
 			want: source.Reading{
 				Kind:                  source.KindGuestAgent,
 				Detail:                `guest agent ` + addr + `, agent_version "4.1.0"; guest cgroup v1; 2 container(s) summed; memory peak is the sum of per-container peaks, an upper bound on the workload's peak; memory limit: 300 bytes`,

@@ -12,5 +12,5 @@
 //
 // The wire subset of the agent's protocol lives in proto/kata/grpc; the
 // services are called by name over ttrpc. Tests use the fake agent in
-// internal/microvm/fakeagent and never touch AF_VSOCK.
+// internal/kataagentfake and never touch AF_VSOCK.
 package microvm

@@ -4,7 +4,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 )
 
 // rateConsumer is how a poller must use cpu_usage_usec: rates only between
@@ -41,10 +41,10 @@ func (c *rateConsumer) observe(epoch int64, cpuUsec uint64, at time.Time) {
 // restore, so it never sees a negative one.
 func TestCPUAcrossRestore(t *testing.T) {
 	dir := t.TempDir()
-	guest := func(cpuSec float64) fakeagent.Container {
-		return fakeagent.Container{UsageBytes: 64 * mib, MaxUsageBytes: 64 * mib, CPUTotal: uint64(cpuSec * 1e9)}
+	guest := func(cpuSec float64) kataagentfake.Container {
+		return kataagentfake.Container{UsageBytes: 64 * mib, MaxUsageBytes: 64 * mib, CPUTotal: uint64(cpuSec * 1e9)}
 	}
-	agent := fakeagent.New(t, dir, fakeagent.WithVersion("4.1.0"), fakeagent.WithContainer("a", fakeagent.V2(guest(10))))
+	agent := kataagentfake.New(t, dir, kataagentfake.WithVersion("4.1.0"), kataagentfake.WithContainer("a", kataagentfake.V2(guest(10))))
 	var (
 		c     rateConsumer
 		clock = time.Unix(1_700_000_000, 0)
@@ -52,7 +52,7 @@ func TestCPUAcrossRestore(t *testing.T) {
 	)
 	poll := func(s *Source, epoch int64, guestCPU float64) {
 		t.Helper()
-		agent.SetContainer("a", fakeagent.V2(guest(guestCPU)))
+		agent.SetContainer("a", kataagentfake.V2(guest(guestCPU)))
 		r := sample(t, s)
 		seen = append(seen, *r.CPUUsageUsec)
 		c.observe(epoch, *r.CPUUsageUsec, clock)

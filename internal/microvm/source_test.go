@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -46,24 +46,24 @@ func sample(t testing.TB, s *Source) source.Reading {
 }
 
 var (
-	v2a = fakeagent.Container{UsageBytes: 300 * mib, MaxUsageBytes: 350 * mib, InactiveFileBytes: 100 * mib,
+	v2a = kataagentfake.Container{UsageBytes: 300 * mib, MaxUsageBytes: 350 * mib, InactiveFileBytes: 100 * mib,
 		CPUTotal: 2_500_000_000, CPUUser: 2_000_000_000, CPUSystem: 500_000_000}
-	v2b = fakeagent.Container{UsageBytes: 50 * mib, MaxUsageBytes: 60 * mib, InactiveFileBytes: 10 * mib, CPUTotal: 500_000_000}
-	v2c = fakeagent.Container{UsageBytes: 8 * mib, MaxUsageBytes: 9 * mib, CPUTotal: 7_000_000}
+	v2b = kataagentfake.Container{UsageBytes: 50 * mib, MaxUsageBytes: 60 * mib, InactiveFileBytes: 10 * mib, CPUTotal: 500_000_000}
+	v2c = kataagentfake.Container{UsageBytes: 8 * mib, MaxUsageBytes: 9 * mib, CPUTotal: 7_000_000}
 )
 
 // The scripted guests, through the real handshake, ttrpc and conversion.
 func TestSampleScriptedGuests(t *testing.T) {
 	for _, tc := range []struct {
 		name    string
-		opts    []fakeagent.Option
+		opts    []kataagentfake.Option
 		ids     []string
 		want    source.Reading
 		wantCPU string // Detail fragment
 	}{
 		{
 			name: "v2 guest, agent 4.1.0",
-			opts: []fakeagent.Option{fakeagent.WithVersion("4.1.0"), fakeagent.WithContainer("a", fakeagent.V2(v2a))},
+			opts: []kataagentfake.Option{kataagentfake.WithVersion("4.1.0"), kataagentfake.WithContainer("a", kataagentfake.V2(v2a))},
 			ids:  []string{"a"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 300 * mib, MemoryPeakBytes: ptr[uint64](350 * mib),
 				MemoryWorkingSetBytes: 200 * mib, CPUUsageUsec: cpuUsec(2_500_000)},
@@ -71,7 +71,7 @@ func TestSampleScriptedGuests(t *testing.T) {
 		},
 		{
 			name: "v1 guest",
-			opts: []fakeagent.Option{fakeagent.WithVersion("3.2.0"), fakeagent.WithContainer("a", fakeagent.V1(fakeagent.Container{
+			opts: []kataagentfake.Option{kataagentfake.WithVersion("3.2.0"), kataagentfake.WithContainer("a", kataagentfake.V1(kataagentfake.Container{
 				UsageBytes: 1024 * mib, MaxUsageBytes: 1500 * mib, InactiveFileBytes: 1 * mib, TotalInactiveFileBytes: 24 * mib, CPUTotal: 9_000_000_000}))},
 			ids: []string{"a"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 1024 * mib, MemoryPeakBytes: ptr[uint64](1500 * mib),
@@ -80,7 +80,7 @@ func TestSampleScriptedGuests(t *testing.T) {
 		},
 		{
 			name: "old agent on a v2 guest sends us",
-			opts: []fakeagent.Option{fakeagent.WithVersion("3.8.0"), fakeagent.WithContainer("a", fakeagent.V2(fakeagent.Container{
+			opts: []kataagentfake.Option{kataagentfake.WithVersion("3.8.0"), kataagentfake.WithContainer("a", kataagentfake.V2(kataagentfake.Container{
 				UsageBytes: 4 * mib, MaxUsageBytes: 4 * mib, CPUTotal: 2_500_000}))},
 			ids: []string{"a"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 4 * mib, MemoryPeakBytes: ptr[uint64](4 * mib),
@@ -89,8 +89,8 @@ func TestSampleScriptedGuests(t *testing.T) {
 		},
 		{
 			name: "three containers summed",
-			opts: []fakeagent.Option{fakeagent.WithContainer("a", fakeagent.V2(v2a)), fakeagent.WithContainer("b", fakeagent.V2(v2b)),
-				fakeagent.WithContainer("c", fakeagent.V2(v2c))},
+			opts: []kataagentfake.Option{kataagentfake.WithContainer("a", kataagentfake.V2(v2a)), kataagentfake.WithContainer("b", kataagentfake.V2(v2b)),
+				kataagentfake.WithContainer("c", kataagentfake.V2(v2c))},
 			ids: []string{"a", "b", "c"},
 			want: source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 358 * mib, MemoryPeakBytes: ptr[uint64](419 * mib),
 				MemoryWorkingSetBytes: 248 * mib, CPUUsageUsec: cpuUsec(3_007_000)},
@@ -98,7 +98,7 @@ func TestSampleScriptedGuests(t *testing.T) {
 		},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			agent := fakeagent.New(t, t.TempDir(), tc.opts...)
+			agent := kataagentfake.New(t, t.TempDir(), tc.opts...)
 			s := mustOpen(t, agent.Address(), testConfig(), tc.ids...)
 			got := sample(t, s)
 			if !strings.Contains(got.Detail, tc.wantCPU) || !strings.Contains(got.Detail, agent.Address()) {
@@ -115,8 +115,8 @@ func TestSampleScriptedGuests(t *testing.T) {
 // An agent that refuses Version is still read; its version is unknown, so
 // a v2 guest's CPU is absent (unit unverified) rather than guessed.
 func TestVersionRefused(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithVersionError(status.Error(codes.PermissionDenied, "denied by policy")),
-		fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithVersionError(status.Error(codes.PermissionDenied, "denied by policy")),
+		kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 	s := mustOpen(t, agent.Address(), testConfig(), "a")
 	r := sample(t, s)
 	if !strings.Contains(r.Detail, `agent_version "unavailable: Version answered PermissionDenied"`) {
@@ -129,7 +129,7 @@ func TestVersionRefused(t *testing.T) {
 
 // One connection, one Version call, however many polls.
 func TestPersistentConnection(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)), fakeagent.WithContainer("b", fakeagent.V2(v2b)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)), kataagentfake.WithContainer("b", kataagentfake.V2(v2b)))
 	s := mustOpen(t, agent.Address(), testConfig(), "a", "b")
 	for range 20 {
 		sample(t, s)
@@ -141,10 +141,10 @@ func TestPersistentConnection(t *testing.T) {
 }
 
 func TestUnknownAndFailingContainers(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(),
-		fakeagent.WithContainer("a", fakeagent.V2(v2a)),
-		fakeagent.WithContainer("c", fakeagent.V2(v2c)),
-		fakeagent.WithContainerError("b", status.Error(codes.Internal, "read memory.stat: no such device")))
+	agent := kataagentfake.New(t, t.TempDir(),
+		kataagentfake.WithContainer("a", kataagentfake.V2(v2a)),
+		kataagentfake.WithContainer("c", kataagentfake.V2(v2c)),
+		kataagentfake.WithContainerError("b", status.Error(codes.Internal, "read memory.stat: no such device")))
 
 	t.Run("one of three failing: partial", func(t *testing.T) {
 		s := mustOpen(t, agent.Address(), testConfig(), "a", "b", "c")
@@ -183,7 +183,7 @@ func clientGoroutines() int {
 	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "fakeagent.") || strings.Contains(g, "ttrpc.(*serverConn)") || strings.Contains(g, "ttrpc.(*Server)") {
+		if strings.Contains(g, "kataagentfake.") || strings.Contains(g, "ttrpc.(*serverConn)") || strings.Contains(g, "ttrpc.(*Server)") {
 			continue
 		}
 		if strings.Contains(g, "ttrpc.(*Client)") || strings.Contains(g, "internal/microvm.") || strings.Contains(g, "internal/bounded.") {
@@ -196,7 +196,7 @@ func clientGoroutines() int {
 // An agent that accepts a call and never answers costs each poll the call
 // deadline and nothing more: no goroutine is left behind per poll.
 func TestAgentNeverAnswers(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)), fakeagent.WithContainer("b", fakeagent.V2(v2b)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)), kataagentfake.WithContainer("b", kataagentfake.V2(v2b)))
 	cfg := testConfig()
 	cfg.CallTimeout = 30 * time.Millisecond
 	s := mustOpen(t, agent.Address(), cfg, "a", "b")
@@ -240,7 +240,7 @@ func TestAgentNeverAnswers(t *testing.T) {
 
 // Sample honours the caller's deadline when it is shorter than CallTimeout.
 func TestSampleHonoursCallerDeadline(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 	cfg := testConfig()
 	cfg.CallTimeout = 10 * time.Second
 	s := mustOpen(t, agent.Address(), cfg, "a")
@@ -258,7 +258,7 @@ func TestSampleHonoursCallerDeadline(t *testing.T) {
 // At most one StatsContainer per container is in flight, however many
 // callers poll at once; concurrent callers share it.
 func TestOneCallInFlightPerContainer(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 	s := mustOpen(t, agent.Address(), testConfig(), "a")
 	sample(t, s)
 	agent.SetStatsDelay(100 * time.Millisecond)
@@ -284,17 +284,17 @@ func TestOneCallInFlightPerContainer(t *testing.T) {
 func TestHandshakeFaultsThroughSource(t *testing.T) {
 	for _, tc := range []struct {
 		name string
-		h    fakeagent.Handshake
+		h    kataagentfake.Handshake
 		want error
 		text string
 	}{
-		{"garbage", fakeagent.HandshakeGarbage, source.ErrMalformed, `does not start with "OK "`},
-		{"closed", fakeagent.HandshakeClose, source.ErrNotMeasurable, "closed the connection after CONNECT"},
-		{"hang", fakeagent.HandshakeHang, source.ErrTimeout, "i/o timeout"},
-		{"silent after OK: Version never answered", fakeagent.HandshakeSilent, source.ErrTimeout, "Version"},
+		{"garbage", kataagentfake.HandshakeGarbage, source.ErrMalformed, `does not start with "OK "`},
+		{"closed", kataagentfake.HandshakeClose, source.ErrNotMeasurable, "closed the connection after CONNECT"},
+		{"hang", kataagentfake.HandshakeHang, source.ErrTimeout, "i/o timeout"},
+		{"silent after OK: Version never answered", kataagentfake.HandshakeSilent, source.ErrTimeout, "Version"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			agent := fakeagent.New(t, t.TempDir(), fakeagent.WithHandshake(tc.h), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+			agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithHandshake(tc.h), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 			cfg := testConfig()
 			cfg.CallTimeout = 100 * time.Millisecond
 			cfg.MinBackoff, cfg.MaxBackoff = time.Hour, time.Hour
@@ -320,7 +320,7 @@ func TestHandshakeFaultsThroughSource(t *testing.T) {
 // A killed agent fails the polls while it is gone; once it is back the next
 // poll (after the capped backoff) reconnects.
 func TestAgentKilledAndRestarted(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 	s := mustOpen(t, agent.Address(), testConfig(), "a")
 	sample(t, s)
 
@@ -332,7 +332,7 @@ func TestAgentKilledAndRestarted(t *testing.T) {
 		time.Sleep(15 * time.Millisecond)
 	}
 	agent.Restart()
-	agent.SetContainer("a", fakeagent.V2(v2b))
+	agent.SetContainer("a", kataagentfake.V2(v2b))
 	deadline := time.Now().Add(2 * time.Second)
 	for {
 		r, err := s.Sample(context.Background())
@@ -375,7 +375,7 @@ func TestBackoffCapped(t *testing.T) {
 // A reply just under ttrpc's 4 MiB frame limit is read; one over it fails
 // that poll cleanly and the next poll reconnects.
 func TestReplyNearFrameLimit(t *testing.T) {
-	big := fakeagent.V2(v2a)
+	big := kataagentfake.V2(v2a)
 	stats := big.CgroupStats.MemoryStats.Stats
 	// A few long keys: the agent copies memory.stat keys verbatim.
 	for i := range 4 {
@@ -384,7 +384,7 @@ func TestReplyNearFrameLimit(t *testing.T) {
 	if n := protoSize(big); n > 4<<20 || n < 4<<20-256<<10 {
 		t.Fatalf("reply is %d bytes; want just under 4 MiB", n)
 	}
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", big))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", big))
 	cfg := testConfig()
 	cfg.CallTimeout = 10 * time.Second // the race detector makes 4 MiB slow
 	s := mustOpen(t, agent.Address(), cfg, "a")
@@ -404,7 +404,7 @@ func TestReplyNearFrameLimit(t *testing.T) {
 	} else if t.Logf("oversized reply: %v", err); !errors.Is(err, source.ErrNotMeasurable) && !errors.Is(err, source.ErrMalformed) {
 		t.Fatalf("oversized reply: %v", err)
 	}
-	agent.SetContainer("a", fakeagent.V2(v2b))
+	agent.SetContainer("a", kataagentfake.V2(v2b))
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		if _, err := s.Sample(context.Background()); err == nil {
@@ -419,7 +419,7 @@ func TestReplyNearFrameLimit(t *testing.T) {
 // Close (the server calls it on CheckpointWorkload) ends the connection the
 // agent sees; it is idempotent; a closed source is not measurable.
 func TestCloseClosesConnection(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 	s := mustOpen(t, agent.Address(), testConfig(), "a")
 	sample(t, s)
 	if err := s.Close(); err != nil {
@@ -445,7 +445,7 @@ func TestCloseClosesConnection(t *testing.T) {
 // it hands back a plain Unix connection to the fake agent (no handshake, as
 // on a real vsock), so the whole read path runs without AF_VSOCK.
 func TestVsockAddressThroughInjectedDialer(t *testing.T) {
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithHandshake(fakeagent.HandshakeNone), fakeagent.WithContainer("a", fakeagent.V2(v2a)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithHandshake(kataagentfake.HandshakeNone), kataagentfake.WithContainer("a", kataagentfake.V2(v2a)))
 	var mu sync.Mutex
 	var dialled []string
 	cfg := testConfig()

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/microvm/fakeagent"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
@@ -44,8 +44,8 @@ func TestStatsdEndToEnd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs statsd and statsctl; not under -short")
 	}
-	agent := fakeagent.New(t, t.TempDir(), fakeagent.WithVersion("4.1.0"),
-		fakeagent.WithContainer("a", fakeagent.V2(v2a)), fakeagent.WithContainer("b", fakeagent.V2(v2b)))
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithVersion("4.1.0"),
+		kataagentfake.WithContainer("a", kataagentfake.V2(v2a)), kataagentfake.WithContainer("b", kataagentfake.V2(v2b)))
 	d := startStatsd(t)
 	const actor = "e2e-microvm-actor"
 	d.statsctl(t, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,

@@ -1,4 +1,4 @@
-package agent
+package nodeagent
 
 import (
 	"context"
@@ -12,7 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
+	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -47,12 +47,12 @@ func staleSocket(t *testing.T, path string) {
 
 func TestSweep(t *testing.T) {
 	dir := t.TempDir()
-	ok := agenttest.Start(t, filepath.Join(dir, "a-ok.sock"))
+	ok := statsdfake.Start(t, filepath.Join(dir, "a-ok.sock"))
 	ok.Set(sample("actor-1", 5_000_000, 64<<20))
-	agenttest.Start(t, filepath.Join(dir, "b-idle.sock")) // answers no workload
-	hung := agenttest.Start(t, filepath.Join(dir, "c-hung.sock"))
+	statsdfake.Start(t, filepath.Join(dir, "b-idle.sock")) // answers no workload
+	hung := statsdfake.Start(t, filepath.Join(dir, "c-hung.sock"))
 	hung.Hang()
-	failing := agenttest.Start(t, filepath.Join(dir, "d-failing.sock"))
+	failing := statsdfake.Start(t, filepath.Join(dir, "d-failing.sock"))
 	failing.SetError(status.Error(codes.Internal, "malformed memory.stat"))
 	staleSocket(t, filepath.Join(dir, "e-stale.sock"))
 	if err := os.WriteFile(filepath.Join(dir, "f-not-a-socket.sock"), nil, 0o600); err != nil {
@@ -110,9 +110,9 @@ func TestSweep(t *testing.T) {
 func TestSweepHungDaemonsShareSlots(t *testing.T) {
 	dir := t.TempDir()
 	for _, n := range []string{"h1", "h2", "h3", "h4"} {
-		agenttest.Start(t, filepath.Join(dir, n+".sock")).Hang()
+		statsdfake.Start(t, filepath.Join(dir, n+".sock")).Hang()
 	}
-	agenttest.Start(t, filepath.Join(dir, "ok.sock")).Set(sample("a", 1, 1))
+	statsdfake.Start(t, filepath.Join(dir, "ok.sock")).Set(sample("a", 1, 1))
 	// As in TestSweep: slack for a loaded machine, below one timeout so
 	// that a third round still shows.
 	const timeout, slack = 2500 * time.Millisecond, 2 * time.Second
@@ -133,7 +133,7 @@ func TestSweepHungDaemonsShareSlots(t *testing.T) {
 
 func TestPollVanished(t *testing.T) {
 	dir := t.TempDir()
-	d := agenttest.Start(t, filepath.Join(dir, "gone.sock"))
+	d := statsdfake.Start(t, filepath.Join(dir, "gone.sock"))
 	sockets, err := Discover(filepath.Join(dir, "*.sock"))
 	if err != nil || len(sockets) != 1 {
 		t.Fatalf("Discover = %v, %v", sockets, err)
@@ -156,7 +156,7 @@ func TestSweepBadGlob(t *testing.T) {
 
 func TestSweepCancelled(t *testing.T) {
 	dir := t.TempDir()
-	agenttest.Start(t, filepath.Join(dir, "h.sock")).Hang()
+	statsdfake.Start(t, filepath.Join(dir, "h.sock")).Hang()
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
@@ -199,7 +199,7 @@ func wrapPoll(sock string, err error) error { return failed(sock, err).Err }
 
 func TestPollRelativePath(t *testing.T) {
 	dir := t.TempDir()
-	agenttest.Start(t, filepath.Join(dir, "rel.sock")).Set(sample("a", 1, 1))
+	statsdfake.Start(t, filepath.Join(dir, "rel.sock")).Set(sample("a", 1, 1))
 	t.Chdir(dir)
 	results, err := Sweep(context.Background(), "*.sock", 1, time.Second)
 	if err != nil || len(results) != 1 || results[0].Status != StatusOK {

@@ -1,4 +1,4 @@
-package fakeagent
+package kataagentfake
 
 import (
 	"context"
@@ -37,7 +37,7 @@ func (a *Agent) DialBare(ctx context.Context) (*BareClient, error) {
 		line, err := readLine(conn)
 		if err != nil || !strings.HasPrefix(line, "OK ") {
 			conn.Close()
-			return nil, fmt.Errorf("fakeagent: handshake answered %q: %v", line, err)
+			return nil, fmt.Errorf("kataagentfake: handshake answered %q: %v", line, err)
 		}
 	}
 	return &BareClient{ttrpc.NewClient(conn)}, nil

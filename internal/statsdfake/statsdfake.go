@@ -1,9 +1,9 @@
-// Package agenttest provides a fake statsd for tests of the node agent: a
+// Package statsdfake provides a fake statsd for tests of the node agent: a
 // real gRPC server on a real Unix socket, implementing
 // WorkloadStatsService.StatsActiveWorkloads with scripted answers, that can
 // be made to hang (never answer until the caller gives up) or be killed
 // (listener closed, socket removed).
-package agenttest
+package statsdfake
 
 import (
 	"context"
@@ -46,7 +46,7 @@ func Start(tb testing.TB, socket string) *Daemon {
 	tb.Helper()
 	ln, err := net.Listen("unix", socket)
 	if err != nil {
-		tb.Fatalf("agenttest: listen %s: %v", socket, err)
+		tb.Fatalf("statsdfake: listen %s: %v", socket, err)
 	}
 	d := &Daemon{Socket: socket, srv: grpc.NewServer()}
 	d.SetNoSample(sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD, "")

@@ -8,4 +8,4 @@
 // Discovery is stateless: every sweep globs again, so a daemon that appears
 // is polled at the next sweep and one that vanished is simply not found. A
 // daemon that does not answer costs only its own timeout.
-package agent
+package nodeagent

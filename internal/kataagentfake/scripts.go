@@ -1,4 +1,4 @@
-package fakeagent
+package kataagentfake
 
 import (
 	"math"

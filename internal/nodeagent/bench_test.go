@@ -1,4 +1,4 @@
-package agent
+package nodeagent
 
 import (
 	"bufio"
@@ -13,7 +13,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
+	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
 )
 
 const (
@@ -35,7 +35,7 @@ func TestFakeDaemonsHelper(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range n {
-		d := agenttest.Start(t, filepath.Join(dir, fmt.Sprintf("d%03d.sock", i)))
+		d := statsdfake.Start(t, filepath.Join(dir, fmt.Sprintf("d%03d.sock", i)))
 		d.Set(sample(fmt.Sprintf("actor-%03d", i), uint64(i)*1000, 64<<20))
 	}
 	fmt.Println("ready")

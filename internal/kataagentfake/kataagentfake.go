@@ -1,11 +1,11 @@
-// Package fakeagent is an in-process fake of the Kata guest agent for tests
+// Package kataagentfake is an in-process fake of the Kata guest agent for tests
 // and benchmarks: a real ttrpc server answering grpc.AgentService/
 // StatsContainer and grpc.Health/Version from a script, behind a real Unix
 // socket that first performs the hybrid-vsock handshake ("CONNECT <port>\n"
 // answered "OK <host port>\n") as Cloud Hypervisor and Firecracker do. Faults
 // (a garbage or closed handshake, an agent that never answers, a kill and
 // restart) are options and methods.
-package fakeagent
+package kataagentfake
 
 import (
 	"context"
@@ -156,11 +156,11 @@ func (a *Agent) start() {
 	_ = os.Remove(a.path)
 	ln, err := net.Listen("unix", a.path)
 	if err != nil {
-		a.tb.Fatalf("fakeagent: listen %s: %v", a.path, err)
+		a.tb.Fatalf("kataagentfake: listen %s: %v", a.path, err)
 	}
 	srv, err := ttrpc.NewServer()
 	if err != nil {
-		a.tb.Fatalf("fakeagent: %v", err)
+		a.tb.Fatalf("kataagentfake: %v", err)
 	}
 	srv.RegisterService("grpc.AgentService", &ttrpc.ServiceDesc{Methods: map[string]ttrpc.Method{
 		"StatsContainer": a.statsContainer,

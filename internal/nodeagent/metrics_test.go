@@ -1,4 +1,4 @@
-package agent
+package nodeagent
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sandboxstats/sandboxstats/internal/agent/agenttest"
+	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -196,7 +196,7 @@ func TestMetricsLabelActor(t *testing.T) {
 // TestDriftGaugePerKind: a sample that says it has open drift findings makes
 // the sweep list them (a second call) and the agent export one gauge per kind.
 func TestDriftGaugePerKind(t *testing.T) {
-	d := agenttest.Start(t, filepath.Join(t.TempDir(), "d.sock"))
+	d := statsdfake.Start(t, filepath.Join(t.TempDir(), "d.sock"))
 	s := sample("actor-1", 1_000_000, 64<<20)
 	s.OpenDriftFindings = 2
 	d.Set(s)
@@ -204,7 +204,7 @@ func TestDriftGaugePerKind(t *testing.T) {
 		&sandboxstatsv1.DriftFinding{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, Subject: "/pod1", ActorUid: "actor-1"},
 		&sandboxstatsv1.DriftFinding{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM, Subject: "pid 7", ActorUid: "actor-1"},
 	)
-	idle := agenttest.Start(t, filepath.Join(t.TempDir(), "idle.sock"))
+	idle := statsdfake.Start(t, filepath.Join(t.TempDir(), "idle.sock"))
 	idle.Set(sample("actor-2", 1, 1)) // no open findings: no second call
 
 	reg := prometheus.NewPedanticRegistry()
@@ -235,21 +235,21 @@ func TestDriftWithoutSamples(t *testing.T) {
 	finding := func(kind sandboxstatsv1.DriftKind, actor string) *sandboxstatsv1.DriftFinding {
 		return &sandboxstatsv1.DriftFinding{Kind: kind, Subject: "s-" + actor, ActorUid: actor}
 	}
-	silent := agenttest.Start(t, filepath.Join(dir, "a-silent.sock"))
+	silent := statsdfake.Start(t, filepath.Join(dir, "a-silent.sock"))
 	silent.SetNoSample(sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET, "agent not answering")
 	silent.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_AGENT_SILENT, "actor-1"))
-	slow := agenttest.Start(t, filepath.Join(dir, "b-slow.sock"))
+	slow := statsdfake.Start(t, filepath.Join(dir, "b-slow.sock"))
 	slow.SetError(status.Error(codes.DeadlineExceeded, "READ_TIMEOUT"))
 	slow.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, "actor-2"))
-	broken := agenttest.Start(t, filepath.Join(dir, "c-internal.sock"))
+	broken := statsdfake.Start(t, filepath.Join(dir, "c-internal.sock"))
 	broken.SetError(status.Error(codes.Internal, "MALFORMED_SOURCE"))
 	broken.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, "actor-3"))
-	idle := agenttest.Start(t, filepath.Join(dir, "d-idle.sock")) // NO_WORKLOAD
+	idle := statsdfake.Start(t, filepath.Join(dir, "d-idle.sock")) // NO_WORKLOAD
 	idle.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM, "actor-4"))
-	unavailable := agenttest.Start(t, filepath.Join(dir, "e-unavailable.sock"))
+	unavailable := statsdfake.Start(t, filepath.Join(dir, "e-unavailable.sock"))
 	unavailable.SetError(status.Error(codes.Unavailable, "NOT_MEASURABLE"))
 	unavailable.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_CGROUP_GONE, "actor-5"))
-	hung := agenttest.Start(t, filepath.Join(dir, "f-hung.sock"))
+	hung := statsdfake.Start(t, filepath.Join(dir, "f-hung.sock"))
 	hung.Hang()
 	hung.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, "actor-6"))
 
