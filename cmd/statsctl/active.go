@@ -7,7 +7,7 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/sandboxstats/sandboxstats/internal/rate"
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -62,7 +62,7 @@ func writeActiveTable(w io.Writer, resp *sandboxstatsv1.StatsActiveWorkloadsResp
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%.1fMiB\t%.1fMiB\t%s\t%s\t%s\n",
 			s.GetActorUid(), qualified(s.GetTemplateNamespace(), s.GetTemplateName()),
-			rate.ClassName(s.GetSandboxClass()), rate.SourceName(s.GetSource()),
+			api.ClassName(s.GetSandboxClass()), api.SourceName(s.GetSource()),
 			float64(s.GetMemoryCurrentBytes())/(1<<20), float64(s.GetMemoryWorkingSetBytes())/(1<<20),
 			peak, cpu, formatTime(s.GetEpochUnixNano()))
 	}

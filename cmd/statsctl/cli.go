@@ -17,7 +17,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/sandboxstats/sandboxstats/internal/server"
+	"github.com/sandboxstats/sandboxstats/internal/api"
 )
 
 // Exit codes.
@@ -120,7 +120,7 @@ func describeError(err error) string {
 		return err.Error()
 	}
 	msg := strings.ReplaceAll(st.Message(), "\n", " ")
-	if reason := server.ReasonOf(err); reason != "" {
+	if reason := api.ReasonOf(err); reason != "" {
 		return fmt.Sprintf("%s %s: %s", codeName(st.Code().String()), reason, msg)
 	}
 	return fmt.Sprintf("%s: %s", codeName(st.Code().String()), msg)

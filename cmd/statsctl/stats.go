@@ -7,7 +7,7 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/rate"
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -55,8 +55,8 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 	row := func(k, v, note string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", k, v, note) }
 	row("ACTOR", s.GetActorUid(), qualified(s.GetActorNamespace(), s.GetActorName()))
 	row("TEMPLATE", qualified(s.GetTemplateNamespace(), s.GetTemplateName()), "")
-	row("CLASS", rate.ClassName(s.GetSandboxClass()), "")
-	row("SOURCE", rate.SourceName(s.GetSource()), s.GetSourceDetail())
+	row("CLASS", api.ClassName(s.GetSandboxClass()), "")
+	row("SOURCE", api.SourceName(s.GetSource()), s.GetSourceDetail())
 	row("EPOCH", formatTime(s.GetEpochUnixNano()), "when the current Run/Restore began")
 	row("OBSERVED", formatTime(s.GetObservedAtUnixNano()), "")
 	if s.GetSource() == sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED {

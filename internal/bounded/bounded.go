@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"os"
 	"strings"
 	"sync"
@@ -20,9 +19,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
-
-// DefaultMaxFileBytes bounds one file read; kernel stat files are far smaller.
-const DefaultMaxFileBytes = 1 << 20
 
 // Group shares in-flight calls by key. The zero value is not usable: make one
 // with New.
@@ -108,18 +104,17 @@ func (g *Group) InFlight() int {
 	return len(g.calls)
 }
 
-// ReadFile reads a whole file of at most DefaultMaxFileBytes under the
-// Group's bound. Errors name the path; os.ErrNotExist stays detectable with
+// ReadFile reads a whole file of at most MaxFileBytes under the Group's
+// bound. Errors name the path; os.ErrNotExist stays detectable with
 // errors.Is.
 func (g *Group) ReadFile(ctx context.Context, path string) ([]byte, error) {
-	return Do(ctx, g, path, func() ([]byte, error) {
-		f, err := os.Open(path)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		return readAllLimited(f, path)
-	})
+	return Do(ctx, g, path, func() ([]byte, error) { return ReadFile(path, MaxFileBytes) })
+}
+
+// ReadRegularFile reads a small regular file (a pid file, a state file) under
+// the Group's bound, as the package-level ReadRegularFile does.
+func (g *Group) ReadRegularFile(ctx context.Context, path string, max int) ([]byte, error) {
+	return Do(ctx, g, "regular\x00"+path, func() ([]byte, error) { return ReadRegularFile(path, max) })
 }
 
 // ReadRootFile is ReadFile for a name inside root: the open cannot escape
@@ -132,17 +127,6 @@ func (g *Group) ReadRootFile(ctx context.Context, root *os.Root, name string) ([
 			return nil, err
 		}
 		defer f.Close()
-		return readAllLimited(f, root.Name()+"/"+name)
+		return readAllLimited(f, root.Name()+"/"+name, MaxFileBytes)
 	})
-}
-
-func readAllLimited(r io.Reader, path string) ([]byte, error) {
-	b, err := io.ReadAll(io.LimitReader(r, DefaultMaxFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(b) > DefaultMaxFileBytes {
-		return nil, fmt.Errorf("%w: %s is larger than %d bytes", source.ErrMalformed, path, DefaultMaxFileBytes)
-	}
-	return b, nil
 }

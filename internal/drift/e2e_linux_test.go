@@ -19,8 +19,8 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
-	"github.com/sandboxstats/sandboxstats/internal/microvm"
 	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
+	"github.com/sandboxstats/sandboxstats/internal/microvm"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )

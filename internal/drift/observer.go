@@ -11,12 +11,12 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -105,7 +105,7 @@ func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pi
 	subject := fmt.Sprintf("pid %d", pid)
 	cg, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cgroup"))
 	switch {
-	case isGone(err):
+	case process.IsGone(err):
 		obs.find(cmpSentry, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, subject, "the sentry process it was bound by no longer exists")
 		return
 	case err != nil:
@@ -123,12 +123,6 @@ func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pi
 		return
 	}
 	obs.ran(cmpSentry)
-}
-
-// isGone reports whether a /proc read failed because the process is gone
-// (ESRCH: it exited while its file was being read).
-func isGone(err error) bool {
-	return errors.Is(err, os.ErrNotExist) || errors.Is(err, syscall.ESRCH)
 }
 
 func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r source.Reading, err error) {
@@ -180,7 +174,7 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 	subject := fmt.Sprintf("pid %d", pid)
 	if ref.VMMPIDFile != "" {
 		guest, subject = hoststat.GuestNameFromPIDFile(ref.VMMPIDFile), ref.VMMPIDFile
-		b, err := o.reads.ReadFile(ctx, ref.VMMPIDFile)
+		b, err := o.reads.ReadRegularFile(ctx, ref.VMMPIDFile, bounded.MaxPIDFileBytes)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, subject, "the VMM pid file is gone (the VMM removes it on exit)")
@@ -189,9 +183,9 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 			obs.skip(cmpVMM, err.Error())
 			return 0, guest, false
 		}
-		n, perr := strconv.Atoi(strings.TrimSpace(string(b)))
-		if perr != nil || n <= 0 {
-			obs.skip(cmpVMM, fmt.Sprintf("pid file %s holds %q, not a pid", ref.VMMPIDFile, oneLine(b)))
+		n, perr := process.ParsePIDFile(b)
+		if perr != nil {
+			obs.skip(cmpVMM, fmt.Sprintf("pid file %s: %v", ref.VMMPIDFile, perr))
 			return 0, guest, false
 		}
 		pid = n
@@ -201,7 +195,7 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 	}
 	cmdline, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cmdline"))
 	switch {
-	case isGone(err) || (err == nil && len(cmdline) == 0):
+	case process.IsGone(err) || (err == nil && len(cmdline) == 0):
 		// An exited process that is not yet reaped has an empty cmdline.
 		obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, subject, fmt.Sprintf("the VMM process (pid %d) no longer exists", pid))
 		return pid, guest, true

@@ -260,29 +260,12 @@ type procSnap struct {
 	cgroup []byte
 }
 
-// readProcLimited reads a small /proc file, bounded like every other read.
-func readProcLimited(p string) ([]byte, error) {
-	f, err := os.Open(p)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, bounded.DefaultMaxFileBytes+1))
-	if err != nil {
-		return nil, err
-	}
-	if len(b) > bounded.DefaultMaxFileBytes {
-		return nil, fmt.Errorf("%s: larger than %d bytes", p, bounded.DefaultMaxFileBytes)
-	}
-	return b, nil
-}
-
 // snapProc reads <dir>/stat, <dir>/cgroup and <dir>/stat again: if the two
 // start times differ, the pid was reused between the reads.
 func snapProc(dir string) (procSnap, error) {
 	start := func() (uint64, error) {
 		p := filepath.Join(dir, "stat")
-		b, err := readProcLimited(p)
+		b, err := bounded.ReadFile(p, bounded.MaxFileBytes)
 		if err != nil {
 			return 0, err
 		}
@@ -296,7 +279,7 @@ func snapProc(dir string) (procSnap, error) {
 	if err != nil {
 		return procSnap{}, err
 	}
-	cg, err := readProcLimited(filepath.Join(dir, "cgroup"))
+	cg, err := bounded.ReadFile(filepath.Join(dir, "cgroup"), bounded.MaxFileBytes)
 	if err != nil {
 		return procSnap{}, err
 	}

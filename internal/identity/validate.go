@@ -6,6 +6,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/sandboxstats/sandboxstats/internal/microvm"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -161,9 +162,6 @@ func validateCgroupPath(p string) error {
 			return fmt.Errorf("%w: cgroup_path %q has a \"..\" element", ErrInvalid, p)
 		}
 	}
-	if i := strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
-		return fmt.Errorf("%w: cgroup_path %q has a control character", ErrInvalid, p)
-	}
 	return nil
 }
 
@@ -172,11 +170,11 @@ func validateCgroupPath(p string) error {
 // an address accepted here can be dialled: a guest cid (>= 3, not "any"), a
 // listening port, canonical decimals, no control characters in the path.
 func ValidateAgentAddress(addr string) error {
-	a, err := source.ParseAgentAddress(addr)
+	a, err := microvm.ParseAddress(addr)
 	if err != nil {
 		return fmt.Errorf("%w: agent_address: %w", ErrInvalid, err)
 	}
-	if a.Scheme == source.SchemeHybridVsock {
+	if a.Scheme == microvm.SchemeHybridVsock {
 		return validateAbsPath("agent_address socket path", a.Path)
 	}
 	return nil

@@ -71,6 +71,7 @@ func TestValidateRef(t *testing.T) {
 		{"26 containers", vm("vsock://3:1024", many...), false},
 		{"25 containers", vm("vsock://3:1024", many[:25]...), true},
 		{"duplicate container", vm("vsock://3:1024", "c1", "c1"), false},
+		{"empty container id", vm("vsock://3:1024", ""), false},
 		{"vmm pid and file", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c"}, VMMPID: 7, VMMPIDFile: "/run/q.pid"}, false},
 		{"vmm pid file relative", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c"}, VMMPIDFile: "q.pid"}, false},
 		{"no class", source.SandboxRef{CgroupPath: "/a"}, false},

@@ -152,7 +152,7 @@ func parseHandshakeLine(line []byte) (uint32, error) {
 	if !ok {
 		return 0, fmt.Errorf("%w: reply %q does not end with a newline", ErrHandshake, line)
 	}
-	hostPort, err := source.ParseDecimalUint32(string(rest))
+	hostPort, err := parseDecimalUint32(string(rest))
 	if err != nil {
 		return 0, fmt.Errorf("%w: reply %q: host port %q: %w", ErrHandshake, line, rest, err)
 	}

@@ -26,9 +26,6 @@ const (
 	versionMethod = "Version"
 )
 
-// MaxContainers is the most container ids one workload may name.
-const MaxContainers = 25
-
 // Defaults of Config.
 const (
 	DefaultCallTimeout = 2 * time.Second
@@ -68,8 +65,10 @@ func (c Config) withDefaults() Config {
 }
 
 // Open returns a Source for the guest agent ref names, summing the
-// containers ref.ContainerIDs (1 to 25). It does not dial until the first
-// Sample. Close it to drop the agent connection.
+// containers ref.ContainerIDs. The ref must be valid (identity.ValidateRef:
+// a dialable address, 1 to identity.MaxContainerIDs distinct ids); Open
+// only parses the address. It does not dial until the first Sample. Close
+// it to drop the agent connection.
 func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	return open(ref, cfg)
 }
@@ -78,16 +77,6 @@ func open(ref source.SandboxRef, cfg Config) (*Source, error) {
 	addr, err := ParseAddress(ref.AgentAddress)
 	if err != nil {
 		return nil, err
-	}
-	if n := len(ref.ContainerIDs); n == 0 || n > MaxContainers {
-		return nil, fmt.Errorf("microvm: %d container ids, want 1 to %d", n, MaxContainers)
-	}
-	seen := make(map[string]bool, len(ref.ContainerIDs))
-	for _, id := range ref.ContainerIDs {
-		if id == "" || seen[id] {
-			return nil, fmt.Errorf("microvm: container id %q empty or repeated", id)
-		}
-		seen[id] = true
 	}
 	cfg = cfg.withDefaults()
 	return &Source{

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -159,8 +160,8 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 
 func (m *Metrics) labelsOf(s *sandboxstatsv1.WorkloadStatsSample) labelSet {
 	l := labelSet{
-		class:             rate.ClassName(s.GetSandboxClass()),
-		source:            rate.SourceName(s.GetSource()),
+		class:             api.ClassName(s.GetSandboxClass()),
+		source:            api.SourceName(s.GetSource()),
 		templateNamespace: s.GetTemplateNamespace(),
 		templateName:      s.GetTemplateName(),
 	}
@@ -193,7 +194,7 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 	// Forget first, so a workload back after the grace period is a first
 	// sight again (charges nothing).
 	for _, k := range m.cpu.Prune(now) {
-		m.logger.Debug("forgot workload after grace period", "actor_uid", k.ActorUID, "source", rate.SourceName(k.Source))
+		m.logger.Debug("forgot workload after grace period", "actor_uid", k.ActorUID, "source", api.SourceName(k.Source))
 	}
 	seen := make(map[rate.WorkloadKey]string) // workload -> socket, this sweep
 	for _, r := range results {
@@ -295,7 +296,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for l, sv := range snap.series {
 		lv := l.values(wa)
 		ch <- prometheus.MustNewConstMetric(m.descSampled, prometheus.GaugeValue, float64(sv.workloads), lv...)
-		if l.source == rate.SourceName(sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED) {
+		if l.source == api.SourceName(sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED) {
 			continue // not measured: no numbers, not zeros
 		}
 		ch <- prometheus.MustNewConstMetric(m.descCur, prometheus.GaugeValue, float64(sv.current), lv...)

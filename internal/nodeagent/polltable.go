@@ -9,6 +9,7 @@ import (
 
 	"google.golang.org/grpc/status"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -39,7 +40,7 @@ func WritePollTable(w io.Writer, results []DaemonResult) error {
 
 func sampleCols(r DaemonResult, s *sandboxstatsv1.WorkloadStatsSample) []string {
 	cols := []string{
-		r.Socket, statusCol(r), s.GetActorUid(), rate.ClassName(s.GetSandboxClass()), rate.SourceName(s.GetSource()),
+		r.Socket, statusCol(r), s.GetActorUid(), api.ClassName(s.GetSandboxClass()), api.SourceName(s.GetSource()),
 		dash(s.GetTemplateNamespace() + "/" + s.GetTemplateName()), epochCol(s.GetEpochUnixNano()),
 	}
 	if !rate.Measured(s) {

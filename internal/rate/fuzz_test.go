@@ -1,9 +1,10 @@
 package rate
 
 import (
-	"google.golang.org/protobuf/proto"
 	"testing"
 	"time"
+
+	"google.golang.org/protobuf/proto"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )

@@ -79,29 +79,3 @@ func CPUCores(prev, cur *sandboxstatsv1.WorkloadStatsSample) (cores float64, ev 
 	dUsec := cur.GetCpuUsageUsec() - prev.GetCpuUsageUsec()
 	return float64(dUsec) * 1e3 / float64(dt), EventNone, true
 }
-
-// SourceName is the label value of a source: "cgroup", "guest-agent" or
-// "unspecified".
-func SourceName(s sandboxstatsv1.StatsSource) string {
-	switch s {
-	case sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP:
-		return "cgroup"
-	case sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT:
-		return "guest-agent"
-	default:
-		return "unspecified"
-	}
-}
-
-// ClassName is the label value of a sandbox class: "gvisor", "microvm" or
-// "unspecified".
-func ClassName(c sandboxstatsv1.SandboxClass) string {
-	switch c {
-	case sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR:
-		return "gvisor"
-	case sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM:
-		return "microvm"
-	default:
-		return "unspecified"
-	}
-}

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -51,8 +52,8 @@ func (w *Watcher) Observe(s *sandboxstatsv1.WorkloadStatsSample) Row {
 	r := Row{
 		ObservedAt:    time.Unix(0, s.GetObservedAtUnixNano()).UTC(),
 		ActorUID:      s.GetActorUid(),
-		SandboxClass:  ClassName(s.GetSandboxClass()),
-		Source:        SourceName(s.GetSource()),
+		SandboxClass:  api.ClassName(s.GetSandboxClass()),
+		Source:        api.SourceName(s.GetSource()),
 		EpochUnixNano: s.GetEpochUnixNano(),
 	}
 	cores, ev, ok := CPUCores(w.prev, s)

@@ -21,6 +21,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -128,7 +129,7 @@ func wantStatus(t *testing.T, err error, code codes.Code, reason sandboxstatsv1.
 	if got := status.Code(err); got != code {
 		t.Fatalf("code = %v (%v), want %v", got, err, code)
 	}
-	if got, want := ReasonOf(err), Reason(reason); got != want {
+	if got, want := api.ReasonOf(err), api.Reason(reason); got != want {
 		t.Fatalf("reason = %q (%v), want %q", got, err, want)
 	}
 }
@@ -437,7 +438,7 @@ func TestPanicIsRecovered(t *testing.T) {
 func TestReasonsAreDistinct(t *testing.T) {
 	seen := map[string]bool{}
 	for v := range sandboxstatsv1.ErrorReason_name {
-		r := Reason(sandboxstatsv1.ErrorReason(v))
+		r := api.Reason(sandboxstatsv1.ErrorReason(v))
 		if seen[r] {
 			t.Fatalf("reason %q twice", r)
 		}

@@ -4,48 +4,25 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// ErrorDomain is the google.rpc.ErrorInfo domain of every statsd error.
-const ErrorDomain = "sandboxstats.dev"
-
-// Reason returns the ErrorInfo reason string of r: its enum value name without
-// the ERROR_REASON_ prefix.
-func Reason(r sandboxstatsv1.ErrorReason) string {
-	return strings.TrimPrefix(r.String(), "ERROR_REASON_")
-}
-
 // statusError builds a status with an ErrorInfo detail.
 func statusError(code codes.Code, reason sandboxstatsv1.ErrorReason, format string, args ...any) error {
 	st := status.New(code, fmt.Sprintf(format, args...))
-	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: Reason(reason), Domain: ErrorDomain})
+	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: api.Reason(reason), Domain: api.ErrorDomain})
 	if err != nil {
 		return st.Err()
 	}
 	return withInfo.Err()
-}
-
-// ReasonOf extracts the ErrorInfo reason of a statsd error ("" if none).
-func ReasonOf(err error) string {
-	st, ok := status.FromError(err)
-	if !ok {
-		return ""
-	}
-	for _, d := range st.Details() {
-		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
-			return info.GetReason()
-		}
-	}
-	return ""
 }
 
 // readError maps an error from a source read to a status.

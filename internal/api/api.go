@@ -1,0 +1,75 @@
+// Package api holds what both sides of the sandboxstats API share beyond the
+// generated code in proto/sandboxstats/v1: the domain of every error's
+// google.rpc.ErrorInfo and how to read its reason back, and the label names
+// of the API's enums as metrics, tables and logs print them.
+//
+// It depends on the generated code and gRPC only, so that a client
+// (statsctl, the node agent) links nothing of the daemon.
+package api
+
+import (
+	"strings"
+
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc/status"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// ErrorDomain is the google.rpc.ErrorInfo domain of every statsd error.
+const ErrorDomain = "sandboxstats.dev"
+
+// Reason returns the ErrorInfo reason string of r: its enum value name without
+// the ERROR_REASON_ prefix.
+func Reason(r sandboxstatsv1.ErrorReason) string {
+	return strings.TrimPrefix(r.String(), "ERROR_REASON_")
+}
+
+// ReasonOf extracts the ErrorInfo reason of a statsd error ("" if none).
+func ReasonOf(err error) string {
+	st, ok := status.FromError(err)
+	if !ok {
+		return ""
+	}
+	for _, d := range st.Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == ErrorDomain {
+			return info.GetReason()
+		}
+	}
+	return ""
+}
+
+// SourceName is the label value of a source: "cgroup", "guest-agent" or
+// "unspecified" (also for a value this build does not know).
+func SourceName(s sandboxstatsv1.StatsSource) string {
+	switch s {
+	case sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP:
+		return "cgroup"
+	case sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT:
+		return "guest-agent"
+	default:
+		return "unspecified"
+	}
+}
+
+// ClassName is the label value of a sandbox class: "gvisor", "microvm" or
+// "unspecified" (also for a value this build does not know).
+func ClassName(c sandboxstatsv1.SandboxClass) string {
+	switch c {
+	case sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR:
+		return "gvisor"
+	case sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM:
+		return "microvm"
+	default:
+		return "unspecified"
+	}
+}
+
+// DriftKindName is a drift kind without its enum prefix ("SANDBOX_DEAD"),
+// or "UNKNOWN" for a value this build does not know (a newer daemon's).
+func DriftKindName(k sandboxstatsv1.DriftKind) string {
+	if _, known := sandboxstatsv1.DriftKind_name[int32(k)]; !known {
+		return "UNKNOWN"
+	}
+	return strings.TrimPrefix(k.String(), "DRIFT_KIND_")
+}

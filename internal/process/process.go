@@ -1,0 +1,111 @@
+// Package process answers, from /proc and pid files, which process a
+// sandbox's helper is and whether it is still that process: the pid a pid
+// file names, a process's start time (which, with the pid, names one
+// process for the life of the machine), and whether a read failed because
+// the process is gone.
+//
+// gvisor (the sentry), hoststat (the VMM and its threads) and drift (the
+// VMM, strays) share these, so that a pid file is parsed and a reused pid
+// is recognised one way everywhere.
+package process
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"math"
+	"strconv"
+	"strings"
+	"syscall"
+
+	"github.com/prometheus/procfs"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+)
+
+// ErrNotPID marks a pid file whose content is not one positive pid. Its
+// errors give the content's length, never the content: a pid file is named
+// by the launcher and may point anywhere.
+var ErrNotPID = errors.New("process: not a pid")
+
+// ParsePIDFile parses a pid file's content: one positive decimal that fits
+// a pid_t, with surrounding white space allowed.
+func ParsePIDFile(b []byte) (int, error) {
+	t := strings.TrimSpace(string(b))
+	n, err := strconv.ParseInt(t, 10, 32)
+	if err != nil || n <= 0 || n > math.MaxInt32 || t[0] == '+' {
+		return 0, fmt.Errorf("%w: %d bytes", ErrNotPID, len(b))
+	}
+	return int(n), nil
+}
+
+// ReadPIDFile reads the pid a pid file names. The file must be a regular
+// file (no symlink, FIFO or device) of at most bounded.MaxPIDFileBytes. It
+// blocks only as long as reading a regular file does; callers still bound
+// it. Errors name the path.
+func ReadPIDFile(path string) (int, error) {
+	b, err := bounded.ReadRegularFile(path, bounded.MaxPIDFileBytes)
+	if err != nil {
+		return 0, err
+	}
+	pid, err := ParsePIDFile(b)
+	if err != nil {
+		return 0, fmt.Errorf("pid file %s: %w", path, err)
+	}
+	return pid, nil
+}
+
+// IsGone reports whether err says the process is gone: its /proc directory
+// is missing, or it exited while a file of it was being read (ESRCH).
+func IsGone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+}
+
+// StartTime returns a process's start time, in clock ticks after boot
+// (field 22 of <procRoot>/<pid>/stat, parsed by procfs from the last ')'
+// since the command name may hold any byte). A gone process gives an error
+// for which IsGone is true.
+func StartTime(procRoot string, pid int) (uint64, error) {
+	fsys, err := procfs.NewFS(procRoot)
+	if err != nil {
+		return 0, fmt.Errorf("process: proc root %s: %w", procRoot, err)
+	}
+	p, err := fsys.Proc(pid)
+	if err != nil {
+		return 0, err
+	}
+	st, err := p.Stat()
+	if err != nil {
+		return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
+	}
+	return st.Starttime, nil
+}
+
+// Pin names one process for the life of the machine: a pid and its start
+// time. A pid alone may be reused by another process after the first exits.
+type Pin struct {
+	PID        int
+	StartTicks uint64
+}
+
+// PinOf pins the process running as pid now.
+func PinOf(procRoot string, pid int) (Pin, error) {
+	start, err := StartTime(procRoot, pid)
+	if err != nil {
+		return Pin{}, err
+	}
+	return Pin{PID: pid, StartTicks: start}, nil
+}
+
+// Running reports whether the pinned process still runs: false (with a nil
+// error) when its pid is gone or now belongs to another process.
+func (p Pin) Running(procRoot string) (bool, error) {
+	start, err := StartTime(procRoot, p.PID)
+	switch {
+	case IsGone(err):
+		return false, nil
+	case err != nil:
+		return false, err
+	}
+	return start == p.StartTicks, nil
+}
