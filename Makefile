@@ -1,7 +1,7 @@
 # sandboxstats: build, test, lint, regenerate protos, benchmark.
 GO       ?= go
 BIN      := $(CURDIR)/bin
-TOOLS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc
+TOOLS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/staticcheck
 PROTO_GO := $(shell find proto internal -name '*.pb.go' 2>/dev/null)
 
 .PHONY: all build test test-unit lint proto proto-check bench demo tools clean
@@ -16,7 +16,8 @@ build:
 tools: $(TOOLS)
 $(TOOLS): tools/go.mod tools/go.sum
 	cd tools && $(GO) build -o $(BIN)/ github.com/bufbuild/buf/cmd/buf \
-		google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc
+		google.golang.org/protobuf/cmd/protoc-gen-go google.golang.org/grpc/cmd/protoc-gen-go-grpc \
+		honnef.co/go/tools/cmd/staticcheck
 
 proto: $(TOOLS)
 	rm -f $(PROTO_GO)
@@ -27,8 +28,14 @@ proto-check: proto
 	@git diff --exit-code -- proto internal || { echo "generated code is stale: run make proto and commit" >&2; exit 1; }
 	@test -z "$$(git status --porcelain -- proto internal | grep '\.pb\.go$$')" || { echo "untracked generated code: commit it" >&2; exit 1; }
 
-lint: $(BIN)/buf
+# vet and staticcheck on Linux, build and vet for darwin too (the packages
+# that need Linux have *_others.go stubs), gofmt, buf lint. The dependency
+# test (internal/deptest) runs with the tests.
+lint: $(TOOLS)
 	$(GO) vet ./...
+	GOOS=darwin $(GO) build ./...
+	GOOS=darwin $(GO) vet ./...
+	$(BIN)/staticcheck ./...
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); test -z "$$out" || { echo "gofmt needed: $$out" >&2; exit 1; }
 	$(BIN)/buf lint
 

@@ -10,17 +10,12 @@ import (
 	"path/filepath"
 	"slices"
 	"sort"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
-
-// Kind is a kind of drift.
-type Kind = sandboxstatsv1.DriftKind
 
 // comparison is one thing the check compares; each Kind belongs to one. When
 // a comparison cannot run, its findings are kept as they are.
@@ -37,17 +32,17 @@ const (
 
 func comparisonOf(k Kind) comparison {
 	switch k {
-	case sandboxstatsv1.DriftKind_DRIFT_KIND_CGROUP_GONE, sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD:
+	case KindCgroupGone, KindSandboxDead:
 		return cmpCgroup
-	case sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_MOVED:
+	case KindSentryGone, KindSentryMoved:
 		return cmpSentry
-	case sandboxstatsv1.DriftKind_DRIFT_KIND_AGENT_SILENT:
+	case KindAgentSilent:
 		return cmpAgentAnswer
-	case sandboxstatsv1.DriftKind_DRIFT_KIND_CONTAINER_UNKNOWN:
+	case KindContainerUnknown:
 		return cmpAgentContainers
-	case sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE:
+	case KindVMMGone:
 		return cmpVMM
-	case sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM:
+	case KindStrayVMM:
 		return cmpStray
 	default:
 		return ""
@@ -66,9 +61,6 @@ type Finding struct {
 }
 
 func (f Finding) key() string { return f.ActorUID + "\x00" + f.Kind.String() + "\x00" + f.Subject }
-
-// EventType says what an event did to a finding.
-type EventType = sandboxstatsv1.DriftEventType
 
 // Event is one change to the open findings.
 type Event struct {
@@ -258,10 +250,10 @@ func (c *Checker) prepare(now time.Time) *identity.Binding {
 		switch {
 		case b == nil || f.ActorUID != b.Identity.ActorUID:
 			delete(c.open, k)
-			c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_DROPPED, f, "workload %q is no longer bound; finding dropped", f.ActorUID)
+			c.event(now, EventDropped, f, "workload %q is no longer bound; finding dropped", f.ActorUID)
 		case f.Epoch != b.EpochUnixNano:
 			delete(c.open, k)
-			c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_DROPPED, f, "a new Run/Restore of %q began; finding dropped", f.ActorUID)
+			c.event(now, EventDropped, f, "a new Run/Restore of %q began; finding dropped", f.ActorUID)
 		}
 	}
 	if b == nil {
@@ -293,7 +285,7 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 	for k, f := range c.open {
 		if _, still := seen[k]; !still && obs.Ran[comparisonOf(f.Kind)] {
 			delete(c.open, k)
-			c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_CLEARED, f, "%s %s matches again", kindName(f.Kind), f.Subject)
+			c.event(now, EventCleared, f, "%s %s matches again", f.Kind, f.Subject)
 		}
 	}
 	for k, f := range seen {
@@ -302,7 +294,7 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 		}
 		f.FirstSeen = now
 		c.open[k] = f
-		c.event(now, sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_OPENED, f, "%s %s: %s", kindName(f.Kind), f.Subject, f.Detail)
+		c.event(now, EventOpened, f, "%s %s: %s", f.Kind, f.Subject, f.Detail)
 	}
 	c.status.Outcome = "checked"
 	for cmp, why := range obs.Skipped {
@@ -324,8 +316,8 @@ func (c *Checker) event(now time.Time, t EventType, f Finding, format string, ar
 		c.events = slices.Delete(c.events, 0, over)
 	}
 	c.persist = true
-	attrs := []any{"kind", kindName(f.Kind), "subject", f.Subject, "actor_uid", f.ActorUID}
-	if t == sandboxstatsv1.DriftEventType_DRIFT_EVENT_TYPE_OPENED {
+	attrs := []any{"kind", f.Kind, "subject", f.Subject, "actor_uid", f.ActorUID}
+	if t == EventOpened {
 		c.cfg.Logger.Warn("drift: "+e.Message, attrs...)
 	} else {
 		c.cfg.Logger.Info("drift: "+e.Message, attrs...)
@@ -391,8 +383,4 @@ func (c *Checker) OpenCount(actorUID string) uint32 {
 		}
 	}
 	return n
-}
-
-func kindName(k Kind) string {
-	return strings.TrimPrefix(k.String(), "DRIFT_KIND_")
 }

@@ -15,7 +15,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // scriptedObserver returns the next scripted observation each cycle.
@@ -39,8 +38,8 @@ func (c *fakeClock) now() time.Time          { return c.t }
 func (c *fakeClock) advance(d time.Duration) { c.t = c.t.Add(d) }
 
 var (
-	vmmGone = Finding{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, Subject: "pid 4242", Detail: "gone"}
-	dead    = Finding{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, Subject: "/statstest", Detail: "no processes"}
+	vmmGone = Finding{Kind: KindVMMGone, Subject: "pid 4242", Detail: "gone"}
+	dead    = Finding{Kind: KindSandboxDead, Subject: "/statstest", Detail: "no processes"}
 )
 
 func obs(ran []comparison, skipped map[comparison]string, findings ...Finding) Observation {
@@ -102,7 +101,7 @@ func (f *fixture) cycle() {
 func eventTypes(c *Checker) []string {
 	var out []string
 	for _, e := range c.Events() {
-		out = append(out, strings.TrimPrefix(e.Type.String(), "DRIFT_EVENT_TYPE_")+" "+kindName(e.Finding.Kind)+" "+e.Finding.Subject)
+		out = append(out, e.Type.String()+" "+e.Finding.Kind.String()+" "+e.Finding.Subject)
 	}
 	return out
 }
@@ -218,7 +217,7 @@ func TestRestartNeitherReReportsNorForgets(t *testing.T) {
 	f.cycle()
 	// statsd restarts: a new checker on the same state dir.
 	f.checker = f.newChecker(t)
-	if got := f.checker.Open(); len(got) != 1 || got[0].Kind != sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD {
+	if got := f.checker.Open(); len(got) != 1 || got[0].Kind != KindSandboxDead {
 		t.Fatalf("after restart open = %v, want the dead-sandbox finding", got)
 	}
 	f.logs.Reset()
@@ -283,7 +282,7 @@ func TestUnknownKindFromANewerStateFile(t *testing.T) {
 	os.WriteFile(filepath.Join(dir, StateFileName), []byte(`{"version":1,"findings":[{"kind":99,"subject":"x","actor_uid":"someone-else"}]}`), 0o600)
 	f := newFixture(t, dir, obs(all, nil))
 	f.cycle() // drops the other actor's finding and logs it: must not panic
-	if got := eventTypes(f.checker); len(got) != 1 || !strings.HasPrefix(got[0], "DROPPED 99 x") {
+	if got := eventTypes(f.checker); len(got) != 1 || !strings.HasPrefix(got[0], "DROPPED KIND(99) x") {
 		t.Fatalf("events = %q", got)
 	}
 }

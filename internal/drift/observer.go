@@ -18,7 +18,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // SystemObserver observes a sandbox through its bound source (one read-only
@@ -90,12 +89,12 @@ func (o *SystemObserver) observeCgroup(obs *Observation, b *identity.Binding, r 
 	}
 	switch {
 	case err == nil && r.SandboxProcesses != nil && *r.SandboxProcesses == 0:
-		obs.find(cmpCgroup, sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, subject,
+		obs.find(cmpCgroup, KindSandboxDead, subject,
 			"the cgroup has no processes left: its numbers are a dead sandbox's, not an idle workload's")
 	case err == nil:
 		obs.ran(cmpCgroup)
 	case errors.Is(err, source.ErrSandboxGone):
-		obs.find(cmpCgroup, sandboxstatsv1.DriftKind_DRIFT_KIND_CGROUP_GONE, subject, err.Error())
+		obs.find(cmpCgroup, KindCgroupGone, subject, err.Error())
 	default:
 		obs.skip(cmpCgroup, err.Error())
 	}
@@ -106,7 +105,7 @@ func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pi
 	cg, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cgroup"))
 	switch {
 	case process.IsGone(err):
-		obs.find(cmpSentry, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, subject, "the sentry process it was bound by no longer exists")
+		obs.find(cmpSentry, KindSentryGone, subject, "the sentry process it was bound by no longer exists")
 		return
 	case err != nil:
 		obs.skip(cmpSentry, err.Error())
@@ -118,7 +117,7 @@ func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pi
 		o.sentryCgroup = cg
 	}
 	if !bytes.Equal(o.sentryCgroup, cg) {
-		obs.find(cmpSentry, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_MOVED, subject,
+		obs.find(cmpSentry, KindSentryMoved, subject,
 			fmt.Sprintf("the sentry's cgroups changed from %q to %q", oneLine(o.sentryCgroup), oneLine(cg)))
 		return
 	}
@@ -145,7 +144,7 @@ func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r s
 		last = time.Unix(0, b.EpochUnixNano)
 	}
 	if silent := now.Sub(last); !answered && silent > o.agentGrace {
-		obs.find(cmpAgentAnswer, sandboxstatsv1.DriftKind_DRIFT_KIND_AGENT_SILENT, b.Ref.AgentAddress,
+		obs.find(cmpAgentAnswer, KindAgentSilent, b.Ref.AgentAddress,
 			fmt.Sprintf("no answer for %s (grace %s): %v", silent.Round(time.Second), o.agentGrace, err))
 	} else {
 		obs.ran(cmpAgentAnswer)
@@ -158,7 +157,7 @@ func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r s
 	obs.ran(cmpAgentContainers)
 	for _, c := range r.UnreadContainers {
 		if c.Reason == source.ReasonUnknownContainer {
-			obs.find(cmpAgentContainers, sandboxstatsv1.DriftKind_DRIFT_KIND_CONTAINER_UNKNOWN, c.ID,
+			obs.find(cmpAgentContainers, KindContainerUnknown, c.ID,
 				"the guest agent does not know this container id")
 		}
 	}
@@ -177,7 +176,7 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 		b, err := o.reads.ReadRegularFile(ctx, ref.VMMPIDFile, bounded.MaxPIDFileBytes)
 		switch {
 		case errors.Is(err, os.ErrNotExist):
-			obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, subject, "the VMM pid file is gone (the VMM removes it on exit)")
+			obs.find(cmpVMM, KindVMMGone, subject, "the VMM pid file is gone (the VMM removes it on exit)")
 			return 0, guest, false
 		case err != nil:
 			obs.skip(cmpVMM, err.Error())
@@ -197,7 +196,7 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 	switch {
 	case process.IsGone(err) || (err == nil && len(cmdline) == 0):
 		// An exited process that is not yet reaped has an empty cmdline.
-		obs.find(cmpVMM, sandboxstatsv1.DriftKind_DRIFT_KIND_VMM_GONE, subject, fmt.Sprintf("the VMM process (pid %d) no longer exists", pid))
+		obs.find(cmpVMM, KindVMMGone, subject, fmt.Sprintf("the VMM process (pid %d) no longer exists", pid))
 		return pid, guest, true
 	case err != nil:
 		obs.skip(cmpVMM, err.Error())
@@ -232,7 +231,7 @@ func (o *SystemObserver) observeStrays(ctx context.Context, obs *Observation, bo
 			return
 		}
 		if err == nil && hoststat.QEMUGuestName(cmdline) == guest {
-			obs.find(cmpStray, sandboxstatsv1.DriftKind_DRIFT_KIND_STRAY_VMM, fmt.Sprintf("pid %d", pid),
+			obs.find(cmpStray, KindStrayVMM, fmt.Sprintf("pid %d", pid),
 				fmt.Sprintf("a VMM process other than the bound one (pid %d) claims guest %q", boundPID, guest))
 		}
 	}

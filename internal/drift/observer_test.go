@@ -42,7 +42,7 @@ func procTree(t *testing.T, procs map[int]string) string {
 func summary(o Observation) []string {
 	var out []string
 	for _, f := range o.Findings {
-		out = append(out, kindName(f.Kind)+" "+f.Subject)
+		out = append(out, f.Kind.String()+" "+f.Subject)
 	}
 	for c, why := range o.Skipped {
 		_ = why

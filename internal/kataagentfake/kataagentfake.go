@@ -461,7 +461,6 @@ type chanListener struct {
 	ch   chan net.Conn
 	done chan struct{}
 	addr net.Addr
-	once sync.Once
 }
 
 func (l *chanListener) Accept() (net.Conn, error) {

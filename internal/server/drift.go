@@ -26,7 +26,7 @@ func (s *StatsService) ListDriftFindings(context.Context, *sandboxstatsv1.ListDr
 	}
 	for _, e := range s.drift.Events() {
 		resp.Events = append(resp.Events, &sandboxstatsv1.DriftEvent{
-			AtUnixNano: e.At.UnixNano(), Type: e.Type, Finding: findingToProto(e.Finding), Message: e.Message,
+			AtUnixNano: e.At.UnixNano(), Type: sandboxstatsv1.DriftEventType(e.Type), Finding: findingToProto(e.Finding), Message: e.Message,
 		})
 	}
 	st := s.drift.Status()
@@ -42,9 +42,11 @@ func (s *StatsService) ListDriftFindings(context.Context, *sandboxstatsv1.ListDr
 	return resp, nil
 }
 
+// findingToProto converts a finding. drift numbers its kinds and event
+// types as the wire does (TestDriftEnumsMatchTheWire holds it).
 func findingToProto(f drift.Finding) *sandboxstatsv1.DriftFinding {
 	return &sandboxstatsv1.DriftFinding{
-		Kind: f.Kind, Subject: f.Subject, ActorUid: f.ActorUID, FirstSeenUnixNano: f.FirstSeen.UnixNano(), Detail: f.Detail,
+		Kind: sandboxstatsv1.DriftKind(f.Kind), Subject: f.Subject, ActorUid: f.ActorUID, FirstSeenUnixNano: f.FirstSeen.UnixNano(), Detail: f.Detail,
 	}
 }
 

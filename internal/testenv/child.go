@@ -24,7 +24,7 @@ const ChildEnv = "SANDBOXSTATS_TEST_CHILD"
 // Run normally (ChildEnv unset) it skips. As the child it obeys one command
 // per stdin line, answers one line and exits when stdin closes:
 //
-//	alloc <MiB>  allocate and touch that much memory  -> "ok"
+//	alloc <MiB>  allocate and touch that much memory  -> "ok <allocations held>"
 //	free         drop it and return it to the kernel  -> "ok"
 //	burn <ms>    spin until this process used <ms> more CPU -> "ok <usec used>"
 func RunChild(t *testing.T) {
@@ -43,7 +43,7 @@ func RunChild(t *testing.T) {
 				b[i] = 1
 			}
 			hold = append(hold, b)
-			fmt.Println("ok")
+			fmt.Println("ok", len(hold))
 		case "free":
 			hold = nil
 			debug.FreeOSMemory()
@@ -67,7 +67,7 @@ func RunChild(t *testing.T) {
 func selfCPUUsec() int64 {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return ru.Utime.Sec*1e6 + ru.Utime.Usec + ru.Stime.Sec*1e6 + ru.Stime.Usec
+	return ru.Utime.Nano()/1000 + ru.Stime.Nano()/1000
 }
 
 // Child is a running workload child (see RunChild).

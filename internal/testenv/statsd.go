@@ -4,7 +4,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"syscall"
@@ -48,7 +47,7 @@ func BuildBinaries(t testing.TB, extra ...string) string {
 	for _, c := range cmds {
 		args = append(args, module+"/cmd/"+c)
 	}
-	if out, err := exec.Command(filepath.Join(runtime.GOROOT(), "bin", "go"), args...).CombinedOutput(); err != nil {
+	if out, err := exec.Command(goTool(t), args...).CombinedOutput(); err != nil {
 		t.Fatalf("go build %s: %v\n%s", key, err, out)
 	}
 	if builds.dirs == nil {
@@ -114,4 +113,14 @@ func StartStatsd(t testing.TB, binDir string, extraArgs ...string) *Statsd {
 			t.Fatal("statsd did not create its sockets within 10 s")
 		}
 	}
+}
+
+// goTool is the go command on PATH (go test puts its own toolchain's bin
+// directory there).
+func goTool(t testing.TB) string {
+	p, err := exec.LookPath("go")
+	if err != nil {
+		t.Fatalf("no go command on PATH: %v", err)
+	}
+	return p
 }

@@ -1,0 +1,73 @@
+package drift
+
+import "fmt"
+
+// Kind is a kind of drift. The numbers are those of the state file and of
+// the wire's DriftKind (internal/server converts; a test holds them equal).
+type Kind int
+
+const (
+	KindUnspecified Kind = iota
+	// KindCgroupGone: the sandbox cgroup no longer exists.
+	KindCgroupGone
+	// KindSandboxDead: the cgroup is there but holds no process.
+	KindSandboxDead
+	// KindSentryGone: the sentry the ref names by pid exited.
+	KindSentryGone
+	// KindSentryMoved: the sentry's cgroups changed.
+	KindSentryMoved
+	// KindAgentSilent: the guest agent has not answered past the grace.
+	KindAgentSilent
+	// KindContainerUnknown: the agent does not know a container id.
+	KindContainerUnknown
+	// KindVMMGone: the VMM the ref names exited.
+	KindVMMGone
+	// KindStrayVMM: another VMM process claims the bound guest's name.
+	KindStrayVMM
+)
+
+var kindNames = [...]string{
+	KindUnspecified:      "UNSPECIFIED",
+	KindCgroupGone:       "CGROUP_GONE",
+	KindSandboxDead:      "SANDBOX_DEAD",
+	KindSentryGone:       "SENTRY_GONE",
+	KindSentryMoved:      "SENTRY_MOVED",
+	KindAgentSilent:      "AGENT_SILENT",
+	KindContainerUnknown: "CONTAINER_UNKNOWN",
+	KindVMMGone:          "VMM_GONE",
+	KindStrayVMM:         "STRAY_VMM",
+}
+
+// String is the kind's name as logs and statsctl print it ("SANDBOX_DEAD");
+// a kind this build does not know (a newer state file's) is "KIND(n)".
+func (k Kind) String() string {
+	if k >= 0 && int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return fmt.Sprintf("KIND(%d)", int(k))
+}
+
+// EventType says what an event did to a finding. Numbered like the wire's
+// DriftEventType.
+type EventType int
+
+const (
+	EventUnspecified EventType = iota
+	EventOpened
+	EventCleared
+	EventDropped
+)
+
+// String is the event type's name ("OPENED").
+func (t EventType) String() string {
+	switch t {
+	case EventOpened:
+		return "OPENED"
+	case EventCleared:
+		return "CLEARED"
+	case EventDropped:
+		return "DROPPED"
+	default:
+		return fmt.Sprintf("EVENT(%d)", int(t))
+	}
+}
