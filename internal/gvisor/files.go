@@ -85,13 +85,6 @@ func optKeyed(f *fileReq, key string) (v uint64, ok bool, err error) {
 	return v, ok, nil
 }
 
-// readKeyed reads one flat keyed file and finds key in it.
-func (s *cgroupSource) readKeyed(ctx context.Context, root *os.Root, dir, name, key string) (uint64, bool, error) {
-	f := &fileReq{root: root, dir: dir, name: name}
-	s.readAll(ctx, []*fileReq{f})
-	return optKeyed(f, key)
-}
-
 // procs counts cgroup.procs into r; nil with an Absent when it is missing.
 func procs(r *source.Reading, f *fileReq) error {
 	if errors.Is(f.err, fs.ErrNotExist) {
