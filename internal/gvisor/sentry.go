@@ -10,9 +10,9 @@ import (
 	"io/fs"
 	"path/filepath"
 	"strconv"
-	"syscall"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -21,36 +21,25 @@ import (
 var errPidChanged = errors.New("the process changed while its files were read")
 
 // procSnap is one consistent look at a pid: its start time and cgroup file,
-// read between two reads of its stat file that agree.
+// read between two reads of its start time that agree.
 type procSnap struct {
 	start  uint64
 	cgroup []byte
 }
 
-// snapProc reads <dir>/stat, <dir>/cgroup and <dir>/stat again: if the two
-// start times differ, the pid was reused between the reads.
-func snapProc(dir string) (procSnap, error) {
-	start := func() (uint64, error) {
-		p := filepath.Join(dir, "stat")
-		b, err := bounded.ReadFile(p, bounded.MaxFileBytes)
-		if err != nil {
-			return 0, err
-		}
-		v, err := parseStatStartTime(b)
-		if err != nil {
-			return 0, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)
-		}
-		return v, nil
-	}
-	before, err := start()
+// snapProc reads pid's start time (process.StartTime: procfs on
+// <procRoot>/<pid>/stat), <procRoot>/<pid>/cgroup, and the start time again:
+// if the two start times differ, the pid was reused between the reads.
+func snapProc(procRoot string, pid int) (procSnap, error) {
+	before, err := startTime(procRoot, pid)
 	if err != nil {
 		return procSnap{}, err
 	}
-	cg, err := bounded.ReadFile(filepath.Join(dir, "cgroup"), bounded.MaxFileBytes)
+	cg, err := bounded.ReadFile(filepath.Join(procRoot, strconv.Itoa(pid), "cgroup"), bounded.MaxFileBytes)
 	if err != nil {
 		return procSnap{}, err
 	}
-	after, err := start()
+	after, err := startTime(procRoot, pid)
 	if err != nil {
 		return procSnap{}, err
 	}
@@ -60,8 +49,21 @@ func snapProc(dir string) (procSnap, error) {
 	return procSnap{start: before, cgroup: cg}, nil
 }
 
+// startTime is process.StartTime with a stat file that does not parse
+// marked source.ErrMalformed. A gone process (process.IsGone) and a failed
+// read (an *fs.PathError: permission, I/O) pass as they are; what remains
+// came from parsing, and its error names the path.
+func startTime(procRoot string, pid int) (uint64, error) {
+	v, err := process.StartTime(procRoot, pid)
+	var pe *fs.PathError
+	if err != nil && !process.IsGone(err) && !errors.As(err, &pe) {
+		return 0, fmt.Errorf("gvisor: %w: %w", source.ErrMalformed, err)
+	}
+	return v, err
+}
+
 // resolve finds the sentry's cgroup through <ProcRoot>/<pid>/cgroup. The
-// first resolve records the sentry's start time; a later one refuses a pid
+// first resolve pins the sentry (its pid and start time); a later one refuses a pid
 // that exited or now belongs to another process (same pid, another start
 // time), so another workload's cgroup is never read under this identity.
 func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
@@ -69,10 +71,10 @@ func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
 	dir := filepath.Join(s.procRoot, strconv.Itoa(pid))
 	p := filepath.Join(dir, "cgroup")
 	s.mu.Lock()
-	want, known := s.sentryStart, s.haveSentryStart
+	want, known := s.sentry.StartTicks, s.pinned
 	s.mu.Unlock()
-	snap, err := bounded.Do(ctx, s.g, "resolve\x00"+dir, func() (procSnap, error) { return snapProc(dir) })
-	gone := errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) || errors.Is(err, errPidChanged)
+	snap, err := bounded.Do(ctx, s.g, "resolve\x00"+dir, func() (procSnap, error) { return snapProc(s.procRoot, pid) })
+	gone := process.IsGone(err) || errors.Is(err, errPidChanged)
 	switch {
 	case known && gone:
 		return nil, fmt.Errorf("gvisor: %w: %w: sentry pid %d was reused/exited (%s): %w", source.ErrNotMeasurable, source.ErrSandboxGone, pid, dir, err)
@@ -85,10 +87,10 @@ func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
 	}
 	if !known {
 		s.mu.Lock()
-		if !s.haveSentryStart {
-			s.sentryStart, s.haveSentryStart = snap.start, true
+		if !s.pinned {
+			s.sentry, s.pinned = process.Pin{PID: pid, StartTicks: snap.start}, true
 		}
-		want = s.sentryStart
+		want = s.sentry.StartTicks
 		s.mu.Unlock()
 		if snap.start != want { // a concurrent first resolve saw another process
 			return nil, fmt.Errorf("gvisor: %w: %w: sentry pid %d was reused/exited: start time %d, was %d", source.ErrNotMeasurable, source.ErrSandboxGone, pid, snap.start, want)

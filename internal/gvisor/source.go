@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -63,11 +64,11 @@ type cgroupSource struct {
 	// closed is set by Close: a directory opened afterwards is closed, not
 	// cached.
 	closed bool
-	// sentryStart is the sentry's start time (field 22 of /proc/<pid>/stat),
-	// recorded at the first resolve that found the process; a later resolve
-	// that finds another start time (or none) is a reused or exited pid.
-	sentryStart     uint64
-	haveSentryStart bool
+	// sentry pins the sentry (its pid and start time) at the first resolve
+	// that found the process; a later resolve that finds another start time
+	// (or none) is a reused or exited pid. pinned says it is set.
+	sentry process.Pin
+	pinned bool
 
 	closeOnce sync.Once
 }

@@ -82,6 +82,14 @@ func TestSampleFixtures(t *testing.T) {
 		{name: "v2 with memory.peak", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{CgroupPath: "/sandbox"}, want: v2},
 		{name: "v2 by sentry pid", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 100},
 			want: with(v2, func(r *source.Reading) { r.Detail += " (sentry pid 100)" })},
+		{name: "sentry whose command name has spaces and ')'", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 800},
+			want: with(v2, func(r *source.Reading) { r.Detail += " (sentry pid 800)" })},
+		{name: "sentry stat without ')' is malformed", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 810},
+			wantErr: source.ErrMalformed, errHas: "testdata/proc/810/stat"},
+		{name: "truncated sentry stat is malformed", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 811},
+			wantErr: source.ErrMalformed, errHas: "testdata/proc/811/stat"},
+		{name: "sentry start time not a number is malformed", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 812},
+			wantErr: source.ErrMalformed, errHas: "testdata/proc/812/stat"},
 		{name: "v2 without memory.peak (Linux < 5.19)", tree: "v2-nopeak", mode: ModeUnified, ref: source.SandboxRef{CgroupPath: "/sandbox"},
 			want: with(v2, func(r *source.Reading) {
 				r.Detail = "cgroup v2 (unified) testdata/cgroup/v2-nopeak/sandbox"
