@@ -10,9 +10,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -76,19 +74,14 @@ type cgroupSource struct {
 var _ source.Source = (*cgroupSource)(nil)
 
 // Open returns a Source for the sandbox ref names (by cgroup path or sentry
-// pid). It does not require the cgroup to exist yet: Sample then says
-// source.ErrNotMeasurable. The cgroup mount itself must be there. Close
-// releases the mount handles.
+// pid). The ref must be valid (identity.ValidateRef: class gvisor, exactly
+// one of a positive sentry pid and an absolute, clean cgroup path without
+// ".." that is not "/"); Open does not check it again. The cgroup files are
+// opened through an os.Root on the mount, so a path that leads out of it
+// through a symlink is refused when it is read. Open does not require the
+// cgroup to exist yet: Sample then says source.ErrNotMeasurable. The cgroup
+// mount itself must be there. Close releases the mount handles.
 func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
-	if ref.Class != source.ClassGVisor && ref.Class != source.ClassUnspecified {
-		return nil, fmt.Errorf("gvisor: sandbox class is %s", ref.Class)
-	}
-	if (ref.CgroupPath == "") == (ref.SentryPID == 0) {
-		return nil, errors.New("gvisor: want exactly one of cgroup path and sentry pid")
-	}
-	if ref.SentryPID < 0 {
-		return nil, fmt.Errorf("gvisor: sentry pid %d is not a pid", ref.SentryPID)
-	}
 	if cfg.CgroupRoot == "" {
 		cfg.CgroupRoot = DefaultCgroupRoot
 	}
@@ -108,11 +101,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		g:        bounded.New(cfg.ReadTimeout),
 		dirs:     map[string]*dirHandle{},
 	}
-	if ref.CgroupPath != "" {
-		p, err := checkCgroupPath(ref.CgroupPath)
-		if err != nil {
-			return nil, fmt.Errorf("gvisor: cgroup path: %w", err)
-		}
+	if p := ref.CgroupPath; p != "" {
 		s.loc = &location{mem: p, cpu: p}
 	}
 	if s.mode == ModeAuto {
@@ -143,25 +132,6 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		return nil, fmt.Errorf("gvisor: %w: cgroup mount: %w", source.ErrNotMeasurable, err)
 	}
 	return s, nil
-}
-
-// checkCgroupPath accepts an absolute, clean path without "..".
-func checkCgroupPath(p string) (string, error) {
-	if !strings.HasPrefix(p, "/") {
-		return "", fmt.Errorf("%q is not absolute", p)
-	}
-	for e := range strings.SplitSeq(p, "/") {
-		if e == ".." {
-			return "", fmt.Errorf("%q contains \"..\"", p)
-		}
-	}
-	if path.Clean(p) != p {
-		return "", fmt.Errorf("%q is not clean", p)
-	}
-	if p == "/" {
-		return "", errors.New(`"/" is the root cgroup: its numbers would be the whole host's`)
-	}
-	return p, nil
 }
 
 // Close releases the handles on the cgroup mounts. It is safe to call more
