@@ -63,9 +63,10 @@ func startTime(procRoot string, pid int) (uint64, error) {
 }
 
 // resolve finds the sentry's cgroup through <ProcRoot>/<pid>/cgroup. The
-// first resolve pins the sentry (its pid and start time); a later one refuses a pid
-// that exited or now belongs to another process (same pid, another start
-// time), so another workload's cgroup is never read under this identity.
+// first resolve pins the sentry (its pid and start time); a later one
+// refuses a pid that exited or now belongs to another process (same pid,
+// another start time), so another workload's cgroup is never read under this
+// identity.
 func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
 	pid := s.ref.SentryPID
 	dir := filepath.Join(s.procRoot, strconv.Itoa(pid))
