@@ -15,6 +15,13 @@
 // cgroup.procs, each through internal/bounded, opened through an os.Root so
 // that no path escapes the cgroup mount. Nothing is ever written to a cgroup.
 //
+// The files, one job each: source.go (Config, Open, Sample, Close),
+// sentry.go (a sentry pid to its cgroup, pinned by start time), location.go
+// (which cgroup paths to read), dircache.go (the open directory handles),
+// files.go (the per-file reads of a Sample), memory.go, v1.go and v2.go (the
+// readers), parse.go (the pure parsers of kernel text) and mode*.go (the
+// host's cgroup layout).
+//
 //	src, err := gvisor.Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: pid},
 //		gvisor.Config{CgroupRoot: "/sys/fs/cgroup", ProcRoot: "/proc", ReadTimeout: 2 * time.Second})
 //	if err != nil { ... }

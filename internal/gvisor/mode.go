@@ -32,6 +32,3 @@ func (m Mode) String() string {
 		return fmt.Sprintf("Mode(%d)", int(m))
 	}
 }
-
-// v1 reports whether the mode reads the v1 memory and cpuacct hierarchies.
-func (m Mode) v1() bool { return m == ModeHybrid || m == ModeLegacy }

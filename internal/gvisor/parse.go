@@ -125,23 +125,3 @@ func parseProcCgroup(b []byte) (procCgroup, error) {
 	}
 	return pc, nil
 }
-
-// parseStatStartTime returns field 22 (starttime, clock ticks after boot) of
-// /proc/<pid>/stat. The fields are counted after the last ')', since the
-// command name (field 2) may itself hold spaces and parentheses.
-func parseStatStartTime(b []byte) (uint64, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, errors.New("no ')' closing the command name")
-	}
-	f := strings.Fields(string(b[i+1:]))
-	// f[0] is field 3 (state), so field 22 is f[19].
-	if len(f) < 20 {
-		return 0, fmt.Errorf("%d fields after the command name, want at least 20", len(f))
-	}
-	v, err := strconv.ParseUint(f[19], 10, 64)
-	if err != nil {
-		return 0, fmt.Errorf("token %q: starttime: %w", f[19], err)
-	}
-	return v, nil
-}

@@ -1,7 +1,6 @@
 package gvisor
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -234,40 +233,6 @@ func FuzzParseProcs(f *testing.F) {
 			t.Fatalf("%d processes from %d lines", n, strings.Count(s, "\n")+1)
 		}
 	})
-}
-
-func TestParseStatStartTime(t *testing.T) {
-	const tail = " S 1 42 42 0 -1 4194560 9031 0 0 0 312 55 0 0 20 0 14 0 %s 1300475904 12001 18446744073709551615 1 1 0\n"
-	for _, tc := range []struct {
-		name, in string
-		want     uint64
-		wantErr  string
-	}{
-		{name: "plain", in: "42 (runsc-sandbox)" + fmt.Sprintf(tail, "352109"), want: 352109},
-		{name: "name with spaces and parentheses", in: "42 (a) b (c))" + fmt.Sprintf(tail, "7"), want: 7},
-		{name: "no closing parenthesis", in: "42 (runsc", wantErr: "no ')'"},
-		{name: "truncated", in: "42 (runsc) S 1 42", wantErr: "fields after the command name"},
-		{name: "not a number", in: "42 (runsc)" + fmt.Sprintf(tail, "x1"), wantErr: `token "x1"`},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseStatStartTime([]byte(tc.in))
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("parseStatStartTime = %d, %v; want error containing %q", got, err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil || got != tc.want {
-				t.Fatalf("parseStatStartTime = %d, %v; want %d", got, err, tc.want)
-			}
-		})
-	}
-}
-
-func FuzzParseStatStartTime(f *testing.F) {
-	f.Add("42 (runsc) S 1 42 42 0 -1 4194560 9031 0 0 0 312 55 0 0 20 0 14 0 352109 1 1\n")
-	f.Add("42 (a) b)")
-	f.Fuzz(func(t *testing.T, s string) { parseStatStartTime([]byte(s)) })
 }
 
 func FuzzParseProcCgroup(f *testing.F) {

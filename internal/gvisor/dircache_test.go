@@ -1,0 +1,193 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"runtime"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// TestCgroupRemadeIsReadAfresh: the reader keeps the cgroup directory open
+// between samples; when the cgroup is removed and made again under the same
+// path, the new one is read, and while it is missing the sample says so.
+func TestCgroupRemadeIsReadAfresh(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"}, Config{CgroupRoot: cg, Mode: ModeUnified})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if r, err := s.Sample(ctx); err != nil || r.MemoryCurrentBytes != 268435456 {
+		t.Fatalf("first sample = %d, %v", r.MemoryCurrentBytes, err)
+	}
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sample(ctx); !errors.Is(err, errCgroupGone) || !errors.Is(err, source.ErrNotMeasurable) || !errors.Is(err, source.ErrSandboxGone) {
+		t.Fatalf("removed cgroup: err = %v, want ErrNotMeasurable and ErrSandboxGone (no such cgroup)", err)
+	}
+	if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	if r, err := s.Sample(ctx); err != nil || r.MemoryCurrentBytes != 12288 {
+		t.Fatalf("remade cgroup: sample = %d, %v; want the new cgroup's 12288", r.MemoryCurrentBytes, err)
+	}
+}
+
+// TestSharedDirStatPerHandle: two callers hold different handles on the same
+// cgroup path (one on a removed directory, one on the directory made again)
+// and share one stat of that path. Each must get "same" for its own handle,
+// not the answer computed for the other's.
+func TestSharedDirStatPerHandle(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	src, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"},
+		Config{CgroupRoot: cg, Mode: ModeUnified, ReadTimeout: 10 * time.Second, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	s := src.(*cgroupSource)
+	stale, err := s.unified.OpenRoot("sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stale.Close()
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2/sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	fresh, err := s.unified.OpenRoot("sandbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fresh.Close()
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	testHook = func(op string) {
+		if op != "stat" {
+			return
+		}
+		once.Do(func() { close(entered) })
+		<-release
+	}
+	defer func() { testHook = nil }()
+
+	type result struct{ exists, same bool }
+	ctx := context.Background()
+	var freshRes, staleRes result
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		e, same, err := s.dirState(ctx, s.unified, "/sandbox", fresh)
+		if err != nil {
+			t.Errorf("fresh handle: %v", err)
+		}
+		freshRes = result{e, same}
+	})
+	<-entered // the first caller's shared stat is in flight and held
+	wg.Go(func() {
+		e, same, err := s.dirState(ctx, s.unified, "/sandbox", stale)
+		if err != nil {
+			t.Errorf("stale handle: %v", err)
+		}
+		staleRes = result{e, same}
+	})
+	time.Sleep(100 * time.Millisecond) // let the second caller join the held call
+	close(release)
+	wg.Wait()
+	if want := (result{true, true}); freshRes != want {
+		t.Errorf("fresh handle: %+v, want %+v", freshRes, want)
+	}
+	if want := (result{true, false}); staleRes != want {
+		t.Errorf("stale handle (joined the fresh caller's stat): %+v, want %+v", staleRes, want)
+	}
+}
+
+// TestDirOpenedAfterCloseIsNotCached: a cgroup directory whose open finishes
+// after Close is closed, not stored in the cache (where nothing would ever
+// close it).
+func TestDirOpenedAfterCloseIsNotCached(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	src, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"},
+		Config{CgroupRoot: cg, Mode: ModeUnified, ReadTimeout: 10 * time.Second, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := src.(*cgroupSource)
+	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	testHook = func(op string) {
+		if op != "open" {
+			return
+		}
+		once.Do(func() { close(entered) })
+		<-release
+	}
+	defer func() { testHook = nil }()
+	done := make(chan error, 1)
+	go func() { _, err := s.Sample(context.Background()); done <- err }()
+	<-entered // the directory is open, not yet cached
+	s.Close()
+	close(release)
+	if err := <-done; err == nil {
+		t.Errorf("Sample racing Close succeeded; want an error")
+	}
+	s.mu.Lock()
+	n := len(s.dirs)
+	s.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d directories cached after Close, want 0 (a leaked handle)", n)
+	}
+}
+
+// TestRecreatedCgroupDoesNotPinHandles: each time the cgroup is removed and
+// made again, the handle on the removed directory is closed once no read
+// uses it, not kept (pinning a dying memcg) until Close.
+func TestRecreatedCgroupDoesNotPinHandles(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("counts /proc/self/fd")
+	}
+	cg := copyTree(t, "testdata/cgroup/v2")
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"},
+		Config{CgroupRoot: cg, Mode: ModeUnified, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	fds := func() int {
+		es, err := os.ReadDir("/proc/self/fd")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(es)
+	}
+	if _, err := s.Sample(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before := fds()
+	const n = 20
+	for i := range n {
+		if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2/sandbox")); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := s.Sample(ctx); err != nil {
+			t.Fatalf("sample after recreation %d: %v", i, err)
+		}
+	}
+	if after := fds(); after > before+2 {
+		t.Errorf("open fds: %d before, %d after %d recreations of the cgroup; want no growth", before, after, n)
+	}
+}

@@ -1,0 +1,96 @@
+// This file chooses where a sandbox's cgroup is: the location type, the
+// choice of paths from /proc/<pid>/cgroup, and the names of paths in a root.
+
+package gvisor
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path"
+	"path/filepath"
+	"strings"
+)
+
+// errRootCgroup: a sentry in the root cgroup (runsc --ignore-cgroups) has no
+// cgroup of its own; the root's numbers would be the whole host's.
+var errRootCgroup = errors.New("the sentry is in the root cgroup (runsc --ignore-cgroups?): the numbers there are the whole host's")
+
+// location is where one sandbox's cgroup is, as paths relative to the mounts
+// ("/a/b"). On v2 mem and cpu are the same path. cpu is "" when a resolved
+// process has no cpuacct hierarchy.
+type location struct {
+	mem, cpu string
+	// cpuWhy says why cpu is empty when the process has a cpuacct line.
+	cpuWhy string
+}
+
+// selectLocation picks the paths to read from a parsed /proc/<pid>/cgroup:
+// the "0::" path on a unified host; the memory and cpuacct lines on a v1 or
+// hybrid host (where the "0::" line is there too but has no memory
+// controller). Paths are relative to the reader's cgroup namespace, which is
+// also the root of a cgroup mount made inside it; a path outside the
+// namespace shows as "/.." and cannot be read.
+func selectLocation(pc procCgroup, mode Mode) (*location, error) {
+	if mode == ModeUnified {
+		if !pc.HasUnified {
+			return nil, errors.New("no cgroup v2 (\"0::\") line")
+		}
+		p, err := namespacePath(pc.Unified)
+		if err != nil {
+			return nil, err
+		}
+		if p == "/" {
+			return nil, errRootCgroup
+		}
+		return &location{mem: p, cpu: p}, nil
+	}
+	mp, ok := pc.V1["memory"]
+	if !ok {
+		return nil, errors.New("no v1 memory line")
+	}
+	mem, err := namespacePath(mp)
+	if err != nil {
+		return nil, err
+	}
+	if mem == "/" {
+		return nil, errRootCgroup
+	}
+	loc := &location{mem: mem}
+	if cp, ok := pc.V1["cpuacct"]; ok {
+		if loc.cpu, err = namespacePath(cp); err != nil {
+			return nil, err
+		}
+		// A process can sit in a memory cgroup of its own but in the root of
+		// the separately mounted cpuacct hierarchy: that counter is the
+		// whole host's, not the sandbox's.
+		if loc.cpu == "/" {
+			loc.cpu, loc.cpuWhy = "", "the sentry's cpuacct cgroup is the root: its counter would be the whole host's CPU"
+		}
+	}
+	return loc, nil
+}
+
+func namespacePath(p string) (string, error) {
+	if strings.HasSuffix(p, " (deleted)") {
+		return "", fmt.Errorf("cgroup %q: %w", p, errCgroupGone)
+	}
+	for e := range strings.SplitSeq(p, "/") {
+		if e == ".." {
+			return "", fmt.Errorf("cgroup %q is outside this cgroup namespace", p)
+		}
+	}
+	return path.Clean(p), nil
+}
+
+// rel turns a cgroup path into a name inside an os.Root.
+func rel(p string) string {
+	if p = strings.TrimPrefix(p, "/"); p == "" {
+		return "."
+	}
+	return p
+}
+
+func display(root *os.Root, dir string) string {
+	return filepath.Join(root.Name(), dir)
+}

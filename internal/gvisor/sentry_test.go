@@ -1,0 +1,133 @@
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// TestSentryCgroupMoves: a source opened by sentry pid follows the sentry
+// when its cgroup disappears, keeps reading a dead sandbox's cgroup while it
+// remains, and says not measurable when both are gone.
+func TestSentryCgroupMoves(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	proc := t.TempDir()
+	writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
+	writeStat(t, proc, 42, 5000)
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
+		Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	sample := func() (source.Reading, error) { return s.Sample(ctx) }
+
+	if r, err := sample(); err != nil || !strings.HasSuffix(r.Detail, "/sandbox (sentry pid 42)") {
+		t.Fatalf("first sample = %q, %v", r.Detail, err)
+	}
+	// The sandbox moves: the old cgroup disappears, /proc shows the new one.
+	if err := os.CopyFS(filepath.Join(cg, "moved"), os.DirFS(filepath.Join(cg, "sandbox"))); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/moved\n")
+	r, err := sample()
+	if err != nil || !strings.HasSuffix(r.Detail, "/moved (sentry pid 42)") {
+		t.Fatalf("after the move: sample = %q, %v; want the moved cgroup", r.Detail, err)
+	}
+	// The sentry dies but its cgroup stays: the cached path is still read.
+	if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(cg, "moved", "cgroup.procs"), "")
+	r, err = sample()
+	if err != nil || r.SandboxProcesses == nil || *r.SandboxProcesses != 0 || r.MemoryCurrentBytes != 268435456 {
+		t.Fatalf("dead sandbox: sample = %+v, %v; want its numbers and 0 processes", r, err)
+	}
+	// The cgroup goes too.
+	if err := os.RemoveAll(filepath.Join(cg, "moved")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sample(); !errors.Is(err, source.ErrNotMeasurable) || !errors.Is(err, source.ErrSandboxGone) || !strings.Contains(err.Error(), "sentry pid 42 was reused/exited") {
+		t.Fatalf("cgroup and sentry gone: err = %v, want ErrNotMeasurable and ErrSandboxGone naming the pid", err)
+	}
+}
+
+// writeStat writes a /proc/<pid>/stat whose field 22 (starttime) is start;
+// the command name has spaces and a ')' as a real one may.
+func writeStat(t *testing.T, proc string, pid int, start uint64) {
+	t.Helper()
+	writeFile(t, filepath.Join(proc, strconv.Itoa(pid), "stat"), fmt.Sprintf(
+		"%d (runsc ) sandbox) S 1 %d %d 0 -1 4194560 9031 0 0 0 312 55 0 0 20 0 14 0 %d 1300475904 12001 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
+		pid, pid, pid, start))
+}
+
+// TestSentryPIDReused: the sentry's cgroup disappears and its pid now
+// belongs to another process (another start time) in another cgroup, or the
+// pid is gone: the source must not read that cgroup under this identity.
+func TestSentryPIDReused(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		after func(t *testing.T, proc string)
+	}{
+		{"pid reused by a process in another cgroup", func(t *testing.T, proc string) {
+			writeStat(t, proc, 42, 9999)
+			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/other\n")
+		}},
+		{"pid exited", func(t *testing.T, proc string) {
+			if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
+				t.Fatal(err)
+			}
+		}},
+		{"same process moved (control)", func(t *testing.T, proc string) {
+			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/other\n")
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cg := copyTree(t, "testdata/cgroup/v2")
+			if err := os.CopyFS(filepath.Join(cg, "other"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
+				t.Fatal(err)
+			}
+			proc := t.TempDir()
+			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
+			writeStat(t, proc, 42, 5000)
+			s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
+				Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			ctx := context.Background()
+			if r, err := s.Sample(ctx); err != nil || r.MemoryCurrentBytes != 268435456 {
+				t.Fatalf("first sample = %d, %v", r.MemoryCurrentBytes, err)
+			}
+			if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+				t.Fatal(err)
+			}
+			tc.after(t, proc)
+			r, err := s.Sample(ctx)
+			if strings.HasPrefix(tc.name, "same process") {
+				if err != nil || r.MemoryCurrentBytes != 12288 {
+					t.Fatalf("moved sentry: sample = %d, %v; want the new cgroup's 12288", r.MemoryCurrentBytes, err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatalf("sample = %+v (the other cgroup's numbers), want an error", r)
+			}
+			if !errors.Is(err, source.ErrNotMeasurable) || !errors.Is(err, source.ErrSandboxGone) || !strings.Contains(err.Error(), "sentry pid 42 was reused/exited") {
+				t.Fatalf("err = %v, want ErrNotMeasurable and ErrSandboxGone, \"sentry pid 42 was reused/exited\"", err)
+			}
+		})
+	}
+}

@@ -1,0 +1,212 @@
+// This file is the source: its Config, Open, Close and Sample, and the
+// cgroupSource type that holds a sandbox's mounts, location and caches.
+
+package gvisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/process"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// Defaults for the zero values of Config.
+const (
+	DefaultCgroupRoot  = "/sys/fs/cgroup"
+	DefaultProcRoot    = "/proc"
+	DefaultReadTimeout = 2 * time.Second
+)
+
+// Config holds the roots and bounds of a gVisor source. Zero values take the
+// defaults above; a nil Logger discards.
+type Config struct {
+	CgroupRoot  string        // the cgroup mount, normally /sys/fs/cgroup
+	ProcRoot    string        // normally /proc; used to resolve a sentry pid
+	ReadTimeout time.Duration // bound of every file read
+	Logger      *slog.Logger
+	// Mode is the host's cgroup layout. ModeAuto (the zero value) detects it
+	// once at Open from the file system types of CgroupRoot and
+	// CgroupRoot/unified; set it to read a fixture tree.
+	Mode Mode
+}
+
+// errCgroupGone marks a read that found the cgroup directory missing, so
+// that a source opened by sentry pid re-resolves the cgroup.
+var errCgroupGone = fmt.Errorf("no such cgroup: %w", source.ErrSandboxGone)
+
+// cgroupSource is the Source of one sandbox.
+type cgroupSource struct {
+	ref      source.SandboxRef
+	mode     Mode
+	procRoot string
+	log      *slog.Logger
+	g        *bounded.Group
+
+	// v2: unified is the mount. v1: memory and cpuacct are the hierarchies;
+	// cpuacct is nil (with cpuacctErr) when that hierarchy is not there.
+	unified, memory, cpuacct *os.Root
+	cpuacctErr               error
+
+	mu   sync.Mutex
+	loc  *location             // nil until resolved; replaced when the cgroup disappears
+	dirs map[string]*dirHandle // open cgroup directories, by display path
+	// closed is set by Close: a directory opened afterwards is closed, not
+	// cached.
+	closed bool
+	// sentry pins the sentry (its pid and start time) at the first resolve
+	// that found the process; a later resolve that finds another start time
+	// (or none) is a reused or exited pid. pinned says it is set.
+	sentry process.Pin
+	pinned bool
+
+	closeOnce sync.Once
+}
+
+var _ source.Source = (*cgroupSource)(nil)
+
+// Open returns a Source for the sandbox ref names (by cgroup path or sentry
+// pid). The ref must be valid (identity.ValidateRef: class gvisor, exactly
+// one of a positive sentry pid and an absolute, clean cgroup path without
+// ".." that is not "/"); Open does not check it again. The cgroup files are
+// opened through an os.Root on the mount, so a path that leads out of it
+// through a symlink is refused when it is read. Open does not require the
+// cgroup to exist yet: Sample then says source.ErrNotMeasurable. The cgroup
+// mount itself must be there. Close releases the mount handles.
+func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
+	if cfg.CgroupRoot == "" {
+		cfg.CgroupRoot = DefaultCgroupRoot
+	}
+	if cfg.ProcRoot == "" {
+		cfg.ProcRoot = DefaultProcRoot
+	}
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	s := &cgroupSource{
+		ref:      ref,
+		mode:     cfg.Mode,
+		procRoot: cfg.ProcRoot,
+		g:        bounded.New(cfg.ReadTimeout),
+		dirs:     map[string]*dirHandle{},
+	}
+	if p := ref.CgroupPath; p != "" {
+		s.loc = &location{mem: p, cpu: p}
+	}
+	if s.mode == ModeAuto {
+		m, err := detectMode(cfg.CgroupRoot)
+		if err != nil {
+			return nil, err
+		}
+		s.mode = m
+	}
+	s.log = cfg.Logger.With("component", "gvisor", "mode", s.mode.String())
+	var err error
+	switch s.mode {
+	case ModeUnified:
+		s.unified, err = os.OpenRoot(cfg.CgroupRoot)
+	case ModeHybrid, ModeLegacy:
+		if s.memory, err = os.OpenRoot(filepath.Join(cfg.CgroupRoot, "memory")); err != nil {
+			break
+		}
+		// cpuacct may be co-mounted as "cpu,cpuacct" with a "cpuacct" symlink;
+		// OpenRoot follows it.
+		if s.cpuacct, s.cpuacctErr = os.OpenRoot(filepath.Join(cfg.CgroupRoot, "cpuacct")); s.cpuacctErr != nil {
+			s.log.Debug("no cpuacct hierarchy: CPU will be absent", "err", s.cpuacctErr)
+		}
+	default:
+		return nil, fmt.Errorf("gvisor: unknown cgroup mode %v", s.mode)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("gvisor: %w: cgroup mount: %w", source.ErrNotMeasurable, err)
+	}
+	return s, nil
+}
+
+// Close releases the handles on the cgroup mounts. It is safe to call more
+// than once; a read still hung in the kernel keeps its own file open.
+func (s *cgroupSource) Close() error {
+	s.closeOnce.Do(func() {
+		for _, r := range []*os.Root{s.unified, s.memory, s.cpuacct} {
+			if r != nil {
+				r.Close()
+			}
+		}
+		s.mu.Lock()
+		s.closed = true
+		for k, h := range s.dirs {
+			delete(s.dirs, k)
+			s.dropLocked(h)
+		}
+		s.mu.Unlock()
+	})
+	return nil
+}
+
+// Sample reads the sandbox cgroup. A source opened by sentry pid resolves the
+// cgroup on first use and again when the cgroup it read before is gone.
+func (s *cgroupSource) Sample(ctx context.Context) (source.Reading, error) {
+	loc, err := s.locate(ctx, nil)
+	if err != nil {
+		return source.Reading{}, err
+	}
+	r, err := s.read(ctx, loc)
+	if errors.Is(err, errCgroupGone) && s.ref.SentryPID != 0 {
+		s.log.Debug("sandbox cgroup gone, resolving the sentry's cgroup again", "err", err)
+		nloc, rerr := s.locate(ctx, loc)
+		if rerr != nil {
+			return source.Reading{}, rerr
+		}
+		if *nloc != *loc {
+			r, err = s.read(ctx, nloc)
+		}
+	}
+	return r, err
+}
+
+// locate returns the cached location unless it is stale (the one a read found
+// gone), in which case it resolves the sentry pid's cgroup again.
+func (s *cgroupSource) locate(ctx context.Context, stale *location) (*location, error) {
+	s.mu.Lock()
+	loc := s.loc
+	s.mu.Unlock()
+	if loc != nil && loc != stale {
+		return loc, nil
+	}
+	if s.ref.SentryPID == 0 {
+		return loc, nil // an explicit path never moves
+	}
+	nloc, err := s.resolve(ctx)
+	if err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	s.loc = nloc
+	s.mu.Unlock()
+	return nloc, nil
+}
+
+func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading, error) {
+	if s.mode == ModeUnified {
+		return s.readV2(ctx, loc)
+	}
+	return s.readV1(ctx, loc)
+}
+
+func (s *cgroupSource) suffix() string {
+	if s.ref.SentryPID != 0 {
+		return fmt.Sprintf(" (sentry pid %d)", s.ref.SentryPID)
+	}
+	return ""
+}
