@@ -209,7 +209,7 @@ func FuzzParseKeyed(f *testing.F) {
 		}
 		// A well-formed file stays well formed with a line appended, and
 		// the first occurrence still wins.
-		if strings.ContainsAny(key, " \t\n\v\f\r\x85\xa0") || key == "" {
+		if strings.ContainsAny(key, " \t\n\v\f\r\u0085\u00a0") || key == "" {
 			return
 		}
 		s2 := s + "\n" + key + " 42\n"

@@ -7,7 +7,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"path/filepath"
 	"strconv"
 
@@ -50,13 +49,10 @@ func snapProc(procRoot string, pid int) (procSnap, error) {
 }
 
 // startTime is process.StartTime with a stat file that does not parse
-// marked source.ErrMalformed. A gone process (process.IsGone) and a failed
-// read (an *fs.PathError: permission, I/O) pass as they are; what remains
-// came from parsing, and its error names the path.
+// marked source.ErrMalformed (its error names the path).
 func startTime(procRoot string, pid int) (uint64, error) {
 	v, err := process.StartTime(procRoot, pid)
-	var pe *fs.PathError
-	if err != nil && !process.IsGone(err) && !errors.As(err, &pe) {
+	if errors.Is(err, process.ErrMalformedStat) {
 		return 0, fmt.Errorf("gvisor: %w: %w", source.ErrMalformed, err)
 	}
 	return v, err

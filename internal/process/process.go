@@ -28,6 +28,10 @@ import (
 // by the launcher and may point anywhere.
 var ErrNotPID = errors.New("process: not a pid")
 
+// ErrMalformedStat marks a /proc/<pid>/stat that procfs could not parse (as
+// opposed to one that could not be read).
+var ErrMalformedStat = errors.New("process: malformed stat")
+
 // ParsePIDFile parses a pid file's content: one positive decimal that fits
 // a pid_t, with surrounding white space allowed.
 func ParsePIDFile(b []byte) (int, error) {
@@ -65,7 +69,14 @@ func IsGone(err error) bool {
 // (field 22 of <procRoot>/<pid>/stat, parsed by procfs from the last ')'
 // since the command name may hold any byte). A gone process gives an error
 // for which IsGone is true.
-func StartTime(procRoot string, pid int) (uint64, error) {
+func StartTime(procRoot string, pid int) (start uint64, err error) {
+	defer func() {
+		// procfs v0.23.0 slices past the end of a stat line that ends at
+		// its ')' (no kernel writes one, a fixture or a fake root can).
+		if p := recover(); p != nil {
+			start, err = 0, fmt.Errorf("%w: process: %s/%d/stat: unparsable (%v)", ErrMalformedStat, procRoot, pid, p)
+		}
+	}()
 	fsys, err := procfs.NewFS(procRoot)
 	if err != nil {
 		return 0, fmt.Errorf("process: proc root %s: %w", procRoot, err)
@@ -76,7 +87,14 @@ func StartTime(procRoot string, pid int) (uint64, error) {
 	}
 	st, err := p.Stat()
 	if err != nil {
-		return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
+		if IsGone(err) {
+			return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
+		}
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
+		}
+		return 0, fmt.Errorf("%w: process: %s/%d/stat: %w", ErrMalformedStat, procRoot, pid, err)
 	}
 	return st.Starttime, nil
 }
