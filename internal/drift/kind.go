@@ -24,6 +24,9 @@ const (
 	KindVMMGone
 	// KindStrayVMM: another VMM process claims the bound guest's name.
 	KindStrayVMM
+	// KindOOMKilled: the sandbox is dead and its OOM kill count rose in the
+	// epoch.
+	KindOOMKilled
 )
 
 var kindNames = [...]string{
@@ -36,6 +39,7 @@ var kindNames = [...]string{
 	KindContainerUnknown: "CONTAINER_UNKNOWN",
 	KindVMMGone:          "VMM_GONE",
 	KindStrayVMM:         "STRAY_VMM",
+	KindOOMKilled:        "OOM_KILLED",
 }
 
 // String is the kind's name as logs and statsctl print it ("SANDBOX_DEAD");

@@ -275,6 +275,183 @@ func (NoSampleReason) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{3}
 }
 
+// BaselineKind says where an epoch's counters start.
+type BaselineKind int32
+
+const (
+	BaselineKind_BASELINE_KIND_UNSPECIFIED BaselineKind = 0
+	// Every counter of the source was 0 at the epoch start (the cgroup source:
+	// a Run/Restore gets a new sandbox cgroup). The activation's own usage is
+	// the counter itself.
+	BaselineKind_BASELINE_KIND_EPOCH_START BaselineKind = 1
+	// The counters survive a restore (the guest agent): the baseline is the
+	// epoch's first successful read, taken as soon after the Run/Restore as the
+	// agent answered (observed_at_unix_nano); usage between the epoch start
+	// and then is not in it.
+	BaselineKind_BASELINE_KIND_FIRST_READ BaselineKind = 2
+)
+
+// Enum value maps for BaselineKind.
+var (
+	BaselineKind_name = map[int32]string{
+		0: "BASELINE_KIND_UNSPECIFIED",
+		1: "BASELINE_KIND_EPOCH_START",
+		2: "BASELINE_KIND_FIRST_READ",
+	}
+	BaselineKind_value = map[string]int32{
+		"BASELINE_KIND_UNSPECIFIED": 0,
+		"BASELINE_KIND_EPOCH_START": 1,
+		"BASELINE_KIND_FIRST_READ":  2,
+	}
+)
+
+func (x BaselineKind) Enum() *BaselineKind {
+	p := new(BaselineKind)
+	*p = x
+	return p
+}
+
+func (x BaselineKind) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (BaselineKind) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_stats_proto_enumTypes[4].Descriptor()
+}
+
+func (BaselineKind) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_stats_proto_enumTypes[4]
+}
+
+func (x BaselineKind) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use BaselineKind.Descriptor instead.
+func (BaselineKind) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{4}
+}
+
+// ActivationOutcome is how an activation ended.
+type ActivationOutcome int32
+
+const (
+	ActivationOutcome_ACTIVATION_OUTCOME_UNSPECIFIED ActivationOutcome = 0
+	// Ended by CheckpointWorkload with its sandbox still running.
+	ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED ActivationOutcome = 1
+	// At the end its sandbox had no process left, or was gone.
+	ActivationOutcome_ACTIVATION_OUTCOME_SANDBOX_DEAD ActivationOutcome = 2
+	// At the end its sandbox was dead and its OOM kill count had risen in the
+	// epoch.
+	ActivationOutcome_ACTIVATION_OUTCOME_OOM_KILLED ActivationOutcome = 3
+	// A RunWorkload or RestoreWorkload of the same actor began a new
+	// activation.
+	ActivationOutcome_ACTIVATION_OUTCOME_REPLACED ActivationOutcome = 4
+)
+
+// Enum value maps for ActivationOutcome.
+var (
+	ActivationOutcome_name = map[int32]string{
+		0: "ACTIVATION_OUTCOME_UNSPECIFIED",
+		1: "ACTIVATION_OUTCOME_CHECKPOINTED",
+		2: "ACTIVATION_OUTCOME_SANDBOX_DEAD",
+		3: "ACTIVATION_OUTCOME_OOM_KILLED",
+		4: "ACTIVATION_OUTCOME_REPLACED",
+	}
+	ActivationOutcome_value = map[string]int32{
+		"ACTIVATION_OUTCOME_UNSPECIFIED":  0,
+		"ACTIVATION_OUTCOME_CHECKPOINTED": 1,
+		"ACTIVATION_OUTCOME_SANDBOX_DEAD": 2,
+		"ACTIVATION_OUTCOME_OOM_KILLED":   3,
+		"ACTIVATION_OUTCOME_REPLACED":     4,
+	}
+)
+
+func (x ActivationOutcome) Enum() *ActivationOutcome {
+	p := new(ActivationOutcome)
+	*p = x
+	return p
+}
+
+func (x ActivationOutcome) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (ActivationOutcome) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_stats_proto_enumTypes[5].Descriptor()
+}
+
+func (ActivationOutcome) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_stats_proto_enumTypes[5]
+}
+
+func (x ActivationOutcome) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use ActivationOutcome.Descriptor instead.
+func (ActivationOutcome) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{5}
+}
+
+// FinalProvenance says how an ended activation's final sample was obtained.
+type FinalProvenance int32
+
+const (
+	FinalProvenance_FINAL_PROVENANCE_UNSPECIFIED FinalProvenance = 0
+	// Read at the end (by the Checkpoint, or by the Run/Restore replacing it).
+	FinalProvenance_FINAL_PROVENANCE_READ_AT_END FinalProvenance = 1
+	// The read at the end failed (final_reason); the final is the last good
+	// sample any poll read in the epoch, final_age_nanos before the end. Usage
+	// after it is not in the record.
+	FinalProvenance_FINAL_PROVENANCE_LAST_GOOD_POLL FinalProvenance = 2
+	// The read at the end failed and no read of the epoch ever succeeded.
+	FinalProvenance_FINAL_PROVENANCE_NONE FinalProvenance = 3
+)
+
+// Enum value maps for FinalProvenance.
+var (
+	FinalProvenance_name = map[int32]string{
+		0: "FINAL_PROVENANCE_UNSPECIFIED",
+		1: "FINAL_PROVENANCE_READ_AT_END",
+		2: "FINAL_PROVENANCE_LAST_GOOD_POLL",
+		3: "FINAL_PROVENANCE_NONE",
+	}
+	FinalProvenance_value = map[string]int32{
+		"FINAL_PROVENANCE_UNSPECIFIED":    0,
+		"FINAL_PROVENANCE_READ_AT_END":    1,
+		"FINAL_PROVENANCE_LAST_GOOD_POLL": 2,
+		"FINAL_PROVENANCE_NONE":           3,
+	}
+)
+
+func (x FinalProvenance) Enum() *FinalProvenance {
+	p := new(FinalProvenance)
+	*p = x
+	return p
+}
+
+func (x FinalProvenance) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (FinalProvenance) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_stats_proto_enumTypes[6].Descriptor()
+}
+
+func (FinalProvenance) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_stats_proto_enumTypes[6]
+}
+
+func (x FinalProvenance) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use FinalProvenance.Descriptor instead.
+func (FinalProvenance) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{6}
+}
+
 // DriftKind is one way in which what statsd was told no longer matches what
 // runs.
 type DriftKind int32
@@ -299,6 +476,9 @@ const (
 	DriftKind_DRIFT_KIND_VMM_GONE DriftKind = 7
 	// Host: another VMM process claims this sandbox's guest name.
 	DriftKind_DRIFT_KIND_STRAY_VMM DriftKind = 8
+	// The sandbox is dead and its OOM kill count rose in this epoch: the OOM
+	// killer ended it.
+	DriftKind_DRIFT_KIND_OOM_KILLED DriftKind = 9
 )
 
 // Enum value maps for DriftKind.
@@ -313,6 +493,7 @@ var (
 		6: "DRIFT_KIND_CONTAINER_UNKNOWN",
 		7: "DRIFT_KIND_VMM_GONE",
 		8: "DRIFT_KIND_STRAY_VMM",
+		9: "DRIFT_KIND_OOM_KILLED",
 	}
 	DriftKind_value = map[string]int32{
 		"DRIFT_KIND_UNSPECIFIED":       0,
@@ -324,6 +505,7 @@ var (
 		"DRIFT_KIND_CONTAINER_UNKNOWN": 6,
 		"DRIFT_KIND_VMM_GONE":          7,
 		"DRIFT_KIND_STRAY_VMM":         8,
+		"DRIFT_KIND_OOM_KILLED":        9,
 	}
 )
 
@@ -338,11 +520,11 @@ func (x DriftKind) String() string {
 }
 
 func (DriftKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxstats_v1_stats_proto_enumTypes[4].Descriptor()
+	return file_sandboxstats_v1_stats_proto_enumTypes[7].Descriptor()
 }
 
 func (DriftKind) Type() protoreflect.EnumType {
-	return &file_sandboxstats_v1_stats_proto_enumTypes[4]
+	return &file_sandboxstats_v1_stats_proto_enumTypes[7]
 }
 
 func (x DriftKind) Number() protoreflect.EnumNumber {
@@ -351,7 +533,7 @@ func (x DriftKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DriftKind.Descriptor instead.
 func (DriftKind) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{4}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{7}
 }
 
 // DriftEventType says whether an event opened or cleared a finding.
@@ -394,11 +576,11 @@ func (x DriftEventType) String() string {
 }
 
 func (DriftEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxstats_v1_stats_proto_enumTypes[5].Descriptor()
+	return file_sandboxstats_v1_stats_proto_enumTypes[8].Descriptor()
 }
 
 func (DriftEventType) Type() protoreflect.EnumType {
-	return &file_sandboxstats_v1_stats_proto_enumTypes[5]
+	return &file_sandboxstats_v1_stats_proto_enumTypes[8]
 }
 
 func (x DriftEventType) Number() protoreflect.EnumNumber {
@@ -407,7 +589,7 @@ func (x DriftEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DriftEventType.Descriptor instead.
 func (DriftEventType) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{5}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{8}
 }
 
 // WorkloadIdentity names a workload. The launcher sets it on Run/Restore and
@@ -764,8 +946,13 @@ type StatsActiveWorkloadsResponse struct {
 	NoSampleReason NoSampleReason `protobuf:"varint,2,opt,name=no_sample_reason,json=noSampleReason,proto3,enum=sandboxstats.v1.NoSampleReason" json:"no_sample_reason,omitempty"`
 	// Human-readable detail for no_sample_reason.
 	NoSampleDetail string `protobuf:"bytes,3,opt,name=no_sample_detail,json=noSampleDetail,proto3" json:"no_sample_detail,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// The activations that ended here recently, as ListEndedActivations lists
+	// them, so a poller charges each one's tail without a second call (once:
+	// dedupe by identity.actor_uid and epoch_unix_nano). Reading them reads no
+	// source.
+	Ended         []*EndedActivation `protobuf:"bytes,4,rep,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatsActiveWorkloadsResponse) Reset() {
@@ -817,6 +1004,13 @@ func (x *StatsActiveWorkloadsResponse) GetNoSampleDetail() string {
 		return x.NoSampleDetail
 	}
 	return ""
+}
+
+func (x *StatsActiveWorkloadsResponse) GetEnded() []*EndedActivation {
+	if x != nil {
+		return x.Ended
+	}
+	return nil
 }
 
 type StatsHostRequest struct {
@@ -1049,8 +1243,25 @@ type WorkloadStatsSample struct {
 	// ListDriftFindings), so a poller notices without a second call. 0 also
 	// when the drift check is off.
 	OpenDriftFindings uint32 `protobuf:"varint,19,opt,name=open_drift_findings,json=openDriftFindings,proto3" json:"open_drift_findings,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// The epoch's baseline: what to subtract from this sample's counters to
+	// get the activation's own usage. Absent while the guest agent's first
+	// read of the epoch has not succeeded (`absent` says so).
+	EpochBaseline *EpochBaseline `protobuf:"bytes,20,opt,name=epoch_baseline,json=epochBaseline,proto3" json:"epoch_baseline,omitempty"`
+	// Memory limit, OOM kills (see signals.proto). Absent when the source
+	// offers none of it.
+	MemorySignals *MemorySignals `protobuf:"bytes,21,opt,name=memory_signals,json=memorySignals,proto3" json:"memory_signals,omitempty"`
+	// CPU quota and throttling.
+	CpuThrottling *CpuThrottling `protobuf:"bytes,22,opt,name=cpu_throttling,json=cpuThrottling,proto3" json:"cpu_throttling,omitempty"`
+	// Pressure stall information (cgroup v2 and hybrid hosts only).
+	Pressure *Pressure `protobuf:"bytes,23,opt,name=pressure,proto3" json:"pressure,omitempty"`
+	// Processes and their limit.
+	Pids *Pids `protobuf:"bytes,24,opt,name=pids,proto3" json:"pids,omitempty"`
+	// Network traffic.
+	Network *NetworkStats `protobuf:"bytes,25,opt,name=network,proto3" json:"network,omitempty"`
+	// Block IO.
+	BlockIo       *BlockIo `protobuf:"bytes,26,opt,name=block_io,json=blockIo,proto3" json:"block_io,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkloadStatsSample) Reset() {
@@ -1216,6 +1427,375 @@ func (x *WorkloadStatsSample) GetOpenDriftFindings() uint32 {
 	return 0
 }
 
+func (x *WorkloadStatsSample) GetEpochBaseline() *EpochBaseline {
+	if x != nil {
+		return x.EpochBaseline
+	}
+	return nil
+}
+
+func (x *WorkloadStatsSample) GetMemorySignals() *MemorySignals {
+	if x != nil {
+		return x.MemorySignals
+	}
+	return nil
+}
+
+func (x *WorkloadStatsSample) GetCpuThrottling() *CpuThrottling {
+	if x != nil {
+		return x.CpuThrottling
+	}
+	return nil
+}
+
+func (x *WorkloadStatsSample) GetPressure() *Pressure {
+	if x != nil {
+		return x.Pressure
+	}
+	return nil
+}
+
+func (x *WorkloadStatsSample) GetPids() *Pids {
+	if x != nil {
+		return x.Pids
+	}
+	return nil
+}
+
+func (x *WorkloadStatsSample) GetNetwork() *NetworkStats {
+	if x != nil {
+		return x.Network
+	}
+	return nil
+}
+
+func (x *WorkloadStatsSample) GetBlockIo() *BlockIo {
+	if x != nil {
+		return x.BlockIo
+	}
+	return nil
+}
+
+// EpochBaseline is where one epoch's counters start.
+type EpochBaseline struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	Kind  BaselineKind           `protobuf:"varint,1,opt,name=kind,proto3,enum=sandboxstats.v1.BaselineKind" json:"kind,omitempty"`
+	// When the baseline holds: epoch_unix_nano for EPOCH_START, the first
+	// read's observed_at for FIRST_READ.
+	ObservedAtUnixNano int64 `protobuf:"varint,2,opt,name=observed_at_unix_nano,json=observedAtUnixNano,proto3" json:"observed_at_unix_nano,omitempty"`
+	// FIRST_READ: the counters of that first read (cpu_usage_usec and the
+	// counters of memory_signals, cpu_throttling, network and block_io); its
+	// gauges mean nothing here. Absent for EPOCH_START (every counter was 0).
+	FirstRead     *WorkloadStatsSample `protobuf:"bytes,3,opt,name=first_read,json=firstRead,proto3" json:"first_read,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *EpochBaseline) Reset() {
+	*x = EpochBaseline{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EpochBaseline) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EpochBaseline) ProtoMessage() {}
+
+func (x *EpochBaseline) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EpochBaseline.ProtoReflect.Descriptor instead.
+func (*EpochBaseline) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *EpochBaseline) GetKind() BaselineKind {
+	if x != nil {
+		return x.Kind
+	}
+	return BaselineKind_BASELINE_KIND_UNSPECIFIED
+}
+
+func (x *EpochBaseline) GetObservedAtUnixNano() int64 {
+	if x != nil {
+		return x.ObservedAtUnixNano
+	}
+	return 0
+}
+
+func (x *EpochBaseline) GetFirstRead() *WorkloadStatsSample {
+	if x != nil {
+		return x.FirstRead
+	}
+	return nil
+}
+
+// EndedActivation is the record of one activation (one Run/Restore to its
+// end), kept after the workload was forgotten so that its tail is accounted.
+type EndedActivation struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Identity     *WorkloadIdentity      `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
+	SandboxClass SandboxClass           `protobuf:"varint,2,opt,name=sandbox_class,json=sandboxClass,proto3,enum=sandboxstats.v1.SandboxClass" json:"sandbox_class,omitempty"`
+	// The source of the final sample; UNSPECIFIED with FINAL_PROVENANCE_NONE.
+	Source StatsSource `protobuf:"varint,3,opt,name=source,proto3,enum=sandboxstats.v1.StatsSource" json:"source,omitempty"`
+	// When the activation began (its epoch) and ended, unix nanoseconds.
+	EpochUnixNano   int64             `protobuf:"varint,4,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
+	EndUnixNano     int64             `protobuf:"varint,5,opt,name=end_unix_nano,json=endUnixNano,proto3" json:"end_unix_nano,omitempty"`
+	Outcome         ActivationOutcome `protobuf:"varint,6,opt,name=outcome,proto3,enum=sandboxstats.v1.ActivationOutcome" json:"outcome,omitempty"`
+	FinalProvenance FinalProvenance   `protobuf:"varint,7,opt,name=final_provenance,json=finalProvenance,proto3,enum=sandboxstats.v1.FinalProvenance" json:"final_provenance,omitempty"`
+	// How long before end_unix_nano the final sample was observed, ns.
+	FinalAgeNanos int64 `protobuf:"varint,8,opt,name=final_age_nanos,json=finalAgeNanos,proto3" json:"final_age_nanos,omitempty"`
+	// Why the read at the end failed (LAST_GOOD_POLL, NONE).
+	FinalReason string `protobuf:"bytes,9,opt,name=final_reason,json=finalReason,proto3" json:"final_reason,omitempty"`
+	// The final sample (absent with FINAL_PROVENANCE_NONE). Its epoch_baseline
+	// is the epoch's.
+	Final *WorkloadStatsSample `protobuf:"bytes,10,opt,name=final,proto3" json:"final,omitempty"`
+	// Microseconds of CPU the activation used: the final's cpu_usage_usec
+	// minus the epoch baseline's. Absent (see `absent`) when the final has no
+	// CPU counter or the baseline was never taken.
+	CpuUsec *uint64 `protobuf:"varint,11,opt,name=cpu_usec,json=cpuUsec,proto3,oneof" json:"cpu_usec,omitempty"`
+	// Bytes: the activation's peak memory: the source's own peak
+	// (memory_peak_bytes of the final) where it offers one; otherwise the
+	// highest memory_current_bytes any read of the epoch saw, a lower bound
+	// (memory_peak_is_lower_bound).
+	MemoryPeakBytes        *uint64 `protobuf:"varint,12,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3,oneof" json:"memory_peak_bytes,omitempty"`
+	MemoryPeakIsLowerBound bool    `protobuf:"varint,13,opt,name=memory_peak_is_lower_bound,json=memoryPeakIsLowerBound,proto3" json:"memory_peak_is_lower_bound,omitempty"`
+	// When the baseline was taken after the epoch start, ns (0 for
+	// BASELINE_KIND_EPOCH_START): usage in that gap is not in cpu_usec.
+	BaselineDelayNanos int64          `protobuf:"varint,14,opt,name=baseline_delay_nanos,json=baselineDelayNanos,proto3" json:"baseline_delay_nanos,omitempty"`
+	Absent             []*AbsentValue `protobuf:"bytes,15,rep,name=absent,proto3" json:"absent,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *EndedActivation) Reset() {
+	*x = EndedActivation{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndedActivation) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndedActivation) ProtoMessage() {}
+
+func (x *EndedActivation) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndedActivation.ProtoReflect.Descriptor instead.
+func (*EndedActivation) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *EndedActivation) GetIdentity() *WorkloadIdentity {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+func (x *EndedActivation) GetSandboxClass() SandboxClass {
+	if x != nil {
+		return x.SandboxClass
+	}
+	return SandboxClass_SANDBOX_CLASS_UNSPECIFIED
+}
+
+func (x *EndedActivation) GetSource() StatsSource {
+	if x != nil {
+		return x.Source
+	}
+	return StatsSource_STATS_SOURCE_UNSPECIFIED
+}
+
+func (x *EndedActivation) GetEpochUnixNano() int64 {
+	if x != nil {
+		return x.EpochUnixNano
+	}
+	return 0
+}
+
+func (x *EndedActivation) GetEndUnixNano() int64 {
+	if x != nil {
+		return x.EndUnixNano
+	}
+	return 0
+}
+
+func (x *EndedActivation) GetOutcome() ActivationOutcome {
+	if x != nil {
+		return x.Outcome
+	}
+	return ActivationOutcome_ACTIVATION_OUTCOME_UNSPECIFIED
+}
+
+func (x *EndedActivation) GetFinalProvenance() FinalProvenance {
+	if x != nil {
+		return x.FinalProvenance
+	}
+	return FinalProvenance_FINAL_PROVENANCE_UNSPECIFIED
+}
+
+func (x *EndedActivation) GetFinalAgeNanos() int64 {
+	if x != nil {
+		return x.FinalAgeNanos
+	}
+	return 0
+}
+
+func (x *EndedActivation) GetFinalReason() string {
+	if x != nil {
+		return x.FinalReason
+	}
+	return ""
+}
+
+func (x *EndedActivation) GetFinal() *WorkloadStatsSample {
+	if x != nil {
+		return x.Final
+	}
+	return nil
+}
+
+func (x *EndedActivation) GetCpuUsec() uint64 {
+	if x != nil && x.CpuUsec != nil {
+		return *x.CpuUsec
+	}
+	return 0
+}
+
+func (x *EndedActivation) GetMemoryPeakBytes() uint64 {
+	if x != nil && x.MemoryPeakBytes != nil {
+		return *x.MemoryPeakBytes
+	}
+	return 0
+}
+
+func (x *EndedActivation) GetMemoryPeakIsLowerBound() bool {
+	if x != nil {
+		return x.MemoryPeakIsLowerBound
+	}
+	return false
+}
+
+func (x *EndedActivation) GetBaselineDelayNanos() int64 {
+	if x != nil {
+		return x.BaselineDelayNanos
+	}
+	return 0
+}
+
+func (x *EndedActivation) GetAbsent() []*AbsentValue {
+	if x != nil {
+		return x.Absent
+	}
+	return nil
+}
+
+type ListEndedActivationsRequest struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEndedActivationsRequest) Reset() {
+	*x = ListEndedActivationsRequest{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEndedActivationsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEndedActivationsRequest) ProtoMessage() {}
+
+func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEndedActivationsRequest.ProtoReflect.Descriptor instead.
+func (*ListEndedActivationsRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
+}
+
+type ListEndedActivationsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first.
+	Ended         []*EndedActivation `protobuf:"bytes,1,rep,name=ended,proto3" json:"ended,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ListEndedActivationsResponse) Reset() {
+	*x = ListEndedActivationsResponse{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ListEndedActivationsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ListEndedActivationsResponse) ProtoMessage() {}
+
+func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ListEndedActivationsResponse.ProtoReflect.Descriptor instead.
+func (*ListEndedActivationsResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *ListEndedActivationsResponse) GetEnded() []*EndedActivation {
+	if x != nil {
+		return x.Ended
+	}
+	return nil
+}
+
 // ContainerReadError is one workload container the guest agent could not
 // report on.
 type ContainerReadError struct {
@@ -1230,7 +1810,7 @@ type ContainerReadError struct {
 
 func (x *ContainerReadError) Reset() {
 	*x = ContainerReadError{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1242,7 +1822,7 @@ func (x *ContainerReadError) String() string {
 func (*ContainerReadError) ProtoMessage() {}
 
 func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1255,7 +1835,7 @@ func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerReadError.ProtoReflect.Descriptor instead.
 func (*ContainerReadError) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{10}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ContainerReadError) GetContainerId() string {
@@ -1282,7 +1862,7 @@ type RunWorkloadRequest struct {
 
 func (x *RunWorkloadRequest) Reset() {
 	*x = RunWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1294,7 +1874,7 @@ func (x *RunWorkloadRequest) String() string {
 func (*RunWorkloadRequest) ProtoMessage() {}
 
 func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1307,7 +1887,7 @@ func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RunWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *RunWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -1329,13 +1909,15 @@ type RunWorkloadResponse struct {
 	// The epoch this Run started (or the current one, for a retry), unix
 	// nanoseconds.
 	EpochUnixNano int64 `protobuf:"varint,1,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
+	// The activation of the same actor this Run ended, if one was bound.
+	Replaced      *EndedActivation `protobuf:"bytes,2,opt,name=replaced,proto3" json:"replaced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RunWorkloadResponse) Reset() {
 	*x = RunWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1347,7 +1929,7 @@ func (x *RunWorkloadResponse) String() string {
 func (*RunWorkloadResponse) ProtoMessage() {}
 
 func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1360,7 +1942,7 @@ func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RunWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunWorkloadResponse) GetEpochUnixNano() int64 {
@@ -1368,6 +1950,13 @@ func (x *RunWorkloadResponse) GetEpochUnixNano() int64 {
 		return x.EpochUnixNano
 	}
 	return 0
+}
+
+func (x *RunWorkloadResponse) GetReplaced() *EndedActivation {
+	if x != nil {
+		return x.Replaced
+	}
+	return nil
 }
 
 type RestoreWorkloadRequest struct {
@@ -1380,7 +1969,7 @@ type RestoreWorkloadRequest struct {
 
 func (x *RestoreWorkloadRequest) Reset() {
 	*x = RestoreWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1392,7 +1981,7 @@ func (x *RestoreWorkloadRequest) String() string {
 func (*RestoreWorkloadRequest) ProtoMessage() {}
 
 func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1405,7 +1994,7 @@ func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RestoreWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -1427,13 +2016,15 @@ type RestoreWorkloadResponse struct {
 	// The epoch this Restore started (or the current one, for a retry), unix
 	// nanoseconds.
 	EpochUnixNano int64 `protobuf:"varint,1,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
+	// The activation of the same actor this Restore ended, if one was bound.
+	Replaced      *EndedActivation `protobuf:"bytes,2,opt,name=replaced,proto3" json:"replaced,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *RestoreWorkloadResponse) Reset() {
 	*x = RestoreWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1445,7 +2036,7 @@ func (x *RestoreWorkloadResponse) String() string {
 func (*RestoreWorkloadResponse) ProtoMessage() {}
 
 func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1458,7 +2049,7 @@ func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RestoreWorkloadResponse) GetEpochUnixNano() int64 {
@@ -1466,6 +2057,13 @@ func (x *RestoreWorkloadResponse) GetEpochUnixNano() int64 {
 		return x.EpochUnixNano
 	}
 	return 0
+}
+
+func (x *RestoreWorkloadResponse) GetReplaced() *EndedActivation {
+	if x != nil {
+		return x.Replaced
+	}
+	return nil
 }
 
 type CheckpointWorkloadRequest struct {
@@ -1478,7 +2076,7 @@ type CheckpointWorkloadRequest struct {
 
 func (x *CheckpointWorkloadRequest) Reset() {
 	*x = CheckpointWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1490,7 +2088,7 @@ func (x *CheckpointWorkloadRequest) String() string {
 func (*CheckpointWorkloadRequest) ProtoMessage() {}
 
 func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1503,7 +2101,7 @@ func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *CheckpointWorkloadRequest) GetActorUid() string {
@@ -1514,14 +2112,16 @@ func (x *CheckpointWorkloadRequest) GetActorUid() string {
 }
 
 type CheckpointWorkloadResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The record of the activation that ended (the same on a retry).
+	Ended         *EndedActivation `protobuf:"bytes,1,opt,name=ended,proto3" json:"ended,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *CheckpointWorkloadResponse) Reset() {
 	*x = CheckpointWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1533,7 +2133,7 @@ func (x *CheckpointWorkloadResponse) String() string {
 func (*CheckpointWorkloadResponse) ProtoMessage() {}
 
 func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1546,7 +2146,14 @@ func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *CheckpointWorkloadResponse) GetEnded() *EndedActivation {
+	if x != nil {
+		return x.Ended
+	}
+	return nil
 }
 
 // DriftFinding is one open disagreement.
@@ -1567,7 +2174,7 @@ type DriftFinding struct {
 
 func (x *DriftFinding) Reset() {
 	*x = DriftFinding{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1579,7 +2186,7 @@ func (x *DriftFinding) String() string {
 func (*DriftFinding) ProtoMessage() {}
 
 func (x *DriftFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1592,7 +2199,7 @@ func (x *DriftFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftFinding.ProtoReflect.Descriptor instead.
 func (*DriftFinding) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *DriftFinding) GetKind() DriftKind {
@@ -1642,7 +2249,7 @@ type DriftEvent struct {
 
 func (x *DriftEvent) Reset() {
 	*x = DriftEvent{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1654,7 +2261,7 @@ func (x *DriftEvent) String() string {
 func (*DriftEvent) ProtoMessage() {}
 
 func (x *DriftEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1667,7 +2274,7 @@ func (x *DriftEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftEvent.ProtoReflect.Descriptor instead.
 func (*DriftEvent) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DriftEvent) GetAtUnixNano() int64 {
@@ -1717,7 +2324,7 @@ type DriftCheckStatus struct {
 
 func (x *DriftCheckStatus) Reset() {
 	*x = DriftCheckStatus{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1729,7 +2336,7 @@ func (x *DriftCheckStatus) String() string {
 func (*DriftCheckStatus) ProtoMessage() {}
 
 func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1742,7 +2349,7 @@ func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftCheckStatus.ProtoReflect.Descriptor instead.
 func (*DriftCheckStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DriftCheckStatus) GetEnabled() bool {
@@ -1781,7 +2388,7 @@ type ListDriftFindingsRequest struct {
 
 func (x *ListDriftFindingsRequest) Reset() {
 	*x = ListDriftFindingsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1793,7 +2400,7 @@ func (x *ListDriftFindingsRequest) String() string {
 func (*ListDriftFindingsRequest) ProtoMessage() {}
 
 func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1806,7 +2413,7 @@ func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsRequest.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
 }
 
 type ListDriftFindingsResponse struct {
@@ -1821,7 +2428,7 @@ type ListDriftFindingsResponse struct {
 
 func (x *ListDriftFindingsResponse) Reset() {
 	*x = ListDriftFindingsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1833,7 +2440,7 @@ func (x *ListDriftFindingsResponse) String() string {
 func (*ListDriftFindingsResponse) ProtoMessage() {}
 
 func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1846,7 +2453,7 @@ func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsResponse.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ListDriftFindingsResponse) GetFindings() []*DriftFinding {
@@ -1874,7 +2481,7 @@ var File_sandboxstats_v1_stats_proto protoreflect.FileDescriptor
 
 const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsandboxstats/v1/stats.proto\x12\x0fsandboxstats.v1\x1a\x1asandboxstats/v1/host.proto\"\xcb\x01\n" +
+	"\x1bsandboxstats/v1/stats.proto\x12\x0fsandboxstats.v1\x1a\x1asandboxstats/v1/host.proto\x1a\x1dsandboxstats/v1/signals.proto\"\xcb\x01\n" +
 	"\x10WorkloadIdentity\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12\x1d\n" +
 	"\n" +
@@ -1902,11 +2509,12 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x15StatsWorkloadResponse\x12<\n" +
 	"\x06sample\x18\x01 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\x06sample\"@\n" +
 	"\x1bStatsActiveWorkloadsRequest\x12!\n" +
-	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\xd3\x01\n" +
+	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\x8b\x02\n" +
 	"\x1cStatsActiveWorkloadsResponse\x12>\n" +
 	"\asamples\x18\x01 \x03(\v2$.sandboxstats.v1.WorkloadStatsSampleR\asamples\x12I\n" +
 	"\x10no_sample_reason\x18\x02 \x01(\x0e2\x1f.sandboxstats.v1.NoSampleReasonR\x0enoSampleReason\x12(\n" +
-	"\x10no_sample_detail\x18\x03 \x01(\tR\x0enoSampleDetail\"/\n" +
+	"\x10no_sample_detail\x18\x03 \x01(\tR\x0enoSampleDetail\x126\n" +
+	"\x05ended\x18\x04 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\"/\n" +
 	"\x10StatsHostRequest\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"\xee\x01\n" +
 	"\x11StatsHostResponse\x12=\n" +
@@ -1916,7 +2524,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x04host\x18\x04 \x01(\v2\x1a.sandboxstats.v1.HostStatsR\x04host\";\n" +
 	"\vAbsentValue\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xe8\a\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8d\v\n" +
 	"\x13WorkloadStatsSample\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12\x1d\n" +
 	"\n" +
@@ -1938,26 +2546,63 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x11sandbox_processes\x18\x10 \x01(\rH\x02R\x10sandboxProcesses\x88\x01\x01\x12P\n" +
 	"\x11unread_containers\x18\x11 \x03(\v2#.sandboxstats.v1.ContainerReadErrorR\x10unreadContainers\x124\n" +
 	"\x06absent\x18\x12 \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\x12.\n" +
-	"\x13open_drift_findings\x18\x13 \x01(\rR\x11openDriftFindingsB\x14\n" +
+	"\x13open_drift_findings\x18\x13 \x01(\rR\x11openDriftFindings\x12E\n" +
+	"\x0eepoch_baseline\x18\x14 \x01(\v2\x1e.sandboxstats.v1.EpochBaselineR\repochBaseline\x12E\n" +
+	"\x0ememory_signals\x18\x15 \x01(\v2\x1e.sandboxstats.v1.MemorySignalsR\rmemorySignals\x12E\n" +
+	"\x0ecpu_throttling\x18\x16 \x01(\v2\x1e.sandboxstats.v1.CpuThrottlingR\rcpuThrottling\x125\n" +
+	"\bpressure\x18\x17 \x01(\v2\x19.sandboxstats.v1.PressureR\bpressure\x12)\n" +
+	"\x04pids\x18\x18 \x01(\v2\x15.sandboxstats.v1.PidsR\x04pids\x127\n" +
+	"\anetwork\x18\x19 \x01(\v2\x1d.sandboxstats.v1.NetworkStatsR\anetwork\x123\n" +
+	"\bblock_io\x18\x1a \x01(\v2\x18.sandboxstats.v1.BlockIoR\ablockIoB\x14\n" +
 	"\x12_memory_peak_bytesB\x11\n" +
 	"\x0f_cpu_usage_usecB\x14\n" +
-	"\x12_sandbox_processes\"O\n" +
+	"\x12_sandbox_processes\"\xba\x01\n" +
+	"\rEpochBaseline\x121\n" +
+	"\x04kind\x18\x01 \x01(\x0e2\x1d.sandboxstats.v1.BaselineKindR\x04kind\x121\n" +
+	"\x15observed_at_unix_nano\x18\x02 \x01(\x03R\x12observedAtUnixNano\x12C\n" +
+	"\n" +
+	"first_read\x18\x03 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\tfirstRead\"\xc0\x06\n" +
+	"\x0fEndedActivation\x12=\n" +
+	"\bidentity\x18\x01 \x01(\v2!.sandboxstats.v1.WorkloadIdentityR\bidentity\x12B\n" +
+	"\rsandbox_class\x18\x02 \x01(\x0e2\x1d.sandboxstats.v1.SandboxClassR\fsandboxClass\x124\n" +
+	"\x06source\x18\x03 \x01(\x0e2\x1c.sandboxstats.v1.StatsSourceR\x06source\x12&\n" +
+	"\x0fepoch_unix_nano\x18\x04 \x01(\x03R\repochUnixNano\x12\"\n" +
+	"\rend_unix_nano\x18\x05 \x01(\x03R\vendUnixNano\x12<\n" +
+	"\aoutcome\x18\x06 \x01(\x0e2\".sandboxstats.v1.ActivationOutcomeR\aoutcome\x12K\n" +
+	"\x10final_provenance\x18\a \x01(\x0e2 .sandboxstats.v1.FinalProvenanceR\x0ffinalProvenance\x12&\n" +
+	"\x0ffinal_age_nanos\x18\b \x01(\x03R\rfinalAgeNanos\x12!\n" +
+	"\ffinal_reason\x18\t \x01(\tR\vfinalReason\x12:\n" +
+	"\x05final\x18\n" +
+	" \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\x05final\x12\x1e\n" +
+	"\bcpu_usec\x18\v \x01(\x04H\x00R\acpuUsec\x88\x01\x01\x12/\n" +
+	"\x11memory_peak_bytes\x18\f \x01(\x04H\x01R\x0fmemoryPeakBytes\x88\x01\x01\x12:\n" +
+	"\x1amemory_peak_is_lower_bound\x18\r \x01(\bR\x16memoryPeakIsLowerBound\x120\n" +
+	"\x14baseline_delay_nanos\x18\x0e \x01(\x03R\x12baselineDelayNanos\x124\n" +
+	"\x06absent\x18\x0f \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absentB\v\n" +
+	"\t_cpu_usecB\x14\n" +
+	"\x12_memory_peak_bytes\"\x1d\n" +
+	"\x1bListEndedActivationsRequest\"V\n" +
+	"\x1cListEndedActivationsResponse\x126\n" +
+	"\x05ended\x18\x01 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\"O\n" +
 	"\x12ContainerReadError\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8a\x01\n" +
 	"\x12RunWorkloadRequest\x12=\n" +
 	"\bidentity\x18\x01 \x01(\v2!.sandboxstats.v1.WorkloadIdentityR\bidentity\x125\n" +
-	"\asandbox\x18\x02 \x01(\v2\x1b.sandboxstats.v1.SandboxRefR\asandbox\"=\n" +
+	"\asandbox\x18\x02 \x01(\v2\x1b.sandboxstats.v1.SandboxRefR\asandbox\"{\n" +
 	"\x13RunWorkloadResponse\x12&\n" +
-	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\"\x8e\x01\n" +
+	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\x12<\n" +
+	"\breplaced\x18\x02 \x01(\v2 .sandboxstats.v1.EndedActivationR\breplaced\"\x8e\x01\n" +
 	"\x16RestoreWorkloadRequest\x12=\n" +
 	"\bidentity\x18\x01 \x01(\v2!.sandboxstats.v1.WorkloadIdentityR\bidentity\x125\n" +
-	"\asandbox\x18\x02 \x01(\v2\x1b.sandboxstats.v1.SandboxRefR\asandbox\"A\n" +
+	"\asandbox\x18\x02 \x01(\v2\x1b.sandboxstats.v1.SandboxRefR\asandbox\"\x7f\n" +
 	"\x17RestoreWorkloadResponse\x12&\n" +
-	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\"8\n" +
+	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\x12<\n" +
+	"\breplaced\x18\x02 \x01(\v2 .sandboxstats.v1.EndedActivationR\breplaced\"8\n" +
 	"\x19CheckpointWorkloadRequest\x12\x1b\n" +
-	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"\x1c\n" +
-	"\x1aCheckpointWorkloadResponse\"\xbe\x01\n" +
+	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"T\n" +
+	"\x1aCheckpointWorkloadResponse\x126\n" +
+	"\x05ended\x18\x01 \x01(\v2 .sandboxstats.v1.EndedActivationR\x05ended\"\xbe\x01\n" +
 	"\fDriftFinding\x12.\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1a.sandboxstats.v1.DriftKindR\x04kind\x12\x18\n" +
 	"\asubject\x18\x02 \x01(\tR\asubject\x12\x1b\n" +
@@ -2003,7 +2648,22 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x0eNoSampleReason\x12 \n" +
 	"\x1cNO_SAMPLE_REASON_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cNO_SAMPLE_REASON_NO_WORKLOAD\x10\x01\x12'\n" +
-	"#NO_SAMPLE_REASON_NOT_MEASURABLE_YET\x10\x02*\x8b\x02\n" +
+	"#NO_SAMPLE_REASON_NOT_MEASURABLE_YET\x10\x02*j\n" +
+	"\fBaselineKind\x12\x1d\n" +
+	"\x19BASELINE_KIND_UNSPECIFIED\x10\x00\x12\x1d\n" +
+	"\x19BASELINE_KIND_EPOCH_START\x10\x01\x12\x1c\n" +
+	"\x18BASELINE_KIND_FIRST_READ\x10\x02*\xc5\x01\n" +
+	"\x11ActivationOutcome\x12\"\n" +
+	"\x1eACTIVATION_OUTCOME_UNSPECIFIED\x10\x00\x12#\n" +
+	"\x1fACTIVATION_OUTCOME_CHECKPOINTED\x10\x01\x12#\n" +
+	"\x1fACTIVATION_OUTCOME_SANDBOX_DEAD\x10\x02\x12!\n" +
+	"\x1dACTIVATION_OUTCOME_OOM_KILLED\x10\x03\x12\x1f\n" +
+	"\x1bACTIVATION_OUTCOME_REPLACED\x10\x04*\x95\x01\n" +
+	"\x0fFinalProvenance\x12 \n" +
+	"\x1cFINAL_PROVENANCE_UNSPECIFIED\x10\x00\x12 \n" +
+	"\x1cFINAL_PROVENANCE_READ_AT_END\x10\x01\x12#\n" +
+	"\x1fFINAL_PROVENANCE_LAST_GOOD_POLL\x10\x02\x12\x19\n" +
+	"\x15FINAL_PROVENANCE_NONE\x10\x03*\xa6\x02\n" +
 	"\tDriftKind\x12\x1a\n" +
 	"\x16DRIFT_KIND_UNSPECIFIED\x10\x00\x12\x1a\n" +
 	"\x16DRIFT_KIND_CGROUP_GONE\x10\x01\x12\x1b\n" +
@@ -2013,17 +2673,19 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x17DRIFT_KIND_AGENT_SILENT\x10\x05\x12 \n" +
 	"\x1cDRIFT_KIND_CONTAINER_UNKNOWN\x10\x06\x12\x17\n" +
 	"\x13DRIFT_KIND_VMM_GONE\x10\a\x12\x18\n" +
-	"\x14DRIFT_KIND_STRAY_VMM\x10\b*\x8b\x01\n" +
+	"\x14DRIFT_KIND_STRAY_VMM\x10\b\x12\x19\n" +
+	"\x15DRIFT_KIND_OOM_KILLED\x10\t*\x8b\x01\n" +
 	"\x0eDriftEventType\x12 \n" +
 	"\x1cDRIFT_EVENT_TYPE_UNSPECIFIED\x10\x00\x12\x1b\n" +
 	"\x17DRIFT_EVENT_TYPE_OPENED\x10\x01\x12\x1c\n" +
 	"\x18DRIFT_EVENT_TYPE_CLEARED\x10\x02\x12\x1c\n" +
-	"\x18DRIFT_EVENT_TYPE_DROPPED\x10\x032\xab\x03\n" +
+	"\x18DRIFT_EVENT_TYPE_DROPPED\x10\x032\xa0\x04\n" +
 	"\x14WorkloadStatsService\x12^\n" +
 	"\rStatsWorkload\x12%.sandboxstats.v1.StatsWorkloadRequest\x1a&.sandboxstats.v1.StatsWorkloadResponse\x12s\n" +
 	"\x14StatsActiveWorkloads\x12,.sandboxstats.v1.StatsActiveWorkloadsRequest\x1a-.sandboxstats.v1.StatsActiveWorkloadsResponse\x12R\n" +
 	"\tStatsHost\x12!.sandboxstats.v1.StatsHostRequest\x1a\".sandboxstats.v1.StatsHostResponse\x12j\n" +
-	"\x11ListDriftFindings\x12).sandboxstats.v1.ListDriftFindingsRequest\x1a*.sandboxstats.v1.ListDriftFindingsResponse2\xc9\x02\n" +
+	"\x11ListDriftFindings\x12).sandboxstats.v1.ListDriftFindingsRequest\x1a*.sandboxstats.v1.ListDriftFindingsResponse\x12s\n" +
+	"\x14ListEndedActivations\x12,.sandboxstats.v1.ListEndedActivationsRequest\x1a-.sandboxstats.v1.ListEndedActivationsResponse2\xc9\x02\n" +
 	"\x18WorkloadLifecycleService\x12X\n" +
 	"\vRunWorkload\x12#.sandboxstats.v1.RunWorkloadRequest\x1a$.sandboxstats.v1.RunWorkloadResponse\x12d\n" +
 	"\x0fRestoreWorkload\x12'.sandboxstats.v1.RestoreWorkloadRequest\x1a(.sandboxstats.v1.RestoreWorkloadResponse\x12m\n" +
@@ -2041,81 +2703,117 @@ func file_sandboxstats_v1_stats_proto_rawDescGZIP() []byte {
 	return file_sandboxstats_v1_stats_proto_rawDescData
 }
 
-var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 6)
-var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 22)
+var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
 var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(ErrorReason)(0),                     // 0: sandboxstats.v1.ErrorReason
 	(SandboxClass)(0),                    // 1: sandboxstats.v1.SandboxClass
 	(StatsSource)(0),                     // 2: sandboxstats.v1.StatsSource
 	(NoSampleReason)(0),                  // 3: sandboxstats.v1.NoSampleReason
-	(DriftKind)(0),                       // 4: sandboxstats.v1.DriftKind
-	(DriftEventType)(0),                  // 5: sandboxstats.v1.DriftEventType
-	(*WorkloadIdentity)(nil),             // 6: sandboxstats.v1.WorkloadIdentity
-	(*SandboxRef)(nil),                   // 7: sandboxstats.v1.SandboxRef
-	(*StatsWorkloadRequest)(nil),         // 8: sandboxstats.v1.StatsWorkloadRequest
-	(*StatsWorkloadResponse)(nil),        // 9: sandboxstats.v1.StatsWorkloadResponse
-	(*StatsActiveWorkloadsRequest)(nil),  // 10: sandboxstats.v1.StatsActiveWorkloadsRequest
-	(*StatsActiveWorkloadsResponse)(nil), // 11: sandboxstats.v1.StatsActiveWorkloadsResponse
-	(*StatsHostRequest)(nil),             // 12: sandboxstats.v1.StatsHostRequest
-	(*StatsHostResponse)(nil),            // 13: sandboxstats.v1.StatsHostResponse
-	(*AbsentValue)(nil),                  // 14: sandboxstats.v1.AbsentValue
-	(*WorkloadStatsSample)(nil),          // 15: sandboxstats.v1.WorkloadStatsSample
-	(*ContainerReadError)(nil),           // 16: sandboxstats.v1.ContainerReadError
-	(*RunWorkloadRequest)(nil),           // 17: sandboxstats.v1.RunWorkloadRequest
-	(*RunWorkloadResponse)(nil),          // 18: sandboxstats.v1.RunWorkloadResponse
-	(*RestoreWorkloadRequest)(nil),       // 19: sandboxstats.v1.RestoreWorkloadRequest
-	(*RestoreWorkloadResponse)(nil),      // 20: sandboxstats.v1.RestoreWorkloadResponse
-	(*CheckpointWorkloadRequest)(nil),    // 21: sandboxstats.v1.CheckpointWorkloadRequest
-	(*CheckpointWorkloadResponse)(nil),   // 22: sandboxstats.v1.CheckpointWorkloadResponse
-	(*DriftFinding)(nil),                 // 23: sandboxstats.v1.DriftFinding
-	(*DriftEvent)(nil),                   // 24: sandboxstats.v1.DriftEvent
-	(*DriftCheckStatus)(nil),             // 25: sandboxstats.v1.DriftCheckStatus
-	(*ListDriftFindingsRequest)(nil),     // 26: sandboxstats.v1.ListDriftFindingsRequest
-	(*ListDriftFindingsResponse)(nil),    // 27: sandboxstats.v1.ListDriftFindingsResponse
-	(*HostStats)(nil),                    // 28: sandboxstats.v1.HostStats
+	(BaselineKind)(0),                    // 4: sandboxstats.v1.BaselineKind
+	(ActivationOutcome)(0),               // 5: sandboxstats.v1.ActivationOutcome
+	(FinalProvenance)(0),                 // 6: sandboxstats.v1.FinalProvenance
+	(DriftKind)(0),                       // 7: sandboxstats.v1.DriftKind
+	(DriftEventType)(0),                  // 8: sandboxstats.v1.DriftEventType
+	(*WorkloadIdentity)(nil),             // 9: sandboxstats.v1.WorkloadIdentity
+	(*SandboxRef)(nil),                   // 10: sandboxstats.v1.SandboxRef
+	(*StatsWorkloadRequest)(nil),         // 11: sandboxstats.v1.StatsWorkloadRequest
+	(*StatsWorkloadResponse)(nil),        // 12: sandboxstats.v1.StatsWorkloadResponse
+	(*StatsActiveWorkloadsRequest)(nil),  // 13: sandboxstats.v1.StatsActiveWorkloadsRequest
+	(*StatsActiveWorkloadsResponse)(nil), // 14: sandboxstats.v1.StatsActiveWorkloadsResponse
+	(*StatsHostRequest)(nil),             // 15: sandboxstats.v1.StatsHostRequest
+	(*StatsHostResponse)(nil),            // 16: sandboxstats.v1.StatsHostResponse
+	(*AbsentValue)(nil),                  // 17: sandboxstats.v1.AbsentValue
+	(*WorkloadStatsSample)(nil),          // 18: sandboxstats.v1.WorkloadStatsSample
+	(*EpochBaseline)(nil),                // 19: sandboxstats.v1.EpochBaseline
+	(*EndedActivation)(nil),              // 20: sandboxstats.v1.EndedActivation
+	(*ListEndedActivationsRequest)(nil),  // 21: sandboxstats.v1.ListEndedActivationsRequest
+	(*ListEndedActivationsResponse)(nil), // 22: sandboxstats.v1.ListEndedActivationsResponse
+	(*ContainerReadError)(nil),           // 23: sandboxstats.v1.ContainerReadError
+	(*RunWorkloadRequest)(nil),           // 24: sandboxstats.v1.RunWorkloadRequest
+	(*RunWorkloadResponse)(nil),          // 25: sandboxstats.v1.RunWorkloadResponse
+	(*RestoreWorkloadRequest)(nil),       // 26: sandboxstats.v1.RestoreWorkloadRequest
+	(*RestoreWorkloadResponse)(nil),      // 27: sandboxstats.v1.RestoreWorkloadResponse
+	(*CheckpointWorkloadRequest)(nil),    // 28: sandboxstats.v1.CheckpointWorkloadRequest
+	(*CheckpointWorkloadResponse)(nil),   // 29: sandboxstats.v1.CheckpointWorkloadResponse
+	(*DriftFinding)(nil),                 // 30: sandboxstats.v1.DriftFinding
+	(*DriftEvent)(nil),                   // 31: sandboxstats.v1.DriftEvent
+	(*DriftCheckStatus)(nil),             // 32: sandboxstats.v1.DriftCheckStatus
+	(*ListDriftFindingsRequest)(nil),     // 33: sandboxstats.v1.ListDriftFindingsRequest
+	(*ListDriftFindingsResponse)(nil),    // 34: sandboxstats.v1.ListDriftFindingsResponse
+	(*HostStats)(nil),                    // 35: sandboxstats.v1.HostStats
+	(*MemorySignals)(nil),                // 36: sandboxstats.v1.MemorySignals
+	(*CpuThrottling)(nil),                // 37: sandboxstats.v1.CpuThrottling
+	(*Pressure)(nil),                     // 38: sandboxstats.v1.Pressure
+	(*Pids)(nil),                         // 39: sandboxstats.v1.Pids
+	(*NetworkStats)(nil),                 // 40: sandboxstats.v1.NetworkStats
+	(*BlockIo)(nil),                      // 41: sandboxstats.v1.BlockIo
 }
 var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	1,  // 0: sandboxstats.v1.SandboxRef.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	15, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
-	15, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
+	18, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
+	18, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
 	3,  // 3: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
-	6,  // 4: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 5: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	28, // 6: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
-	1,  // 7: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 8: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	28, // 9: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	16, // 10: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
-	14, // 11: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	6,  // 12: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	7,  // 13: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	6,  // 14: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	7,  // 15: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	4,  // 16: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
-	5,  // 17: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
-	23, // 18: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
-	23, // 19: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
-	24, // 20: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
-	25, // 21: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
-	8,  // 22: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	10, // 23: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	12, // 24: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	26, // 25: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
-	17, // 26: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	19, // 27: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	21, // 28: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	9,  // 29: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	11, // 30: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	13, // 31: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	27, // 32: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
-	18, // 33: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	20, // 34: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	22, // 35: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	29, // [29:36] is the sub-list for method output_type
-	22, // [22:29] is the sub-list for method input_type
-	22, // [22:22] is the sub-list for extension type_name
-	22, // [22:22] is the sub-list for extension extendee
-	0,  // [0:22] is the sub-list for field type_name
+	20, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 5: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 6: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	35, // 7: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
+	1,  // 8: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 9: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
+	35, // 10: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	23, // 11: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	17, // 12: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
+	19, // 13: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
+	36, // 14: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
+	37, // 15: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
+	38, // 16: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
+	39, // 17: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
+	40, // 18: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
+	41, // 19: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
+	4,  // 20: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
+	18, // 21: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
+	9,  // 22: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 23: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 24: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
+	5,  // 25: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
+	6,  // 26: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
+	18, // 27: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
+	17, // 28: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
+	20, // 29: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 30: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 31: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	20, // 32: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 33: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 34: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	20, // 35: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	20, // 36: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	7,  // 37: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	8,  // 38: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	30, // 39: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	30, // 40: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	31, // 41: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	32, // 42: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	11, // 43: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	13, // 44: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	15, // 45: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	33, // 46: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	21, // 47: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
+	24, // 48: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	26, // 49: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	28, // 50: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	12, // 51: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	14, // 52: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	16, // 53: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	34, // 54: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	22, // 55: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
+	25, // 56: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	27, // 57: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	29, // 58: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	51, // [51:59] is the sub-list for method output_type
+	43, // [43:51] is the sub-list for method input_type
+	43, // [43:43] is the sub-list for extension type_name
+	43, // [43:43] is the sub-list for extension extendee
+	0,  // [0:43] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }
@@ -2124,14 +2822,16 @@ func file_sandboxstats_v1_stats_proto_init() {
 		return
 	}
 	file_sandboxstats_v1_host_proto_init()
+	file_sandboxstats_v1_signals_proto_init()
 	file_sandboxstats_v1_stats_proto_msgTypes[9].OneofWrappers = []any{}
+	file_sandboxstats_v1_stats_proto_msgTypes[11].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_stats_proto_rawDesc), len(file_sandboxstats_v1_stats_proto_rawDesc)),
-			NumEnums:      6,
-			NumMessages:   22,
+			NumEnums:      9,
+			NumMessages:   26,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -35,6 +35,7 @@ const (
 	WorkloadStatsService_StatsActiveWorkloads_FullMethodName = "/sandboxstats.v1.WorkloadStatsService/StatsActiveWorkloads"
 	WorkloadStatsService_StatsHost_FullMethodName            = "/sandboxstats.v1.WorkloadStatsService/StatsHost"
 	WorkloadStatsService_ListDriftFindings_FullMethodName    = "/sandboxstats.v1.WorkloadStatsService/ListDriftFindings"
+	WorkloadStatsService_ListEndedActivations_FullMethodName = "/sandboxstats.v1.WorkloadStatsService/ListEndedActivations"
 )
 
 // WorkloadStatsServiceClient is the client API for WorkloadStatsService service.
@@ -84,6 +85,11 @@ type WorkloadStatsServiceClient interface {
 	// launcher said no longer matches what runs) and its recent events. It
 	// reads the checker's memory only; it never measures anything itself.
 	ListDriftFindings(ctx context.Context, in *ListDriftFindingsRequest, opts ...grpc.CallOption) (*ListDriftFindingsResponse, error)
+	// ListEndedActivations lists the activations that ended here recently
+	// (at most --ended-max, none older than --ended-retention), oldest first,
+	// each with its final sample. It reads statsd's memory only; it never
+	// measures anything itself.
+	ListEndedActivations(ctx context.Context, in *ListEndedActivationsRequest, opts ...grpc.CallOption) (*ListEndedActivationsResponse, error)
 }
 
 type workloadStatsServiceClient struct {
@@ -128,6 +134,16 @@ func (c *workloadStatsServiceClient) ListDriftFindings(ctx context.Context, in *
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(ListDriftFindingsResponse)
 	err := c.cc.Invoke(ctx, WorkloadStatsService_ListDriftFindings_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workloadStatsServiceClient) ListEndedActivations(ctx context.Context, in *ListEndedActivationsRequest, opts ...grpc.CallOption) (*ListEndedActivationsResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ListEndedActivationsResponse)
+	err := c.cc.Invoke(ctx, WorkloadStatsService_ListEndedActivations_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -181,6 +197,11 @@ type WorkloadStatsServiceServer interface {
 	// launcher said no longer matches what runs) and its recent events. It
 	// reads the checker's memory only; it never measures anything itself.
 	ListDriftFindings(context.Context, *ListDriftFindingsRequest) (*ListDriftFindingsResponse, error)
+	// ListEndedActivations lists the activations that ended here recently
+	// (at most --ended-max, none older than --ended-retention), oldest first,
+	// each with its final sample. It reads statsd's memory only; it never
+	// measures anything itself.
+	ListEndedActivations(context.Context, *ListEndedActivationsRequest) (*ListEndedActivationsResponse, error)
 	mustEmbedUnimplementedWorkloadStatsServiceServer()
 }
 
@@ -202,6 +223,9 @@ func (UnimplementedWorkloadStatsServiceServer) StatsHost(context.Context, *Stats
 }
 func (UnimplementedWorkloadStatsServiceServer) ListDriftFindings(context.Context, *ListDriftFindingsRequest) (*ListDriftFindingsResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method ListDriftFindings not implemented")
+}
+func (UnimplementedWorkloadStatsServiceServer) ListEndedActivations(context.Context, *ListEndedActivationsRequest) (*ListEndedActivationsResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method ListEndedActivations not implemented")
 }
 func (UnimplementedWorkloadStatsServiceServer) mustEmbedUnimplementedWorkloadStatsServiceServer() {}
 func (UnimplementedWorkloadStatsServiceServer) testEmbeddedByValue()                              {}
@@ -296,6 +320,24 @@ func _WorkloadStatsService_ListDriftFindings_Handler(srv interface{}, ctx contex
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkloadStatsService_ListEndedActivations_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ListEndedActivationsRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkloadStatsServiceServer).ListEndedActivations(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkloadStatsService_ListEndedActivations_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkloadStatsServiceServer).ListEndedActivations(ctx, req.(*ListEndedActivationsRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkloadStatsService_ServiceDesc is the grpc.ServiceDesc for WorkloadStatsService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -318,6 +360,10 @@ var WorkloadStatsService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "ListDriftFindings",
 			Handler:    _WorkloadStatsService_ListDriftFindings_Handler,
+		},
+		{
+			MethodName: "ListEndedActivations",
+			Handler:    _WorkloadStatsService_ListEndedActivations_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
@@ -349,9 +395,13 @@ type WorkloadLifecycleServiceClient interface {
 	// checkpoint. Same contract; it starts a new epoch.
 	RestoreWorkload(ctx context.Context, in *RestoreWorkloadRequest, opts ...grpc.CallOption) (*RestoreWorkloadResponse, error)
 	// CheckpointWorkload forgets the bound workload (teardown, checkpoint or a
-	// failed boot). Repeating it for the actor just cleared succeeds, so a
-	// retry is safe; naming any other actor is FAILED_PRECONDITION
-	// ACTOR_MISMATCH (or NO_WORKLOAD when nothing is bound).
+	// failed boot). Before it forgets, it takes one last bounded sample (within
+	// --read-timeout; a read already in flight is joined, never waited on
+	// longer) and records the ended activation with it; if that read fails the
+	// final is the last good sample a poll read in the epoch. Repeating it for
+	// the actor just cleared succeeds and returns the same record, so a retry
+	// is safe; naming any other actor is FAILED_PRECONDITION ACTOR_MISMATCH (or
+	// NO_WORKLOAD when nothing is bound).
 	CheckpointWorkload(ctx context.Context, in *CheckpointWorkloadRequest, opts ...grpc.CallOption) (*CheckpointWorkloadResponse, error)
 }
 
@@ -412,9 +462,13 @@ type WorkloadLifecycleServiceServer interface {
 	// checkpoint. Same contract; it starts a new epoch.
 	RestoreWorkload(context.Context, *RestoreWorkloadRequest) (*RestoreWorkloadResponse, error)
 	// CheckpointWorkload forgets the bound workload (teardown, checkpoint or a
-	// failed boot). Repeating it for the actor just cleared succeeds, so a
-	// retry is safe; naming any other actor is FAILED_PRECONDITION
-	// ACTOR_MISMATCH (or NO_WORKLOAD when nothing is bound).
+	// failed boot). Before it forgets, it takes one last bounded sample (within
+	// --read-timeout; a read already in flight is joined, never waited on
+	// longer) and records the ended activation with it; if that read fails the
+	// final is the last good sample a poll read in the epoch. Repeating it for
+	// the actor just cleared succeeds and returns the same record, so a retry
+	// is safe; naming any other actor is FAILED_PRECONDITION ACTOR_MISMATCH (or
+	// NO_WORKLOAD when nothing is bound).
 	CheckpointWorkload(context.Context, *CheckpointWorkloadRequest) (*CheckpointWorkloadResponse, error)
 	mustEmbedUnimplementedWorkloadLifecycleServiceServer()
 }
