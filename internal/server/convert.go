@@ -99,5 +99,6 @@ func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano
 	for _, a := range r.Absent {
 		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
 	}
+	signalsToProto(s, r)
 	return s
 }

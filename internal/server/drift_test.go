@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/sandboxstats/sandboxstats/internal/drift"
+	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -23,6 +24,20 @@ func TestDriftEnumsMatchTheWire(t *testing.T) {
 		}
 		if got, want := drift.EventType(n).String(), strings.TrimPrefix(name, "DRIFT_EVENT_TYPE_"); got != want {
 			t.Errorf("drift.EventType(%d) = %s, wire %s", n, got, name)
+		}
+	}
+}
+
+// TestEnumsMatchTheWire: the domain enums that convert to the wire by
+// number.
+func TestEnumsMatchTheWire(t *testing.T) {
+	for n, want := range map[source.NetworkLayer]sandboxstatsv1.NetworkLayer{
+		source.NetworkLayerUnspecified:   sandboxstatsv1.NetworkLayer_NETWORK_LAYER_UNSPECIFIED,
+		source.NetworkLayerHostNamespace: sandboxstatsv1.NetworkLayer_NETWORK_LAYER_HOST_NAMESPACE,
+		source.NetworkLayerGuest:         sandboxstatsv1.NetworkLayer_NETWORK_LAYER_GUEST,
+	} {
+		if got := sandboxstatsv1.NetworkLayer(n); got != want {
+			t.Errorf("NetworkLayer %d converts to %v, want %v", n, got, want)
 		}
 	}
 }

@@ -132,6 +132,14 @@ type Reading struct {
 	UnreadContainers []ContainerError
 	// Absent lists the measurements the source could not offer.
 	Absent []Absent
+
+	// Signals and traffic (signals.go); nil when not offered.
+	Memory     *MemorySignals
+	Throttling *CPUThrottling
+	Pressure   *Pressure
+	Pids       *Pids
+	Network    *Network
+	BlockIO    *BlockIO
 }
 
 // Source reads one sandbox. Sample must honour ctx's deadline and must be
