@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 )
 
 func runPoll(ctx context.Context, e *env, args []string) error {
@@ -24,7 +25,7 @@ func runPoll(ctx context.Context, e *env, args []string) error {
 	if concurrency < 1 || timeout <= 0 {
 		return usageError{fmt.Errorf("--concurrency must be at least 1 and --timeout positive")}
 	}
-	results, err := nodeagent.Sweep(ctx, glob, concurrency, timeout)
+	results, err := sweep.Sweep(ctx, glob, concurrency, timeout)
 	if err != nil {
 		return usageError{err}
 	}

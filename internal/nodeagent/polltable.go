@@ -11,6 +11,7 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -19,12 +20,12 @@ import (
 // counter in seconds within the epoch (a counter, not a rate); memory is in
 // MiB (2^20 bytes); "-" marks an absent value. Samples whose source is
 // unspecified were not measured and show no numbers.
-func WritePollTable(w io.Writer, results []DaemonResult) error {
+func WritePollTable(w io.Writer, results []sweep.DaemonResult) error {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "SOCKET\tSTATUS\tACTOR\tCLASS\tSOURCE\tTEMPLATE\tEPOCH(UTC)\tCPU(s)\tMEM(MiB)\tWSET(MiB)\tPEAK(MiB)\tDETAIL")
 	for _, r := range results {
 		switch r.Status {
-		case StatusOK:
+		case sweep.StatusOK:
 			for _, s := range r.Samples {
 				fmt.Fprintln(tw, strings.Join(sampleCols(r, s), "\t"))
 			}
@@ -38,7 +39,7 @@ func WritePollTable(w io.Writer, results []DaemonResult) error {
 	return nil
 }
 
-func sampleCols(r DaemonResult, s *sandboxstatsv1.WorkloadStatsSample) []string {
+func sampleCols(r sweep.DaemonResult, s *sandboxstatsv1.WorkloadStatsSample) []string {
 	cols := []string{
 		r.Socket, statusCol(r), s.GetActorUid(), api.ClassName(s.GetSandboxClass()), api.SourceName(s.GetSource()),
 		dash(s.GetTemplateNamespace() + "/" + s.GetTemplateName()), epochCol(s.GetEpochUnixNano()),
@@ -59,22 +60,22 @@ func sampleCols(r DaemonResult, s *sandboxstatsv1.WorkloadStatsSample) []string 
 		mib(s.GetMemoryCurrentBytes()), mib(s.GetMemoryWorkingSetBytes()), peak, dash(s.GetSourceDetail()))
 }
 
-func statusCol(r DaemonResult) string {
-	if r.Status == StatusError {
+func statusCol(r sweep.DaemonResult) string {
+	if r.Status == sweep.StatusError {
 		return "error:" + r.Code.String()
 	}
 	return string(r.Status)
 }
 
-func detailCol(r DaemonResult) string {
+func detailCol(r sweep.DaemonResult) string {
 	switch r.Status {
-	case StatusNoSample:
+	case sweep.StatusNoSample:
 		reason := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(r.NoSampleReason.String(), "NO_SAMPLE_REASON_"), "_", "-"))
 		if r.NoSampleDetail != "" {
 			return reason + ": " + r.NoSampleDetail
 		}
 		return reason
-	case StatusError, StatusVanished:
+	case sweep.StatusError, sweep.StatusVanished:
 		if r.Err == nil {
 			return "-"
 		}
