@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/rate"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -62,3 +64,31 @@ func TestPollTableCells(t *testing.T) {
 
 // wrap wraps err as the sweep does (its message names the socket).
 func wrap(err error) error { return fmt.Errorf("sweep: poll /run/statsd/x.sock: %w", err) }
+
+func TestWatchTableCells(t *testing.T) {
+	at := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC).UnixNano()
+	measured := &sandboxstatsv1.WorkloadStatsSample{ActorUid: "a1", Source: sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP,
+		MemoryCurrentBytes: 100 << 20, MemoryWorkingSetBytes: 80 << 20, CpuUsageUsec: proto.Uint64(1), ObservedAtUnixNano: at}
+	unmeasured := &sandboxstatsv1.WorkloadStatsSample{ActorUid: "a1", MemoryCurrentBytes: 1 << 30, ObservedAtUnixNano: at + 2e9}
+	same := proto.Clone(measured).(*sandboxstatsv1.WorkloadStatsSample)
+	var w rate.Watcher
+	var b bytes.Buffer
+	rows := newTableWriter(&b)
+	for _, s := range []*sandboxstatsv1.WorkloadStatsSample{measured, unmeasured, same} {
+		if err := rows.WriteRow(w.Observe(s)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var got []string
+	for _, l := range strings.Split(strings.TrimSuffix(b.String(), "\n"), "\n")[1:] {
+		got = append(got, strings.Join(strings.Fields(l), " "))
+	}
+	want := []string{
+		"2026-11-29T17:00:00.000Z a1 cgroup - 100.0 80.0 - first-sight", // no peak offered
+		"2026-11-29T17:00:02.000Z a1 unspecified - - - - not-measured",  // nothing shown, not zeros
+		"2026-11-29T17:00:00.000Z a1 cgroup - 100.0 80.0 - no-interval",
+	}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+}

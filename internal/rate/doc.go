@@ -3,7 +3,8 @@
 // `statsctl watch`) and a CPU-seconds counter that never decreases across
 // epochs (for statsagent's Prometheus export).
 //
-// It is pure: no clocks, no I/O besides the writers it is handed. The rules
+// It computes, it does not print: `statsctl watch` renders Rows. It is pure:
+// no clocks, no I/O. The rules
 // it enforces are those of the API (proto/sandboxstats/v1/stats.proto):
 //
 //   - cpu_usage_usec is a counter within one epoch (epoch_unix_nano). Two
