@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -90,5 +91,52 @@ func TestWatchTableCells(t *testing.T) {
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("rows (-want +got):\n%s", diff)
+	}
+}
+
+func TestHostSampleCells(t *testing.T) {
+	hs := &sandboxstatsv1.HostStats{
+		GuestName: "srv1", GuestNameSource: "pid file directory",
+		RunnerKernel: &sandboxstatsv1.RunnerKernelView{Error: "/proc/stat: timed out"},
+		VmmThreads: &sandboxstatsv1.VmmThreadsView{
+			ProcessSource: "vmm_pid", Pids: []int32{42}, UserHz: 100,
+			Threads: []*sandboxstatsv1.VmmThread{
+				{Pid: 42, Tid: 43, Name: "CPU 1/KVM", Class: sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU, VcpuIndex: proto.Int32(1), StartTimeTicks: 7, UtimeUsec: 10, StimeUsec: 20},
+			},
+			VcpuTotals:   &sandboxstatsv1.VmmThreadTotals{Class: sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU, Threads: 1, UtimeUsec: 10, StimeUsec: 20},
+			ReusedTids:   []int32{43},
+			ThreadErrors: []string{"43: schedstat absent"},
+		},
+		Kvm: &sandboxstatsv1.KvmView{
+			Debugfs: &sandboxstatsv1.KvmSourceView{Source: sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, State: sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL,
+				Origin: "kvm/42-11", Reason: "one file unreadable", Absent: []string{"halt_exits"},
+				Counters: []*sandboxstatsv1.KvmCounter{{Scope: "vm", Name: "largepages", Kind: sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE, Value: 3, Unit: "count"}}},
+			Qmp: &sandboxstatsv1.KvmSourceView{Source: sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, State: sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED},
+		},
+	}
+	var b bytes.Buffer
+	if err := writeHostSample(&b, hs); err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, l := range strings.Split(b.String(), "\n") {
+		got = append(got, strings.Join(strings.Fields(l), " "))
+	}
+	for _, want := range []string{
+		"unavailable: /proc/stat: timed out",
+		"processes: vmm_pid, pids [42], USER_HZ 100",
+		"42 43 CPU 1/KVM vcpu1 7 10 20 0 absent absent absent", // no schedstat: absent, not 0
+		"vcpu 1 10 20 0 - -",
+		"finding: tid 43 was reused since the previous sample (new start time): its counters restarted",
+		"thread shortfall: 43: schedstat absent",
+		"-- debugfs: partial (kvm/42-11) --",
+		"reason: one file unreadable",
+		"vm largepages gauge 3 count",
+		"absent: halt_exits",
+		"-- qmp: not configured --",
+	} {
+		if !slices.Contains(got, want) {
+			t.Errorf("no line %q in:\n%s", want, b.String())
+		}
 	}
 }

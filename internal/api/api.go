@@ -73,3 +73,50 @@ func DriftKindName(k sandboxstatsv1.DriftKind) string {
 	}
 	return strings.TrimPrefix(k.String(), "DRIFT_KIND_")
 }
+
+// KVMStateName is the label of a KVM source's state: "available",
+// "partial", "unavailable", "not configured" or "unspecified" (also for a
+// value this build does not know).
+func KVMStateName(s sandboxstatsv1.KvmSourceState) string {
+	switch s {
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE:
+		return "available"
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL:
+		return "partial"
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE:
+		return "unavailable"
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED:
+		return "not configured"
+	default:
+		return "unspecified"
+	}
+}
+
+// KVMCounterKindName is the label of a KVM counter's kind: "counter",
+// "gauge", "peak" or "unspecified" (also for a value this build does not
+// know).
+func KVMCounterKindName(k sandboxstatsv1.KvmCounterKind) string {
+	switch k {
+	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE:
+		return "counter"
+	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE:
+		return "gauge"
+	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK:
+		return "peak"
+	default:
+		return "unspecified"
+	}
+}
+
+// KVMSourceName is the label of a KVM source: "debugfs", "qmp" or
+// "unspecified" (also for a value this build does not know).
+func KVMSourceName(s sandboxstatsv1.KvmSource) string {
+	switch s {
+	case sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS:
+		return "debugfs"
+	case sandboxstatsv1.KvmSource_KVM_SOURCE_QMP:
+		return "qmp"
+	default:
+		return "unspecified"
+	}
+}
