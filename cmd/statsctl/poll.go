@@ -94,7 +94,7 @@ func statusCol(r sweep.DaemonResult) string {
 func detailCol(r sweep.DaemonResult) string {
 	switch r.Status {
 	case sweep.StatusNoSample:
-		reason := strings.ToLower(strings.ReplaceAll(strings.TrimPrefix(r.NoSampleReason.String(), "NO_SAMPLE_REASON_"), "_", "-"))
+		reason := strings.ToLower(strings.ReplaceAll(api.NoSampleReasonName(r.NoSampleReason), "_", "-"))
 		if r.NoSampleDetail != "" {
 			return reason + ": " + r.NoSampleDetail
 		}

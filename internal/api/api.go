@@ -120,3 +120,21 @@ func KVMSourceName(s sandboxstatsv1.KvmSource) string {
 		return "unspecified"
 	}
 }
+
+// DriftEventTypeName is a drift event type without its enum prefix
+// ("OPENED"), or "UNKNOWN" for a value this build does not know.
+func DriftEventTypeName(t sandboxstatsv1.DriftEventType) string {
+	if _, known := sandboxstatsv1.DriftEventType_name[int32(t)]; !known {
+		return "UNKNOWN"
+	}
+	return strings.TrimPrefix(t.String(), "DRIFT_EVENT_TYPE_")
+}
+
+// NoSampleReasonName is a no-sample reason without its enum prefix
+// ("NO_WORKLOAD"), or "UNKNOWN" for a value this build does not know.
+func NoSampleReasonName(r sandboxstatsv1.NoSampleReason) string {
+	if _, known := sandboxstatsv1.NoSampleReason_name[int32(r)]; !known {
+		return "UNKNOWN"
+	}
+	return strings.TrimPrefix(r.String(), "NO_SAMPLE_REASON_")
+}

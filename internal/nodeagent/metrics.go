@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"log/slog"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -217,7 +216,7 @@ func (m *Metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 			m.logger.Debug("drift findings not listed", "socket", r.Socket, "err", r.DriftErr)
 		}
 		for _, f := range r.DriftFindings {
-			kind := strings.TrimPrefix(f.GetKind().String(), "DRIFT_KIND_")
+			kind := api.DriftKindName(f.GetKind())
 			matched := false
 			for _, s := range r.Samples {
 				if s.GetActorUid() == f.GetActorUid() {
