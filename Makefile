@@ -29,6 +29,7 @@ proto-check: proto
 
 lint: $(BIN)/buf
 	$(GO) vet ./...
+	$(GO) test -count=1 ./internal/deptest
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); test -z "$$out" || { echo "gofmt needed: $$out" >&2; exit 1; }
 	$(BIN)/buf lint
 
