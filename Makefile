@@ -29,13 +29,14 @@ proto-check: proto
 	@test -z "$$(git status --porcelain -- proto internal | grep '\.pb\.go$$')" || { echo "untracked generated code: commit it" >&2; exit 1; }
 
 # vet and staticcheck on Linux, build and vet for darwin too (the packages
-# that need Linux have *_others.go stubs), gofmt, buf lint. The dependency
-# test (internal/deptest) runs with the tests.
+# that need Linux have *_others.go stubs), the dependency test (what each
+# binary may link), gofmt, buf lint.
 lint: $(TOOLS)
 	$(GO) vet ./...
 	GOOS=darwin $(GO) build ./...
 	GOOS=darwin $(GO) vet ./...
 	$(BIN)/staticcheck ./...
+	$(GO) test -count=1 ./internal/deptest
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); test -z "$$out" || { echo "gofmt needed: $$out" >&2; exit 1; }
 	$(BIN)/buf lint
 

@@ -4,9 +4,9 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -55,20 +55,16 @@ func writeDriftTable(w io.Writer, resp *sandboxstatsv1.ListDriftFindingsResponse
 	} else {
 		fmt.Fprintln(tw, "\nOPEN FINDING\tSUBJECT\tACTOR\tFIRST SEEN\tDETAIL")
 		for _, f := range resp.GetFindings() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", driftKind(f.GetKind()), f.GetSubject(), f.GetActorUid(), formatTime(f.GetFirstSeenUnixNano()), f.GetDetail())
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", api.DriftKindName(f.GetKind()), f.GetSubject(), f.GetActorUid(), formatTime(f.GetFirstSeenUnixNano()), f.GetDetail())
 		}
 	}
 	if len(resp.GetEvents()) > 0 {
 		fmt.Fprintln(tw, "\nEVENT\tAT\tMESSAGE")
 		for _, e := range resp.GetEvents() {
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", strings.TrimPrefix(e.GetType().String(), "DRIFT_EVENT_TYPE_"), formatTime(e.GetAtUnixNano()), e.GetMessage())
+			fmt.Fprintf(tw, "%s\t%s\t%s\n", api.DriftEventTypeName(e.GetType()), formatTime(e.GetAtUnixNano()), e.GetMessage())
 		}
 	}
 	return tw.Flush()
-}
-
-func driftKind(k sandboxstatsv1.DriftKind) string {
-	return strings.TrimPrefix(k.String(), "DRIFT_KIND_")
 }
 
 func onOff(on bool) string {

@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/hoststat"
+	"github.com/sandboxstats/sandboxstats/internal/rate"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -54,7 +54,7 @@ func runHost(ctx context.Context, e *env, args []string) error {
 		if out.format == "json" {
 			return writeJSON(e.stdout, before)
 		}
-		return hoststat.WriteSampleTable(e.stdout, before.GetHost())
+		return writeHostSample(e.stdout, before.GetHost())
 	}
 	select {
 	case <-ctx.Done():
@@ -65,7 +65,7 @@ func runHost(ctx context.Context, e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	report := hoststat.Window(before.GetHost(), after.GetHost(), 0)
+	report := rate.Window(before.GetHost(), after.GetHost(), 0)
 	if before.GetEpochUnixNano() != after.GetEpochUnixNano() {
 		report.Findings = append(report.Findings, fmt.Sprintf("the workload was re-bound during the window (epoch %s -> %s): differences span two activations",
 			formatTime(before.GetEpochUnixNano()), formatTime(after.GetEpochUnixNano())))
@@ -75,5 +75,5 @@ func runHost(ctx context.Context, e *env, args []string) error {
 		enc.SetIndent("", "  ")
 		return enc.Encode(report)
 	}
-	return hoststat.WriteWindowTable(e.stdout, report)
+	return writeHostWindow(e.stdout, report)
 }

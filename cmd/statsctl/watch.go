@@ -2,7 +2,10 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
+	"strings"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/rate"
@@ -39,9 +42,9 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 	defer cc.Close()
 	client := sandboxstatsv1.NewWorkloadStatsServiceClient(cc)
 
-	rows := rate.NewTableWriter(e.stdout)
+	rows := newTableWriter(e.stdout)
 	if out.format == "json" {
-		rows = rate.NewJSONWriter(e.stdout)
+		rows = newJSONWriter(e.stdout)
 	}
 	watchers := map[string]*rate.Watcher{} // one series per actor
 	ticker := time.NewTicker(interval)
@@ -93,3 +96,61 @@ func watchOnce(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceCl
 	}
 	return resp.GetSamples(), nil
 }
+
+// rowWriter writes rate.Rows one at a time, so that watch prints each as
+// it arrives.
+type rowWriter interface {
+	WriteRow(rate.Row) error
+}
+
+// newTableWriter returns a rowWriter printing fixed-width columns, with a
+// header before the first row. Memory is printed in MiB (2^20 bytes) with
+// one decimal, CPU in cores with three; "-" marks an absent value, and NOTE
+// says why a row has no rate.
+func newTableWriter(w io.Writer) rowWriter { return &tableWriter{w: w} }
+
+type tableWriter struct {
+	w          io.Writer
+	headerDone bool
+}
+
+const watchRowFormat = "%-24s  %-20s  %-11s  %10s  %10s  %10s  %10s  %s"
+
+func (t *tableWriter) WriteRow(r rate.Row) error {
+	if !t.headerDone {
+		if err := t.line("TIME(UTC)", "ACTOR", "SOURCE",
+			"CPU(cores)", "MEM(MiB)", "WSET(MiB)", "PEAK(MiB)", "NOTE"); err != nil {
+			return err
+		}
+		t.headerDone = true
+	}
+	return t.line(r.ObservedAt.Format("2006-01-02T15:04:05.000Z"), r.ActorUID, r.Source,
+		fmtFloat(r.CPUCores, 3), fmtMiB(r.MemoryCurrentBytes), fmtMiB(r.MemoryWorkingSetBytes),
+		fmtMiB(r.MemoryPeakBytes), string(r.Event))
+}
+
+func (t *tableWriter) line(cols ...any) error {
+	_, err := fmt.Fprintln(t.w, strings.TrimRight(fmt.Sprintf(watchRowFormat, cols...), " "))
+	return err
+}
+
+func fmtFloat(v *float64, prec int) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.*f", prec, *v)
+}
+
+func fmtMiB(v *uint64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.1f", float64(*v)/(1<<20))
+}
+
+// newJSONWriter returns a rowWriter emitting one JSON object per line.
+func newJSONWriter(w io.Writer) rowWriter { return jsonWriter{enc: json.NewEncoder(w)} }
+
+type jsonWriter struct{ enc *json.Encoder }
+
+func (j jsonWriter) WriteRow(r rate.Row) error { return j.enc.Encode(r) }

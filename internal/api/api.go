@@ -73,3 +73,68 @@ func DriftKindName(k sandboxstatsv1.DriftKind) string {
 	}
 	return strings.TrimPrefix(k.String(), "DRIFT_KIND_")
 }
+
+// KVMStateName is the label of a KVM source's state: "available",
+// "partial", "unavailable", "not configured" or "unspecified" (also for a
+// value this build does not know).
+func KVMStateName(s sandboxstatsv1.KvmSourceState) string {
+	switch s {
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE:
+		return "available"
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL:
+		return "partial"
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE:
+		return "unavailable"
+	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED:
+		return "not configured"
+	default:
+		return "unspecified"
+	}
+}
+
+// KVMCounterKindName is the label of a KVM counter's kind: "counter",
+// "gauge", "peak" or "unspecified" (also for a value this build does not
+// know).
+func KVMCounterKindName(k sandboxstatsv1.KvmCounterKind) string {
+	switch k {
+	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE:
+		return "counter"
+	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE:
+		return "gauge"
+	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK:
+		return "peak"
+	default:
+		return "unspecified"
+	}
+}
+
+// KVMSourceName is the label of a KVM source: "debugfs", "qmp" or
+// "unspecified" (also for a value this build does not know).
+func KVMSourceName(s sandboxstatsv1.KvmSource) string {
+	switch s {
+	case sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS:
+		return "debugfs"
+	case sandboxstatsv1.KvmSource_KVM_SOURCE_QMP:
+		return "qmp"
+	default:
+		return "unspecified"
+	}
+}
+
+// DriftEventTypeName is a drift event type without its enum prefix
+// ("OPENED"), or "UNKNOWN" for a value this build does not know.
+func DriftEventTypeName(t sandboxstatsv1.DriftEventType) string {
+	if _, known := sandboxstatsv1.DriftEventType_name[int32(t)]; !known {
+		return "UNKNOWN"
+	}
+	return strings.TrimPrefix(t.String(), "DRIFT_EVENT_TYPE_")
+}
+
+// NoSampleReasonName is a no-sample reason without its enum prefix
+// ("NO_WORKLOAD"), or "UNKNOWN" for a value this build does not know.
+func NoSampleReasonName(r sandboxstatsv1.NoSampleReason) string {
+	if _, known := sandboxstatsv1.NoSampleReason_name[int32(r)]; !known {
+		return "UNKNOWN"
+	}
+	return strings.TrimPrefix(r.String(), "NO_SAMPLE_REASON_")
+}

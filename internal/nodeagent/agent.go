@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 )
 
 // Config is the node agent's configuration (cmd/statsagent's flags).
@@ -46,7 +48,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if cfg.Interval < 0 || cfg.Timeout < 0 || cfg.Grace < 0 {
 		return nil, errors.New("agent: negative interval, timeout or grace")
 	}
-	if _, err := Discover(cfg.Sockets); err != nil {
+	if _, err := sweep.Discover(cfg.Sockets); err != nil {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
@@ -59,9 +61,9 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 }
 
 // SweepOnce runs one sweep and makes it the exported snapshot.
-func (a *Agent) SweepOnce(ctx context.Context) []DaemonResult {
+func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	start := time.Now()
-	results, err := Sweep(ctx, a.cfg.Sockets, a.cfg.Concurrency, a.cfg.Timeout)
+	results, err := sweep.Sweep(ctx, a.cfg.Sockets, a.cfg.Concurrency, a.cfg.Timeout)
 	if err != nil { // the glob was checked in New; keep the old snapshot
 		a.logger.Error("sweep", "err", err)
 		return nil
@@ -75,9 +77,9 @@ func (a *Agent) SweepOnce(ctx context.Context) []DaemonResult {
 	a.lastDone.Store(now.UnixNano())
 	for _, r := range results {
 		switch r.Status {
-		case StatusError:
+		case sweep.StatusError:
 			a.logger.Debug("poll failed", "socket", r.Socket, "code", r.Code.String(), "err", r.Err, "took", r.Took)
-		case StatusVanished:
+		case sweep.StatusVanished:
 			a.logger.Debug("daemon vanished", "socket", r.Socket)
 		}
 	}

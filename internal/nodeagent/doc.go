@@ -1,11 +1,6 @@
-// Package agent is the node agent behind cmd/statsagent and `statsctl poll`:
-// it discovers every statsd on a node from a socket glob, polls each with
-// StatsActiveWorkloads under a per-call timeout and a concurrency limit
-// (Sweep), and exports the latest sweep as Prometheus metrics (Metrics),
-// turning each workload's per-epoch CPU counter into a CPU-seconds counter
-// that never decreases (internal/rate).
-//
-// Discovery is stateless: every sweep globs again, so a daemon that appears
-// is polled at the next sweep and one that vanished is simply not found. A
-// daemon that does not answer costs only its own timeout.
+// Package nodeagent is the node agent behind cmd/statsagent: on a timer it
+// sweeps every statsd on the node (internal/sweep) and exports the latest
+// sweep as Prometheus metrics (Metrics), turning each workload's per-epoch
+// CPU counter into a CPU-seconds counter that never decreases
+// (internal/rate). It serves /metrics and /healthz (Agent.Handler).
 package nodeagent

@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"log/slog"
 	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +12,7 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -102,7 +102,7 @@ type snapshot struct {
 	drift   map[driftKey]int
 	series  map[labelSet]*seriesValues
 	cpu     map[labelSet]uint64 // microseconds charged
-	daemons map[Status]int
+	daemons map[sweep.Status]int
 }
 
 // NewMetrics returns Metrics and registers them, with the agent's own sweep
@@ -181,7 +181,7 @@ func (l labelSet) values(withActor bool) []string {
 
 // Apply makes results the latest sweep, seen at now (the agent's clock,
 // for the grace period), which took took.
-func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duration) {
+func (m *Metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
@@ -189,7 +189,7 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 		drift:   make(map[driftKey]int),
 		series:  make(map[labelSet]*seriesValues),
 		cpu:     make(map[labelSet]uint64),
-		daemons: make(map[Status]int),
+		daemons: make(map[sweep.Status]int),
 	}
 	// Forget first, so a workload back after the grace period is a first
 	// sight again (charges nothing).
@@ -199,7 +199,7 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 	seen := make(map[rate.WorkloadKey]string) // workload -> socket, this sweep
 	for _, r := range results {
 		snap.daemons[r.Status]++
-		if r.Status == StatusError {
+		if r.Status == sweep.StatusError {
 			m.pollErrors.WithLabelValues(r.Code.String()).Inc()
 		}
 		for _, s := range r.Samples {
@@ -216,7 +216,7 @@ func (m *Metrics) Apply(results []DaemonResult, now time.Time, took time.Duratio
 			m.logger.Debug("drift findings not listed", "socket", r.Socket, "err", r.DriftErr)
 		}
 		for _, f := range r.DriftFindings {
-			kind := strings.TrimPrefix(f.GetKind().String(), "DRIFT_KIND_")
+			kind := api.DriftKindName(f.GetKind())
 			matched := false
 			for _, s := range r.Samples {
 				if s.GetActorUid() == f.GetActorUid() {
@@ -311,7 +311,7 @@ func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
 	for k, n := range snap.drift {
 		ch <- prometheus.MustNewConstMetric(m.descDrift, prometheus.GaugeValue, float64(n), append([]string{k.kind}, k.labels.values(wa)...)...)
 	}
-	for _, st := range []Status{StatusOK, StatusNoSample, StatusVanished, StatusError} {
+	for _, st := range []sweep.Status{sweep.StatusOK, sweep.StatusNoSample, sweep.StatusVanished, sweep.StatusError} {
 		ch <- prometheus.MustNewConstMetric(m.descDaemons, prometheus.GaugeValue, float64(snap.daemons[st]), string(st))
 	}
 }

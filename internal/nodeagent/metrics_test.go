@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -78,8 +79,8 @@ func guestSample(actor string, cpuUsec, memCur uint64) *sandboxstatsv1.WorkloadS
 	return s
 }
 
-func okResult(sock string, s ...*sandboxstatsv1.WorkloadStatsSample) DaemonResult {
-	return DaemonResult{Socket: sock, Status: StatusOK, Samples: s}
+func okResult(sock string, s ...*sandboxstatsv1.WorkloadStatsSample) sweep.DaemonResult {
+	return sweep.DaemonResult{Socket: sock, Status: sweep.StatusOK, Samples: s}
 }
 
 func TestMetricsAcrossSweeps(t *testing.T) {
@@ -91,15 +92,15 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
 	unmeasured := &sandboxstatsv1.WorkloadStatsSample{ActorUid: "w4", TemplateNamespace: "templates", TemplateName: "python",
 		SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR}
-	hung := DaemonResult{Socket: "h", Status: StatusError, Code: codes.DeadlineExceeded}
+	hung := sweep.DaemonResult{Socket: "h", Status: sweep.StatusError, Code: codes.DeadlineExceeded}
 
 	// Sweep 1: first sight of everything charges nothing.
-	m.Apply([]DaemonResult{
+	m.Apply([]sweep.DaemonResult{
 		okResult("1", sample("w1", 10_000_000, 100<<20)),
 		okResult("2", sample("w2", 5_000_000, 50<<20)),
 		okResult("3", guestSample("w3", 7_000_000, 30<<20)),
 		okResult("4", unmeasured),
-		{Socket: "5", Status: StatusNoSample},
+		{Socket: "5", Status: sweep.StatusNoSample},
 	}, t0, 120*time.Millisecond)
 	got := gather(t, reg)
 	want := map[string]float64{
@@ -126,7 +127,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	}
 
 	// Sweep 2: deltas are charged.
-	m.Apply([]DaemonResult{
+	m.Apply([]sweep.DaemonResult{
 		okResult("1", sample("w1", 12_000_000, 100<<20)),
 		okResult("2", sample("w2", 5_500_000, 50<<20)),
 		okResult("3", guestSample("w3", 8_000_000, 30<<20)),
@@ -142,7 +143,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	w1 := sample("w1", 300_000, 40<<20)
 	w1.EpochUnixNano = t0.Add(90 * time.Second).UnixNano()
 	w1.ObservedAtUnixNano = t0.Add(2 * time.Minute).UnixNano()
-	m.Apply([]DaemonResult{okResult("1", w1), hung}, t0.Add(2*time.Minute), 0)
+	m.Apply([]sweep.DaemonResult{okResult("1", w1), hung}, t0.Add(2*time.Minute), 0)
 	got = gather(t, reg)
 	if diff := cmp.Diff(map[string]float64{lCgroup: 40 << 20}, pick(got, MetricMemoryCurrent)); diff != "" {
 		t.Errorf("sweep 3 memory (-want +got):\n%s", diff)
@@ -159,7 +160,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	// (nothing charged), and its label set's counter continues.
 	w1 = proto.Clone(w1).(*sandboxstatsv1.WorkloadStatsSample)
 	w1.CpuUsageUsec = proto.Uint64(400_000)
-	m.Apply([]DaemonResult{okResult("1", w1)}, t0.Add(8*time.Minute), 0)
+	m.Apply([]sweep.DaemonResult{okResult("1", w1)}, t0.Add(8*time.Minute), 0)
 	got = gather(t, reg)
 	if diff := cmp.Diff(map[string]float64{lCgroup: 2.8}, pick(got, MetricCPUSeconds), approx()); diff != "" {
 		t.Errorf("sweep 4 cpu (-want +got):\n%s", diff)
@@ -179,7 +180,7 @@ func TestMetricsLabelActor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m.Apply([]DaemonResult{
+	m.Apply([]sweep.DaemonResult{
 		okResult("1", sample("w1", 1, 100<<20)),
 		okResult("2", sample("w2", 1, 50<<20)),
 		okResult("3", sample("w1", 1, 999<<20)), // the same workload from a second daemon: ignored
@@ -212,7 +213,7 @@ func TestDriftGaugePerKind(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	results := PollAll(context.Background(), []string{d.Socket, idle.Socket}, 2, 5*time.Second)
+	results := sweep.PollAll(context.Background(), []string{d.Socket, idle.Socket}, 2, 5*time.Second)
 	m.Apply(results, time.Now(), time.Millisecond)
 	want := map[string]float64{
 		"{kind=SANDBOX_DEAD,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 1,
@@ -253,7 +254,7 @@ func TestDriftWithoutSamples(t *testing.T) {
 	hung.Hang()
 	hung.SetDrift(finding(sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE, "actor-6"))
 
-	results, err := Sweep(context.Background(), filepath.Join(dir, "*.sock"), 8, 2*time.Second)
+	results, err := sweep.Sweep(context.Background(), filepath.Join(dir, "*.sock"), 8, 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,10 +1,14 @@
-// Package rate turns successive WorkloadStatsSamples into what a person or a
-// monitoring system can use: CPU cores used over an interval (for
-// `statsctl watch`) and a CPU-seconds counter that never decreases across
-// epochs (for statsagent's Prometheus export).
+// Package rate turns successive samples into what a person or a monitoring
+// system can use: CPU cores used over an interval (Watcher, for
+// `statsctl watch`), a CPU-seconds counter that never decreases across
+// epochs (CPUCounter, for statsagent's Prometheus export), and the
+// differences and rates of a sandbox's host counters over a window (Window,
+// for `statsctl host --window`).
 //
-// It is pure: no clocks, no I/O besides the writers it is handed. The rules
-// it enforces are those of the API (proto/sandboxstats/v1/stats.proto):
+// It works on the API's wire types (proto/sandboxstats/v1) on the client
+// side, and it computes, it does not print: statsctl renders what it
+// returns. It is pure: no clocks, no I/O. The rules it enforces are those of
+// the API (proto/sandboxstats/v1/stats.proto and host.proto):
 //
 //   - cpu_usage_usec is a counter within one epoch (epoch_unix_nano). Two
 //     samples give a rate only when they have the same actor, the same source
@@ -17,4 +21,7 @@
 //     meaningless and are shown as absent, not zero.
 //   - Samples of different sources measure different layers: they are never
 //     compared or summed.
+//   - Of the host counters only cumulative ones are differenced; a decrease,
+//     a thread that came or went, a VM replaced or a view short in either
+//     sample is a finding, never a rate.
 package rate

@@ -1,10 +1,6 @@
 package rate
 
 import (
-	"encoding/json"
-	"fmt"
-	"io"
-	"strings"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
@@ -79,76 +75,3 @@ func (w *Watcher) Observe(s *sandboxstatsv1.WorkloadStatsSample) Row {
 }
 
 func ptr[T any](v T) *T { return &v }
-
-// RowWriter writes Rows one at a time, so `statsctl watch` can print each as
-// it arrives.
-type RowWriter interface {
-	WriteRow(Row) error
-}
-
-// NewTableWriter returns a RowWriter printing fixed-width columns, with a
-// header before the first row. Memory is printed in MiB (2^20 bytes) with
-// one decimal, CPU in cores with three; "-" marks an absent value, and NOTE
-// says why a row has no rate.
-func NewTableWriter(w io.Writer) RowWriter { return &tableWriter{w: w} }
-
-type tableWriter struct {
-	w          io.Writer
-	headerDone bool
-}
-
-const watchRowFormat = "%-24s  %-20s  %-11s  %10s  %10s  %10s  %10s  %s"
-
-func (t *tableWriter) WriteRow(r Row) error {
-	if !t.headerDone {
-		if err := t.line("TIME(UTC)", "ACTOR", "SOURCE",
-			"CPU(cores)", "MEM(MiB)", "WSET(MiB)", "PEAK(MiB)", "NOTE"); err != nil {
-			return err
-		}
-		t.headerDone = true
-	}
-	return t.line(r.ObservedAt.Format("2006-01-02T15:04:05.000Z"), r.ActorUID, r.Source,
-		fmtFloat(r.CPUCores, 3), fmtMiB(r.MemoryCurrentBytes), fmtMiB(r.MemoryWorkingSetBytes),
-		fmtMiB(r.MemoryPeakBytes), string(r.Event))
-}
-
-func (t *tableWriter) line(cols ...any) error {
-	_, err := fmt.Fprintln(t.w, strings.TrimRight(fmt.Sprintf(watchRowFormat, cols...), " "))
-	return err
-}
-
-func fmtFloat(v *float64, prec int) string {
-	if v == nil {
-		return "-"
-	}
-	return fmt.Sprintf("%.*f", prec, *v)
-}
-
-func fmtMiB(v *uint64) string {
-	if v == nil {
-		return "-"
-	}
-	return fmt.Sprintf("%.1f", float64(*v)/(1<<20))
-}
-
-// NewJSONWriter returns a RowWriter emitting one JSON object per line.
-func NewJSONWriter(w io.Writer) RowWriter { return jsonWriter{enc: json.NewEncoder(w)} }
-
-type jsonWriter struct{ enc *json.Encoder }
-
-func (j jsonWriter) WriteRow(r Row) error { return j.enc.Encode(r) }
-
-// WriteWatchTable writes rows as NewTableWriter does.
-func WriteWatchTable(w io.Writer, rows []Row) error { return writeAll(NewTableWriter(w), rows) }
-
-// WriteWatchJSON writes rows as JSON lines, as NewJSONWriter does.
-func WriteWatchJSON(w io.Writer, rows []Row) error { return writeAll(NewJSONWriter(w), rows) }
-
-func writeAll(rw RowWriter, rows []Row) error {
-	for _, r := range rows {
-		if err := rw.WriteRow(r); err != nil {
-			return fmt.Errorf("rate: write row: %w", err)
-		}
-	}
-	return nil
-}

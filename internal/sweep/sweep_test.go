@@ -1,10 +1,11 @@
-package nodeagent
+package sweep
 
 import (
 	"context"
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,34 +170,6 @@ func TestSweepCancelled(t *testing.T) {
 	}
 }
 
-func TestWritePollTableGolden(t *testing.T) {
-	measured := sample("actor-1", 12_345_678, 300<<20)
-	measured.SourceDetail = "cgroup v1 /sys/fs/cgroup/memory/statstest/pause"
-	noPeak := sample("actor-2", 250_000, 20<<20)
-	noPeak.SandboxClass = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
-	noPeak.Source = sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
-	noPeak.MemoryPeakBytes = nil
-	unmeasured := &sandboxstatsv1.WorkloadStatsSample{ActorUid: "actor-3", SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR}
-	results := []DaemonResult{
-		{Socket: "/run/statsd/a.sock", Status: StatusOK, Samples: []*sandboxstatsv1.WorkloadStatsSample{measured}},
-		{Socket: "/run/statsd/b.sock", Status: StatusOK, Samples: []*sandboxstatsv1.WorkloadStatsSample{noPeak}},
-		{Socket: "/run/statsd/c.sock", Status: StatusOK, Samples: []*sandboxstatsv1.WorkloadStatsSample{unmeasured}},
-		{Socket: "/run/statsd/d.sock", Status: StatusNoSample, NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD},
-		{Socket: "/run/statsd/e.sock", Status: StatusNoSample, NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET, NoSampleDetail: "sandbox cgroup not created yet"},
-		{Socket: "/run/statsd/f.sock", Status: StatusError, Code: codes.DeadlineExceeded,
-			Err: wrapPoll("/run/statsd/f.sock", status.Error(codes.DeadlineExceeded, "context deadline exceeded"))},
-		{Socket: "/run/statsd/g.sock", Status: StatusVanished, Code: codes.Unavailable,
-			Err: wrapPoll("/run/statsd/g.sock", status.Error(codes.Unavailable, "connection error: no such file or directory"))},
-	}
-	var b bytesBuffer
-	if err := WritePollTable(&b, results); err != nil {
-		t.Fatal(err)
-	}
-	golden(t, "poll.table.golden", b.Bytes())
-}
-
-func wrapPoll(sock string, err error) error { return failed(sock, err).Err }
-
 func TestPollRelativePath(t *testing.T) {
 	dir := t.TempDir()
 	statsdfake.Start(t, filepath.Join(dir, "rel.sock")).Set(sample("a", 1, 1))
@@ -204,5 +177,39 @@ func TestPollRelativePath(t *testing.T) {
 	results, err := Sweep(context.Background(), "*.sock", 1, time.Second)
 	if err != nil || len(results) != 1 || results[0].Status != StatusOK {
 		t.Fatalf("Sweep(relative glob) = %+v, %v", results, err)
+	}
+}
+
+// TestFailed: how a failed call is classified. Unavailable on a socket that
+// is gone is a vanished daemon; any other failure is an error. Either way
+// the error names the socket and keeps the gRPC status.
+func TestFailed(t *testing.T) {
+	dir := t.TempDir()
+	present := filepath.Join(dir, "present.sock")
+	staleSocket(t, present)
+	gone := filepath.Join(dir, "gone.sock")
+	for _, tc := range []struct {
+		name   string
+		socket string
+		err    error
+		want   Status
+	}{
+		{"refused, socket still there", present, status.Error(codes.Unavailable, "connection refused"), StatusError},
+		{"refused, socket gone", gone, status.Error(codes.Unavailable, "no such file or directory"), StatusVanished},
+		{"deadline, socket gone", gone, status.Error(codes.DeadlineExceeded, "context deadline exceeded"), StatusError},
+		{"internal", present, status.Error(codes.Internal, "malformed memory.stat"), StatusError},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := failed(tc.socket, tc.err)
+			if r.Status != tc.want || r.Code != status.Code(tc.err) {
+				t.Errorf("status %s code %s, want %s %s", r.Status, r.Code, tc.want, status.Code(tc.err))
+			}
+			if got := status.Code(r.Err); got != status.Code(tc.err) {
+				t.Errorf("wrapped error has code %s, want %s", got, status.Code(tc.err))
+			}
+			if msg := r.Err.Error(); !strings.Contains(msg, tc.socket) {
+				t.Errorf("error %q does not name the socket", msg)
+			}
+		})
 	}
 }

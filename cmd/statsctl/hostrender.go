@@ -1,19 +1,20 @@
-package hoststat
+package main
 
 import (
 	"fmt"
 	"io"
 	"strconv"
-	"strings"
 	"text/tabwriter"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
+	"github.com/sandboxstats/sandboxstats/internal/rate"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// WriteSampleTable prints one host sample as tables, each view under its
+// writeHostSample prints one host sample as tables, each view under its
 // legend and with its shortfall. Units are in the column names.
-func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
+func writeHostSample(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 	p := &printer{w: w}
 	p.f("host view of guest %s (name from %s), observed %s\n", hs.GetGuestName(), hs.GetGuestNameSource(),
 		time.Unix(0, hs.GetObservedAtUnixNano()).UTC().Format(time.RFC3339Nano))
@@ -22,7 +23,7 @@ func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 	}
 
 	rk := hs.GetRunnerKernel()
-	p.f("\n== %s: /proc/stat (counters) ==\nlegend: %s\n", LayerRunnerKernel, rk.GetLegend())
+	p.f("\n== %s: /proc/stat (counters) ==\nlegend: %s\n", rate.LayerRunnerKernel, rk.GetLegend())
 	if rk.GetError() != "" {
 		p.f("unavailable: %s\n", rk.GetError())
 	} else {
@@ -39,7 +40,7 @@ func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 	}
 
 	tv := hs.GetVmmThreads()
-	p.f("\n== %s (counters; THREADS is a gauge) ==\nlegend: %s\n", LayerVMMThreads, tv.GetLegend())
+	p.f("\n== %s (counters; THREADS is a gauge) ==\nlegend: %s\n", rate.LayerVMMThreads, tv.GetLegend())
 	if tv.GetProcessSource() != "" {
 		p.f("processes: %s, pids %v, USER_HZ %d\n", tv.GetProcessSource(), tv.GetPids(), tv.GetUserHz())
 	}
@@ -49,7 +50,7 @@ func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 		t := p.table()
 		fmt.Fprintln(t, "PID\tTID\tNAME\tCLASS\tSTART_TICKS\tUTIME_USEC\tSTIME_USEC\tGUEST_USEC\tRUN_NS\tRUN_DELAY_NS\tRUN_COUNT")
 		for _, th := range tv.GetThreads() {
-			fmt.Fprintf(t, "%d\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", th.Pid, th.Tid, th.Name, className(th), th.StartTimeTicks,
+			fmt.Fprintf(t, "%d\t%d\t%s\t%s\t%d\t%d\t%d\t%d\t%s\t%s\t%s\n", th.Pid, th.Tid, th.Name, threadClassName(th), th.StartTimeTicks,
 				th.UtimeUsec, th.StimeUsec, th.GuestTimeUsec, opt(th.RunNs), opt(th.RunDelayNs), opt(th.RunCount))
 		}
 		p.flush(t)
@@ -84,7 +85,7 @@ func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 		if v == nil {
 			continue
 		}
-		p.f("\n-- %s: %s", sourceName(v.Source), stateName(v.State))
+		p.f("\n-- %s: %s", api.KVMSourceName(v.Source), api.KVMStateName(v.State))
 		if v.Origin != "" {
 			p.f(" (%s)", v.Origin)
 		}
@@ -96,7 +97,7 @@ func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 			t := p.table()
 			fmt.Fprintln(t, "SCOPE\tNAME\tKIND\tVALUE\tUNIT")
 			for _, c := range v.Counters {
-				fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%s\n", c.Scope, c.Name, kindName(c.Kind), c.Value, c.Unit)
+				fmt.Fprintf(t, "%s\t%s\t%s\t%d\t%s\n", c.Scope, c.Name, api.KVMCounterKindName(c.Kind), c.Value, c.Unit)
 			}
 			p.flush(t)
 		}
@@ -107,13 +108,13 @@ func WriteSampleTable(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 	return p.err
 }
 
-// WriteWindowTable prints a window: per layer its legend and the cumulative
+// writeHostWindow prints a window: per layer its legend and the cumulative
 // counters' differences and rates, then the findings.
-func WriteWindowTable(w io.Writer, r WindowReport) error {
+func writeHostWindow(w io.Writer, r rate.WindowReport) error {
 	p := &printer{w: w}
 	p.f("host window of guest %s over %s: differences of cumulative counters only\n", r.GuestName, r.Elapsed)
-	for _, layer := range []string{LayerRunnerKernel, LayerVMMThreads, LayerKVMDebugfs, LayerKVMQMP} {
-		var rows []WindowRow
+	for _, layer := range []string{rate.LayerRunnerKernel, rate.LayerVMMThreads, rate.LayerKVMDebugfs, rate.LayerKVMQMP} {
+		var rows []rate.WindowRow
 		for _, row := range r.Rows {
 			if row.Layer == layer {
 				rows = append(rows, row)
@@ -182,15 +183,11 @@ func opt(v *uint64) string {
 	return strconv.FormatUint(*v, 10)
 }
 
-func className(th *sandboxstatsv1.VmmThread) string {
+func threadClassName(th *sandboxstatsv1.VmmThread) string {
 	if th.Class == sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU {
 		return "vcpu" + strconv.Itoa(int(th.GetVcpuIndex()))
 	}
 	return "other"
-}
-
-func sourceName(s sandboxstatsv1.KvmSource) string {
-	return strings.ToLower(strings.TrimPrefix(s.String(), "KVM_SOURCE_"))
 }
 
 // anySchedstat reports whether some thread of class had its schedstat read.

@@ -1,13 +1,14 @@
-package hoststat
+package rate
 
 import (
 	"fmt"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// Layers of window rows, in print order.
+// Layers of host window rows, in print order.
 const (
 	LayerRunnerKernel = "runner kernel"
 	LayerVMMThreads   = "VMM threads"
@@ -15,7 +16,8 @@ const (
 	LayerKVMQMP       = "KVM qmp"
 )
 
-// WindowReport is the difference between two host samples of one sandbox:
+// WindowReport is the difference between two host samples of one sandbox
+// (HostStats as StatsHost returns them; `statsctl host --window` prints it):
 // cumulative counters only, each with its unit and rate. A counter that
 // decreased is a finding (reset, thread exit, VM replaced), never a rate;
 // gauges and peaks never appear.
@@ -218,7 +220,7 @@ func (w *windowBuilder) kvm(layer string, b, a *sandboxstatsv1.KvmSourceView) {
 			a.GetState() == sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED {
 			return
 		}
-		w.finding("%s: not differenced: before %s %q, after %s %q", layer, stateName(b.GetState()), b.GetReason(), stateName(a.GetState()), a.GetReason())
+		w.finding("%s: not differenced: before %s %q, after %s %q", layer, api.KVMStateName(b.GetState()), b.GetReason(), api.KVMStateName(a.GetState()), a.GetReason())
 		return
 	}
 	if b.GetOrigin() != a.GetOrigin() {
@@ -240,31 +242,4 @@ func (w *windowBuilder) kvm(layer string, b, a *sandboxstatsv1.KvmSourceView) {
 		}
 		w.counter(layer, c.Scope+" "+c.Name, c.Unit, p.Value, c.Value)
 	}
-}
-
-// stateName is a KvmSourceState without its enum prefix, lower case.
-func stateName(s sandboxstatsv1.KvmSourceState) string {
-	switch s {
-	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE:
-		return "available"
-	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL:
-		return "partial"
-	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE:
-		return "unavailable"
-	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED:
-		return "not configured"
-	}
-	return "unspecified"
-}
-
-func kindName(k sandboxstatsv1.KvmCounterKind) string {
-	switch k {
-	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE:
-		return "counter"
-	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE:
-		return "gauge"
-	case sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK:
-		return "peak"
-	}
-	return "unspecified"
 }

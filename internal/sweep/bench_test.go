@@ -1,4 +1,4 @@
-package nodeagent
+package sweep
 
 import (
 	"bufio"
@@ -18,8 +18,8 @@ import (
 
 const (
 	benchDaemons  = 200
-	envFakesDir   = "AGENT_BENCH_FAKES_DIR"
-	envFakesCount = "AGENT_BENCH_FAKES_COUNT"
+	envFakesDir   = "SWEEP_BENCH_FAKES_DIR"
+	envFakesCount = "SWEEP_BENCH_FAKES_COUNT"
 )
 
 // TestFakeDaemonsHelper is not a test: BenchmarkSweep re-runs the test

@@ -1,4 +1,4 @@
-package nodeagent
+package sweep
 
 import (
 	"context"
@@ -68,7 +68,7 @@ type DaemonResult struct {
 func Discover(glob string) ([]string, error) {
 	paths, err := filepath.Glob(glob)
 	if err != nil {
-		return nil, fmt.Errorf("agent: socket glob %q: %w", glob, err)
+		return nil, fmt.Errorf("sweep: socket glob %q: %w", glob, err)
 	}
 	out := paths[:0]
 	for _, p := range paths {
@@ -169,12 +169,12 @@ func poll(ctx context.Context, socket string, timeout time.Duration) DaemonResul
 // under what is left of ctx (the poll's per-call deadline).
 func listDrift(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, socket string, r *DaemonResult) {
 	if err := ctx.Err(); err != nil {
-		r.DriftErr = fmt.Errorf("agent: list drift findings %s: no time left: %w", socket, err)
+		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: no time left: %w", socket, err)
 		return
 	}
 	drift, err := client.ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
 	if err != nil {
-		r.DriftErr = fmt.Errorf("agent: list drift findings %s: %w", socket, err)
+		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: %w", socket, err)
 		return
 	}
 	r.DriftFindings = drift.GetFindings()
@@ -184,7 +184,7 @@ func listDrift(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceCl
 // call failed is a daemon that went away: vanished, not an error.
 func failed(socket string, err error) DaemonResult {
 	code := status.Code(err)
-	r := DaemonResult{Status: StatusError, Code: code, Err: fmt.Errorf("agent: poll %s: %w", socket, err)}
+	r := DaemonResult{Status: StatusError, Code: code, Err: fmt.Errorf("sweep: poll %s: %w", socket, err)}
 	if code == codes.Unavailable {
 		if _, serr := os.Lstat(socket); errors.Is(serr, fs.ErrNotExist) {
 			r.Status = StatusVanished
