@@ -147,7 +147,7 @@ func (s *Sampler) debugfsView(ctx context.Context, vmmPID int32) *sandboxstatsv1
 // namespace on a discarded thread.
 func (s *Sampler) readDebugfs(vmmPID int32) *sandboxstatsv1.KvmSourceView {
 	root := s.cfg.DebugfsRoot
-	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readFileLimited}
+	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readProcFile}
 	mounted, err := isDebugfs(root)
 	if err != nil {
 		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root, fmt.Sprintf("debugfs root: %v", err))
@@ -175,6 +175,9 @@ func (s *Sampler) readDebugfs(vmmPID int32) *sandboxstatsv1.KvmSourceView {
 	}
 	return v
 }
+
+// readProcFile reads one small debugfs or /proc file whole, bounded in size.
+func readProcFile(path string) ([]byte, error) { return bounded.ReadFile(path, bounded.MaxFileBytes) }
 
 // debugfsReader reads KVM debugfs files; read is replaceable in tests
 // (a fixture tree cannot reproduce lockdown's EPERM).

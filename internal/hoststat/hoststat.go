@@ -6,14 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -160,13 +159,9 @@ func (s *Sampler) processes(ctx context.Context) (procs []int32, how string, err
 		return []int32{int32(s.ref.VMMPID)}, fmt.Sprintf("vmm_pid %d", s.ref.VMMPID), nil
 	case s.ref.VMMPIDFile != "":
 		how = "vmm_pid_file " + s.ref.VMMPIDFile
-		b, err := s.g.ReadFile(ctx, s.ref.VMMPIDFile)
+		pid, err := s.vmmPIDFromFile(ctx)
 		if err != nil {
-			return nil, how, fmt.Errorf("%w: vmm pid file: %w", source.ErrNotMeasurable, err)
-		}
-		pid, err := parsePID(b)
-		if err != nil {
-			return nil, how, fmt.Errorf("%s: %w", s.ref.VMMPIDFile, err)
+			return nil, how, err
 		}
 		return []int32{pid}, how, nil
 	case s.ref.SentryPID > 0:
@@ -177,15 +172,18 @@ func (s *Sampler) processes(ctx context.Context) (procs []int32, how string, err
 	return nil, "", fmt.Errorf("%w: %w", source.ErrNotMeasurable, ErrNoVMM)
 }
 
-// parsePID parses a pid file's content: one positive decimal, surrounding
-// white space allowed.
-func parsePID(b []byte) (int32, error) {
-	t := strings.TrimSpace(string(b))
-	n, err := strconv.ParseInt(t, 10, 32)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%w: pid %q is not a positive integer", source.ErrMalformed, t)
+// vmmPIDFromFile reads the VMM pid file (a regular file only, never its
+// content in an error: the launcher may name any file) under the read bound.
+func (s *Sampler) vmmPIDFromFile(ctx context.Context) (int32, error) {
+	path := s.ref.VMMPIDFile
+	pid, err := bounded.Do(ctx, s.g, "hoststat:pidfile:"+path, func() (int, error) { return process.ReadPIDFile(path) })
+	switch {
+	case errors.Is(err, process.ErrNotPID):
+		return 0, fmt.Errorf("%w: vmm pid file: %w", source.ErrMalformed, err)
+	case err != nil:
+		return 0, fmt.Errorf("%w: vmm pid file: %w", source.ErrNotMeasurable, err)
 	}
-	return int32(n), nil
+	return int32(pid), nil
 }
 
 // guestNameFromPIDFile returns the pid file's directory name

@@ -164,15 +164,6 @@ func TestGuestNameFromPIDFile(t *testing.T) {
 	}
 }
 
-func TestParsePID(t *testing.T) {
-	for in, want := range map[string]int32{"4242\n": 4242, " 17 ": 17, "0": 0, "-3": 0, "": 0, "12abc": 0, "99999999999": 0} {
-		got, err := parsePID([]byte(in))
-		if got != want || (want == 0) != errors.Is(err, source.ErrMalformed) {
-			t.Errorf("parsePID(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-}
-
 func TestParseVMDirName(t *testing.T) {
 	for _, tc := range []struct {
 		in      string

@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -161,7 +162,7 @@ func TestDebugfsLockdownEPERM(t *testing.T) {
 			if strings.Contains(path, "/kvm/") && !strings.HasSuffix(path, "/blocking") && !strings.HasSuffix(path, "/status") {
 				return nil, &fs.PathError{Op: "open", Path: path, Err: syscall.EPERM}
 			}
-			return readFileLimited(path)
+			return readProcFile(path)
 		},
 	}
 	v := r.readVM(5000)
@@ -183,10 +184,10 @@ func TestDebugfsLockdownEPERM(t *testing.T) {
 	}
 }
 
-// TestPIDFileFIFOTimesOut: a pid file that never yields a byte (a FIFO with
-// no writer) costs the sample only the read bound, and the other views are
-// still read.
-func TestPIDFileFIFOTimesOut(t *testing.T) {
+// TestPIDFileFIFOIsRefused: a pid file that would never yield a byte (a FIFO
+// with no writer) is refused at once as not a regular file, without
+// blocking, and the other views are still read.
+func TestPIDFileFIFOIsRefused(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "srv9", "qemu.pid")
 	if err := os.Mkdir(filepath.Dir(fifo), 0o755); err != nil {
 		t.Fatal(err)
@@ -195,7 +196,7 @@ func TestPIDFileFIFOTimesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// Release the hung open so its goroutine ends.
+		// Release an open that hung (none should).
 		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
 			f.Close()
 		}
@@ -215,17 +216,62 @@ func TestPIDFileFIFOTimesOut(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("sample took %v with a 200ms bound", took)
 	}
-	if !strings.Contains(hs.VmmThreads.Error, "timed out") {
-		t.Errorf("threads error %q, want a timeout", hs.VmmThreads.Error)
+	if !strings.Contains(hs.VmmThreads.Error, "not a regular file (a FIFO)") {
+		t.Errorf("threads error %q, want the FIFO refused", hs.VmmThreads.Error)
 	}
 	if hs.RunnerKernel.Error != "" || hs.RunnerKernel.Total == nil {
 		t.Errorf("runner kernel view lost: %q", hs.RunnerKernel.Error)
 	}
-	if hs.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(hs.Kvm.Debugfs.Reason, "timed out") {
+	if hs.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(hs.Kvm.Debugfs.Reason, "not a regular file") {
 		t.Errorf("debugfs %v %q", hs.Kvm.Debugfs.State, hs.Kvm.Debugfs.Reason)
 	}
 	if hs.GuestName != "srv9" {
 		t.Errorf("guest %q, want srv9 from the pid file's directory", hs.GuestName)
+	}
+}
+
+// TestPIDFileContentNeverInErrors: the launcher names the pid file, so it
+// may be any file (--vmm-pid-file /etc/shadow). Whatever it holds, no part of
+// the host view repeats its content.
+func TestPIDFileContentNeverInErrors(t *testing.T) {
+	const secret = "root:$6$s3cr3t-hash:19000:0:99999:7:::"
+	dir := filepath.Join(t.TempDir(), "srv1")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	short := write("short", secret+"\n")
+	long := write("shadow", strings.Repeat(secret+"\n", 8))
+	link := filepath.Join(dir, "link.pid")
+	if err := os.Symlink(long, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, path, want string }{
+		{"short secret", short, "not a pid"},
+		{"secret larger than a pid file", long, "larger than"},
+		{"symlink to the secret", link, "not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs, err := fixtureSampler(t, source.SandboxRef{VMMPIDFile: tc.path}, "debugfs-5.4").SampleHost(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(hs.VmmThreads.Error, tc.want) {
+				t.Errorf("threads error %q, want %q", hs.VmmThreads.Error, tc.want)
+			}
+			all := protojson.Format(hs)
+			for _, part := range []string{secret, "s3cr3t", "root:"} {
+				if strings.Contains(all, part) {
+					t.Errorf("the host view repeats the pid file's content %q:\n%s", part, all)
+				}
+			}
+		})
 	}
 }
 
@@ -235,7 +281,7 @@ func TestPIDFileMalformedAndProcessGone(t *testing.T) {
 		ref  source.SandboxRef
 		want string
 	}{
-		{"garbage pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "pidfiles", "garbage", "qemu.pid")}, "not a positive integer"},
+		{"garbage pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "pidfiles", "garbage", "qemu.pid")}, "not a pid: 10 bytes"},
 		{"missing pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "nope", "qemu.pid")}, "no such file"},
 		{"process gone", source.SandboxRef{VMMPID: 31337}, "process 31337 is gone"},
 		{"no vmm at all", source.SandboxRef{Class: source.ClassMicroVM}, ErrNoVMM.Error()},
@@ -245,8 +291,8 @@ func TestPIDFileMalformedAndProcessGone(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(hs.VmmThreads.Error, tc.want) {
-				t.Errorf("threads error %q, want %q", hs.VmmThreads.Error, tc.want)
+			if !strings.Contains(hs.VmmThreads.Error, tc.want) || strings.Contains(hs.VmmThreads.Error, "not-a-pid") {
+				t.Errorf("threads error %q, want %q and never the file's content", hs.VmmThreads.Error, tc.want)
 			}
 			if hs.RunnerKernel.Total == nil {
 				t.Error("runner kernel view lost")

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -25,9 +24,6 @@ const userHZ = 100
 
 // usecPerTick converts USER_HZ ticks to usec.
 const usecPerTick = 1_000_000 / userHZ
-
-// maxProcFileBytes bounds one /proc file read inside a batch.
-const maxProcFileBytes = 64 << 10
 
 const legendThreads = "VMM threads as the host scheduler accounted them: utime/stime/guest in usec at " +
 	"USER_HZ tick resolution (utime includes guest), run/run_delay in ns from schedstat; run_delay of a " +
@@ -213,23 +209,6 @@ type procThreads struct {
 	errs    []string
 }
 
-// readFileLimited reads a small /proc file whole.
-func readFileLimited(path string) ([]byte, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, err
-	}
-	defer f.Close()
-	b, err := io.ReadAll(io.LimitReader(f, maxProcFileBytes+1))
-	if err != nil {
-		return nil, fmt.Errorf("read %s: %w", path, err)
-	}
-	if len(b) > maxProcFileBytes {
-		return nil, fmt.Errorf("%w: %s is larger than %d bytes", source.ErrMalformed, path, maxProcFileBytes)
-	}
-	return b, nil
-}
-
 // readProcThreads reads, per thread, task/<tid>/stat (required), schedstat
 // and comm, and <proc>/<pid>/cmdline when withCmdline (only the VMM's is
 // needed, for the guest name). It blocks; callers run it bounded. A thread
@@ -245,7 +224,7 @@ func readProcThreads(procRoot string, pid int32, withCmdline bool) (*procThreads
 	}
 	pt := &procThreads{pid: pid}
 	if withCmdline {
-		pt.cmdline, _ = readFileLimited(filepath.Join(base, "cmdline")) // optional: only for the guest name
+		pt.cmdline, _ = readProcFile(filepath.Join(base, "cmdline")) // optional: only for the guest name
 	}
 	for _, e := range ents {
 		tid, err := strconv.ParseInt(e.Name(), 10, 32)
@@ -253,7 +232,7 @@ func readProcThreads(procRoot string, pid int32, withCmdline bool) (*procThreads
 			continue
 		}
 		dir := filepath.Join(base, "task", e.Name())
-		b, err := readFileLimited(filepath.Join(dir, "stat"))
+		b, err := readProcFile(filepath.Join(dir, "stat"))
 		if err != nil {
 			pt.errs = append(pt.errs, fmt.Sprintf("%d: %v", tid, err))
 			continue
@@ -264,7 +243,7 @@ func readProcThreads(procRoot string, pid int32, withCmdline bool) (*procThreads
 			continue
 		}
 		name := st.Comm
-		if c, err := readFileLimited(filepath.Join(dir, "comm")); err == nil {
+		if c, err := readProcFile(filepath.Join(dir, "comm")); err == nil {
 			name = strings.TrimSuffix(string(c), "\n")
 		}
 		class, idx, isVCPU := classifyThread(name)
@@ -281,7 +260,7 @@ func readProcThreads(procRoot string, pid int32, withCmdline bool) (*procThreads
 		if isVCPU {
 			th.VcpuIndex = &idx
 		}
-		if b, err := readFileLimited(filepath.Join(dir, "schedstat")); err != nil {
+		if b, err := readProcFile(filepath.Join(dir, "schedstat")); err != nil {
 			pt.errs = append(pt.errs, fmt.Sprintf("%d: schedstat absent: %v", tid, err))
 		} else if ss, err := parseSchedstat(b); err != nil {
 			pt.errs = append(pt.errs, fmt.Sprintf("%d: %s/schedstat: %v", tid, dir, err))
@@ -426,7 +405,7 @@ func (s *Sampler) sandboxProcesses(ctx context.Context, sentry int32) ([]int32, 
 }
 
 func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
-	cg, err := readFileLimited(filepath.Join(procRoot, strconv.Itoa(int(sentry)), "cgroup"))
+	cg, err := readProcFile(filepath.Join(procRoot, strconv.Itoa(int(sentry)), "cgroup"))
 	if err != nil {
 		return nil, fmt.Errorf("%w: sentry %d: %w", source.ErrNotMeasurable, sentry, err)
 	}
@@ -448,7 +427,7 @@ func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 		if err != nil || int32(n) == sentry {
 			continue
 		}
-		if b, err := readFileLimited(filepath.Join(procRoot, e.Name(), "stat")); err == nil {
+		if b, err := readProcFile(filepath.Join(procRoot, e.Name(), "stat")); err == nil {
 			if st, err := parseTaskStat(b); err == nil {
 				parent[int32(n)] = st.PPID
 			}
@@ -472,7 +451,7 @@ func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 			continue
 		}
 		if !rootOnly {
-			b, err := readFileLimited(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cgroup"))
+			b, err := readProcFile(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cgroup"))
 			if err != nil || !bytes.Equal(b, cg) {
 				continue
 			}
@@ -489,7 +468,7 @@ func scanSandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 // runscRoot returns the --root a runsc process (sentry or gofer) was started
 // with, from its command line, or "".
 func runscRoot(procRoot string, pid int32) string {
-	b, err := readFileLimited(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cmdline"))
+	b, err := readProcFile(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cmdline"))
 	if err != nil {
 		return ""
 	}
@@ -499,7 +478,7 @@ func runscRoot(procRoot string, pid int32) string {
 // isGoferOf reports whether pid is a runsc gofer started with the given
 // runsc --root.
 func isGoferOf(procRoot string, pid int32, root string) bool {
-	b, err := readFileLimited(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cmdline"))
+	b, err := readProcFile(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cmdline"))
 	if err != nil {
 		return false
 	}
