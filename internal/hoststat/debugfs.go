@@ -1,5 +1,8 @@
 package hoststat
 
+// This file is the KVM debugfs view: the VMM's per-VM directories under
+// <debugfs>/kvm, each counter tagged with its kind, scope and unit.
+
 import (
 	"context"
 	"errors"

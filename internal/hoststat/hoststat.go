@@ -1,18 +1,19 @@
 package hoststat
 
+// This file is the Sampler: its configuration, and one host sample reading
+// the three views concurrently, each reporting its own shortfall.
+
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
 	"sync"
 	"time"
 
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
-	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -45,6 +46,11 @@ type Config struct {
 	DisableDebugfsMount bool
 	// Now is the clock for observed_at; nil means time.Now.
 	Now func() time.Time
+	// SandboxProcesses lists a gVisor sandbox's host processes for a
+	// sentry_pid ref: the sentry first, then the rest (statsd passes
+	// gvisor.SandboxProcesses). It blocks; the sampler runs it under
+	// ReadTimeout. Nil: a sentry_pid ref gets no thread view, with why.
+	SandboxProcesses func(procRoot string, sentryPID int32) ([]int32, error)
 }
 
 // Sampler reads the host views of one sandbox. It keeps the previous
@@ -150,57 +156,6 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 // call more than once.
 func (s *Sampler) Close() error { return nil }
 
-// processes returns the host pids whose threads the VMM view lists: the VMM
-// (from VMMPID or VMMPIDFile), or for gVisor the sentry and its sandbox's
-// processes. procs[0] is the VMM or sentry.
-func (s *Sampler) processes(ctx context.Context) (procs []int32, how string, err error) {
-	switch {
-	case s.ref.VMMPID > 0:
-		return []int32{int32(s.ref.VMMPID)}, fmt.Sprintf("vmm_pid %d", s.ref.VMMPID), nil
-	case s.ref.VMMPIDFile != "":
-		how = "vmm_pid_file " + s.ref.VMMPIDFile
-		pid, err := s.vmmPIDFromFile(ctx)
-		if err != nil {
-			return nil, how, err
-		}
-		return []int32{pid}, how, nil
-	case s.ref.SentryPID > 0:
-		how = fmt.Sprintf("sentry_pid %d", s.ref.SentryPID)
-		procs, err := s.sandboxProcesses(ctx, int32(s.ref.SentryPID))
-		return procs, how, err
-	}
-	return nil, "", fmt.Errorf("%w: %w", source.ErrNotMeasurable, ErrNoVMM)
-}
-
-// vmmPIDFromFile reads the VMM pid file (a regular file only, never its
-// content in an error: the launcher may name any file) under the read bound.
-func (s *Sampler) vmmPIDFromFile(ctx context.Context) (int32, error) {
-	path := s.ref.VMMPIDFile
-	pid, err := bounded.Do(ctx, s.g, "hoststat:pidfile:"+path, func() (int, error) { return process.ReadPIDFile(path) })
-	switch {
-	case errors.Is(err, process.ErrNotPID):
-		return 0, fmt.Errorf("%w: vmm pid file: %w", source.ErrMalformed, err)
-	case err != nil:
-		return 0, fmt.Errorf("%w: vmm pid file: %w", source.ErrNotMeasurable, err)
-	}
-	return int32(pid), nil
-}
-
-// guestNameFromPIDFile returns the pid file's directory name
-// (".../srv1/qemu.pid" gives "srv1"), or "" when that directory says nothing
-// about the guest (the root, a runtime or temp directory).
-func guestNameFromPIDFile(path string) string {
-	if path == "" {
-		return ""
-	}
-	dir := filepath.Base(filepath.Dir(filepath.Clean(path)))
-	switch dir {
-	case "", ".", "/", "..", "run", "var", "tmp", "pids", "pid", "qemu", "firecracker", "cloud-hypervisor", "vm", "vms":
-		return ""
-	}
-	return dir
-}
-
 func unavailable(src sandboxstatsv1.KvmSource, origin, reason string) *sandboxstatsv1.KvmSourceView {
 	return &sandboxstatsv1.KvmSourceView{
 		Source: src,
@@ -210,11 +165,10 @@ func unavailable(src sandboxstatsv1.KvmSource, origin, reason string) *sandboxst
 	}
 }
 
-// QEMUGuestName returns the guest name a VMM command line (NUL-separated, as
-// in /proc/<pid>/cmdline) gives with QEMU's "-name guest=<x>,..." (or the
-// legacy "-name <x>"), or "" when it gives none.
-func QEMUGuestName(cmdline []byte) string { return parseQEMUGuestName(cmdline) }
-
-// GuestNameFromPIDFile returns the guest name a pid file's directory gives
-// (".../srv1/qemu.pid" gives "srv1"), or "" when the directory is generic.
-func GuestNameFromPIDFile(path string) string { return guestNameFromPIDFile(path) }
+// truncate shortens kernel or QMP text quoted in an error.
+func truncate(b []byte) []byte {
+	if len(b) > 80 {
+		return b[:80]
+	}
+	return b
+}

@@ -1,5 +1,7 @@
 package hoststat
 
+// This file is the runner kernel view: <proc>/stat through procfs, in usec.
+
 import (
 	"context"
 	"fmt"

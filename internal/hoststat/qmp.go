@@ -1,5 +1,8 @@
 package hoststat
 
+// This file is the KVM QMP view: one QMP session per sample (query-stats of
+// targets vm and vcpu, kinds and units from query-stats-schemas).
+
 import (
 	"bufio"
 	"bytes"

@@ -14,6 +14,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -152,45 +153,98 @@ func TestThreadTotalsSkipUnknownSchedstat(t *testing.T) {
 	}
 }
 
-// TestSandboxProcessesNeedDescent: a gVisor sandbox's processes are the
-// sentry's descendants (in its cgroup when that is not the root). With runsc
-// --ignore-cgroups the sentry shares its parent's cgroup (a session scope),
-// so an unrelated process there must not be counted.
-func TestSandboxProcessesNeedDescent(t *testing.T) {
-	const scope = "0::/user.slice/user-0.slice/session-1.scope\n"
-	for _, tc := range []struct {
-		name     string
-		sentryCG string
-		want     []int32
-	}{
-		{"sentry in a shared session scope", scope, []int32{300, 301, 302, 320}},
-		{"sentry in the root cgroup", "0::/\n", []int32{300, 301, 302, 303}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			root := t.TempDir()
-			proc := func(pid, ppid int32, cg string) {
-				writeProcFile(t, root, fmt.Sprintf("%d/stat", pid), taskStatLine(pid, ppid, "p", 1000))
-				writeProcFile(t, root, fmt.Sprintf("%d/cgroup", pid), cg)
-			}
-			proc(300, 1, tc.sentryCG) // the sentry
-			proc(301, 300, tc.sentryCG)
-			proc(302, 301, tc.sentryCG)       // a grandchild
-			proc(303, 300, "0::/elsewhere\n") // a child in another cgroup
-			proc(310, 1, tc.sentryCG)         // unrelated, same cgroup
-			proc(311, 310, tc.sentryCG)       // its child
-			proc(320, 1, tc.sentryCG)         // the gofer: runsc-gofer with the sentry's --root
-			proc(321, 1, tc.sentryCG)         // another sandbox's gofer (other --root)
-			writeProcFile(t, root, "300/cmdline", "runsc-sandbox\x00--root=/run/runsc\x00boot\x00")
-			writeProcFile(t, root, "320/cmdline", "runsc-gofer\x00--root=/run/runsc\x00gofer\x00")
-			writeProcFile(t, root, "321/cmdline", "runsc-gofer\x00--root=/run/other\x00gofer\x00")
-			writeProcFile(t, root, "stat", "cpu 0") // not a pid directory
-			got, err := scanSandboxProcesses(root, 300)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("sandbox processes (-want +got):\n%s", diff)
-			}
-		})
+// TestThreadsFixtureNames: names with spaces, slashes and parentheses
+// ("CPU 0/KVM", "a) (b") are read right through procfs (stat is split at the
+// last ')'), with stat's ticks in usec and schedstat absent, not 0, where the
+// file is missing.
+func TestThreadsFixtureNames(t *testing.T) {
+	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242}, "debugfs-5.4")
+	pt, err := readProcThreads(s.fs, s.cfg.ProcRoot, 4242, true)
+	if err != nil {
+		t.Fatal(err)
 	}
+	byName := map[string]*sandboxstatsv1.VmmThread{}
+	for _, th := range pt.threads {
+		byName[th.Name] = th
+	}
+	vcpu, ok := byName["CPU 0/KVM"]
+	if !ok || vcpu.Tid != 4252 || vcpu.Class != sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU || vcpu.VcpuIndex == nil || *vcpu.VcpuIndex != 0 {
+		t.Errorf("CPU 0/KVM: %+v (present %v)", vcpu, ok)
+	}
+	if vcpu.StartTimeTicks != 85002 || vcpu.UtimeUsec != 150*usecPerTick || vcpu.StimeUsec != 328*usecPerTick || vcpu.GuestTimeUsec != 140*usecPerTick {
+		t.Errorf("CPU 0/KVM ticks: start %d utime %d stime %d guest %d", vcpu.StartTimeTicks, vcpu.UtimeUsec, vcpu.StimeUsec, vcpu.GuestTimeUsec)
+	}
+	if vcpu.RunNs == nil || *vcpu.RunNs != 3290841689 || vcpu.RunDelayNs == nil || vcpu.RunCount == nil {
+		t.Errorf("CPU 0/KVM schedstat: run %v delay %v count %v", vcpu.RunNs, vcpu.RunDelayNs, vcpu.RunCount)
+	}
+	parens, ok := byName["a) (b"]
+	if !ok || parens.Tid != 4254 || parens.StartTimeTicks != 85003 || parens.Class != sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER {
+		t.Errorf("a) (b: %+v (present %v)", parens, ok)
+	}
+	if parens.RunNs != nil || parens.RunDelayNs != nil || parens.RunCount != nil {
+		t.Errorf("a) (b has no schedstat file, got run %v", parens.RunNs)
+	}
+	if want := []string{"qemu-system-x86_64"}; len(pt.cmdline) == 0 || pt.cmdline[0] != want[0] {
+		t.Errorf("cmdline %q, want it to start with %q", pt.cmdline, want)
+	}
+}
+
+// TestSentryRefListsSandboxProcesses: a sentry_pid ref gets its processes
+// from Config.SandboxProcesses (gVisor's discovery), called with the proc
+// root and the sentry, under the read bound; without it the view says why.
+func TestSentryRefListsSandboxProcesses(t *testing.T) {
+	root := t.TempDir()
+	writeThread(t, root, 300, 300, "runsc-sandbox")
+	writeThread(t, root, 301, 301, "exe")
+	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: 300}
+	var gotRoot string
+	var gotSentry int32
+	s, err := newSampler(ref, Config{ProcRoot: root, DebugfsRoot: t.TempDir(), DisableDebugfsMount: true,
+		SandboxProcesses: func(procRoot string, sentry int32) ([]int32, error) {
+			gotRoot, gotSentry = procRoot, sentry
+			return []int32{300, 301}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotRoot != root || gotSentry != 300 {
+		t.Errorf("lister called with %q, %d; want %q, 300", gotRoot, gotSentry, root)
+	}
+	if v := hs.VmmThreads; v.Error != "" || v.ProcessSource != "sentry_pid 300" || len(v.Pids) != 2 || len(v.Threads) != 2 {
+		t.Errorf("threads view: error %q source %q pids %v, %d threads", v.Error, v.ProcessSource, v.Pids, len(v.Threads))
+	}
+	if hs.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED {
+		t.Errorf("debugfs %v for a gVisor sandbox, want not configured", hs.Kvm.Debugfs.State)
+	}
+
+	t.Run("hung lister costs one bound", func(t *testing.T) {
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		const bound = 200 * time.Millisecond
+		s, err := newSampler(ref, Config{ProcRoot: root, DebugfsRoot: t.TempDir(), DisableDebugfsMount: true, ReadTimeout: bound,
+			SandboxProcesses: func(string, int32) ([]int32, error) { <-release; return nil, nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		hs, _ := s.SampleHost(context.Background())
+		if took := time.Since(start); took > 3*bound {
+			t.Errorf("sample took %v with a hung lister and a %v bound", took, bound)
+		}
+		if !strings.Contains(hs.VmmThreads.Error, "timed out") {
+			t.Errorf("threads error %q, want a timeout", hs.VmmThreads.Error)
+		}
+	})
+	t.Run("no lister", func(t *testing.T) {
+		s := tempSampler(t, root, time.Second)
+		s.ref = ref
+		hs, _ := s.SampleHost(context.Background())
+		if !strings.Contains(hs.VmmThreads.Error, "no gVisor process discovery configured") {
+			t.Errorf("threads error %q", hs.VmmThreads.Error)
+		}
+	})
 }
