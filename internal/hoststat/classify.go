@@ -8,14 +8,14 @@ import (
 	"strconv"
 	"strings"
 
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
 // classifyThread names a VMM thread's class from its comm: QEMU "CPU <n>/KVM"
 // (and "CPU <n>/TCG" without KVM; both need -name ...,debug-threads=on before
 // QEMU 11), Cloud Hypervisor "vcpu<n>" and Firecracker "fc_vcpu <n>" are vCPUs
 // (index n); everything else is VMM overhead.
-func classifyThread(name string) (sandboxstatsv1.VmmThreadClass, int32, bool) {
+func classifyThread(name string) (source.VMMThreadClass, int32, bool) {
 	var num string
 	switch {
 	case strings.HasPrefix(name, "CPU ") && (strings.HasSuffix(name, "/KVM") || strings.HasSuffix(name, "/TCG")):
@@ -27,10 +27,10 @@ func classifyThread(name string) (sandboxstatsv1.VmmThreadClass, int32, bool) {
 	}
 	if num != "" && num[0] != '+' && num[0] != '-' {
 		if n, err := strconv.ParseInt(num, 10, 32); err == nil {
-			return sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU, int32(n), true
+			return source.VMMThreadClassVCPU, int32(n), true
 		}
 	}
-	return sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER, 0, false
+	return source.VMMThreadClassOther, 0, false
 }
 
 // QEMUGuestName returns the guest name a VMM command line (NUL-separated, as

@@ -15,7 +15,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // Default roots and bounds.
@@ -112,11 +111,11 @@ func newSampler(ref source.SandboxRef, cfg Config) (*Sampler, error) {
 // SampleHost reads every host view once. The views are read concurrently,
 // each under its own bound; each reports its own shortfall, so the error is
 // always nil unless ctx is already done.
-func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, error) {
+func (s *Sampler) SampleHost(ctx context.Context) (*source.HostStats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: host sample: %w", source.ErrTimeout, err)
 	}
-	hs := &sandboxstatsv1.HostStats{ObservedAtUnixNano: s.cfg.Now().UnixNano()}
+	hs := &source.HostStats{ObservedAtUnixNano: s.cfg.Now().UnixNano()}
 
 	var wg sync.WaitGroup
 	wg.Go(func() { hs.RunnerKernel = s.runnerKernel(ctx) })
@@ -125,18 +124,18 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 	if perr == nil && s.ref.SentryPID == 0 {
 		vmmPID = procs[0]
 	}
-	hs.Kvm = &sandboxstatsv1.KvmView{Legend: legendKVM}
-	wg.Go(func() { hs.Kvm.Qmp = s.qmpView(ctx, vmmPID) })
-	var debugfs *sandboxstatsv1.KvmSourceView
+	hs.KVM = &source.KVMView{Legend: legendKVM}
+	wg.Go(func() { hs.KVM.QMP = s.qmpView(ctx, vmmPID) })
+	var debugfs *source.KVMSourceView
 	wg.Go(func() {
 		if perr != nil {
-			debugfs = unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, "", "VMM process unknown: "+perr.Error())
+			debugfs = unavailableView(source.KVMSourceDebugfs, "", "VMM process unknown: "+perr.Error())
 			return
 		}
 		if s.ref.VMMPID == 0 && s.ref.VMMPIDFile == "" {
-			debugfs = &sandboxstatsv1.KvmSourceView{
-				Source: sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS,
-				State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED,
+			debugfs = &source.KVMSourceView{
+				Source: source.KVMSourceDebugfs,
+				State:  source.KVMSourceStateNotConfigured,
 				Reason: "no VMM pid or pid file in the sandbox ref: no KVM VM to look up",
 			}
 			return
@@ -146,8 +145,8 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 	threads, name, nameSource := s.threadsView(ctx, procs, how, perr)
 	wg.Wait()
 
-	hs.VmmThreads = threads
-	hs.Kvm.Debugfs = debugfs
+	hs.VMMThreads = threads
+	hs.KVM.Debugfs = debugfs
 	hs.GuestName, hs.GuestNameSource = name, nameSource
 	return hs, nil
 }
@@ -156,13 +155,9 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 // call more than once.
 func (s *Sampler) Close() error { return nil }
 
-func unavailable(src sandboxstatsv1.KvmSource, origin, reason string) *sandboxstatsv1.KvmSourceView {
-	return &sandboxstatsv1.KvmSourceView{
-		Source: src,
-		State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE,
-		Origin: origin,
-		Reason: reason,
-	}
+// unavailableView is a KVM source that could not be read, with why.
+func unavailableView(src source.KVMSource, origin, reason string) *source.KVMSourceView {
+	return &source.KVMSourceView{Source: src, State: source.KVMSourceStateUnavailable, Origin: origin, Reason: reason}
 }
 
 // truncate shortens kernel or QMP text quoted in an error.

@@ -10,15 +10,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 func TestClassifyThread(t *testing.T) {
-	vcpu := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU
-	other := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER
+	vcpu := source.VMMThreadClassVCPU
+	other := source.VMMThreadClassOther
 	for _, tc := range []struct {
 		name  string
-		class sandboxstatsv1.VmmThreadClass
+		class source.VMMThreadClass
 		idx   int32
 	}{
 		{"CPU 0/KVM", vcpu, 0},
@@ -141,11 +140,11 @@ func TestParseDebugfsValueAndTgid(t *testing.T) {
 }
 
 func TestKVMKindUnitScope(t *testing.T) {
-	cum, gauge, peak := sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE, sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE, sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK
+	cum, gauge, peak := source.KVMCounterKindCumulative, source.KVMCounterKindGauge, source.KVMCounterKindPeak
 	for _, tc := range []struct {
 		name  string
 		mode  os.FileMode
-		kind  sandboxstatsv1.KvmCounterKind
+		kind  source.KVMCounterKind
 		unit  string
 		scope string
 	}{

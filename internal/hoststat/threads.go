@@ -18,7 +18,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // userHZ is USER_HZ, the unit of the tick fields of /proc/<pid>/stat. It is
@@ -40,7 +39,7 @@ const legendThreads = "VMM threads as the host scheduler accounted them: utime/s
 type procThreads struct {
 	pid     int32
 	cmdline []string
-	threads []*sandboxstatsv1.VmmThread
+	threads []source.VMMThread
 	errs    []string
 }
 
@@ -84,9 +83,9 @@ func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline boo
 			name = c
 		}
 		class, idx, isVCPU := classifyThread(name)
-		th := &sandboxstatsv1.VmmThread{
-			Pid:            pid,
-			Tid:            int32(tid),
+		th := source.VMMThread{
+			PID:            pid,
+			TID:            int32(tid),
 			Name:           name,
 			StartTimeTicks: st.Starttime,
 			Class:          class,
@@ -95,7 +94,7 @@ func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline boo
 			GuestTimeUsec:  uint64(max(st.GuestTime, 0)) * usecPerTick,
 		}
 		if isVCPU {
-			th.VcpuIndex = &idx
+			th.VCPUIndex = &idx
 		}
 		if ss, err := t.Schedstat(); err != nil {
 			pt.errs = append(pt.errs, threadErr(tid, taskDir, "schedstat", "schedstat absent: ", err))
@@ -104,7 +103,7 @@ func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline boo
 		}
 		pt.threads = append(pt.threads, th)
 	}
-	slices.SortFunc(pt.threads, func(a, b *sandboxstatsv1.VmmThread) int { return int(a.Tid) - int(b.Tid) })
+	slices.SortFunc(pt.threads, func(a, b source.VMMThread) int { return int(a.TID) - int(b.TID) })
 	return pt, nil
 }
 
@@ -118,8 +117,8 @@ func threadErr(tid int, taskDir, file, what string, err error) string {
 }
 
 // threadsView reads every process's threads and names the guest.
-func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, perr error) (*sandboxstatsv1.VmmThreadsView, string, string) {
-	v := &sandboxstatsv1.VmmThreadsView{Legend: legendThreads, ProcessSource: how, UserHz: userHZ}
+func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, perr error) (*source.VMMThreadsView, string, string) {
+	v := &source.VMMThreadsView{Legend: legendThreads, ProcessSource: how, UserHZ: userHZ}
 	name, nameSrc := guestNameFromPIDFile(s.ref.VMMPIDFile), "pid-file-dir"
 	if perr != nil {
 		v.Error = perr.Error()
@@ -152,7 +151,7 @@ func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 			}
 			continue
 		}
-		v.Pids = append(v.Pids, pid)
+		v.PIDs = append(v.PIDs, pid)
 		v.Threads = append(v.Threads, pt.threads...)
 		v.ThreadErrors = append(v.ThreadErrors, pt.errs...)
 		if name == "" && first {
@@ -161,15 +160,15 @@ func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 			}
 		}
 	}
-	if len(v.Pids) == 0 && firstErr != nil {
+	if len(v.PIDs) == 0 && firstErr != nil {
 		v.Error = firstErr.Error()
 	} else if firstErr != nil {
 		v.ThreadErrors = append(v.ThreadErrors, firstErr.Error())
 	}
 	var notes []string
-	v.VcpuTotals, v.OtherTotals, notes = threadTotals(v.Threads)
+	v.VCPUTotals, v.OtherTotals, notes = threadTotals(v.Threads)
 	v.ThreadErrors = append(v.ThreadErrors, notes...)
-	v.ReusedTids = s.noteThreads(v.Threads)
+	v.ReusedTIDs = s.noteThreads(v.Threads)
 	if name == "" {
 		name, nameSrc = "anonymous", "none"
 	}
@@ -181,13 +180,13 @@ func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 // sum only the threads whose schedstat was read; each class with threads
 // lacking it gets a note "k of n threads without schedstat", and a class
 // where no thread has it says its run totals are unknown, not 0.
-func threadTotals(ths []*sandboxstatsv1.VmmThread) (vcpu, other *sandboxstatsv1.VmmThreadTotals, notes []string) {
-	vcpu = &sandboxstatsv1.VmmThreadTotals{Class: sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU}
-	other = &sandboxstatsv1.VmmThreadTotals{Class: sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER}
+func threadTotals(ths []source.VMMThread) (vcpu, other *source.VMMThreadTotals, notes []string) {
+	vcpu = &source.VMMThreadTotals{Class: source.VMMThreadClassVCPU}
+	other = &source.VMMThreadTotals{Class: source.VMMThreadClassOther}
 	var noSchedVCPU, noSchedOther uint32
 	for _, th := range ths {
 		t, noSched := other, &noSchedOther
-		if th.Class == sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU {
+		if th.Class == source.VMMThreadClassVCPU {
 			t, noSched = vcpu, &noSchedVCPU
 		}
 		t.Threads++
@@ -203,7 +202,7 @@ func threadTotals(ths []*sandboxstatsv1.VmmThread) (vcpu, other *sandboxstatsv1.
 	}
 	for _, c := range []struct {
 		name    string
-		t       *sandboxstatsv1.VmmThreadTotals
+		t       *source.VMMThreadTotals
 		noSched uint32
 	}{{"vcpu", vcpu, noSchedVCPU}, {"other", other, noSchedOther}} {
 		switch {
@@ -221,16 +220,16 @@ func threadTotals(ths []*sandboxstatsv1.VmmThread) (vcpu, other *sandboxstatsv1.
 
 // noteThreads records this sample's (tid, start time) pairs and returns the
 // tids that the previous sample saw with another start time.
-func (s *Sampler) noteThreads(ths []*sandboxstatsv1.VmmThread) []int32 {
+func (s *Sampler) noteThreads(ths []source.VMMThread) []int32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reused []int32
 	next := make(map[int32]uint64, len(ths))
 	for _, th := range ths {
-		if start, ok := s.prevTids[th.Tid]; ok && start != th.StartTimeTicks {
-			reused = append(reused, th.Tid)
+		if start, ok := s.prevTids[th.TID]; ok && start != th.StartTimeTicks {
+			reused = append(reused, th.TID)
 		}
-		next[th.Tid] = th.StartTimeTicks
+		next[th.TID] = th.StartTimeTicks
 	}
 	s.prevTids = next
 	return reused
