@@ -57,11 +57,11 @@ type daemon struct {
 
 // scriptedHost answers SampleHost with its samples in turn.
 type scriptedHost struct {
-	samples []*sandboxstatsv1.HostStats
+	samples []*source.HostStats
 	n       atomic.Int64
 }
 
-func (h *scriptedHost) SampleHost(context.Context) (*sandboxstatsv1.HostStats, error) {
+func (h *scriptedHost) SampleHost(context.Context) (*source.HostStats, error) {
 	i := int(h.n.Add(1)) - 1
 	return h.samples[min(i, len(h.samples)-1)], nil
 }
@@ -339,17 +339,17 @@ func TestGoldenPoll(t *testing.T) {
 func TestGoldenHost(t *testing.T) {
 	d := startDaemon(t)
 	at := d.clock.Add(time.Minute)
-	view := func(sec int, userUsec, systemUsec, stealUsec uint64) *sandboxstatsv1.HostStats {
-		return &sandboxstatsv1.HostStats{
+	view := func(sec int, userUsec, systemUsec, stealUsec uint64) *source.HostStats {
+		return &source.HostStats{
 			ObservedAtUnixNano: at.Add(time.Duration(sec) * time.Second).UnixNano(),
 			GuestName:          "srv1", GuestNameSource: "pid file directory",
-			RunnerKernel: &sandboxstatsv1.RunnerKernelView{
+			RunnerKernel: &source.RunnerKernelView{
 				Legend: "host kernel /proc/stat; user includes guest",
-				Total:  &sandboxstatsv1.CpuTimes{Cpu: "cpu", UserUsec: userUsec, SystemUsec: systemUsec, StealUsec: stealUsec},
+				Total:  &source.CPUTimes{CPU: "cpu", UserUsec: userUsec, SystemUsec: systemUsec, StealUsec: stealUsec},
 			},
 		}
 	}
-	d.host.samples = []*sandboxstatsv1.HostStats{view(0, 1_000_000, 500_000, 10_000), view(10, 6_000_000, 1_500_000, 10_000)}
+	d.host.samples = []*source.HostStats{view(0, 1_000_000, 500_000, 10_000), view(10, 6_000_000, 1_500_000, 10_000)}
 	if _, errOut, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "microvm",
 		"--agent-address", "hvsock:///run/vm/clh.sock:1024", "--container-id", "web", "--vmm-pid-file", "/run/vm/srv1/qemu.pid"); code != 0 {
 		t.Fatal(errOut)

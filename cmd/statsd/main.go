@@ -178,7 +178,7 @@ func opener(cfg config, logger *slog.Logger) identity.Opener {
 	return func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
 		host, herr := hoststat.Open(ref, hoststat.Config{
 			ProcRoot: cfg.procRoot, DebugfsRoot: cfg.debugfsRoot, ReadTimeout: cfg.readTimeout,
-			Logger: logger.With("component", "hoststat"),
+			Logger: logger.With("component", "hoststat"), SandboxProcesses: gvisor.SandboxProcesses,
 		})
 		if herr != nil {
 			logger.Warn("host views unavailable", "err", herr)

@@ -69,8 +69,8 @@ func BenchmarkHostSample(b *testing.B) {
 			defer s.Close()
 			for b.Loop() {
 				hs, err := s.SampleHost(context.Background())
-				if err != nil || hs.VmmThreads.Error != "" {
-					b.Fatalf("%v %q", err, hs.GetVmmThreads().GetError())
+				if err != nil || hs.VMMThreads.Error != "" {
+					b.Fatalf("%v %+v", err, hs)
 				}
 			}
 		})

@@ -1,5 +1,8 @@
 package hoststat
 
+// This file is the KVM debugfs view: the VMM's per-VM directories under
+// <debugfs>/kvm, each counter tagged with its kind, scope and unit.
+
 import (
 	"context"
 	"errors"
@@ -14,7 +17,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 const legendKVM = "KVM counters of this VM only (debugfs per-VM files sum the VM's vCPUs; QMP gives one " +
@@ -26,19 +28,19 @@ const legendKVM = "KVM counters of this VM only (debugfs per-VM files sum the VM
 // cumulative (from include/linux/kvm_host.h and arch/x86/kvm/x86.c, with
 // pre-5.14 names). Unknown names fall back to the file mode: 0444 is an
 // INSTANT gauge, writable files are cumulative.
-var kvmStatKind = map[string]sandboxstatsv1.KvmCounterKind{
-	"blocking":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"guest_mode":                   sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"mmu_unsync":                   sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"pages_4k":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"pages_2m":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"pages_1g":                     sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"nx_lpage_splits":              sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"lpages":                       sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"largepages":                   sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"nx_largepages_splitted":       sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE,
-	"max_mmu_rmap_size":            sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK,
-	"max_mmu_page_hash_collisions": sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK,
+var kvmStatKind = map[string]source.KVMCounterKind{
+	"blocking":                     source.KVMCounterKindGauge,
+	"guest_mode":                   source.KVMCounterKindGauge,
+	"mmu_unsync":                   source.KVMCounterKindGauge,
+	"pages_4k":                     source.KVMCounterKindGauge,
+	"pages_2m":                     source.KVMCounterKindGauge,
+	"pages_1g":                     source.KVMCounterKindGauge,
+	"nx_lpage_splits":              source.KVMCounterKindGauge,
+	"lpages":                       source.KVMCounterKindGauge,
+	"largepages":                   source.KVMCounterKindGauge,
+	"nx_largepages_splitted":       source.KVMCounterKindGauge,
+	"max_mmu_rmap_size":            source.KVMCounterKindPeak,
+	"max_mmu_page_hash_collisions": source.KVMCounterKindPeak,
 }
 
 // kvmVMStats are the per-VM (not per-vCPU) statistic names; every other
@@ -52,14 +54,14 @@ var kvmVMStats = map[string]bool{
 	"max_mmu_page_hash_collisions": true,
 }
 
-func kvmKind(name string, mode fs.FileMode) sandboxstatsv1.KvmCounterKind {
+func kvmKind(name string, mode fs.FileMode) source.KVMCounterKind {
 	if k, ok := kvmStatKind[name]; ok {
 		return k
 	}
 	if mode != 0 && mode.Perm()&0o222 == 0 {
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE
+		return source.KVMCounterKindGauge
 	}
-	return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE
+	return source.KVMCounterKindCumulative
 }
 
 func kvmScope(name string) string {
@@ -131,13 +133,13 @@ func parseStatusTgid(b []byte) (int32, error) {
 }
 
 // debugfsView reads the VMM's per-VM KVM debugfs directory under the bound.
-func (s *Sampler) debugfsView(ctx context.Context, vmmPID int32) *sandboxstatsv1.KvmSourceView {
+func (s *Sampler) debugfsView(ctx context.Context, vmmPID int32) *source.KVMSourceView {
 	key := fmt.Sprintf("hoststat:debugfs:%s:%d", s.cfg.DebugfsRoot, vmmPID)
-	v, err := bounded.Do(ctx, s.g, key, func() (*sandboxstatsv1.KvmSourceView, error) {
+	v, err := bounded.Do(ctx, s.g, key, func() (*source.KVMSourceView, error) {
 		return s.readDebugfs(vmmPID), nil
 	})
 	if err != nil {
-		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, s.cfg.DebugfsRoot+"/kvm", err.Error())
+		return unavailableView(source.KVMSourceDebugfs, s.cfg.DebugfsRoot+"/kvm", err.Error())
 	}
 	return v
 }
@@ -145,23 +147,23 @@ func (s *Sampler) debugfsView(ctx context.Context, vmmPID int32) *sandboxstatsv1
 // readDebugfs reads the per-VM directory directly when debugfs is mounted at
 // DebugfsRoot (or DebugfsRoot holds a kvm tree), else inside a private mount
 // namespace on a discarded thread.
-func (s *Sampler) readDebugfs(vmmPID int32) *sandboxstatsv1.KvmSourceView {
+func (s *Sampler) readDebugfs(vmmPID int32) *source.KVMSourceView {
 	root := s.cfg.DebugfsRoot
-	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readFileLimited}
+	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readProcFile}
 	mounted, err := isDebugfs(root)
 	if err != nil {
-		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root, fmt.Sprintf("debugfs root: %v", err))
+		return unavailableView(source.KVMSourceDebugfs, root, fmt.Sprintf("debugfs root: %v", err))
 	}
 	if _, err := os.Stat(filepath.Join(root, "kvm")); mounted || err == nil {
 		return r.readVM(vmmPID)
 	}
 	if s.cfg.DisableDebugfsMount {
-		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root,
+		return unavailableView(source.KVMSourceDebugfs, root,
 			"debugfs is not mounted at "+root+" and mounting it is disabled")
 	}
-	var v *sandboxstatsv1.KvmSourceView
+	var v *source.KVMSourceView
 	if err := inPrivateDebugfs(root, func() { v = r.readVM(vmmPID) }); err != nil {
-		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, root,
+		return unavailableView(source.KVMSourceDebugfs, root,
 			fmt.Sprintf("debugfs is not mounted at %s and a private mount failed: %v", root, err))
 	}
 	// The note goes in Reason, not Origin: Origin names the VM directory
@@ -176,6 +178,9 @@ func (s *Sampler) readDebugfs(vmmPID int32) *sandboxstatsv1.KvmSourceView {
 	return v
 }
 
+// readProcFile reads one small debugfs or /proc file whole, bounded in size.
+func readProcFile(path string) ([]byte, error) { return bounded.ReadFile(path, bounded.MaxFileBytes) }
+
 // debugfsReader reads KVM debugfs files; read is replaceable in tests
 // (a fixture tree cannot reproduce lockdown's EPERM).
 type debugfsReader struct {
@@ -186,15 +191,15 @@ type debugfsReader struct {
 // readVM finds the VM directories created by vmmPID's threads and reads
 // every stat file in them, opening and closing each (an open file pins the
 // VM).
-func (r debugfsReader) readVM(vmmPID int32) *sandboxstatsv1.KvmSourceView {
+func (r debugfsReader) readVM(vmmPID int32) *source.KVMSourceView {
 	kvmDir := filepath.Join(r.root, "kvm")
 	ents, err := os.ReadDir(kvmDir)
 	if err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
-			return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, kvmDir,
+			return unavailableView(source.KVMSourceDebugfs, kvmDir,
 				"no kvm directory in debugfs: KVM is not in this kernel or /dev/kvm was never opened")
 		}
-		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, kvmDir, explainErr(err))
+		return unavailableView(source.KVMSourceDebugfs, kvmDir, explainErr(err))
 	}
 	var dirs []string
 	for _, e := range ents {
@@ -217,10 +222,10 @@ func (r debugfsReader) readVM(vmmPID int32) *sandboxstatsv1.KvmSourceView {
 		}
 	}
 	if len(dirs) == 0 {
-		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, kvmDir,
+		return unavailableView(source.KVMSourceDebugfs, kvmDir,
 			fmt.Sprintf("no KVM VM directory of process %d under %s (the VMM runs no KVM VM, or its directory was lost to a duplicate name)", vmmPID, kvmDir))
 	}
-	v := &sandboxstatsv1.KvmSourceView{Source: sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS}
+	v := &source.KVMSourceView{Source: source.KVMSourceDebugfs}
 	var origins []string
 	var cumulative int
 	var firstErr error
@@ -254,35 +259,35 @@ func (r debugfsReader) readVM(vmmPID int32) *sandboxstatsv1.KvmSourceView {
 				firstErr = cmpFirst(firstErr, err)
 				continue
 			}
-			if kind == sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE {
+			if kind == source.KVMCounterKindCumulative {
 				cumulative++
 			}
 			scope := kvmScope(name)
 			if len(dirs) > 1 {
 				scope = d + "/" + scope
 			}
-			v.Counters = append(v.Counters, &sandboxstatsv1.KvmCounter{
+			v.Counters = append(v.Counters, source.KVMCounter{
 				Name: name, Kind: kind, Scope: scope, Value: val, Unit: kvmUnit(name),
 			})
 		}
 	}
 	v.Origin = strings.Join(origins, ", ")
-	slices.SortStableFunc(v.Counters, func(a, b *sandboxstatsv1.KvmCounter) int {
+	slices.SortStableFunc(v.Counters, func(a, b source.KVMCounter) int {
 		return strings.Compare(a.Scope+"\x00"+a.Name, b.Scope+"\x00"+b.Name)
 	})
 	switch {
 	case cumulative == 0:
-		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE
+		v.State = source.KVMSourceStateUnavailable
 		if firstErr != nil {
 			v.Reason = fmt.Sprintf("no cumulative counter readable (%d files refused), first: %s", len(v.Absent), explainErr(firstErr))
 		} else {
 			v.Reason = "no cumulative counter file in the VM directory"
 		}
 	case len(v.Absent) > 0:
-		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL
+		v.State = source.KVMSourceStatePartial
 		v.Reason = fmt.Sprintf("%d files could not be read, first: %s", len(v.Absent), explainErr(firstErr))
 	default:
-		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE
+		v.State = source.KVMSourceStateAvailable
 	}
 	return v
 }

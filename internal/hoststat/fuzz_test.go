@@ -4,30 +4,10 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 )
 
 // Seeds run as unit tests under go test; go test -fuzz explores further.
-
-func FuzzParseTaskStat(f *testing.F) {
-	for _, s := range []string{statVCPU, statParens, statShort, statOld, "", "1 () R", "1 (x)) S"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		st, err := parseTaskStat(b)
-		if err == nil && strings.Count(string(b), ")") > 0 && !strings.Contains(string(b), "("+st.Comm+")") {
-			t.Errorf("comm %q not found between parentheses in %q", st.Comm, b)
-		}
-	})
-}
-
-func FuzzParseSchedstat(f *testing.F) {
-	for _, s := range []string{"3290841689 9792287 221\n", "0 0 0\n", "1 2\n", ""} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) { parseSchedstat(b) })
-}
 
 func FuzzClassifyThread(f *testing.F) {
 	for _, s := range []string{"CPU 0/KVM", "vcpu3", "fc_vcpu 1", "CPU /KVM", "vcpu", "x"} {

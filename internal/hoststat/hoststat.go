@@ -1,13 +1,13 @@
 package hoststat
 
+// This file is the Sampler: its configuration, and one host sample reading
+// the three views concurrently, each reporting its own shortfall.
+
 import (
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
-	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -15,7 +15,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // Default roots and bounds.
@@ -46,6 +45,11 @@ type Config struct {
 	DisableDebugfsMount bool
 	// Now is the clock for observed_at; nil means time.Now.
 	Now func() time.Time
+	// SandboxProcesses lists a gVisor sandbox's host processes for a
+	// sentry_pid ref: the sentry first, then the rest (statsd passes
+	// gvisor.SandboxProcesses). It blocks; the sampler runs it under
+	// ReadTimeout. Nil: a sentry_pid ref gets no thread view, with why.
+	SandboxProcesses func(procRoot string, sentryPID int32) ([]int32, error)
 }
 
 // Sampler reads the host views of one sandbox. It keeps the previous
@@ -107,11 +111,11 @@ func newSampler(ref source.SandboxRef, cfg Config) (*Sampler, error) {
 // SampleHost reads every host view once. The views are read concurrently,
 // each under its own bound; each reports its own shortfall, so the error is
 // always nil unless ctx is already done.
-func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, error) {
+func (s *Sampler) SampleHost(ctx context.Context) (*source.HostStats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: host sample: %w", source.ErrTimeout, err)
 	}
-	hs := &sandboxstatsv1.HostStats{ObservedAtUnixNano: s.cfg.Now().UnixNano()}
+	hs := &source.HostStats{ObservedAtUnixNano: s.cfg.Now().UnixNano()}
 
 	var wg sync.WaitGroup
 	wg.Go(func() { hs.RunnerKernel = s.runnerKernel(ctx) })
@@ -120,18 +124,18 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 	if perr == nil && s.ref.SentryPID == 0 {
 		vmmPID = procs[0]
 	}
-	hs.Kvm = &sandboxstatsv1.KvmView{Legend: legendKVM}
-	wg.Go(func() { hs.Kvm.Qmp = s.qmpView(ctx, vmmPID) })
-	var debugfs *sandboxstatsv1.KvmSourceView
+	hs.KVM = &source.KVMView{Legend: legendKVM}
+	wg.Go(func() { hs.KVM.QMP = s.qmpView(ctx, vmmPID) })
+	var debugfs *source.KVMSourceView
 	wg.Go(func() {
 		if perr != nil {
-			debugfs = unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS, "", "VMM process unknown: "+perr.Error())
+			debugfs = unavailableView(source.KVMSourceDebugfs, "", "VMM process unknown: "+perr.Error())
 			return
 		}
 		if s.ref.VMMPID == 0 && s.ref.VMMPIDFile == "" {
-			debugfs = &sandboxstatsv1.KvmSourceView{
-				Source: sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS,
-				State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED,
+			debugfs = &source.KVMSourceView{
+				Source: source.KVMSourceDebugfs,
+				State:  source.KVMSourceStateNotConfigured,
 				Reason: "no VMM pid or pid file in the sandbox ref: no KVM VM to look up",
 			}
 			return
@@ -141,8 +145,8 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 	threads, name, nameSource := s.threadsView(ctx, procs, how, perr)
 	wg.Wait()
 
-	hs.VmmThreads = threads
-	hs.Kvm.Debugfs = debugfs
+	hs.VMMThreads = threads
+	hs.KVM.Debugfs = debugfs
 	hs.GuestName, hs.GuestNameSource = name, nameSource
 	return hs, nil
 }
@@ -151,72 +155,15 @@ func (s *Sampler) SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, er
 // call more than once.
 func (s *Sampler) Close() error { return nil }
 
-// processes returns the host pids whose threads the VMM view lists: the VMM
-// (from VMMPID or VMMPIDFile), or for gVisor the sentry and its sandbox's
-// processes. procs[0] is the VMM or sentry.
-func (s *Sampler) processes(ctx context.Context) (procs []int32, how string, err error) {
-	switch {
-	case s.ref.VMMPID > 0:
-		return []int32{int32(s.ref.VMMPID)}, fmt.Sprintf("vmm_pid %d", s.ref.VMMPID), nil
-	case s.ref.VMMPIDFile != "":
-		how = "vmm_pid_file " + s.ref.VMMPIDFile
-		b, err := s.g.ReadFile(ctx, s.ref.VMMPIDFile)
-		if err != nil {
-			return nil, how, fmt.Errorf("%w: vmm pid file: %w", source.ErrNotMeasurable, err)
-		}
-		pid, err := parsePID(b)
-		if err != nil {
-			return nil, how, fmt.Errorf("%s: %w", s.ref.VMMPIDFile, err)
-		}
-		return []int32{pid}, how, nil
-	case s.ref.SentryPID > 0:
-		how = fmt.Sprintf("sentry_pid %d", s.ref.SentryPID)
-		procs, err := s.sandboxProcesses(ctx, int32(s.ref.SentryPID))
-		return procs, how, err
-	}
-	return nil, "", fmt.Errorf("%w: %w", source.ErrNotMeasurable, ErrNoVMM)
+// unavailableView is a KVM source that could not be read, with why.
+func unavailableView(src source.KVMSource, origin, reason string) *source.KVMSourceView {
+	return &source.KVMSourceView{Source: src, State: source.KVMSourceStateUnavailable, Origin: origin, Reason: reason}
 }
 
-// parsePID parses a pid file's content: one positive decimal, surrounding
-// white space allowed.
-func parsePID(b []byte) (int32, error) {
-	t := strings.TrimSpace(string(b))
-	n, err := strconv.ParseInt(t, 10, 32)
-	if err != nil || n <= 0 {
-		return 0, fmt.Errorf("%w: pid %q is not a positive integer", source.ErrMalformed, t)
+// truncate shortens kernel or QMP text quoted in an error.
+func truncate(b []byte) []byte {
+	if len(b) > 80 {
+		return b[:80]
 	}
-	return int32(n), nil
+	return b
 }
-
-// guestNameFromPIDFile returns the pid file's directory name
-// (".../srv1/qemu.pid" gives "srv1"), or "" when that directory says nothing
-// about the guest (the root, a runtime or temp directory).
-func guestNameFromPIDFile(path string) string {
-	if path == "" {
-		return ""
-	}
-	dir := filepath.Base(filepath.Dir(filepath.Clean(path)))
-	switch dir {
-	case "", ".", "/", "..", "run", "var", "tmp", "pids", "pid", "qemu", "firecracker", "cloud-hypervisor", "vm", "vms":
-		return ""
-	}
-	return dir
-}
-
-func unavailable(src sandboxstatsv1.KvmSource, origin, reason string) *sandboxstatsv1.KvmSourceView {
-	return &sandboxstatsv1.KvmSourceView{
-		Source: src,
-		State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE,
-		Origin: origin,
-		Reason: reason,
-	}
-}
-
-// QEMUGuestName returns the guest name a VMM command line (NUL-separated, as
-// in /proc/<pid>/cmdline) gives with QEMU's "-name guest=<x>,..." (or the
-// legacy "-name <x>"), or "" when it gives none.
-func QEMUGuestName(cmdline []byte) string { return parseQEMUGuestName(cmdline) }
-
-// GuestNameFromPIDFile returns the guest name a pid file's directory gives
-// (".../srv1/qemu.pid" gives "srv1"), or "" when the directory is generic.
-func GuestNameFromPIDFile(path string) string { return guestNameFromPIDFile(path) }

@@ -3,6 +3,7 @@ package hoststat_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"strings"
 	"testing"
@@ -11,7 +12,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // startQEMU starts a 2-vCPU QEMU with no guest (SeaBIOS only) named srv1
@@ -33,8 +33,7 @@ func startQEMU(t *testing.T, accel string) *testenv.QEMU {
 }
 
 type qemuRun struct {
-	before, after *sandboxstatsv1.HostStats
-	report        hoststat.WindowReport
+	before, after *source.HostStats
 }
 
 func sampleQEMU(t *testing.T, vm *testenv.QEMU, window time.Duration) qemuRun {
@@ -57,14 +56,9 @@ func sampleQEMU(t *testing.T, vm *testenv.QEMU, window time.Duration) qemuRun {
 	if err != nil {
 		t.Fatal(err)
 	}
-	elapsed := time.Duration(after.ObservedAtUnixNano - before.ObservedAtUnixNano)
-	r := qemuRun{before: before, after: after, report: hoststat.Window(before, after, elapsed)}
-	var b bytes.Buffer
-	hoststat.WriteSampleTable(&b, after)
-	b.WriteString("\n")
-	hoststat.WriteWindowTable(&b, r.report)
-	t.Logf("sample and window:\n%s", b.String())
-	return r
+	b, _ := json.MarshalIndent(after, "", "  ")
+	t.Logf("second sample, %v after the first:\n%s", time.Duration(after.ObservedAtUnixNano-before.ObservedAtUnixNano), b)
+	return qemuRun{before: before, after: after}
 }
 
 // checkThreads: two vCPU threads named "CPU <n>/<accel>", classified vCPU,
@@ -75,13 +69,13 @@ func checkThreads(t *testing.T, r qemuRun, accel string) {
 	if a.GuestName != "srv1" {
 		t.Errorf("guest %q from %q, want srv1", a.GuestName, a.GuestNameSource)
 	}
-	tv := a.VmmThreads
+	tv := a.VMMThreads
 	if tv.Error != "" {
 		t.Fatalf("threads view: %s", tv.Error)
 	}
 	var names []string
 	for _, th := range tv.Threads {
-		if th.Class == sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU {
+		if th.Class == source.VMMThreadClassVCPU {
 			names = append(names, th.Name)
 		}
 	}
@@ -89,34 +83,54 @@ func checkThreads(t *testing.T, r qemuRun, accel string) {
 	if strings.Join(names, ",") != strings.Join(want, ",") {
 		t.Errorf("vCPU threads %q, want %q", names, want)
 	}
-	if tv.OtherTotals.GetThreads() < 2 {
-		t.Errorf("other threads %d, want the main loop and call_rcu at least", tv.OtherTotals.GetThreads())
+	if tv.OtherTotals.Threads < 2 {
+		t.Errorf("other threads %d, want the main loop and call_rcu at least", tv.OtherTotals.Threads)
 	}
-	b, at := r.before.VmmThreads.VcpuTotals, tv.VcpuTotals
+	b, at := r.before.VMMThreads.VCPUTotals, tv.VCPUTotals
 	if at.RunNs <= b.RunNs && at.UtimeUsec+at.StimeUsec <= b.UtimeUsec+b.StimeUsec {
 		t.Errorf("vCPU CPU time did not grow: run ns %d -> %d, utime+stime usec %d -> %d",
 			b.RunNs, at.RunNs, b.UtimeUsec+b.StimeUsec, at.UtimeUsec+at.StimeUsec)
 	}
-	if a.RunnerKernel.Error != "" || a.RunnerKernel.Total.GetIdleUsec() == 0 {
+	// Per thread, as a window differences them: some vCPU thread present in
+	// both samples (same tid and start time) ran more.
+	type key struct {
+		tid   int32
+		start uint64
+	}
+	prev := map[key]source.VMMThread{}
+	for _, th := range r.before.VMMThreads.Threads {
+		prev[key{th.TID, th.StartTimeTicks}] = th
+	}
+	grew := false
+	for _, th := range tv.Threads {
+		p, ok := prev[key{th.TID, th.StartTimeTicks}]
+		if ok && th.Class == source.VMMThreadClassVCPU && p.RunNs != nil && th.RunNs != nil && *th.RunNs > *p.RunNs {
+			grew = true
+		}
+	}
+	if !grew {
+		t.Error("no vCPU thread present in both samples had its run time grow")
+	}
+	if a.RunnerKernel.Error != "" || a.RunnerKernel.Total == nil || a.RunnerKernel.Total.IdleUsec == 0 {
 		t.Errorf("runner kernel view: %q", a.RunnerKernel.Error)
 	}
 }
 
 // checkDebugfs: the debugfs view says what this host allows, never zeros.
-func checkDebugfs(t *testing.T, v *sandboxstatsv1.KvmSourceView) {
+func checkDebugfs(t *testing.T, v *source.KVMSourceView) {
 	t.Helper()
 	t.Logf("debugfs view: %v %q %q", v.State, v.Origin, v.Reason)
 	switch v.State {
-	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE, sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL:
+	case source.KVMSourceStateAvailable, source.KVMSourceStatePartial:
 		if len(v.Counters) == 0 {
 			t.Error("debugfs available without counters")
 		}
-	case sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE:
+	case source.KVMSourceStateUnavailable:
 		if v.Reason == "" {
 			t.Error("debugfs unavailable without a reason")
 		}
 		for _, c := range v.Counters {
-			if c.Kind == sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE {
+			if c.Kind == source.KVMCounterKindCumulative {
 				t.Errorf("unavailable debugfs carries counter %s", c.Name)
 			}
 		}
@@ -130,24 +144,34 @@ func TestIntegrationQEMUKVM(t *testing.T) {
 	vm := startQEMU(t, "kvm")
 	r := sampleQEMU(t, vm, 1500*time.Millisecond)
 	checkThreads(t, r, "kvm")
-	checkDebugfs(t, r.after.Kvm.Debugfs)
+	checkDebugfs(t, r.after.KVM.Debugfs)
 	if lockdown, _ := os.ReadFile("/sys/kernel/security/lockdown"); bytes.Contains(lockdown, []byte("[integrity]")) || bytes.Contains(lockdown, []byte("[confidentiality]")) {
-		if r.after.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(r.after.Kvm.Debugfs.Reason, "operation not permitted") {
-			t.Errorf("under lockdown debugfs must be unavailable with EPERM, got %v %q", r.after.Kvm.Debugfs.State, r.after.Kvm.Debugfs.Reason)
+		if r.after.KVM.Debugfs.State != source.KVMSourceStateUnavailable || !strings.Contains(r.after.KVM.Debugfs.Reason, "operation not permitted") {
+			t.Errorf("under lockdown debugfs must be unavailable with EPERM, got %v %q", r.after.KVM.Debugfs.State, r.after.KVM.Debugfs.Reason)
 		}
 	}
-	q := r.after.Kvm.Qmp
-	if q.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE {
+	q := r.after.KVM.QMP
+	if q.State != source.KVMSourceStateAvailable {
 		t.Fatalf("qmp %v %q", q.State, q.Reason)
 	}
-	var exits uint64
-	for _, row := range r.report.Rows {
-		if row.Layer == hoststat.LayerKVMQMP && strings.HasSuffix(row.Name, " exits") {
-			exits += row.Delta
+	if bq := r.before.KVM.QMP; bq.State != source.KVMSourceStateAvailable || bq.Origin != q.Origin {
+		t.Fatalf("qmp before the window %v %q origin %q", bq.State, bq.Reason, bq.Origin)
+	}
+	// Summed over the vCPUs present in both samples, cumulative exits grew.
+	exitsBefore := map[string]uint64{}
+	for _, c := range r.before.KVM.QMP.Counters {
+		if c.Name == "exits" && c.Kind == source.KVMCounterKindCumulative {
+			exitsBefore[c.Scope] = c.Value
 		}
 	}
-	if exits == 0 {
-		t.Errorf("QMP exits did not grow across the window; findings %q", r.report.Findings)
+	var grew uint64
+	for _, c := range q.Counters {
+		if b, ok := exitsBefore[c.Scope]; ok && c.Name == "exits" && c.Kind == source.KVMCounterKindCumulative && c.Value > b {
+			grew += c.Value - b
+		}
+	}
+	if len(exitsBefore) == 0 || grew == 0 {
+		t.Errorf("QMP exits did not grow across the window (%d vCPU exits counters before)", len(exitsBefore))
 	}
 }
 
@@ -161,11 +185,11 @@ func TestIntegrationQEMUTCG(t *testing.T) {
 	vm := startQEMU(t, "tcg")
 	r := sampleQEMU(t, vm, time.Second)
 	checkThreads(t, r, "tcg")
-	checkDebugfs(t, r.after.Kvm.Debugfs)
-	if r.after.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE {
-		t.Errorf("TCG QEMU has no KVM VM, debugfs %v", r.after.Kvm.Debugfs.State)
+	checkDebugfs(t, r.after.KVM.Debugfs)
+	if r.after.KVM.Debugfs.State != source.KVMSourceStateUnavailable {
+		t.Errorf("TCG QEMU has no KVM VM, debugfs %v", r.after.KVM.Debugfs.State)
 	}
-	if q := r.after.Kvm.Qmp; q.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(q.Reason, "no kvm statistics") {
+	if q := r.after.KVM.QMP; q.State != source.KVMSourceStateUnavailable || !strings.Contains(q.Reason, "no kvm statistics") {
 		t.Errorf("qmp under TCG: %v %q", q.State, q.Reason)
 	}
 }

@@ -1,5 +1,7 @@
 package hoststat
 
+// This file is the runner kernel view: <proc>/stat through procfs, in usec.
+
 import (
 	"context"
 	"fmt"
@@ -9,7 +11,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
 const legendRunnerKernel = "runner kernel /proc/stat, usec of CPU time since host boot, counters: " +
@@ -17,43 +19,43 @@ const legendRunnerKernel = "runner kernel /proc/stat, usec of CPU time since hos
 	"steal is filled only under a paravirt steal clock: rising steal proves preemption, zero proves nothing"
 
 // runnerKernel reads <proc>/stat through procfs under the read bound.
-func (s *Sampler) runnerKernel(ctx context.Context) *sandboxstatsv1.RunnerKernelView {
-	v := &sandboxstatsv1.RunnerKernelView{Legend: legendRunnerKernel}
+func (s *Sampler) runnerKernel(ctx context.Context) *source.RunnerKernelView {
+	v := &source.RunnerKernelView{Legend: legendRunnerKernel}
 	st, err := bounded.Do(ctx, s.g, "hoststat:procstat:"+s.cfg.ProcRoot, s.fs.Stat)
 	if err != nil {
 		v.Error = fmt.Sprintf("%s/stat: %v", s.cfg.ProcRoot, err)
 		return v
 	}
-	v.Total, v.PerCpu = runnerKernelFromStat(st)
+	v.Total, v.PerCPU = runnerKernelFromStat(st)
 	return v
 }
 
 // runnerKernelFromStat converts procfs's seconds (ticks / USER_HZ) into usec
 // per CPU line, per-CPU lines ordered by CPU number.
-func runnerKernelFromStat(st procfs.Stat) (*sandboxstatsv1.CpuTimes, []*sandboxstatsv1.CpuTimes) {
+func runnerKernelFromStat(st procfs.Stat) (*source.CPUTimes, []source.CPUTimes) {
 	total := cpuTimes("cpu", st.CPUTotal)
 	ids := make([]int64, 0, len(st.CPU))
 	for id := range st.CPU {
 		ids = append(ids, id)
 	}
 	slices.Sort(ids)
-	per := make([]*sandboxstatsv1.CpuTimes, 0, len(ids))
+	per := make([]source.CPUTimes, 0, len(ids))
 	for _, id := range ids {
-		per = append(per, cpuTimes(fmt.Sprintf("cpu%d", id), st.CPU[id]))
+		per = append(per, *cpuTimes(fmt.Sprintf("cpu%d", id), st.CPU[id]))
 	}
 	return total, per
 }
 
-func cpuTimes(name string, c procfs.CPUStat) *sandboxstatsv1.CpuTimes {
-	return &sandboxstatsv1.CpuTimes{
-		Cpu:           name,
+func cpuTimes(name string, c procfs.CPUStat) *source.CPUTimes {
+	return &source.CPUTimes{
+		CPU:           name,
 		UserUsec:      secToUsec(c.User),
 		NiceUsec:      secToUsec(c.Nice),
 		SystemUsec:    secToUsec(c.System),
 		IdleUsec:      secToUsec(c.Idle),
 		IowaitUsec:    secToUsec(c.Iowait),
-		IrqUsec:       secToUsec(c.IRQ),
-		SoftirqUsec:   secToUsec(c.SoftIRQ),
+		IRQUsec:       secToUsec(c.IRQ),
+		SoftIRQUsec:   secToUsec(c.SoftIRQ),
 		StealUsec:     secToUsec(c.Steal),
 		GuestUsec:     secToUsec(c.Guest),
 		GuestNiceUsec: secToUsec(c.GuestNice),

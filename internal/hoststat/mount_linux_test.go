@@ -12,7 +12,6 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 func requireRoot(t *testing.T) {
@@ -86,14 +85,14 @@ func TestIntegrationDebugfsViewOnThisHost(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := s.debugfsView(context.Background(), int32(os.Getpid()))
-	t.Logf("debugfs view here: %s %q origin %q", stateName(v.State), v.Reason, v.Origin)
-	if v.State == sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNSPECIFIED ||
-		(v.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE && v.Reason == "") {
+	t.Logf("debugfs view here: %s %q origin %q", v.State, v.Reason, v.Origin)
+	if v.State == source.KVMSourceStateUnspecified ||
+		(v.State != source.KVMSourceStateAvailable && v.Reason == "") {
 		t.Errorf("debugfs view %v without a reason", v.State)
 	}
-	if len(v.Counters) != 0 && v.State == sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE {
+	if len(v.Counters) != 0 && v.State == source.KVMSourceStateUnavailable {
 		for _, c := range v.Counters {
-			if c.Kind == sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE {
+			if c.Kind == source.KVMCounterKindCumulative {
 				t.Errorf("unavailable view carries a cumulative counter %s", c.Name)
 			}
 		}
@@ -102,7 +101,7 @@ func TestIntegrationDebugfsViewOnThisHost(t *testing.T) {
 	if string(before) != string(after) {
 		t.Error("mountinfo changed")
 	}
-	if !strings.Contains(v.Reason+v.Origin, filepath.Join(DefaultDebugfsRoot)) && v.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE {
+	if !strings.Contains(v.Reason+v.Origin, filepath.Join(DefaultDebugfsRoot)) && v.State != source.KVMSourceStateAvailable {
 		t.Logf("reason does not name %s: %q", DefaultDebugfsRoot, v.Reason)
 	}
 }
@@ -118,7 +117,7 @@ func TestIntegrationPrivateMountNoteNotInOrigin(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := s.readDebugfs(int32(os.Getpid()))
-	t.Logf("view: %s reason %q origin %q", stateName(v.State), v.Reason, v.Origin)
+	t.Logf("view: %s reason %q origin %q", v.State, v.Reason, v.Origin)
 	if strings.Contains(v.Origin, "private") || !strings.HasPrefix(v.Origin, root) {
 		t.Errorf("origin %q: want the kvm path under %s alone", v.Origin, root)
 	}

@@ -10,85 +10,14 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
-
-const (
-	statVCPU   = "4252 (CPU 0/KVM) S 1 4242 4242 0 -1 4194368 1200 0 3 0 150 328 0 0 20 0 6 0 85002 1234567890 6500 18446744073709551615 1 1 0 0 0 0 0 4096 17664 0 0 0 -1 1 0 0 0 140 0 0 0 0 0 0 0 0 0\n"
-	statParens = "4254 (a) (b) S 1 4242 4242 0 -1 4194368 1200 0 3 0 1 1 0 0 20 0 6 0 85003 1234567890 6500 18446744073709551615 1 1 0 0 0 0 0 4096 17664 0 0 0 -1 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n"
-	statShort  = "1 (init) S 0 1 1 0 -1 4194560 1 2 3 4 5 6 7 8 20 0\n"
-	statOld    = "7 (kworker/0:1) I 2 0 0 0 -1 69238880 0 0 0 0 3 4 0 0 20 0 1 0 50\n"
-)
-
-func TestParseTaskStat(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		in   string
-		want taskStat
-		err  error
-	}{
-		{"qemu vCPU thread name with space and slash", statVCPU,
-			taskStat{Comm: "CPU 0/KVM", State: 'S', PPID: 1, UtimeTicks: 150, StimeTicks: 328, StartTicks: 85002, GuestTicks: 140, HasGuestField: true}, nil},
-		{"name with parentheses parsed to the last paren", statParens,
-			taskStat{Comm: "a) (b", State: 'S', PPID: 1, UtimeTicks: 1, StimeTicks: 1, StartTicks: 85003, HasGuestField: true}, nil},
-		{"kernel without guest_time field", statOld,
-			taskStat{Comm: "kworker/0:1", State: 'I', PPID: 2, UtimeTicks: 3, StimeTicks: 4, StartTicks: 50}, nil},
-		{"truncated line", statShort, taskStat{}, source.ErrMalformed},
-		{"no comm", "4252 CPU S 1", taskStat{}, source.ErrMalformed},
-		{"non-numeric utime", strings.Replace(statVCPU, " 150 328 ", " x 328 ", 1), taskStat{}, source.ErrMalformed},
-		{"empty", "", taskStat{}, source.ErrMalformed},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseTaskStat([]byte(tc.in))
-			if tc.err != nil {
-				if !errors.Is(err, tc.err) {
-					t.Fatalf("err = %v, want %v", err, tc.err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if d := cmp.Diff(tc.want, got); d != "" {
-				t.Errorf("(-want +got)\n%s", d)
-			}
-		})
-	}
-}
-
-func TestParseSchedstat(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		in   string
-		want schedstat
-		ok   bool
-	}{
-		{"busy vCPU in SeaBIOS", "3290841689 9792287 221\n", schedstat{3290841689, 9792287, 221}, true},
-		{"CONFIG_SCHED_INFO off", "0 0 0\n", schedstat{}, true},
-		{"two fields", "1 2\n", schedstat{}, false},
-		{"negative", "-1 2 3\n", schedstat{}, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			got, err := parseSchedstat([]byte(tc.in))
-			if (err == nil) != tc.ok {
-				t.Fatalf("err = %v, want ok=%v", err, tc.ok)
-			}
-			if err != nil && !errors.Is(err, source.ErrMalformed) {
-				t.Errorf("err = %v, want ErrMalformed", err)
-			}
-			if d := cmp.Diff(tc.want, got); d != "" {
-				t.Errorf("(-want +got)\n%s", d)
-			}
-		})
-	}
-}
 
 func TestClassifyThread(t *testing.T) {
-	vcpu := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU
-	other := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER
+	vcpu := source.VMMThreadClassVCPU
+	other := source.VMMThreadClassOther
 	for _, tc := range []struct {
 		name  string
-		class sandboxstatsv1.VmmThreadClass
+		class source.VMMThreadClass
 		idx   int32
 	}{
 		{"CPU 0/KVM", vcpu, 0},
@@ -164,15 +93,6 @@ func TestGuestNameFromPIDFile(t *testing.T) {
 	}
 }
 
-func TestParsePID(t *testing.T) {
-	for in, want := range map[string]int32{"4242\n": 4242, " 17 ": 17, "0": 0, "-3": 0, "": 0, "12abc": 0, "99999999999": 0} {
-		got, err := parsePID([]byte(in))
-		if got != want || (want == 0) != errors.Is(err, source.ErrMalformed) {
-			t.Errorf("parsePID(%q) = %d, %v; want %d", in, got, err, want)
-		}
-	}
-}
-
 func TestParseVMDirName(t *testing.T) {
 	for _, tc := range []struct {
 		in      string
@@ -220,11 +140,11 @@ func TestParseDebugfsValueAndTgid(t *testing.T) {
 }
 
 func TestKVMKindUnitScope(t *testing.T) {
-	cum, gauge, peak := sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE, sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE, sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK
+	cum, gauge, peak := source.KVMCounterKindCumulative, source.KVMCounterKindGauge, source.KVMCounterKindPeak
 	for _, tc := range []struct {
 		name  string
 		mode  os.FileMode
-		kind  sandboxstatsv1.KvmCounterKind
+		kind  source.KVMCounterKind
 		unit  string
 		scope string
 	}{

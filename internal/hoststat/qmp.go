@@ -1,5 +1,8 @@
 package hoststat
 
+// This file is the KVM QMP view: one QMP session per sample (query-stats of
+// targets vm and vcpu, kinds and units from query-stats-schemas).
+
 import (
 	"bufio"
 	"bytes"
@@ -14,7 +17,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // maxQMPLine bounds one QMP message (query-stats for many vCPUs with
@@ -23,12 +25,12 @@ const maxQMPLine = 4 << 20
 
 // qmpView reads KVM statistics through QEMU's QMP query-stats when the ref
 // names a QMP socket.
-func (s *Sampler) qmpView(ctx context.Context, vmmPID int32) *sandboxstatsv1.KvmSourceView {
+func (s *Sampler) qmpView(ctx context.Context, vmmPID int32) *source.KVMSourceView {
 	sock := s.ref.QMPSocket
 	if sock == "" {
-		return &sandboxstatsv1.KvmSourceView{
-			Source: sandboxstatsv1.KvmSource_KVM_SOURCE_QMP,
-			State:  sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED,
+		return &source.KVMSourceView{
+			Source: source.KVMSourceQMP,
+			State:  source.KVMSourceStateNotConfigured,
 			Reason: "no QMP socket in the sandbox ref",
 		}
 	}
@@ -37,7 +39,7 @@ func (s *Sampler) qmpView(ctx context.Context, vmmPID int32) *sandboxstatsv1.Kvm
 	if vmmPID > 0 {
 		cacheKey = fmt.Sprintf("%s\x00%d", sock, vmmPID)
 	}
-	v, err := bounded.Do(ctx, s.g, "hoststat:qmp:"+sock, func() (*sandboxstatsv1.KvmSourceView, error) {
+	v, err := bounded.Do(ctx, s.g, "hoststat:qmp:"+sock, func() (*source.KVMSourceView, error) {
 		v, schemas, err := queryQMPStats(sock, time.Now().Add(timeout), s.cachedSchemas(cacheKey))
 		if err == nil && cacheKey != "" {
 			s.qmpMu.Lock()
@@ -47,7 +49,7 @@ func (s *Sampler) qmpView(ctx context.Context, vmmPID int32) *sandboxstatsv1.Kvm
 		return v, err
 	})
 	if err != nil {
-		return unavailable(sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, sock, err.Error())
+		return unavailableView(source.KVMSourceQMP, sock, err.Error())
 	}
 	return v
 }
@@ -72,7 +74,7 @@ type qmpConn struct {
 // schemas (unless given), the vCPU list and query-stats for targets vcpu and
 // vm, all before deadline. The connection is closed before it returns: a
 // QMP socket serves one client at a time, so it is never held.
-func queryQMPStats(sock string, deadline time.Time, schemas map[string]qmpSchema) (*sandboxstatsv1.KvmSourceView, map[string]qmpSchema, error) {
+func queryQMPStats(sock string, deadline time.Time, schemas map[string]qmpSchema) (*source.KVMSourceView, map[string]qmpSchema, error) {
 	d := net.Dialer{Deadline: deadline}
 	c, err := d.Dial("unix", sock)
 	if err != nil {
@@ -110,7 +112,7 @@ func queryQMPStats(sock string, deadline time.Time, schemas map[string]qmpSchema
 	if err != nil {
 		return nil, nil, fmt.Errorf("qmp %s query-cpus-fast: %w", sock, err)
 	}
-	v := &sandboxstatsv1.KvmSourceView{Source: sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, Origin: sock}
+	v := &source.KVMSourceView{Source: source.KVMSourceQMP, Origin: sock}
 	for _, target := range []string{"vm", "vcpu"} {
 		raw, err := q.execute("query-stats", map[string]any{"target": target, "providers": []map[string]string{{"provider": "kvm"}}})
 		if err != nil {
@@ -122,9 +124,9 @@ func queryQMPStats(sock string, deadline time.Time, schemas map[string]qmpSchema
 		}
 		v.Counters = append(v.Counters, counters...)
 	}
-	v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE
+	v.State = source.KVMSourceStateAvailable
 	if len(v.Counters) == 0 {
-		v.State = sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE
+		v.State = source.KVMSourceStateUnavailable
 		v.Reason = "query-stats returned no kvm statistics (QEMU not using KVM?)"
 	}
 	return v, schemas, nil
@@ -237,7 +239,7 @@ func parseQMPCPUs(raw []byte) (map[string]int32, error) {
 // parseQMPStats turns a query-stats reply into counters. Histograms (arrays)
 // are left out; booleans become 0/1; kind and unit come from the schema
 // (cumulative -> cumulative, instant -> gauge, peak -> peak).
-func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus map[string]int32) ([]*sandboxstatsv1.KvmCounter, error) {
+func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus map[string]int32) ([]source.KVMCounter, error) {
 	var reply []struct {
 		Provider string `json:"provider"`
 		QOMPath  string `json:"qom-path"`
@@ -249,7 +251,7 @@ func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus
 	if err := json.Unmarshal(raw, &reply); err != nil {
 		return nil, fmt.Errorf("%w: %w", source.ErrMalformed, err)
 	}
-	var out []*sandboxstatsv1.KvmCounter
+	var out []source.KVMCounter
 	for _, r := range reply {
 		if r.Provider != "" && r.Provider != "kvm" {
 			continue
@@ -275,7 +277,7 @@ func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus
 			}
 			sch, known := schemas[target+"/"+st.Name]
 			kind := qmpKind(sch.Type)
-			if !known || kind == sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_UNSPECIFIED {
+			if !known || kind == source.KVMCounterKindUnspecified {
 				if sch.Type == "linear-histogram" || sch.Type == "log2-histogram" {
 					continue
 				}
@@ -285,10 +287,10 @@ func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus
 			if !known {
 				unit = kvmUnit(st.Name)
 			}
-			out = append(out, &sandboxstatsv1.KvmCounter{Name: st.Name, Kind: kind, Scope: scope, Value: val, Unit: unit})
+			out = append(out, source.KVMCounter{Name: st.Name, Kind: kind, Scope: scope, Value: val, Unit: unit})
 		}
 	}
-	slices.SortStableFunc(out, func(a, b *sandboxstatsv1.KvmCounter) int {
+	slices.SortStableFunc(out, func(a, b source.KVMCounter) int {
 		if c := compareScope(a.Scope, b.Scope); c != 0 {
 			return c
 		}
@@ -328,16 +330,16 @@ func qmpValue(raw json.RawMessage) (uint64, bool, error) {
 	return v, true, nil
 }
 
-func qmpKind(t string) sandboxstatsv1.KvmCounterKind {
+func qmpKind(t string) source.KVMCounterKind {
 	switch t {
 	case "cumulative":
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE
+		return source.KVMCounterKindCumulative
 	case "instant":
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE
+		return source.KVMCounterKindGauge
 	case "peak":
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK
+		return source.KVMCounterKindPeak
 	}
-	return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_UNSPECIFIED
+	return source.KVMCounterKindUnspecified
 }
 
 // qmpUnit renders a schema's unit with its scale: seconds at 10^-9 is "ns".

@@ -21,7 +21,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden")
@@ -30,7 +29,9 @@ var sourceRefNone = source.SandboxRef{}
 
 var fixedNow = func() time.Time { return time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC) }
 
-func fixtureSampler(t testing.TB, ref source.SandboxRef, debugfs string) *Sampler {
+// newFixtureSampler samples the fixture /proc tree and the named debugfs
+// fixture, with a fixed clock.
+func newFixtureSampler(t testing.TB, ref source.SandboxRef, debugfs string) *Sampler {
 	t.Helper()
 	s, err := newSampler(ref, Config{
 		ProcRoot:            filepath.Join("testdata", "proc"),
@@ -63,19 +64,20 @@ func golden(t *testing.T, name string, got []byte) {
 	}
 }
 
-func sampleTable(t *testing.T, hs *sandboxstatsv1.HostStats) []byte {
+// sampleJSON is a host sample as its golden file holds it.
+func sampleJSON(t *testing.T, hs *source.HostStats) []byte {
 	t.Helper()
-	var b bytes.Buffer
-	if err := WriteSampleTable(&b, hs); err != nil {
+	b, err := json.MarshalIndent(hs, "", "  ")
+	if err != nil {
 		t.Fatal(err)
 	}
-	return b.Bytes()
+	return append(b, '\n')
 }
 
 // TestSampleQEMUFixture reads a QEMU VMM (pid file srv1/qemu.pid) against a
 // 5.4-era debugfs holding two VMs and the top-level sums.
 func TestSampleQEMUFixture(t *testing.T) {
-	s := fixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPIDFile: filepath.Join("testdata", "srv1", "qemu.pid")}, "debugfs-5.4")
+	s := newFixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPIDFile: filepath.Join("testdata", "srv1", "qemu.pid")}, "debugfs-5.4")
 	hs, err := s.SampleHost(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -84,27 +86,27 @@ func TestSampleQEMUFixture(t *testing.T) {
 		t.Errorf("guest = %q from %q, want srv1 from pid-file-dir", hs.GuestName, hs.GuestNameSource)
 	}
 	// /proc/stat "cpu  1234567 ..." ticks -> usec.
-	if got := hs.RunnerKernel.GetTotal().GetUserUsec(); got != 1234567*10000 {
+	if got := hs.RunnerKernel.Total.UserUsec; got != 1234567*10000 {
 		t.Errorf("user_usec = %d, want %d", got, 1234567*10000)
 	}
-	tv := hs.VmmThreads
+	tv := hs.VMMThreads
 	if tv.Error != "" || len(tv.Threads) != 6 {
 		t.Fatalf("threads: error %q, %d threads", tv.Error, len(tv.Threads))
 	}
 	var vcpus []string
 	for _, th := range tv.Threads {
-		if th.Class == sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU {
-			vcpus = append(vcpus, fmt.Sprintf("%d %s vcpu%d", th.Tid, th.Name, th.GetVcpuIndex()))
+		if th.Class == source.VMMThreadClassVCPU {
+			vcpus = append(vcpus, fmt.Sprintf("%d %s vcpu%d", th.TID, th.Name, *th.VCPUIndex))
 		}
 	}
 	if d := cmp.Diff([]string{"4252 CPU 0/KVM vcpu0", "4253 CPU 1/KVM vcpu1"}, vcpus); d != "" {
 		t.Errorf("vCPU threads (-want +got)\n%s", d)
 	}
-	if tv.VcpuTotals.Threads != 2 || tv.OtherTotals.Threads != 4 || tv.VcpuTotals.RunNs != 3290841689+1597585 {
-		t.Errorf("totals vcpu %v other %v", tv.VcpuTotals, tv.OtherTotals)
+	if tv.VCPUTotals.Threads != 2 || tv.OtherTotals.Threads != 4 || tv.VCPUTotals.RunNs != 3290841689+1597585 {
+		t.Errorf("totals vcpu %v other %v", tv.VCPUTotals, tv.OtherTotals)
 	}
-	dv := hs.Kvm.Debugfs
-	if dv.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE || dv.Origin != "kvm/4242-11" {
+	dv := hs.KVM.Debugfs
+	if dv.State != source.KVMSourceStateAvailable || dv.Origin != "kvm/4242-11" {
 		t.Fatalf("debugfs %v %q %q", dv.State, dv.Origin, dv.Reason)
 	}
 	for _, c := range dv.Counters {
@@ -112,16 +114,16 @@ func TestSampleQEMUFixture(t *testing.T) {
 			t.Errorf("exits = %d, want this VM's 1234567 (not another VM's or the top-level sum)", c.Value)
 		}
 	}
-	if hs.Kvm.Qmp.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED {
-		t.Errorf("qmp state %v, want not configured", hs.Kvm.Qmp.State)
+	if hs.KVM.QMP.State != source.KVMSourceStateNotConfigured {
+		t.Errorf("qmp state %v, want not configured", hs.KVM.QMP.State)
 	}
-	golden(t, "sample_qemu_debugfs54", sampleTable(t, hs))
+	golden(t, "sample_qemu_debugfs54", sampleJSON(t, hs))
 }
 
 // TestSampleCloudHypervisorFixture: the VM directory is named after the vmm
 // thread (5001), mapped to the process through /proc/5001/status Tgid.
 func TestSampleCloudHypervisorFixture(t *testing.T) {
-	s := fixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 5000}, "debugfs-6.16")
+	s := newFixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 5000}, "debugfs-6.16")
 	hs, err := s.SampleHost(context.Background())
 	if err != nil {
 		t.Fatal(err)
@@ -129,23 +131,23 @@ func TestSampleCloudHypervisorFixture(t *testing.T) {
 	if hs.GuestName != "anonymous" || hs.GuestNameSource != "none" {
 		t.Errorf("guest = %q from %q, want anonymous", hs.GuestName, hs.GuestNameSource)
 	}
-	if hs.Kvm.Debugfs.Origin != "kvm/5001-7" || hs.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE {
-		t.Errorf("debugfs origin %q state %v reason %q", hs.Kvm.Debugfs.Origin, hs.Kvm.Debugfs.State, hs.Kvm.Debugfs.Reason)
+	if hs.KVM.Debugfs.Origin != "kvm/5001-7" || hs.KVM.Debugfs.State != source.KVMSourceStateAvailable {
+		t.Errorf("debugfs origin %q state %v reason %q", hs.KVM.Debugfs.Origin, hs.KVM.Debugfs.State, hs.KVM.Debugfs.Reason)
 	}
-	golden(t, "sample_cloudhypervisor_debugfs616", sampleTable(t, hs))
+	golden(t, "sample_cloudhypervisor_debugfs616", sampleJSON(t, hs))
 }
 
 func TestSampleFirecrackerFixtureNoKVMDir(t *testing.T) {
-	s := fixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 6000}, "debugfs-6.16")
+	s := newFixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 6000}, "debugfs-6.16")
 	hs, err := s.SampleHost(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hs.VmmThreads.VcpuTotals.Threads != 1 || hs.VmmThreads.OtherTotals.Threads != 2 {
-		t.Errorf("firecracker totals vcpu %v other %v", hs.VmmThreads.VcpuTotals, hs.VmmThreads.OtherTotals)
+	if hs.VMMThreads.VCPUTotals.Threads != 1 || hs.VMMThreads.OtherTotals.Threads != 2 {
+		t.Errorf("firecracker totals vcpu %v other %v", hs.VMMThreads.VCPUTotals, hs.VMMThreads.OtherTotals)
 	}
-	dv := hs.Kvm.Debugfs
-	if dv.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(dv.Reason, "no KVM VM directory of process 6000") || len(dv.Counters) != 0 {
+	dv := hs.KVM.Debugfs
+	if dv.State != source.KVMSourceStateUnavailable || !strings.Contains(dv.Reason, "no KVM VM directory of process 6000") || len(dv.Counters) != 0 {
 		t.Errorf("debugfs %v %q %d counters; want unavailable, no zeros", dv.State, dv.Reason, len(dv.Counters))
 	}
 }
@@ -161,11 +163,11 @@ func TestDebugfsLockdownEPERM(t *testing.T) {
 			if strings.Contains(path, "/kvm/") && !strings.HasSuffix(path, "/blocking") && !strings.HasSuffix(path, "/status") {
 				return nil, &fs.PathError{Op: "open", Path: path, Err: syscall.EPERM}
 			}
-			return readFileLimited(path)
+			return readProcFile(path)
 		},
 	}
 	v := r.readVM(5000)
-	if v.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE {
+	if v.State != source.KVMSourceStateUnavailable {
 		t.Fatalf("state %v, want unavailable", v.State)
 	}
 	if !strings.Contains(v.Reason, "operation not permitted") || !strings.Contains(v.Reason, "lockdown") {
@@ -173,7 +175,7 @@ func TestDebugfsLockdownEPERM(t *testing.T) {
 	}
 	var names []string
 	for _, c := range v.Counters {
-		names = append(names, c.Name+"="+kindName(c.Kind))
+		names = append(names, c.Name+"="+c.Kind.String())
 	}
 	if d := cmp.Diff([]string{"blocking=gauge"}, names); d != "" {
 		t.Errorf("readable counters (-want +got)\n%s", d)
@@ -183,10 +185,10 @@ func TestDebugfsLockdownEPERM(t *testing.T) {
 	}
 }
 
-// TestPIDFileFIFOTimesOut: a pid file that never yields a byte (a FIFO with
-// no writer) costs the sample only the read bound, and the other views are
-// still read.
-func TestPIDFileFIFOTimesOut(t *testing.T) {
+// TestPIDFileFIFOIsRefused: a pid file that would never yield a byte (a FIFO
+// with no writer) is refused at once as not a regular file, without
+// blocking, and the other views are still read.
+func TestPIDFileFIFOIsRefused(t *testing.T) {
 	fifo := filepath.Join(t.TempDir(), "srv9", "qemu.pid")
 	if err := os.Mkdir(filepath.Dir(fifo), 0o755); err != nil {
 		t.Fatal(err)
@@ -195,7 +197,7 @@ func TestPIDFileFIFOTimesOut(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		// Release the hung open so its goroutine ends.
+		// Release an open that hung (none should).
 		if f, err := os.OpenFile(fifo, os.O_WRONLY|syscall.O_NONBLOCK, 0); err == nil {
 			f.Close()
 		}
@@ -215,17 +217,62 @@ func TestPIDFileFIFOTimesOut(t *testing.T) {
 	if took := time.Since(start); took > 2*time.Second {
 		t.Errorf("sample took %v with a 200ms bound", took)
 	}
-	if !strings.Contains(hs.VmmThreads.Error, "timed out") {
-		t.Errorf("threads error %q, want a timeout", hs.VmmThreads.Error)
+	if !strings.Contains(hs.VMMThreads.Error, "not a regular file (a FIFO)") {
+		t.Errorf("threads error %q, want the FIFO refused", hs.VMMThreads.Error)
 	}
 	if hs.RunnerKernel.Error != "" || hs.RunnerKernel.Total == nil {
 		t.Errorf("runner kernel view lost: %q", hs.RunnerKernel.Error)
 	}
-	if hs.Kvm.Debugfs.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(hs.Kvm.Debugfs.Reason, "timed out") {
-		t.Errorf("debugfs %v %q", hs.Kvm.Debugfs.State, hs.Kvm.Debugfs.Reason)
+	if hs.KVM.Debugfs.State != source.KVMSourceStateUnavailable || !strings.Contains(hs.KVM.Debugfs.Reason, "not a regular file") {
+		t.Errorf("debugfs %v %q", hs.KVM.Debugfs.State, hs.KVM.Debugfs.Reason)
 	}
 	if hs.GuestName != "srv9" {
 		t.Errorf("guest %q, want srv9 from the pid file's directory", hs.GuestName)
+	}
+}
+
+// TestPIDFileContentNeverInErrors: the launcher names the pid file, so it
+// may be any file (--vmm-pid-file /etc/shadow). Whatever it holds, no part of
+// the host view repeats its content.
+func TestPIDFileContentNeverInErrors(t *testing.T) {
+	const secret = "root:$6$s3cr3t-hash:19000:0:99999:7:::"
+	dir := filepath.Join(t.TempDir(), "srv1")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	short := write("short", secret+"\n")
+	long := write("shadow", strings.Repeat(secret+"\n", 8))
+	link := filepath.Join(dir, "link.pid")
+	if err := os.Symlink(long, link); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, path, want string }{
+		{"short secret", short, "not a pid"},
+		{"secret larger than a pid file", long, "larger than"},
+		{"symlink to the secret", link, "not a regular file"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			hs, err := newFixtureSampler(t, source.SandboxRef{VMMPIDFile: tc.path}, "debugfs-5.4").SampleHost(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(hs.VMMThreads.Error, tc.want) {
+				t.Errorf("threads error %q, want %q", hs.VMMThreads.Error, tc.want)
+			}
+			all := string(sampleJSON(t, hs))
+			for _, part := range []string{secret, "s3cr3t", "root:"} {
+				if strings.Contains(all, part) {
+					t.Errorf("the host view repeats the pid file's content %q:\n%s", part, all)
+				}
+			}
+		})
 	}
 }
 
@@ -235,18 +282,18 @@ func TestPIDFileMalformedAndProcessGone(t *testing.T) {
 		ref  source.SandboxRef
 		want string
 	}{
-		{"garbage pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "pidfiles", "garbage", "qemu.pid")}, "not a positive integer"},
+		{"garbage pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "pidfiles", "garbage", "qemu.pid")}, "not a pid: 10 bytes"},
 		{"missing pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "nope", "qemu.pid")}, "no such file"},
 		{"process gone", source.SandboxRef{VMMPID: 31337}, "process 31337 is gone"},
 		{"no vmm at all", source.SandboxRef{Class: source.ClassMicroVM}, ErrNoVMM.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			hs, err := fixtureSampler(t, tc.ref, "debugfs-5.4").SampleHost(context.Background())
+			hs, err := newFixtureSampler(t, tc.ref, "debugfs-5.4").SampleHost(context.Background())
 			if err != nil {
 				t.Fatal(err)
 			}
-			if !strings.Contains(hs.VmmThreads.Error, tc.want) {
-				t.Errorf("threads error %q, want %q", hs.VmmThreads.Error, tc.want)
+			if !strings.Contains(hs.VMMThreads.Error, tc.want) || strings.Contains(hs.VMMThreads.Error, "not-a-pid") {
+				t.Errorf("threads error %q, want %q and never the file's content", hs.VMMThreads.Error, tc.want)
 			}
 			if hs.RunnerKernel.Total == nil {
 				t.Error("runner kernel view lost")
@@ -266,8 +313,8 @@ func TestTidReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	first, _ := s.SampleHost(context.Background())
-	if len(first.VmmThreads.ReusedTids) != 0 {
-		t.Fatalf("first sample reused %v", first.VmmThreads.ReusedTids)
+	if len(first.VMMThreads.ReusedTIDs) != 0 {
+		t.Fatalf("first sample reused %v", first.VMMThreads.ReusedTIDs)
 	}
 	p := filepath.Join(root, "4242", "task", "4253", "stat")
 	b, err := os.ReadFile(p)
@@ -278,12 +325,8 @@ func TestTidReuse(t *testing.T) {
 		t.Fatal(err)
 	}
 	second, _ := s.SampleHost(context.Background())
-	if d := cmp.Diff([]int32{4253}, second.VmmThreads.ReusedTids); d != "" {
+	if d := cmp.Diff([]int32{4253}, second.VMMThreads.ReusedTIDs); d != "" {
 		t.Errorf("reused tids (-want +got)\n%s", d)
-	}
-	rep := Window(first, second, 10*time.Second)
-	if !strings.Contains(strings.Join(rep.Findings, "\n"), "tid 4253 reused") {
-		t.Errorf("window findings %q lack the reuse", rep.Findings)
 	}
 }
 
@@ -356,34 +399,34 @@ func fakeQMPCounting(t *testing.T, mute bool) (string, *atomic.Int32) {
 
 func TestQMPQueryStats(t *testing.T) {
 	sock, schemaCalls := fakeQMPCounting(t, false)
-	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242, QMPSocket: sock}, "debugfs-5.4")
+	s := newFixtureSampler(t, source.SandboxRef{VMMPID: 4242, QMPSocket: sock}, "debugfs-5.4")
 	hs, err := s.SampleHost(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
-	q := hs.Kvm.Qmp
-	if q.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE {
+	q := hs.KVM.QMP
+	if q.State != source.KVMSourceStateAvailable {
 		t.Fatalf("qmp %v %q", q.State, q.Reason)
 	}
 	var got []string
 	for _, c := range q.Counters {
 		if c.Scope != "vm" {
-			got = append(got, fmt.Sprintf("%s %s %s %d %s", c.Scope, c.Name, kindName(c.Kind), c.Value, c.Unit))
+			got = append(got, fmt.Sprintf("%s %s %s %d %s", c.Scope, c.Name, c.Kind, c.Value, c.Unit))
 		}
 	}
 	want := []string{
-		"vcpu0 blocking gauge 1 boolean", "vcpu0 exits counter 7592 count", "vcpu0 guest_mode gauge 0 boolean",
-		"vcpu0 halt_exits counter 759 count", "vcpu0 halt_wait_ns counter 7592000 ns", "vcpu0 halt_wakeup counter 690 count",
-		"vcpu0 insn_emulation counter 300 count", "vcpu0 io_exits counter 900 count", "vcpu0 pf_taken counter 2000 count",
-		"vcpu1 blocking gauge 1 boolean", "vcpu1 exits counter 1204 count", "vcpu1 guest_mode gauge 0 boolean",
-		"vcpu1 halt_exits counter 120 count", "vcpu1 halt_wait_ns counter 1204000 ns", "vcpu1 halt_wakeup counter 109 count",
-		"vcpu1 insn_emulation counter 301 count", "vcpu1 io_exits counter 901 count", "vcpu1 pf_taken counter 2001 count",
+		"vcpu0 blocking gauge 1 boolean", "vcpu0 exits cumulative 7592 count", "vcpu0 guest_mode gauge 0 boolean",
+		"vcpu0 halt_exits cumulative 759 count", "vcpu0 halt_wait_ns cumulative 7592000 ns", "vcpu0 halt_wakeup cumulative 690 count",
+		"vcpu0 insn_emulation cumulative 300 count", "vcpu0 io_exits cumulative 900 count", "vcpu0 pf_taken cumulative 2000 count",
+		"vcpu1 blocking gauge 1 boolean", "vcpu1 exits cumulative 1204 count", "vcpu1 guest_mode gauge 0 boolean",
+		"vcpu1 halt_exits cumulative 120 count", "vcpu1 halt_wait_ns cumulative 1204000 ns", "vcpu1 halt_wakeup cumulative 109 count",
+		"vcpu1 insn_emulation cumulative 301 count", "vcpu1 io_exits cumulative 901 count", "vcpu1 pf_taken cumulative 2001 count",
 	}
 	if d := cmp.Diff(want, got); d != "" {
 		t.Errorf("vcpu counters (-want +got)\n%s", d)
 	}
 	q.Origin = "<test socket>"
-	golden(t, "sample_qemu_qmp", sampleTable(t, hs))
+	golden(t, "sample_qemu_qmp", sampleJSON(t, hs))
 
 	// The schema is cached per socket and VMM pid: the second sample asks
 	// only for the values and still tags every counter.
@@ -391,8 +434,8 @@ func TestQMPQueryStats(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	hs2.Kvm.Qmp.Origin = "<test socket>"
-	if d := cmp.Diff(string(sampleTable(t, hs)), string(sampleTable(t, hs2))); d != "" {
+	hs2.KVM.QMP.Origin = "<test socket>"
+	if d := cmp.Diff(hs, hs2); d != "" {
 		t.Errorf("second sample differs (-first +second)\n%s", d)
 	}
 	if n := schemaCalls.Load(); n != 1 {
@@ -411,8 +454,8 @@ func TestQMPMuteServerIsBounded(t *testing.T) {
 	if time.Since(start) > 2*time.Second {
 		t.Errorf("mute QMP took %v", time.Since(start))
 	}
-	if hs.Kvm.Qmp.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || hs.Kvm.Qmp.Reason == "" {
-		t.Errorf("qmp %v %q, want unavailable with a reason", hs.Kvm.Qmp.State, hs.Kvm.Qmp.Reason)
+	if hs.KVM.QMP.State != source.KVMSourceStateUnavailable || hs.KVM.QMP.Reason == "" {
+		t.Errorf("qmp %v %q, want unavailable with a reason", hs.KVM.QMP.State, hs.KVM.QMP.Reason)
 	}
 	if _, err := os.Stat(sock); err != nil {
 		t.Fatal(err)
@@ -420,15 +463,15 @@ func TestQMPMuteServerIsBounded(t *testing.T) {
 }
 
 func TestQMPNoSocket(t *testing.T) {
-	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242, QMPSocket: filepath.Join(t.TempDir(), "missing.sock")}, "debugfs-5.4")
+	s := newFixtureSampler(t, source.SandboxRef{VMMPID: 4242, QMPSocket: filepath.Join(t.TempDir(), "missing.sock")}, "debugfs-5.4")
 	hs, _ := s.SampleHost(context.Background())
-	if q := hs.Kvm.Qmp; q.State != sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE || !strings.Contains(q.Reason, "no such file") {
+	if q := hs.KVM.QMP; q.State != source.KVMSourceStateUnavailable || !strings.Contains(q.Reason, "no such file") {
 		t.Errorf("qmp %v %q", q.State, q.Reason)
 	}
 }
 
 func TestSampleHostCanceledContext(t *testing.T) {
-	s := fixtureSampler(t, source.SandboxRef{VMMPID: 4242}, "debugfs-5.4")
+	s := newFixtureSampler(t, source.SandboxRef{VMMPID: 4242}, "debugfs-5.4")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	if _, err := s.SampleHost(ctx); !errors.Is(err, source.ErrTimeout) {

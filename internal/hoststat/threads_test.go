@@ -1,7 +1,6 @@
 package hoststat
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -14,7 +13,7 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
 // writeProcFile writes one file of a temporary /proc tree.
@@ -89,8 +88,8 @@ func TestThreadsViewOneBound(t *testing.T) {
 	if took > 3*bound {
 		t.Errorf("thread view took %v for 5 hung processes with a %v bound; want about one bound", took, bound)
 	}
-	if len(v.Pids) != 1 || v.Pids[0] != 100 || len(v.Threads) != 1 {
-		t.Errorf("pids %v, %d threads; want the sentry's one thread", v.Pids, len(v.Threads))
+	if len(v.PIDs) != 1 || v.PIDs[0] != 100 || len(v.Threads) != 1 {
+		t.Errorf("pids %v, %d threads; want the sentry's one thread", v.PIDs, len(v.Threads))
 	}
 	if len(v.ThreadErrors) == 0 {
 		t.Errorf("no thread error for the hung processes")
@@ -109,8 +108,8 @@ func TestThreadsViewCmdlineOnlyOfVMM(t *testing.T) {
 	hungFile(t, root, "200/cmdline")
 	s := tempSampler(t, root, 300*time.Millisecond)
 	v, name, nameSrc := s.threadsView(context.Background(), []int32{100, 200}, "test", nil)
-	if len(v.Pids) != 2 || len(v.Threads) != 2 || len(v.ThreadErrors) != 0 {
-		t.Errorf("pids %v, %d threads, errors %q; want both processes' threads", v.Pids, len(v.Threads), v.ThreadErrors)
+	if len(v.PIDs) != 2 || len(v.Threads) != 2 || len(v.ThreadErrors) != 0 {
+		t.Errorf("pids %v, %d threads, errors %q; want both processes' threads", v.PIDs, len(v.Threads), v.ThreadErrors)
 	}
 	if name != "srv7" || nameSrc != "qemu-cmdline" {
 		t.Errorf("guest name %q (%s), want srv7 from the VMM's cmdline", name, nameSrc)
@@ -118,16 +117,16 @@ func TestThreadsViewCmdlineOnlyOfVMM(t *testing.T) {
 }
 
 // TestThreadTotalsSkipUnknownSchedstat: run sums leave out threads without
-// schedstat and say how many; a class where none has it is flagged unknown
-// (and rendered "-"), not reported as a measured 0.
+// schedstat and say how many; a class where none has it is flagged unknown,
+// not reported as a measured 0.
 func TestThreadTotalsSkipUnknownSchedstat(t *testing.T) {
 	u := func(v uint64) *uint64 { return &v }
-	vcpu, other := sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU, sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER
-	ths := []*sandboxstatsv1.VmmThread{
-		{Tid: 1, Class: vcpu, UtimeUsec: 10},
-		{Tid: 2, Class: vcpu, UtimeUsec: 20},
-		{Tid: 3, Class: other, UtimeUsec: 5, RunNs: u(100), RunDelayNs: u(7)},
-		{Tid: 4, Class: other, UtimeUsec: 5},
+	vcpu, other := source.VMMThreadClassVCPU, source.VMMThreadClassOther
+	ths := []source.VMMThread{
+		{TID: 1, Class: vcpu, UtimeUsec: 10},
+		{TID: 2, Class: vcpu, UtimeUsec: 20},
+		{TID: 3, Class: other, UtimeUsec: 5, RunNs: u(100), RunDelayNs: u(7)},
+		{TID: 4, Class: other, UtimeUsec: 5},
 	}
 	v, o, notes := threadTotals(ths)
 	if v.Threads != 2 || v.UtimeUsec != 30 || v.RunNs != 0 || o.Threads != 2 || o.RunNs != 100 || o.RunDelayNs != 7 {
@@ -140,57 +139,100 @@ func TestThreadTotalsSkipUnknownSchedstat(t *testing.T) {
 	if diff := cmp.Diff(want, notes); diff != "" {
 		t.Errorf("notes (-want +got):\n%s", diff)
 	}
-	var buf bytes.Buffer
-	tv := &sandboxstatsv1.VmmThreadsView{Threads: ths, VcpuTotals: v, OtherTotals: o, ThreadErrors: notes}
-	if err := WriteSampleTable(&buf, &sandboxstatsv1.HostStats{VmmThreads: tv}); err != nil {
+}
+
+// TestThreadsFixtureNames: names with spaces, slashes and parentheses
+// ("CPU 0/KVM", "a) (b") are read right through procfs (stat is split at the
+// last ')'), with stat's ticks in usec and schedstat absent, not 0, where the
+// file is missing.
+func TestThreadsFixtureNames(t *testing.T) {
+	s := newFixtureSampler(t, source.SandboxRef{VMMPID: 4242}, "debugfs-5.4")
+	pt, err := readProcThreads(s.fs, s.cfg.ProcRoot, 4242, true)
+	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(buf.String(), "\n") {
-		if f := strings.Fields(line); len(f) == 7 && f[0] == "vcpu" && (f[5] != "-" || f[6] != "-") {
-			t.Errorf("vcpu totals row %q: want - for the unknown run sums", line)
-		}
+	byName := map[string]source.VMMThread{}
+	for _, th := range pt.threads {
+		byName[th.Name] = th
+	}
+	vcpu, ok := byName["CPU 0/KVM"]
+	if !ok || vcpu.TID != 4252 || vcpu.Class != source.VMMThreadClassVCPU || vcpu.VCPUIndex == nil || *vcpu.VCPUIndex != 0 {
+		t.Errorf("CPU 0/KVM: %+v (present %v)", vcpu, ok)
+	}
+	if vcpu.StartTimeTicks != 85002 || vcpu.UtimeUsec != 150*usecPerTick || vcpu.StimeUsec != 328*usecPerTick || vcpu.GuestTimeUsec != 140*usecPerTick {
+		t.Errorf("CPU 0/KVM ticks: start %d utime %d stime %d guest %d", vcpu.StartTimeTicks, vcpu.UtimeUsec, vcpu.StimeUsec, vcpu.GuestTimeUsec)
+	}
+	if vcpu.RunNs == nil || *vcpu.RunNs != 3290841689 || vcpu.RunDelayNs == nil || vcpu.RunCount == nil {
+		t.Errorf("CPU 0/KVM schedstat: run %v delay %v count %v", vcpu.RunNs, vcpu.RunDelayNs, vcpu.RunCount)
+	}
+	parens, ok := byName["a) (b"]
+	if !ok || parens.TID != 4254 || parens.StartTimeTicks != 85003 || parens.Class != source.VMMThreadClassOther {
+		t.Errorf("a) (b: %+v (present %v)", parens, ok)
+	}
+	if parens.RunNs != nil || parens.RunDelayNs != nil || parens.RunCount != nil {
+		t.Errorf("a) (b has no schedstat file, got run %v", parens.RunNs)
+	}
+	if want := []string{"qemu-system-x86_64"}; len(pt.cmdline) == 0 || pt.cmdline[0] != want[0] {
+		t.Errorf("cmdline %q, want it to start with %q", pt.cmdline, want)
 	}
 }
 
-// TestSandboxProcessesNeedDescent: a gVisor sandbox's processes are the
-// sentry's descendants (in its cgroup when that is not the root). With runsc
-// --ignore-cgroups the sentry shares its parent's cgroup (a session scope),
-// so an unrelated process there must not be counted.
-func TestSandboxProcessesNeedDescent(t *testing.T) {
-	const scope = "0::/user.slice/user-0.slice/session-1.scope\n"
-	for _, tc := range []struct {
-		name     string
-		sentryCG string
-		want     []int32
-	}{
-		{"sentry in a shared session scope", scope, []int32{300, 301, 302, 320}},
-		{"sentry in the root cgroup", "0::/\n", []int32{300, 301, 302, 303}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			root := t.TempDir()
-			proc := func(pid, ppid int32, cg string) {
-				writeProcFile(t, root, fmt.Sprintf("%d/stat", pid), taskStatLine(pid, ppid, "p", 1000))
-				writeProcFile(t, root, fmt.Sprintf("%d/cgroup", pid), cg)
-			}
-			proc(300, 1, tc.sentryCG) // the sentry
-			proc(301, 300, tc.sentryCG)
-			proc(302, 301, tc.sentryCG)       // a grandchild
-			proc(303, 300, "0::/elsewhere\n") // a child in another cgroup
-			proc(310, 1, tc.sentryCG)         // unrelated, same cgroup
-			proc(311, 310, tc.sentryCG)       // its child
-			proc(320, 1, tc.sentryCG)         // the gofer: runsc-gofer with the sentry's --root
-			proc(321, 1, tc.sentryCG)         // another sandbox's gofer (other --root)
-			writeProcFile(t, root, "300/cmdline", "runsc-sandbox\x00--root=/run/runsc\x00boot\x00")
-			writeProcFile(t, root, "320/cmdline", "runsc-gofer\x00--root=/run/runsc\x00gofer\x00")
-			writeProcFile(t, root, "321/cmdline", "runsc-gofer\x00--root=/run/other\x00gofer\x00")
-			writeProcFile(t, root, "stat", "cpu 0") // not a pid directory
-			got, err := scanSandboxProcesses(root, 300)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("sandbox processes (-want +got):\n%s", diff)
-			}
-		})
+// TestSentryRefListsSandboxProcesses: a sentry_pid ref gets its processes
+// from Config.SandboxProcesses (gVisor's discovery), called with the proc
+// root and the sentry, under the read bound; without it the view says why.
+func TestSentryRefListsSandboxProcesses(t *testing.T) {
+	root := t.TempDir()
+	writeThread(t, root, 300, 300, "runsc-sandbox")
+	writeThread(t, root, 301, 301, "exe")
+	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: 300}
+	var gotRoot string
+	var gotSentry int32
+	s, err := newSampler(ref, Config{ProcRoot: root, DebugfsRoot: t.TempDir(), DisableDebugfsMount: true,
+		SandboxProcesses: func(procRoot string, sentry int32) ([]int32, error) {
+			gotRoot, gotSentry = procRoot, sentry
+			return []int32{300, 301}, nil
+		}})
+	if err != nil {
+		t.Fatal(err)
 	}
+	hs, err := s.SampleHost(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gotRoot != root || gotSentry != 300 {
+		t.Errorf("lister called with %q, %d; want %q, 300", gotRoot, gotSentry, root)
+	}
+	if v := hs.VMMThreads; v.Error != "" || v.ProcessSource != "sentry_pid 300" || len(v.PIDs) != 2 || len(v.Threads) != 2 {
+		t.Errorf("threads view: error %q source %q pids %v, %d threads", v.Error, v.ProcessSource, v.PIDs, len(v.Threads))
+	}
+	if hs.KVM.Debugfs.State != source.KVMSourceStateNotConfigured {
+		t.Errorf("debugfs %v for a gVisor sandbox, want not configured", hs.KVM.Debugfs.State)
+	}
+
+	t.Run("hung lister costs one bound", func(t *testing.T) {
+		release := make(chan struct{})
+		t.Cleanup(func() { close(release) })
+		const bound = 200 * time.Millisecond
+		s, err := newSampler(ref, Config{ProcRoot: root, DebugfsRoot: t.TempDir(), DisableDebugfsMount: true, ReadTimeout: bound,
+			SandboxProcesses: func(string, int32) ([]int32, error) { <-release; return nil, nil }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		hs, _ := s.SampleHost(context.Background())
+		if took := time.Since(start); took > 3*bound {
+			t.Errorf("sample took %v with a hung lister and a %v bound", took, bound)
+		}
+		if !strings.Contains(hs.VMMThreads.Error, "timed out") {
+			t.Errorf("threads error %q, want a timeout", hs.VMMThreads.Error)
+		}
+	})
+	t.Run("no lister", func(t *testing.T) {
+		s := tempSampler(t, root, time.Second)
+		s.ref = ref
+		hs, _ := s.SampleHost(context.Background())
+		if !strings.Contains(hs.VMMThreads.Error, "no gVisor process discovery configured") {
+			t.Errorf("threads error %q", hs.VMMThreads.Error)
+		}
+	})
 }

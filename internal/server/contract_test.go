@@ -69,10 +69,17 @@ var (
 	gvRef  = &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: "/statstest"}
 )
 
+// fakeHost is an in-process HostSampler answering one domain host view.
+type fakeHost struct{ view *source.HostStats }
+
+func (f *fakeHost) SampleHost(context.Context) (*source.HostStats, error) { return f.view, nil }
+func (f *fakeHost) Close() error                                          { return nil }
+
 type harness struct {
 	store     *identity.Store
 	stats     *StatsService
-	src       *fakeSource // the source every Open returns
+	src       *fakeSource        // the source every Open returns
+	host      source.HostSampler // the host sampler every Open returns (nil: none)
 	opens     atomic.Int32
 	client    sandboxstatsv1.WorkloadStatsServiceClient
 	lifecycle sandboxstatsv1.WorkloadLifecycleServiceClient
@@ -86,7 +93,7 @@ func newHarness(t testing.TB) *harness {
 	store, err := identity.NewStore(identity.Config{
 		Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
 			h.opens.Add(1)
-			return h.src, nil, nil
+			return h.src, h.host, nil
 		},
 		Now: func() time.Time { epochClock = epochClock.Add(time.Second); return epochClock },
 	})
@@ -414,6 +421,47 @@ func TestStatsHostIdentityChecked(t *testing.T) {
 	}
 	if resp.GetIdentity().GetActorUid() != "actor-a" || resp.GetHost() == nil {
 		t.Fatalf("resp = %v", resp)
+	}
+}
+
+// TestHostViewOnTheWire: the domain host view a HostSampler returns reaches
+// StatsHost and include_host in wire form.
+func TestHostViewOnTheWire(t *testing.T) {
+	ctx := context.Background()
+	h := newHarness(t)
+	run, idx := uint64(3_290_841_689), int32(0)
+	h.host = &fakeHost{view: &source.HostStats{
+		ObservedAtUnixNano: 42, GuestName: "srv1", GuestNameSource: "pid-file-dir",
+		VMMThreads: &source.VMMThreadsView{PIDs: []int32{4242}, Threads: []source.VMMThread{
+			{PID: 4242, TID: 4252, Name: "CPU 0/KVM", Class: source.VMMThreadClassVCPU, VCPUIndex: &idx, RunNs: &run},
+		}},
+		KVM: &source.KVMView{QMP: &source.KVMSourceView{Source: source.KVMSourceQMP, State: source.KVMSourceStateAvailable,
+			Counters: []source.KVMCounter{{Name: "exits", Kind: source.KVMCounterKindCumulative, Scope: "vcpu0", Value: 7592, Unit: "count"}}}},
+	}}
+	h.run(t, identA, gvRef)
+	want := &sandboxstatsv1.HostStats{
+		ObservedAtUnixNano: 42, GuestName: "srv1", GuestNameSource: "pid-file-dir",
+		VmmThreads: &sandboxstatsv1.VmmThreadsView{Pids: []int32{4242}, Threads: []*sandboxstatsv1.VmmThread{
+			{Pid: 4242, Tid: 4252, Name: "CPU 0/KVM", Class: sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU, VcpuIndex: &idx, RunNs: &run},
+		}},
+		Kvm: &sandboxstatsv1.KvmView{Qmp: &sandboxstatsv1.KvmSourceView{
+			Source: sandboxstatsv1.KvmSource_KVM_SOURCE_QMP, State: sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE,
+			Counters: []*sandboxstatsv1.KvmCounter{{Name: "exits", Kind: sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE, Scope: "vcpu0", Value: 7592, Unit: "count"}},
+		}},
+	}
+	hostResp, err := h.client.StatsHost(ctx, &sandboxstatsv1.StatsHostRequest{ActorUid: "actor-a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(want, hostResp.GetHost(), protocmp.Transform()); d != "" {
+		t.Errorf("StatsHost host (-want +got)\n%s", d)
+	}
+	statsResp, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a", IncludeHost: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := cmp.Diff(want, statsResp.GetSample().GetHost(), protocmp.Transform()); d != "" {
+		t.Errorf("include_host (-want +got)\n%s", d)
 	}
 }
 

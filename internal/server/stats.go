@@ -104,7 +104,7 @@ func (s *StatsService) host(ctx context.Context, b *identity.Binding) *sandboxst
 	if err != nil {
 		return &sandboxstatsv1.HostStats{ObservedAtUnixNano: s.now().UnixNano(), UnavailableReason: err.Error()}
 	}
-	return h
+	return hostToProto(h)
 }
 
 // StatsWorkload returns one sample of the named workload.

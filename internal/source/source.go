@@ -10,8 +10,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // Sentinels wrapped by every source's errors. internal/server maps them to
@@ -151,9 +149,9 @@ type Source interface {
 }
 
 // HostSampler reads the runner-layer (host) views of one sandbox. Each view
-// reports its own shortfall inside the returned message, so an error means no
-// view at all could be produced.
+// reports its own shortfall inside the returned HostStats, so an error means
+// no view at all could be produced.
 type HostSampler interface {
-	SampleHost(ctx context.Context) (*sandboxstatsv1.HostStats, error)
+	SampleHost(ctx context.Context) (*HostStats, error)
 	Close() error
 }
