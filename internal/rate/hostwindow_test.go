@@ -3,6 +3,8 @@ package rate
 import (
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -194,6 +196,27 @@ func TestWindowNeverNegative(t *testing.T) {
 	} {
 		if !strings.Contains(all, want) {
 			t.Errorf("findings lack %q:\n%s", want, all)
+		}
+	}
+}
+
+// TestWindowTidReused: a thread whose tid now belongs to another thread (a
+// new start time) is a finding, never differenced against the old one.
+func TestWindowTidReused(t *testing.T) {
+	before := hostSample(t)
+	after := proto.Clone(before).(*sandboxstatsv1.HostStats)
+	after.ObservedAtUnixNano += int64(10 * time.Second)
+	th := after.VmmThreads.Threads[0]
+	th.StartTimeTicks += 500
+	th.UtimeUsec = 0 // a new thread's counter starts again
+	r := Window(before, after, 0)
+	want := "tid " + strconv.Itoa(int(th.Tid)) + " reused"
+	if !slices.ContainsFunc(r.Findings, func(f string) bool { return strings.Contains(f, want) }) {
+		t.Fatalf("findings %q lack %q", r.Findings, want)
+	}
+	for _, row := range r.Rows {
+		if strings.HasPrefix(row.Name, strconv.Itoa(int(th.Tid))+" ") {
+			t.Errorf("reused tid differenced: %+v", row)
 		}
 	}
 }
