@@ -44,10 +44,11 @@ var commands = []command{
 	{"host", "the runner-layer (host) view; --window for differences and rates", runHost},
 	{"poll", "one sweep over a socket glob, as the node agent sees it", runPoll},
 	{"drift", "open drift findings (what was told vs what runs) and recent events", runDrift},
+	{"activations", "the activations that ended here recently, with their final samples", runActivations},
 	{"health", "grpc.health.v1 status of statsd", runHealth},
 	{"run-workload", "bind a workload (launcher side)", runRunWorkload},
 	{"restore-workload", "bind a restored workload (launcher side)", runRestoreWorkload},
-	{"checkpoint-workload", "forget the bound workload (launcher side)", runCheckpointWorkload},
+	{"checkpoint-workload", "end the bound activation (a final sample) and forget it (launcher side)", runCheckpointWorkload},
 }
 
 // env is what every subcommand writes to.

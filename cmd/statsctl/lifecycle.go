@@ -72,24 +72,24 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 
 func runRunWorkload(ctx context.Context, e *env, args []string) error {
 	return bindWorkload(ctx, e, args, "run-workload", "Bind a workload to statsd (what the launcher does on run)", "",
-		func(ctx context.Context, c sandboxstatsv1.WorkloadLifecycleServiceClient, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, error) {
+		func(ctx context.Context, c sandboxstatsv1.WorkloadLifecycleServiceClient, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, *sandboxstatsv1.EndedActivation, error) {
 			resp, err := c.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref})
-			return resp.GetEpochUnixNano(), err
+			return resp.GetEpochUnixNano(), resp.GetReplaced(), err
 		})
 }
 
 func runRestoreWorkload(ctx context.Context, e *env, args []string) error {
 	return bindWorkload(ctx, e, args, "restore-workload", "Bind a restored workload to statsd (what the launcher does on restore)", " (restored)",
-		func(ctx context.Context, c sandboxstatsv1.WorkloadLifecycleServiceClient, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, error) {
+		func(ctx context.Context, c sandboxstatsv1.WorkloadLifecycleServiceClient, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, *sandboxstatsv1.EndedActivation, error) {
 			resp, err := c.RestoreWorkload(ctx, &sandboxstatsv1.RestoreWorkloadRequest{Identity: id, Sandbox: ref})
-			return resp.GetEpochUnixNano(), err
+			return resp.GetEpochUnixNano(), resp.GetReplaced(), err
 		})
 }
 
 // bindWorkload parses the identity and sandbox flags and makes one binding
 // call, printing the epoch it started.
 func bindWorkload(ctx context.Context, e *env, args []string, name, summary, note string,
-	call func(context.Context, sandboxstatsv1.WorkloadLifecycleServiceClient, *sandboxstatsv1.WorkloadIdentity, *sandboxstatsv1.SandboxRef) (int64, error)) error {
+	call func(context.Context, sandboxstatsv1.WorkloadLifecycleServiceClient, *sandboxstatsv1.WorkloadIdentity, *sandboxstatsv1.SandboxRef) (int64, *sandboxstatsv1.EndedActivation, error)) error {
 	b, parse := bindFlagSet(e, name, summary)
 	if err := parse(args); err != nil {
 		return err
@@ -99,11 +99,15 @@ func bindWorkload(ctx context.Context, e *env, args []string, name, summary, not
 		return err
 	}
 	defer done()
-	epoch, err := call(ctx, sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc), &b.identity, &b.ref)
+	epoch, replaced, err := call(ctx, sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc), &b.identity, &b.ref)
 	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "bound %s%s, epoch %s\n", b.identity.GetActorUid(), note, formatTime(epoch))
+	if replaced != nil {
+		fmt.Fprintln(e.stdout, "the previous activation of this actor ended:")
+		return writeEnded(e.stdout, replaced)
+	}
 	return nil
 }
 
@@ -124,10 +128,14 @@ func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	defer done()
-	if _, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).CheckpointWorkload(ctx,
-		&sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: actorUID}); err != nil {
+	resp, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).CheckpointWorkload(ctx,
+		&sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: actorUID})
+	if err != nil {
 		return err
 	}
 	fmt.Fprintf(e.stdout, "forgot %s\n", actorUID)
+	if ended := resp.GetEnded(); ended != nil {
+		return writeEnded(e.stdout, ended)
+	}
 	return nil
 }

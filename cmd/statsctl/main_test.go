@@ -214,10 +214,12 @@ func TestGolden(t *testing.T) {
 		{name: "active-json", reading: v1, args: []string{"active", "--socket", "$STATS", "-o", "json"}},
 		{name: "active-not-measurable", err: fmt.Errorf("cgroup not created yet: %w", source.ErrNotMeasurable), args: []string{"active", "--socket", "$STATS"}},
 		{name: "health", args: []string{"health", "--socket", "$STATS"}},
-		{name: "restore-workload", args: append([]string{"restore-workload"}, gv[1:]...)},
+		{name: "restore-workload", reading: v1, args: append([]string{"restore-workload"}, gv[1:]...)},
 		{name: "checkpoint-other", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "other"}, code: exitError},
-		{name: "checkpoint", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
+		{name: "checkpoint", reading: dead, args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
 		{name: "checkpoint-retry", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
+		{name: "activations", args: []string{"activations", "--socket", "$STATS"}},
+		{name: "activations-json", args: []string{"activations", "--socket", "$STATS", "-o", "json"}},
 		{name: "stray-argument", args: []string{"active", "--socket", "$STATS", "extra"}, code: exitUsage},
 		{name: "unknown-command", args: []string{"frobnicate"}, code: exitUsage},
 		{name: "help", args: []string{"--help"}},
@@ -277,7 +279,7 @@ func TestGoldenWatch(t *testing.T) {
 	}}
 	d.seq.onRead = func(n int) {
 		if n == 4 { // a Restore lands under this read: ACTOR_CHANGED, then a new epoch
-			if _, err := d.store.Bind(identity.OpRestore, identity.Identity{ActorUID: "actor-7f3c"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/pod1"}); err != nil {
+			if _, _, err := d.store.Bind(context.Background(), identity.OpRestore, identity.Identity{ActorUID: "actor-7f3c"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/pod1"}); err != nil {
 				t.Error(err)
 			}
 		}
@@ -295,7 +297,7 @@ func TestGoldenWatch(t *testing.T) {
 			}
 			golden(t, "watch-"+format, "$ statsctl "+strings.Join(args, " ")+"\n"+out+errOut)
 			// The restore happened at read 4; bind it back to a Run for the next format.
-			if _, err := d.store.Bind(identity.OpRun, identity.Identity{ActorUID: "actor-7f3c"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/pod1"}); err != nil {
+			if _, _, err := d.store.Bind(context.Background(), identity.OpRun, identity.Identity{ActorUID: "actor-7f3c"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/pod1"}); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -42,7 +42,7 @@ func serveForBenchWithHealth(b *testing.B, ref source.SandboxRef) (sandboxstatsv
 		b.Fatal(err)
 	}
 	b.Cleanup(store.Close)
-	if _, err := store.Bind(identity.OpRun, identity.Identity{ActorUID: "bench"}, ref); err != nil {
+	if _, _, err := store.Bind(context.Background(), identity.OpRun, identity.Identity{ActorUID: "bench"}, ref); err != nil {
 		b.Fatal(err)
 	}
 	sock := filepath.Join(b.TempDir(), "statsd.sock")

@@ -36,15 +36,20 @@ func listDrift(t *testing.T, dir string) *sandboxstatsv1.ListDriftFindingsRespon
 }
 
 // TestDriftOffReadsNothing: with --drift-interval 0 no check runs, so a bound
-// agent that nobody polls sees no call at all.
+// agent that nobody polls sees only the epoch's baseline read (one
+// StatsContainer on one connection, taken right after the Run), then nothing.
 func TestDriftOffReadsNothing(t *testing.T) {
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	dir, _ := startStatsdIn(t, t.TempDir(), io.Discard, "--drift-interval", "0", "--drift-grace", "0s")
 	bindMicroVM(t, dir, &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, AgentAddress: agent.Address(), ContainerIds: []string{"web"}})
-	time.Sleep(time.Second)
+	time.Sleep(500 * time.Millisecond)
 	_, _, stats, versions := agent.Counts()
-	if dials := agent.Dials(); dials+stats+versions != 0 {
-		t.Fatalf("drift off, yet the agent saw %d dials, %d StatsContainer, %d Version calls", dials, stats, versions)
+	if dials := agent.Dials(); dials != 1 || stats != 1 || versions != 1 {
+		t.Fatalf("after the Run the agent saw %d dials, %d StatsContainer, %d Version calls; want the one baseline read", dials, stats, versions)
+	}
+	time.Sleep(time.Second)
+	if _, _, stats2, versions2 := agent.Counts(); agent.Dials() != 1 || stats2 != stats || versions2 != versions {
+		t.Fatalf("drift off, yet the agent saw more calls: %d dials, %d StatsContainer, %d Version", agent.Dials(), stats2, versions2)
 	}
 	if st := listDrift(t, dir).GetStatus(); st.GetEnabled() || st.GetLastCycleUnixNano() != 0 {
 		t.Fatalf("status = %v, want off with no cycle", st)

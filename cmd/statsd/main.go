@@ -44,6 +44,8 @@ type config struct {
 	shutdownTimeout time.Duration
 	driftInterval   time.Duration
 	driftGrace      time.Duration
+	endedRetention  time.Duration
+	endedMax        int
 	logLevel        slog.Level
 }
 
@@ -61,6 +63,8 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long graceful shutdown may take before a hard stop")
 	fs.DurationVar(&c.driftInterval, "drift-interval", 5*time.Minute, "how often to check that the bound sandbox still matches what runs; 0 turns the check off")
 	fs.DurationVar(&c.driftGrace, "drift-grace", 15*time.Minute, "after a Run/Restore, how long before the drift check looks (also how long an agent may stay silent)")
+	fs.DurationVar(&c.endedRetention, "ended-retention", identity.DefaultEndedRetention, "how long an ended activation's record (its final sample) is kept for pollers")
+	fs.IntVar(&c.endedMax, "ended-max", identity.DefaultEndedMax, "most ended-activation records kept (the oldest go first)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: statsd [flags]\n\nServes one sandbox's workload stats over gRPC on Unix sockets.\n\nFlags:\n")
@@ -74,6 +78,9 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.readTimeout <= 0 {
 		return c, errors.New("--read-timeout must be positive")
+	}
+	if c.endedRetention <= 0 || c.endedMax <= 0 {
+		return c, errors.New("--ended-retention and --ended-max must be positive")
 	}
 	if c.listen == c.lifecycleListen {
 		return c, errors.New("--listen and --lifecycle-listen must differ")
@@ -98,9 +105,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
 
 	store, err := identity.NewStore(identity.Config{
-		StateDir: cfg.stateDir,
-		Open:     opener(cfg, logger),
-		Logger:   logger.With("component", "identity"),
+		StateDir:       cfg.stateDir,
+		Open:           opener(cfg, logger),
+		Logger:         logger.With("component", "identity"),
+		ReadTimeout:    cfg.readTimeout,
+		EndedRetention: cfg.endedRetention,
+		EndedMax:       cfg.endedMax,
 	})
 	if err != nil {
 		return err

@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/reflect/protoreflect"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -137,4 +138,27 @@ func NoSampleReasonName(r sandboxstatsv1.NoSampleReason) string {
 		return "UNKNOWN"
 	}
 	return strings.TrimPrefix(r.String(), "NO_SAMPLE_REASON_")
+}
+
+// OutcomeName is the label value of an activation outcome: "checkpointed",
+// "sandbox-dead", "oom-killed", "replaced", or "unknown".
+func OutcomeName(o sandboxstatsv1.ActivationOutcome) string {
+	return labelOf(o, "ACTIVATION_OUTCOME_")
+}
+
+// ProvenanceName is the label value of a final sample's provenance:
+// "read-at-end", "last-good-poll", "none", or "unknown".
+func ProvenanceName(p sandboxstatsv1.FinalProvenance) string {
+	return labelOf(p, "FINAL_PROVENANCE_")
+}
+
+// labelOf turns an enum value into a label value: its name without prefix,
+// lower case, '_' as '-'; "unknown" for 0 or a value this build does not
+// know.
+func labelOf(e protoreflect.Enum, prefix string) string {
+	v := e.Descriptor().Values().ByNumber(e.Number())
+	if v == nil || e.Number() == 0 {
+		return "unknown"
+	}
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(string(v.Name()), prefix)), "_", "-")
 }

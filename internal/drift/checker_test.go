@@ -73,7 +73,7 @@ func newFixture(t *testing.T, dir string, script ...Observation) *fixture {
 		t.Fatal(err)
 	}
 	f.store = store
-	if _, err := store.Bind(identity.OpRun, identity.Identity{ActorUID: "actor-a"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}); err != nil {
+	if _, _, err := store.Bind(context.Background(), identity.OpRun, identity.Identity{ActorUID: "actor-a"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}); err != nil {
 		t.Fatal(err)
 	}
 	f.checker = f.newChecker(t)
@@ -174,7 +174,7 @@ func TestSkipsMidOperationAndWithinGrace(t *testing.T) {
 		t.Fatalf("cycle during a lifecycle call observed (%d calls, %q)", f.obs.calls.Load(), f.checker.Status().Outcome)
 	}
 	// A Restore starts a new epoch: the grace applies again.
-	if _, err := f.store.Bind(identity.OpRestore, identity.Identity{ActorUID: "actor-a"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}); err != nil {
+	if _, _, err := f.store.Bind(context.Background(), identity.OpRestore, identity.Identity{ActorUID: "actor-a"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}); err != nil {
 		t.Fatal(err)
 	}
 	f.cycle()
@@ -236,7 +236,7 @@ func TestRestartNeitherReReportsNorForgets(t *testing.T) {
 func TestCheckpointDropsFindings(t *testing.T) {
 	f := newFixture(t, "", obs(all, nil, dead))
 	f.cycle()
-	if err := f.store.Release("actor-a"); err != nil {
+	if _, err := f.store.Release(context.Background(), "actor-a"); err != nil {
 		t.Fatal(err)
 	}
 	f.cycle()
@@ -265,7 +265,7 @@ func TestCorruptStateMovedAside(t *testing.T) {
 func TestNewEpochDropsFindings(t *testing.T) {
 	f := newFixture(t, "", obs(all, nil, dead))
 	f.cycle()
-	if _, err := f.store.Bind(identity.OpRestore, identity.Identity{ActorUID: "actor-a"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}); err != nil {
+	if _, _, err := f.store.Bind(context.Background(), identity.OpRestore, identity.Identity{ActorUID: "actor-a"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}); err != nil {
 		t.Fatal(err)
 	}
 	f.cycle() // within the new epoch's grace: the old epoch's finding is dropped

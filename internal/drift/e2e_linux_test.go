@@ -66,7 +66,7 @@ func newScenario(t *testing.T, ref source.SandboxRef, agentGrace time.Duration) 
 		t.Fatal(err)
 	}
 	t.Cleanup(store.Close)
-	if _, err := store.Bind(identity.OpRun, identity.Identity{ActorUID: "actor-" + t.Name()[strings.LastIndex(t.Name(), "/")+1:]}, ref); err != nil {
+	if _, _, err := store.Bind(context.Background(), identity.OpRun, identity.Identity{ActorUID: "actor-" + t.Name()[strings.LastIndex(t.Name(), "/")+1:]}, ref); err != nil {
 		t.Fatal(err)
 	}
 	s.store = store

@@ -1,17 +1,15 @@
 package identity
 
 import (
-	"encoding/json"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -34,18 +32,20 @@ const (
 )
 
 // Binding is one workload bound to this daemon. It is immutable once
-// published; a new call publishes a new Binding.
+// published (its Activation is the one part that changes, and is safe for
+// concurrent use); a new call publishes a new Binding.
 type Binding struct {
 	Identity      Identity
 	Ref           source.SandboxRef
 	Op            Op
 	EpochUnixNano int64 // when this activation (Run/Restore) began
-
 	// Source measures the sandbox; nil when it could not be opened (the
 	// workload is then bound but not measurable). Host reads the runner-layer
 	// views; nil when unavailable.
 	Source source.Source
 	Host   source.HostSampler
+	// Activation is the read path's account of this activation.
+	Activation *Activation
 }
 
 // Opener opens the measurement sources for a ref. A source that cannot
@@ -53,145 +53,122 @@ type Binding struct {
 // error here is reported to the caller and binds nothing.
 type Opener func(ref source.SandboxRef) (source.Source, source.HostSampler, error)
 
-// Store holds the current Binding.
-type Store struct {
-	dir    string
-	open   Opener
-	now    func() time.Time
-	logger *slog.Logger
-
-	lifecycle   sync.Mutex // serializes Bind and Release; readers never take it
-	current     atomic.Pointer[Binding]
-	lastCleared string // actor uid of the last Release, for safe retries; under lifecycle
-}
-
-// StateFileName is the file under the state directory that holds the binding.
-const StateFileName = "binding.json"
-
-const stateVersion = 1
-
-type stateFile struct {
-	Version     int           `json:"version"`
-	Binding     *bindingState `json:"binding,omitempty"`
-	LastCleared string        `json:"last_cleared_actor_uid,omitempty"`
-}
-
-type bindingState struct {
-	Identity      Identity          `json:"identity"`
-	Ref           source.SandboxRef `json:"ref"`
-	Op            Op                `json:"op"`
-	EpochUnixNano int64             `json:"epoch_unix_nano"`
-}
+// Defaults of Config.
+const (
+	DefaultReadTimeout    = 2 * time.Second
+	DefaultEndedRetention = 15 * time.Minute
+	DefaultEndedMax       = 64
+)
 
 // Config configures a Store.
 type Config struct {
-	// StateDir holds the state file; created if missing. Empty keeps the
-	// binding in memory only (tests).
+	// StateDir holds the state files; created if missing. Empty keeps
+	// everything in memory only (tests).
 	StateDir string
 	Open     Opener
 	Now      func() time.Time // default time.Now
 	Logger   *slog.Logger
+	// ReadTimeout bounds the final read of an activation at its end and each
+	// try of a baseline read (statsd --read-timeout).
+	ReadTimeout time.Duration
+	// EndedRetention and EndedMax bound the ended activations kept (statsd
+	// --ended-retention, --ended-max): none older, no more.
+	EndedRetention time.Duration
+	EndedMax       int
+	// BaselineRetry is the first pause between baseline reads of an epoch
+	// whose counters survive a restore (doubling up to 2 s); default 100 ms.
+	BaselineRetry time.Duration
 }
 
-// NewStore loads the persisted binding, if any, and opens its sources. A
-// state file that cannot be parsed or validated is moved aside (renamed with a
-// ".corrupt-<unix nanos>" suffix) and logged, and the store starts empty.
+// Store holds the current Binding and the recently ended activations.
+type Store struct {
+	cfg    Config
+	logger *slog.Logger
+
+	lifecycle   sync.Mutex // serializes Bind, Release and persistence; readers never take it
+	current     atomic.Pointer[Binding]
+	lastCleared string // actor uid of the last Release, for safe retries; under lifecycle
+	// ended is the current list of ended activations (oldest first),
+	// replaced whole under lifecycle, read without it.
+	ended atomic.Pointer[[]*Ended]
+
+	// The baseline takers: one goroutine per binding that needs one, ended
+	// by Close.
+	bgCtx  context.Context
+	bgStop context.CancelFunc
+	bg     sync.WaitGroup
+}
+
+// NewStore loads the persisted binding and ended activations, if any, and
+// opens the binding's sources. A state file that cannot be parsed or
+// validated is moved aside (renamed with a ".corrupt-<unix nanos>" suffix)
+// and logged, and the store starts without what it held. A binding whose
+// end was recorded but not yet cleared (statsd stopped between the two
+// writes of an end) is cleared now: the end happened.
 func NewStore(cfg Config) (*Store, error) {
-	s := &Store{dir: cfg.StateDir, open: cfg.Open, now: cfg.Now, logger: cfg.Logger}
-	if s.now == nil {
-		s.now = time.Now
+	if cfg.Now == nil {
+		cfg.Now = time.Now
 	}
-	if s.logger == nil {
-		s.logger = slog.New(slog.DiscardHandler)
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
 	}
-	if s.open == nil {
-		s.open = func(source.SandboxRef) (source.Source, source.HostSampler, error) { return nil, nil, nil }
+	if cfg.Open == nil {
+		cfg.Open = func(source.SandboxRef) (source.Source, source.HostSampler, error) { return nil, nil, nil }
 	}
-	if s.dir == "" {
+	if cfg.ReadTimeout <= 0 {
+		cfg.ReadTimeout = DefaultReadTimeout
+	}
+	if cfg.EndedRetention <= 0 {
+		cfg.EndedRetention = DefaultEndedRetention
+	}
+	if cfg.EndedMax <= 0 {
+		cfg.EndedMax = DefaultEndedMax
+	}
+	if cfg.BaselineRetry <= 0 {
+		cfg.BaselineRetry = 100 * time.Millisecond
+	}
+	s := &Store{cfg: cfg, logger: cfg.Logger}
+	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
+	s.ended.Store(&[]*Ended{})
+	if cfg.StateDir == "" {
 		return s, nil
 	}
-	if err := os.MkdirAll(s.dir, 0o700); err != nil {
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("identity: state dir: %w", err)
 	}
-	st, err := s.load()
+	sweepTemps(cfg.StateDir, s.logger)
+	st, err := s.loadBinding()
 	if err != nil {
 		return nil, err
 	}
+	ended, err := s.loadEnded()
+	if err != nil {
+		return nil, err
+	}
+	s.ended.Store(&ended)
 	s.lastCleared = st.LastCleared
-	if b := st.Binding; b != nil {
-		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano}
+	b := st.Binding
+	if b != nil && s.endedOf(b.Identity.ActorUID, b.EpochUnixNano) != nil {
+		s.logger.Warn("the bound activation's end was recorded but not cleared (statsd stopped mid-end): clearing it now",
+			"actor_uid", b.Identity.ActorUID, "epoch_unix_nano", b.EpochUnixNano)
+		if err := s.saveBinding(stateFile{Version: stateVersion, LastCleared: b.Identity.ActorUID}); err != nil {
+			return nil, err
+		}
+		s.lastCleared, b = b.Identity.ActorUID, nil
+	}
+	if b != nil {
+		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
+			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline)}
 		binding.Source, binding.Host = s.openSources(b.Ref)
 		s.current.Store(binding)
 		s.logger.Info("restored binding from state", "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
+		s.startBaseline(binding)
 	}
 	return s, nil
 }
 
-func (s *Store) statePath() string { return filepath.Join(s.dir, StateFileName) }
-
-// load reads the state file; a missing file is an empty state, a bad one is
-// moved aside.
-func (s *Store) load() (stateFile, error) {
-	p := s.statePath()
-	b, err := os.ReadFile(p)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return stateFile{Version: stateVersion}, nil
-	case err != nil:
-		// EIO, EACCES, EMFILE: the file may be fine; moving it aside would
-		// forget a good binding. Refuse to start instead.
-		return stateFile{}, fmt.Errorf("identity: read state: %w", err)
-	}
-	var st stateFile
-	if err = decodeState(b, &st); err == nil {
-		return st, nil
-	}
-	aside, rerr := atomicfile.MoveAside(p, s.now().UnixNano())
-	if rerr != nil {
-		return stateFile{}, fmt.Errorf("identity: state file %s is unreadable (%v) and could not be moved aside: %w", p, err, rerr)
-	}
-	s.logger.Error("state file unreadable; moved aside, starting with no workload", "path", p, "moved_to", aside, "err", err)
-	return stateFile{Version: stateVersion}, nil
-}
-
-func decodeState(b []byte, st *stateFile) error {
-	if err := json.Unmarshal(b, st); err != nil {
-		return fmt.Errorf("parse: %w", err)
-	}
-	if st.Version != stateVersion {
-		return fmt.Errorf("unknown state version %d", st.Version)
-	}
-	if st.Binding != nil {
-		if err := st.Binding.Identity.Validate(); err != nil {
-			return err
-		}
-		if err := ValidateRef(st.Binding.Ref); err != nil {
-			return err
-		}
-		if st.Binding.Op != OpRun && st.Binding.Op != OpRestore {
-			return fmt.Errorf("unknown op %q", st.Binding.Op)
-		}
-	}
-	return nil
-}
-
-// save writes the state crash-safely (see atomicfile).
-func (s *Store) save(st stateFile) error {
-	if s.dir == "" {
-		return nil
-	}
-	b, err := json.MarshalIndent(st, "", "  ")
-	if err != nil {
-		return err
-	}
-	if err := atomicfile.Write(s.dir, StateFileName, append(b, '\n'), 0o600); err != nil {
-		return fmt.Errorf("identity: save state: %w", err)
-	}
-	return nil
-}
-
 func (s *Store) openSources(ref source.SandboxRef) (source.Source, source.HostSampler) {
-	src, host, err := s.open(ref)
+	src, host, err := s.cfg.Open(ref)
 	if err != nil {
 		// Bound but not measurable: the identity still holds, so a workload
 		// that cannot be measured is still attributed.
@@ -203,85 +180,112 @@ func (s *Store) openSources(ref source.SandboxRef) (source.Source, source.HostSa
 // Current returns the bound workload, or nil. It never blocks.
 func (s *Store) Current() *Binding { return s.current.Load() }
 
+// Ended returns the ended activations still retained (none older than the
+// retention), oldest first. It never blocks and never writes.
+func (s *Store) Ended() []*Ended {
+	all := *s.ended.Load()
+	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
+	for i, e := range all {
+		if e.EndUnixNano >= cutoff {
+			return all[i:]
+		}
+	}
+	return nil
+}
+
 // Bind binds a workload (Run or Restore). The same call repeated (same op,
 // identity and ref) is a retry: it changes nothing and returns the current
-// binding. Binding the same actor anew (another op or ref) starts a new
-// epoch. While a different actor is bound it fails with ErrOtherWorkload.
-// The state is persisted before the binding is published.
-func (s *Store) Bind(op Op, id Identity, ref source.SandboxRef) (*Binding, error) {
+// binding. Binding the same actor anew (another op or ref) ends the bound
+// activation (replaced, returned) and starts a new epoch. While a different
+// actor is bound it fails with ErrOtherWorkload. The state is persisted
+// before the binding is published.
+func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.SandboxRef) (*Binding, *Ended, error) {
 	if op != OpRun && op != OpRestore {
-		return nil, fmt.Errorf("%w: unknown op %q", ErrInvalid, op)
+		return nil, nil, fmt.Errorf("%w: unknown op %q", ErrInvalid, op)
 	}
 	if err := id.Validate(); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := ValidateRef(ref); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	s.lifecycle.Lock()
 	defer s.lifecycle.Unlock()
-
 	old := s.current.Load()
 	if old != nil {
 		if old.Identity.ActorUID != id.ActorUID {
-			return nil, fmt.Errorf("%w: actor %q is bound; checkpoint it before binding %q", ErrOtherWorkload, old.Identity.ActorUID, id.ActorUID)
+			return nil, nil, fmt.Errorf("%w: actor %q is bound; checkpoint it before binding %q", ErrOtherWorkload, old.Identity.ActorUID, id.ActorUID)
 		}
 		if old.Op == op && old.Identity == id && old.Ref.Equal(ref) {
-			return old, nil
+			return old, nil, nil
 		}
 	}
-	epoch := s.now().UnixNano()
+	epoch := s.cfg.Now().UnixNano()
 	if old != nil && epoch <= old.EpochUnixNano {
 		epoch = old.EpochUnixNano + 1 // epochs only move forward
 	}
-	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch}
-	b.Source, b.Host = s.openSources(ref)
-	if err := s.save(stateFile{Version: stateVersion, Binding: &bindingState{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch}}); err != nil {
-		if !errors.Is(err, atomicfile.ErrNotDurable) {
-			closeBinding(b, s.logger)
-			return nil, err
+	var replaced *Ended
+	if old != nil {
+		replaced = endActivation(ctx, old, OutcomeReplaced, s.cfg.Now, s.cfg.ReadTimeout)
+		if err := s.recordEnded(replaced); err != nil {
+			return nil, nil, err
 		}
-		// The new state is in place but its directory entry may not survive
-		// a crash: memory must match the file, so publish and say so.
-		s.logger.Warn("binding saved but not known to be durable", "err", err)
+	}
+	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil)}
+	b.Source, b.Host = s.openSources(ref)
+	if err := s.saveBinding(stateFile{Version: stateVersion, Binding: &bindingState{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch}}); err != nil {
+		closeBinding(b, s.logger)
+		if replaced != nil {
+			// The old activation's end is recorded: forget it too, so memory
+			// matches what a restart would find (NewStore clears a binding
+			// whose end is recorded).
+			s.current.Store(nil)
+			s.lastCleared = old.Identity.ActorUID
+			closeBinding(old, s.logger)
+		}
+		return nil, replaced, err
 	}
 	s.current.Store(b)
 	s.lastCleared = ""
 	if old != nil {
 		closeBinding(old, s.logger)
 	}
-	return b, nil
+	s.startBaseline(b)
+	return b, replaced, nil
 }
 
-// Release forgets the bound workload (Checkpoint). Releasing the actor that
-// was just released succeeds again, so a retry is safe; any other actor is
-// ErrActorMismatch, or ErrNoWorkload when nothing is bound.
-func (s *Store) Release(actorUID string) error {
+// Release ends the bound activation (Checkpoint): it takes one last bounded
+// reading, records the ended activation, and forgets the workload.
+// Releasing the actor that was just released succeeds again and returns the
+// same record, so a retry is safe; any other actor is ErrActorMismatch, or
+// ErrNoWorkload when nothing is bound.
+func (s *Store) Release(ctx context.Context, actorUID string) (*Ended, error) {
 	if err := ValidateActorUID(actorUID); err != nil {
-		return err
+		return nil, err
 	}
 	s.lifecycle.Lock()
 	defer s.lifecycle.Unlock()
-
 	old := s.current.Load()
 	switch {
 	case old == nil && actorUID == s.lastCleared:
-		return nil
+		return s.lastEndedOf(actorUID), nil
 	case old == nil:
-		return fmt.Errorf("%w: nothing to checkpoint for actor %q", ErrNoWorkload, actorUID)
+		return nil, fmt.Errorf("%w: nothing to checkpoint for actor %q", ErrNoWorkload, actorUID)
 	case old.Identity.ActorUID != actorUID:
-		return fmt.Errorf("%w: actor %q is bound, not %q", ErrActorMismatch, old.Identity.ActorUID, actorUID)
+		return nil, fmt.Errorf("%w: actor %q is bound, not %q", ErrActorMismatch, old.Identity.ActorUID, actorUID)
 	}
-	if err := s.save(stateFile{Version: stateVersion, LastCleared: actorUID}); err != nil {
-		if !errors.Is(err, atomicfile.ErrNotDurable) {
-			return err
-		}
-		s.logger.Warn("checkpoint saved but not known to be durable", "err", err)
+	e := endActivation(ctx, old, OutcomeCheckpointed, s.cfg.Now, s.cfg.ReadTimeout)
+	if err := s.recordEnded(e); err != nil {
+		return nil, err
+	}
+	if err := s.saveBinding(stateFile{Version: stateVersion, LastCleared: actorUID}); err != nil {
+		// The end is recorded, so a restart clears the binding: do it now.
+		s.logger.Warn("checkpoint: the end is recorded but the cleared binding was not saved; a restart clears it", "err", err)
 	}
 	s.current.Store(nil)
 	s.lastCleared = actorUID
 	closeBinding(old, s.logger)
-	return nil
+	return e, nil
 }
 
 // InLifecycle reports whether a lifecycle call is in progress now. It does not
@@ -301,9 +305,11 @@ func (s *Store) HoldLifecycle() (release func()) {
 	return s.lifecycle.Unlock
 }
 
-// Close closes the current binding's sources (at daemon shutdown). The
-// binding itself stays persisted.
+// Close stops the baseline takers and closes the current binding's sources
+// (at daemon shutdown). The binding itself stays persisted.
 func (s *Store) Close() {
+	s.bgStop()
+	s.bg.Wait()
 	if b := s.current.Load(); b != nil {
 		closeBinding(b, s.logger)
 	}
@@ -319,5 +325,52 @@ func closeBinding(b *Binding, logger *slog.Logger) {
 		if err := b.Host.Close(); err != nil {
 			logger.Warn("closing host sampler", "actor_uid", b.Identity.ActorUID, "err", err)
 		}
+	}
+}
+
+// startBaseline takes the baseline of an activation whose counters survive
+// a restore as soon as the source answers: it reads right away and retries
+// promptly (100 ms, doubling to 2 s) while the binding is current, then
+// persists the baseline, so a restarted statsd keeps it.
+func (s *Store) startBaseline(b *Binding) {
+	if b.Activation.Baseline() != nil || b.Source == nil {
+		return
+	}
+	s.bg.Go(func() {
+		pause := s.cfg.BaselineRetry
+		for s.current.Load() == b && b.Activation.Baseline() == nil {
+			ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.ReadTimeout)
+			observed := s.cfg.Now().UnixNano()
+			r, err := b.Source.Sample(ctx)
+			cancel()
+			if err == nil && s.current.Load() == b {
+				b.Activation.Observe(r, observed)
+				break
+			}
+			select {
+			case <-s.bgCtx.Done():
+				return
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, 2*time.Second)
+		}
+		s.persistBaseline(b)
+	})
+}
+
+// persistBaseline saves b's baseline in the state file if b is still bound.
+func (s *Store) persistBaseline(b *Binding) {
+	base := b.Activation.Baseline()
+	if base == nil {
+		return
+	}
+	s.lifecycle.Lock()
+	defer s.lifecycle.Unlock()
+	if s.current.Load() != b {
+		return
+	}
+	st := stateFile{Version: stateVersion, Binding: &bindingState{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano, Baseline: base}}
+	if err := s.saveBinding(st); err != nil {
+		s.logger.Warn("could not persist the epoch baseline; a restart takes a later one", "actor_uid", b.Identity.ActorUID, "err", err)
 	}
 }

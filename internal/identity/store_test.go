@@ -1,6 +1,7 @@
 package identity
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -40,7 +41,7 @@ func TestBindReleaseLifecycle(t *testing.T) {
 	if s.Current() != nil {
 		t.Fatal("new store has a binding")
 	}
-	b1, err := s.Bind(OpRun, idA, refA)
+	b1, _, err := s.Bind(context.Background(), OpRun, idA, refA)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -49,13 +50,13 @@ func TestBindReleaseLifecycle(t *testing.T) {
 	}
 
 	t.Run("retry is idempotent", func(t *testing.T) {
-		b, err := s.Bind(OpRun, idA, refA)
+		b, _, err := s.Bind(context.Background(), OpRun, idA, refA)
 		if err != nil || b != b1 {
 			t.Fatalf("retry = %p, %v; want the same binding %p", b, err, b1)
 		}
 	})
 	t.Run("other actor is refused and changes nothing", func(t *testing.T) {
-		_, err := s.Bind(OpRun, idB, refB)
+		_, _, err := s.Bind(context.Background(), OpRun, idB, refB)
 		if !errors.Is(err, ErrOtherWorkload) {
 			t.Fatalf("err = %v, want ErrOtherWorkload", err)
 		}
@@ -64,7 +65,7 @@ func TestBindReleaseLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("invalid request changes nothing", func(t *testing.T) {
-		_, err := s.Bind(OpRun, idA, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a/../b"})
+		_, _, err := s.Bind(context.Background(), OpRun, idA, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a/../b"})
 		if !errors.Is(err, ErrInvalid) {
 			t.Fatalf("err = %v, want ErrInvalid", err)
 		}
@@ -73,7 +74,7 @@ func TestBindReleaseLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("restore starts a new epoch", func(t *testing.T) {
-		b, err := s.Bind(OpRestore, idA, refA)
+		b, _, err := s.Bind(context.Background(), OpRestore, idA, refA)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,21 +83,21 @@ func TestBindReleaseLifecycle(t *testing.T) {
 		}
 	})
 	t.Run("checkpoint of another actor is refused", func(t *testing.T) {
-		if err := s.Release("actor-b"); !errors.Is(err, ErrActorMismatch) {
+		if _, err := s.Release(context.Background(), "actor-b"); !errors.Is(err, ErrActorMismatch) {
 			t.Fatalf("err = %v, want ErrActorMismatch", err)
 		}
 	})
 	t.Run("checkpoint clears, a repeat succeeds", func(t *testing.T) {
-		if err := s.Release("actor-a"); err != nil {
+		if _, err := s.Release(context.Background(), "actor-a"); err != nil {
 			t.Fatal(err)
 		}
 		if s.Current() != nil {
 			t.Fatal("still bound after checkpoint")
 		}
-		if err := s.Release("actor-a"); err != nil {
+		if _, err := s.Release(context.Background(), "actor-a"); err != nil {
 			t.Fatalf("repeated checkpoint: %v", err)
 		}
-		if err := s.Release("actor-b"); !errors.Is(err, ErrNoWorkload) {
+		if _, err := s.Release(context.Background(), "actor-b"); !errors.Is(err, ErrNoWorkload) {
 			t.Fatalf("checkpoint of a never-bound actor: err = %v, want ErrNoWorkload", err)
 		}
 	})
@@ -105,7 +106,7 @@ func TestBindReleaseLifecycle(t *testing.T) {
 func TestRestartKeepsBinding(t *testing.T) {
 	dir := t.TempDir()
 	s := newStore(t, dir)
-	b, err := s.Bind(OpRun, idA, refB)
+	b, _, err := s.Bind(context.Background(), OpRun, idA, refB)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,14 +132,14 @@ func TestRestartKeepsBinding(t *testing.T) {
 	}
 
 	// A checkpoint survives a restart too, including the safe retry.
-	if err := s2.Release("actor-a"); err != nil {
+	if _, err := s2.Release(context.Background(), "actor-a"); err != nil {
 		t.Fatal(err)
 	}
 	s3 := newStore(t, dir)
 	if s3.Current() != nil {
 		t.Fatal("binding came back after checkpoint and restart")
 	}
-	if err := s3.Release("actor-a"); err != nil {
+	if _, err := s3.Release(context.Background(), "actor-a"); err != nil {
 		t.Fatalf("retried checkpoint after restart: %v", err)
 	}
 }
@@ -171,7 +172,7 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 				t.Errorf("moved-aside content changed")
 			}
 			// The store works normally afterwards.
-			if _, err := s.Bind(OpRun, idA, refA); err != nil {
+			if _, _, err := s.Bind(context.Background(), OpRun, idA, refA); err != nil {
 				t.Fatal(err)
 			}
 		})

@@ -78,7 +78,8 @@ func (f *fakeHost) Close() error                                          { retu
 type harness struct {
 	store     *identity.Store
 	stats     *StatsService
-	src       *fakeSource        // the source every Open returns
+	src       *fakeSource // the source every Open returns, unless open is set
+	open      func() source.Source
 	host      source.HostSampler // the host sampler every Open returns (nil: none)
 	opens     atomic.Int32
 	client    sandboxstatsv1.WorkloadStatsServiceClient
@@ -90,12 +91,21 @@ func newHarness(t testing.TB) *harness {
 	t.Helper()
 	h := &harness{src: &fakeSource{reading: cgroupRdg}}
 	epochClock := fixedNow
+	var clockMu sync.Mutex
 	store, err := identity.NewStore(identity.Config{
 		Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
 			h.opens.Add(1)
+			if h.open != nil {
+				return h.open(), h.host, nil
+			}
 			return h.src, h.host, nil
 		},
-		Now: func() time.Time { epochClock = epochClock.Add(time.Second); return epochClock },
+		Now: func() time.Time {
+			clockMu.Lock()
+			defer clockMu.Unlock()
+			epochClock = epochClock.Add(time.Second)
+			return epochClock
+		},
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -172,10 +182,10 @@ func TestStatsWorkloadErrorContract(t *testing.T) {
 		// A reader that swaps the binding mid-read: checkpoint A, bind B.
 		h.stats.afterRead = func() {
 			h.stats.afterRead = nil
-			if err := h.store.Release("actor-a"); err != nil {
+			if _, err := h.store.Release(context.Background(), "actor-a"); err != nil {
 				t.Error(err)
 			}
-			if _, err := h.store.Bind(identity.OpRun, identity.Identity{ActorUID: "actor-b"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/b"}); err != nil {
+			if _, _, err := h.store.Bind(context.Background(), identity.OpRun, identity.Identity{ActorUID: "actor-b"}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/b"}); err != nil {
 				t.Error(err)
 			}
 		}
@@ -222,6 +232,7 @@ func TestStatsWorkloadSample(t *testing.T) {
 		SourceDetail: cgroupRdg.Detail, MemoryCurrentBytes: 200 << 20, MemoryPeakBytes: proto.Uint64(300 << 20),
 		MemoryWorkingSetBytes: 190 << 20, CpuUsageUsec: proto.Uint64(1_000_000), ObservedAtUnixNano: fixedNow.UnixNano(),
 		EpochUnixNano: epoch, SandboxProcesses: proto.Uint32(4),
+		EpochBaseline: &sandboxstatsv1.EpochBaseline{Kind: sandboxstatsv1.BaselineKind_BASELINE_KIND_EPOCH_START, ObservedAtUnixNano: epoch},
 	}
 	if diff := cmp.Diff(want, resp.GetSample(), protocmp.Transform()); diff != "" {
 		t.Errorf("sample (-want +got):\n%s", diff)
@@ -289,7 +300,7 @@ func TestStatsActiveWorkloadsStates(t *testing.T) {
 		h.run(t, identA, gvRef)
 		h.stats.afterRead = func() {
 			h.stats.afterRead = nil
-			_ = h.store.Release("actor-a")
+			_, _ = h.store.Release(context.Background(), "actor-a")
 		}
 		resp, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
 		if err != nil {

@@ -76,13 +76,24 @@ func identityToProto(id identity.Identity) *sandboxstatsv1.WorkloadIdentity {
 
 // sampleFromReading attributes a reading to the binding it was read for.
 func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano int64) *sandboxstatsv1.WorkloadStatsSample {
+	s := readingToSample(b.Identity, b.Ref.Class, b.EpochUnixNano, r, observedAtUnixNano)
+	s.EpochBaseline = baselineToProto(b.Activation.Baseline(), b.Identity, b.Ref.Class, b.EpochUnixNano)
+	if s.EpochBaseline == nil {
+		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: "epoch_baseline",
+			Reason: "not taken yet: the guest agent's counters survive a restore, and no read of this epoch has succeeded"})
+	}
+	return s
+}
+
+// readingToSample attributes a reading to an identity and epoch.
+func readingToSample(id identity.Identity, class source.Class, epoch int64, r source.Reading, observedAtUnixNano int64) *sandboxstatsv1.WorkloadStatsSample {
 	s := &sandboxstatsv1.WorkloadStatsSample{
-		ActorUid:              b.Identity.ActorUID,
-		ActorName:             b.Identity.ActorName,
-		ActorNamespace:        b.Identity.ActorNamespace,
-		TemplateNamespace:     b.Identity.TemplateNamespace,
-		TemplateName:          b.Identity.TemplateName,
-		SandboxClass:          classToProto(b.Ref.Class),
+		ActorUid:              id.ActorUID,
+		ActorName:             id.ActorName,
+		ActorNamespace:        id.ActorNamespace,
+		TemplateNamespace:     id.TemplateNamespace,
+		TemplateName:          id.TemplateName,
+		SandboxClass:          classToProto(class),
 		Source:                kindToProto(r.Kind),
 		SourceDetail:          r.Detail,
 		MemoryCurrentBytes:    r.MemoryCurrentBytes,
@@ -90,7 +101,7 @@ func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano
 		MemoryWorkingSetBytes: r.MemoryWorkingSetBytes,
 		CpuUsageUsec:          r.CPUUsageUsec,
 		ObservedAtUnixNano:    observedAtUnixNano,
-		EpochUnixNano:         b.EpochUnixNano,
+		EpochUnixNano:         epoch,
 		SandboxProcesses:      r.SandboxProcesses,
 	}
 	for _, c := range r.UnreadContainers {

@@ -26,40 +26,59 @@ func NewLifecycleService(store *identity.Store, logger *slog.Logger) *LifecycleS
 	return &LifecycleService{store: store, logger: logger}
 }
 
-func (l *LifecycleService) bind(op identity.Op, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, error) {
-	b, err := l.store.Bind(op, IdentityFromProto(id), RefFromProto(ref))
+func (l *LifecycleService) bind(ctx context.Context, op identity.Op, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, *sandboxstatsv1.EndedActivation, error) {
+	b, replaced, err := l.store.Bind(ctx, op, IdentityFromProto(id), RefFromProto(ref))
+	if replaced != nil {
+		logEnded(l.logger, replaced)
+	}
 	if err != nil {
 		l.logger.Warn("lifecycle call refused", "op", op, "actor_uid", id.GetActorUid(), "err", err)
-		return 0, lifecycleError(err)
+		return 0, endedToProto(replaced), lifecycleError(err)
 	}
 	l.logger.Info("workload bound", "op", op, "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
-	return b.EpochUnixNano, nil
+	return b.EpochUnixNano, endedToProto(replaced), nil
 }
 
 // RunWorkload binds a workload and starts an epoch.
-func (l *LifecycleService) RunWorkload(_ context.Context, req *sandboxstatsv1.RunWorkloadRequest) (*sandboxstatsv1.RunWorkloadResponse, error) {
-	epoch, err := l.bind(identity.OpRun, req.GetIdentity(), req.GetSandbox())
+func (l *LifecycleService) RunWorkload(ctx context.Context, req *sandboxstatsv1.RunWorkloadRequest) (*sandboxstatsv1.RunWorkloadResponse, error) {
+	epoch, replaced, err := l.bind(ctx, identity.OpRun, req.GetIdentity(), req.GetSandbox())
 	if err != nil {
 		return nil, err
 	}
-	return &sandboxstatsv1.RunWorkloadResponse{EpochUnixNano: epoch}, nil
+	return &sandboxstatsv1.RunWorkloadResponse{EpochUnixNano: epoch, Replaced: replaced}, nil
 }
 
 // RestoreWorkload binds a restored workload and starts an epoch.
-func (l *LifecycleService) RestoreWorkload(_ context.Context, req *sandboxstatsv1.RestoreWorkloadRequest) (*sandboxstatsv1.RestoreWorkloadResponse, error) {
-	epoch, err := l.bind(identity.OpRestore, req.GetIdentity(), req.GetSandbox())
+func (l *LifecycleService) RestoreWorkload(ctx context.Context, req *sandboxstatsv1.RestoreWorkloadRequest) (*sandboxstatsv1.RestoreWorkloadResponse, error) {
+	epoch, replaced, err := l.bind(ctx, identity.OpRestore, req.GetIdentity(), req.GetSandbox())
 	if err != nil {
 		return nil, err
 	}
-	return &sandboxstatsv1.RestoreWorkloadResponse{EpochUnixNano: epoch}, nil
+	return &sandboxstatsv1.RestoreWorkloadResponse{EpochUnixNano: epoch, Replaced: replaced}, nil
 }
 
-// CheckpointWorkload forgets the bound workload.
-func (l *LifecycleService) CheckpointWorkload(_ context.Context, req *sandboxstatsv1.CheckpointWorkloadRequest) (*sandboxstatsv1.CheckpointWorkloadResponse, error) {
-	if err := l.store.Release(req.GetActorUid()); err != nil {
+// CheckpointWorkload ends the bound activation (one last bounded read, the
+// record) and forgets the workload.
+func (l *LifecycleService) CheckpointWorkload(ctx context.Context, req *sandboxstatsv1.CheckpointWorkloadRequest) (*sandboxstatsv1.CheckpointWorkloadResponse, error) {
+	e, err := l.store.Release(ctx, req.GetActorUid())
+	if err != nil {
 		l.logger.Warn("checkpoint refused", "actor_uid", req.GetActorUid(), "err", err)
 		return nil, lifecycleError(err)
 	}
-	l.logger.Info("workload forgotten", "actor_uid", req.GetActorUid())
-	return &sandboxstatsv1.CheckpointWorkloadResponse{}, nil
+	if e != nil {
+		logEnded(l.logger, e)
+	}
+	return &sandboxstatsv1.CheckpointWorkloadResponse{Ended: endedToProto(e)}, nil
+}
+
+func logEnded(logger *slog.Logger, e *identity.Ended) {
+	attrs := []any{"actor_uid", e.Identity.ActorUID, "epoch_unix_nano", e.EpochUnixNano,
+		"outcome", endedOutcomeName(e.Outcome), "final", finalProvenanceName(e.Provenance)}
+	if e.CPUUsec != nil {
+		attrs = append(attrs, "cpu_usec", *e.CPUUsec)
+	}
+	if e.FinalReason != "" {
+		attrs = append(attrs, "final_reason", e.FinalReason)
+	}
+	logger.Info("activation ended", attrs...)
 }

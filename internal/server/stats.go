@@ -88,6 +88,7 @@ func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeH
 	if err != nil {
 		return nil, err
 	}
+	b.Activation.Observe(reading, observed)
 	sample := sampleFromReading(b, reading, observed)
 	sample.Host = host
 	sample.OpenDriftFindings = s.openFindings(b.Identity.ActorUID)
@@ -126,31 +127,42 @@ func (s *StatsService) StatsWorkload(ctx context.Context, req *sandboxstatsv1.St
 
 // StatsActiveWorkloads is the discovery read: every normal state is an answer.
 func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
+	// The ended activations are taken before the read: one that ends during
+	// the read is in the next answer, never lost between the two.
+	ended := endedListToProto(s.store.Ended())
 	b := s.store.Current()
 	if b == nil {
 		return &sandboxstatsv1.StatsActiveWorkloadsResponse{
 			NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD,
 			NoSampleDetail: "no workload is bound to this statsd",
+			Ended:          ended,
 		}, nil
 	}
 	sample, err := s.sample(ctx, b, req.GetIncludeHost())
 	switch {
 	case errors.Is(err, errBindingChanged):
-		return notMeasurableYet("the binding changed while the sample was being read"), nil
+		return notMeasurableYet("the binding changed while the sample was being read", ended), nil
 	case errors.Is(err, source.ErrTimeout), errors.Is(err, source.ErrMalformed),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return nil, readError(err)
 	case err != nil:
-		return notMeasurableYet(err.Error()), nil
+		return notMeasurableYet(err.Error(), ended), nil
 	}
-	return &sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: []*sandboxstatsv1.WorkloadStatsSample{sample}}, nil
+	return &sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: []*sandboxstatsv1.WorkloadStatsSample{sample}, Ended: ended}, nil
 }
 
-func notMeasurableYet(detail string) *sandboxstatsv1.StatsActiveWorkloadsResponse {
+func notMeasurableYet(detail string, ended []*sandboxstatsv1.EndedActivation) *sandboxstatsv1.StatsActiveWorkloadsResponse {
 	return &sandboxstatsv1.StatsActiveWorkloadsResponse{
 		NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET,
 		NoSampleDetail: detail,
+		Ended:          ended,
 	}
+}
+
+// ListEndedActivations lists the recently ended activations; it reads no
+// source.
+func (s *StatsService) ListEndedActivations(context.Context, *sandboxstatsv1.ListEndedActivationsRequest) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
+	return &sandboxstatsv1.ListEndedActivationsResponse{Ended: endedListToProto(s.store.Ended())}, nil
 }
 
 // StatsHost returns only the host views, even when the sandbox's own source

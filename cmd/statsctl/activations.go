@@ -1,0 +1,141 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/api"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+func runActivations(ctx context.Context, e *env, args []string) error {
+	fs := flagSet(e, "activations", "Print the activations that ended here recently, each with its final sample, CPU and peak memory")
+	var (
+		conn connFlags
+		out  outputFlag
+	)
+	conn.register(fs, defaultSocket, "stats")
+	out.register(fs)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := out.validate(); err != nil {
+		return err
+	}
+	ctx, cc, done, err := conn.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
+	if err != nil {
+		return err
+	}
+	if out.format == "json" {
+		return writeJSON(e.stdout, resp)
+	}
+	return writeActivationsTable(e.stdout, resp.GetEnded())
+}
+
+// writeActivationsTable prints one line per ended activation, oldest first:
+// its CPU (seconds, the activation's own) and peak (MiB; "≥" marks a lower
+// bound), how it ended and how its final sample was obtained.
+func writeActivationsTable(w io.Writer, ended []*sandboxstatsv1.EndedActivation) error {
+	if len(ended) == 0 {
+		_, err := fmt.Fprintln(w, "no ended activations")
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ACTOR\tTEMPLATE\tCLASS\tSOURCE\tEPOCH\tDURATION\tOUTCOME\tCPU(s)\tPEAK(MiB)\tFINAL")
+	for _, e := range ended {
+		id := e.GetIdentity()
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			id.GetActorUid(), qualified(id.GetTemplateNamespace(), id.GetTemplateName()),
+			api.ClassName(e.GetSandboxClass()), api.SourceName(e.GetSource()), formatTime(e.GetEpochUnixNano()),
+			durationCol(e.GetEndUnixNano()-e.GetEpochUnixNano()), api.OutcomeName(e.GetOutcome()),
+			endedCPU(e), endedPeak(e), finalCol(e))
+	}
+	return tw.Flush()
+}
+
+func durationCol(ns int64) string { return time.Duration(ns).Round(time.Millisecond).String() }
+
+func endedCPU(e *sandboxstatsv1.EndedActivation) string {
+	if e.CpuUsec == nil {
+		return "absent"
+	}
+	return fmt.Sprintf("%.6f", float64(e.GetCpuUsec())/1e6)
+}
+
+func endedPeak(e *sandboxstatsv1.EndedActivation) string {
+	if e.MemoryPeakBytes == nil {
+		return "absent"
+	}
+	p := fmt.Sprintf("%.1f", float64(e.GetMemoryPeakBytes())/(1<<20))
+	if e.GetMemoryPeakIsLowerBound() {
+		return ">=" + p
+	}
+	return p
+}
+
+// finalCol says how the final sample was obtained.
+func finalCol(e *sandboxstatsv1.EndedActivation) string {
+	switch e.GetFinalProvenance() {
+	case sandboxstatsv1.FinalProvenance_FINAL_PROVENANCE_READ_AT_END:
+		return "read at end"
+	case sandboxstatsv1.FinalProvenance_FINAL_PROVENANCE_LAST_GOOD_POLL:
+		return fmt.Sprintf("last good poll %s before the end (%s)", durationCol(e.GetFinalAgeNanos()), oneLine(e.GetFinalReason()))
+	case sandboxstatsv1.FinalProvenance_FINAL_PROVENANCE_NONE:
+		return "none (" + oneLine(e.GetFinalReason()) + ")"
+	}
+	return "-"
+}
+
+func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
+
+// writeEnded prints one ended activation after a Checkpoint (or a Run that
+// replaced one), a figure a line.
+func writeEnded(w io.Writer, e *sandboxstatsv1.EndedActivation) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v, note string) {
+		if note == "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+			return
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", k, v, note)
+	}
+	row("ENDED", formatTime(e.GetEndUnixNano()), "epoch "+formatTime(e.GetEpochUnixNano())+", after "+durationCol(e.GetEndUnixNano()-e.GetEpochUnixNano()))
+	row("OUTCOME", api.OutcomeName(e.GetOutcome()), "")
+	row("FINAL", finalCol(e), "")
+	if e.CpuUsec != nil {
+		note := "the activation's own CPU (final minus the epoch baseline)"
+		if d := e.GetBaselineDelayNanos(); d > 0 {
+			note += fmt.Sprintf("; baseline taken %s after the epoch start", durationCol(d))
+		}
+		row("CPU", formatUsec(e.GetCpuUsec()), note)
+	} else {
+		row("CPU", "absent", absentOf(e.GetAbsent(), "cpu_usec"))
+	}
+	switch {
+	case e.MemoryPeakBytes == nil:
+		row("MEMORY PEAK", "absent", absentOf(e.GetAbsent(), "memory_peak_bytes"))
+	case e.GetMemoryPeakIsLowerBound():
+		row("MEMORY PEAK", formatBytes(e.GetMemoryPeakBytes()), "lower bound: the highest current any read saw (the source offers no peak)")
+	default:
+		row("MEMORY PEAK", formatBytes(e.GetMemoryPeakBytes()), "the source's peak")
+	}
+	return tw.Flush()
+}
+
+func absentOf(as []*sandboxstatsv1.AbsentValue, field string) string {
+	for _, a := range as {
+		if a.GetField() == field {
+			return a.GetReason()
+		}
+	}
+	return ""
+}

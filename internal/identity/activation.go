@@ -1,0 +1,126 @@
+package identity
+
+import (
+	"sync"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// BaselineKind says where an epoch's counters start (see the API's
+// BaselineKind).
+type BaselineKind int
+
+const (
+	BaselineUnspecified BaselineKind = iota
+	// BaselineEpochStart: every counter of the source was 0 at the epoch
+	// start (the cgroup source: a Run/Restore gets a new sandbox cgroup).
+	BaselineEpochStart
+	// BaselineFirstRead: the counters survive a restore (the guest agent);
+	// the baseline is the epoch's first successful read.
+	BaselineFirstRead
+)
+
+// Baseline is where one epoch's counters start.
+type Baseline struct {
+	Kind BaselineKind `json:"kind"`
+	// AtUnixNano is when it holds: the epoch start, or the first read's
+	// observed time.
+	AtUnixNano int64 `json:"at_unix_nano"`
+	// FirstRead holds the counters of that read (BaselineFirstRead only).
+	FirstRead *source.Reading `json:"first_read,omitempty"`
+}
+
+// CPUUsec is the baseline's CPU counter: 0 at the epoch start, the first
+// read's counter otherwise; ok is false when that read had none.
+func (b *Baseline) CPUUsec() (usec uint64, ok bool) {
+	switch {
+	case b == nil:
+		return 0, false
+	case b.Kind == BaselineEpochStart:
+		return 0, true
+	case b.FirstRead == nil || b.FirstRead.CPUUsageUsec == nil:
+		return 0, false
+	}
+	return *b.FirstRead.CPUUsageUsec, true
+}
+
+// countersSurviveRestore reports whether a ref's source keeps its counters
+// across a restore: the guest agent's live in guest memory, the cgroup
+// source's restart with the sandbox cgroup.
+func countersSurviveRestore(ref source.SandboxRef) bool {
+	return ref.Class == source.ClassMicroVM
+}
+
+// Observed is one successful reading of an activation and when it began.
+type Observed struct {
+	Reading    source.Reading
+	AtUnixNano int64
+}
+
+// Activation is the in-memory account of one bound activation that the read
+// path keeps: the last good reading (the final sample when the read at the
+// end fails), the highest memory current any read saw (the peak of a source
+// that offers none) and the baseline. It never touches the disk; only the lifecycle (and the baseline
+// taker) persists what the end and the baseline need. Safe for concurrent
+// use.
+type Activation struct {
+	mu         sync.Mutex
+	last       *Observed
+	maxCurrent uint64
+	seen       bool
+	baseline   *Baseline
+}
+
+// newActivation starts the account of an activation of ref that began at
+// epoch, with a baseline already known (restored from the state file) or nil.
+func newActivation(ref source.SandboxRef, epoch int64, baseline *Baseline) *Activation {
+	a := &Activation{baseline: baseline}
+	if a.baseline == nil && !countersSurviveRestore(ref) {
+		a.baseline = &Baseline{Kind: BaselineEpochStart, AtUnixNano: epoch}
+	}
+	return a
+}
+
+// Observe records a successful reading observed at atUnixNano. The first
+// reading of an activation whose counters survive a restore becomes its
+// baseline.
+func (a *Activation) Observe(r source.Reading, atUnixNano int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.last == nil || atUnixNano >= a.last.AtUnixNano {
+		a.last = &Observed{Reading: r, AtUnixNano: atUnixNano}
+	}
+	if !a.seen || r.MemoryCurrentBytes > a.maxCurrent {
+		a.maxCurrent = r.MemoryCurrentBytes
+	}
+	a.seen = true
+	if a.baseline == nil {
+		first := countersOnly(r)
+		a.baseline = &Baseline{Kind: BaselineFirstRead, AtUnixNano: atUnixNano, FirstRead: &first}
+	}
+}
+
+// Baseline returns the epoch's baseline, or nil while it is not taken.
+func (a *Activation) Baseline() *Baseline {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.baseline
+}
+
+// snapshot returns what the end of the activation needs.
+func (a *Activation) snapshot() (last *Observed, maxCurrent uint64, seen bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.last, a.maxCurrent, a.seen
+}
+
+// countersOnly keeps the counters of r (what a baseline subtracts): CPU,
+// the OOM counters, throttling, network and block IO.
+func countersOnly(r source.Reading) source.Reading {
+	c := source.Reading{Kind: r.Kind, CPUUsageUsec: r.CPUUsageUsec, Throttling: r.Throttling, Network: r.Network, BlockIO: r.BlockIO}
+	if r.Memory != nil {
+		c.Memory = &source.MemorySignals{OOMKills: r.Memory.OOMKills, OOMGroupKills: r.Memory.OOMGroupKills,
+			OOMEvents: r.Memory.OOMEvents, MaxEvents: r.Memory.MaxEvents}
+	}
+	return c
+}

@@ -1,0 +1,241 @@
+package identity
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// The state files under the state directory.
+const (
+	// StateFileName holds the binding (and the last cleared actor).
+	StateFileName = "binding.json"
+	// EndedFileName holds the recently ended activations.
+	EndedFileName = "ended.json"
+)
+
+// Size caps of the state files: a binding is a few hundred bytes; the ended
+// records are kept under maxEndedBytes by dropping the oldest.
+const (
+	maxStateBytes = 64 << 10
+	maxEndedBytes = 1 << 20
+)
+
+const stateVersion = 1
+
+type stateFile struct {
+	Version     int           `json:"version"`
+	Binding     *bindingState `json:"binding,omitempty"`
+	LastCleared string        `json:"last_cleared_actor_uid,omitempty"`
+}
+
+type bindingState struct {
+	Identity      Identity          `json:"identity"`
+	Ref           source.SandboxRef `json:"ref"`
+	Op            Op                `json:"op"`
+	EpochUnixNano int64             `json:"epoch_unix_nano"`
+	Baseline      *Baseline         `json:"baseline,omitempty"`
+}
+
+type endedFile struct {
+	Version int      `json:"version"`
+	Ended   []*Ended `json:"ended"`
+}
+
+// readState reads one state file: a regular file (never a FIFO, a device or
+// a symlink) of at most max bytes. A missing file is (nil, nil).
+func readState(p string, max int) ([]byte, error) {
+	b, err := bounded.ReadRegularFile(p, max)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	return b, err
+}
+
+// loadState reads and decodes one state file. A file that does not decode is
+// moved aside and logged, and the zero state returned; a file that cannot be
+// read at all (EIO, EACCES, not a regular file) is an error: moving it aside
+// could forget a good state, so statsd refuses to start.
+func (s *Store) loadState(name string, max int, decode func([]byte) error) error {
+	p := filepath.Join(s.cfg.StateDir, name)
+	b, err := readState(p, max)
+	switch {
+	case errors.Is(err, source.ErrMalformed): // over the size cap: corrupt
+	case err != nil:
+		return fmt.Errorf("identity: read state: %w", err)
+	case b == nil:
+		return nil
+	default:
+		if err = decode(b); err == nil {
+			return nil
+		}
+	}
+	aside, rerr := atomicfile.MoveAside(p, s.cfg.Now().UnixNano())
+	if rerr != nil {
+		return fmt.Errorf("identity: state file %s is unreadable (%v) and could not be moved aside: %w", p, err, rerr)
+	}
+	s.logger.Error("state file unreadable; moved aside, starting without it", "path", p, "moved_to", aside, "err", err)
+	return decode(nil)
+}
+
+func (s *Store) loadBinding() (stateFile, error) {
+	st := stateFile{Version: stateVersion}
+	err := s.loadState(StateFileName, maxStateBytes, func(b []byte) error {
+		if b == nil {
+			st = stateFile{Version: stateVersion}
+			return nil
+		}
+		return decodeState(b, &st)
+	})
+	return st, err
+}
+
+func decodeState(b []byte, st *stateFile) error {
+	if err := json.Unmarshal(b, st); err != nil {
+		return fmt.Errorf("parse: %w", err)
+	}
+	if st.Version != stateVersion {
+		return fmt.Errorf("unknown state version %d", st.Version)
+	}
+	if st.Binding != nil {
+		if err := st.Binding.Identity.Validate(); err != nil {
+			return err
+		}
+		if err := ValidateRef(st.Binding.Ref); err != nil {
+			return err
+		}
+		if st.Binding.Op != OpRun && st.Binding.Op != OpRestore {
+			return fmt.Errorf("unknown op %q", st.Binding.Op)
+		}
+	}
+	return nil
+}
+
+func (s *Store) loadEnded() ([]*Ended, error) {
+	var out []*Ended
+	err := s.loadState(EndedFileName, maxEndedBytes+maxStateBytes, func(b []byte) error {
+		out = nil
+		if b == nil {
+			return nil
+		}
+		var f endedFile
+		if err := json.Unmarshal(b, &f); err != nil {
+			return fmt.Errorf("parse: %w", err)
+		}
+		if f.Version != stateVersion {
+			return fmt.Errorf("unknown ended-activations version %d", f.Version)
+		}
+		for i, e := range f.Ended {
+			if e == nil || e.Identity.Validate() != nil {
+				return fmt.Errorf("record %d: not a valid ended activation", i)
+			}
+		}
+		out = f.Ended
+		return nil
+	})
+	return out, err
+}
+
+// save writes one state file crash-safely (atomicfile). Written but not
+// known to be durable counts as written (memory stays in step with the
+// file), with a warning.
+func (s *Store) save(name string, v any) error {
+	if s.cfg.StateDir == "" {
+		return nil
+	}
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	err = atomicfile.Write(s.cfg.StateDir, name, append(b, '\n'), 0o600)
+	switch {
+	case errors.Is(err, atomicfile.ErrNotDurable):
+		s.logger.Warn("state saved but not known to be durable", "file", name, "err", err)
+		return nil
+	case err != nil:
+		return fmt.Errorf("identity: save %s: %w", name, err)
+	}
+	return nil
+}
+
+func (s *Store) saveBinding(st stateFile) error { return s.save(StateFileName, st) }
+
+// recordEnded adds e to the ended activations (replacing a record of the same
+// activation), drops what is past the retention, the count cap or the byte
+// cap (oldest first), and persists the list. Called under the lifecycle
+// lock; the list is published only once saved.
+func (s *Store) recordEnded(e *Ended) error {
+	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
+	var next []*Ended
+	for _, o := range *s.ended.Load() {
+		if o.EndUnixNano >= cutoff && o.key() != e.key() {
+			next = append(next, o)
+		}
+	}
+	next = append(next, e)
+	if over := len(next) - s.cfg.EndedMax; over > 0 {
+		next = next[over:]
+	}
+	for len(next) > 1 {
+		b, err := json.Marshal(endedFile{Version: stateVersion, Ended: next})
+		if err != nil {
+			return err
+		}
+		if len(b) <= maxEndedBytes {
+			break
+		}
+		next = next[1:]
+	}
+	if err := s.save(EndedFileName, endedFile{Version: stateVersion, Ended: next}); err != nil {
+		return err
+	}
+	s.ended.Store(&next)
+	return nil
+}
+
+// endedOf returns the record of an actor's epoch, or nil.
+func (s *Store) endedOf(actorUID string, epoch int64) *Ended {
+	for _, e := range *s.ended.Load() {
+		if e.Identity.ActorUID == actorUID && e.EpochUnixNano == epoch {
+			return e
+		}
+	}
+	return nil
+}
+
+// lastEndedOf returns the newest record of an actor, or nil.
+func (s *Store) lastEndedOf(actorUID string) *Ended {
+	all := *s.ended.Load()
+	for i := len(all) - 1; i >= 0; i-- {
+		if all[i].Identity.ActorUID == actorUID {
+			return all[i]
+		}
+	}
+	return nil
+}
+
+// sweepTemps removes the temp files a crash left beside the state files
+// (atomicfile writes <name>.tmp-*).
+func sweepTemps(dir string, logger *slog.Logger) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return
+	}
+	for _, e := range ents {
+		n := e.Name()
+		if !e.Type().IsRegular() || !(strings.HasPrefix(n, StateFileName+".tmp-") || strings.HasPrefix(n, EndedFileName+".tmp-")) {
+			continue
+		}
+		if err := os.Remove(filepath.Join(dir, n)); err == nil {
+			logger.Info("removed a temp file an interrupted write left", "path", filepath.Join(dir, n))
+		}
+	}
+}
