@@ -41,6 +41,7 @@ func main() {
 
 type options struct {
 	agent           nodeagent.Config
+	activationLog   string
 	minInterval     time.Duration
 	listen          string
 	logLevel        slog.Level
@@ -61,6 +62,8 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9477", "TCP address serving /metrics and /healthz")
 	fs.BoolVar(&o.agent.LabelActor, "label-actor", false, "add actor_uid, actor_name, actor_namespace labels (one series per workload: high cardinality)")
 	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen; raised to at least 2 x --interval + --timeout")
+	fs.StringVar(&o.activationLog, "activation-log", "", "append one JSON line per ended activation (identity, epoch, end, CPU, peak, outcome, final provenance) to this file, or - for stdout")
+	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once; must exceed statsd's --ended-retention")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
 	if err := fs.Parse(args); err != nil {
@@ -78,6 +81,8 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 		return o, nil, errors.New("--concurrency must be at least 1")
 	case o.agent.Grace < 0:
 		return o, nil, errors.New("--grace must not be negative")
+	case o.agent.EndedHorizon <= 0:
+		return o, nil, errors.New("--ended-horizon must be positive")
 	}
 	var warnings []string
 	if o.agent.Interval > 0 && o.agent.Interval < o.minInterval {
@@ -109,6 +114,18 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.logLevel}))
 	for _, w := range warnings {
 		logger.Warn(w)
+	}
+	switch o.activationLog {
+	case "":
+	case "-":
+		o.agent.ActivationLog = os.Stdout
+	default:
+		f, err := os.OpenFile(o.activationLog, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o640)
+		if err != nil {
+			return fmt.Errorf("activation log: %w", err)
+		}
+		defer f.Close()
+		o.agent.ActivationLog = f
 	}
 	a, err := nodeagent.New(o.agent, logger.With("component", "agent"))
 	if err != nil {

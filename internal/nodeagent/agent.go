@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"sync/atomic"
@@ -27,9 +28,11 @@ type Config struct {
 	Timeout time.Duration
 	// Concurrency is the most daemons polled at once.
 	Concurrency int
-	// LabelActor and Grace: see MetricsConfig.
-	LabelActor bool
-	Grace      time.Duration
+	// LabelActor, Grace, EndedHorizon and ActivationLog: see MetricsConfig.
+	LabelActor    bool
+	Grace         time.Duration
+	EndedHorizon  time.Duration
+	ActivationLog io.Writer
 }
 
 // Agent sweeps on a timer and serves the result as Prometheus metrics.
@@ -53,11 +56,13 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	m, err := NewMetrics(reg, MetricsConfig{LabelActor: cfg.LabelActor, Grace: cfg.Grace}, logger)
+	started := time.Now()
+	m, err := NewMetrics(reg, MetricsConfig{LabelActor: cfg.LabelActor, Grace: cfg.Grace, Started: started,
+		EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
-	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, started: time.Now()}, nil
+	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, started: started}, nil
 }
 
 // SweepOnce runs one sweep and makes it the exported snapshot.

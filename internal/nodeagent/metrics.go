@@ -2,6 +2,8 @@ package nodeagent
 
 import (
 	"cmp"
+	"encoding/json"
+	"io"
 	"log/slog"
 	"runtime"
 	"sync"
@@ -34,6 +36,16 @@ const (
 	MetricSweeps           = "sandboxstats_agent_sweeps_total"
 	MetricPollErrors       = "sandboxstats_agent_poll_errors_total"
 	MetricDriftFindings    = "sandboxstats_drift_open_findings"
+
+	// Per ended activation (each charged once), per template: no actor
+	// labels however LabelActor is set (identity rides on the activation
+	// log, not on labels).
+	MetricActivationsEnded   = "sandboxstats_activations_ended_total"
+	MetricActivationCPU      = "sandboxstats_activation_cpu_seconds"
+	MetricActivationPeak     = "sandboxstats_activation_memory_peak_bytes"
+	MetricActivationDuration = "sandboxstats_activation_duration_seconds"
+	MetricActivationFinals   = "sandboxstats_activation_final_samples_total"
+	MetricActivationNoPeak   = "sandboxstats_activation_memory_peak_missing_total"
 )
 
 // MetricsConfig configures Metrics.
@@ -47,9 +59,19 @@ type MetricsConfig struct {
 	// grace period continues its counter; after it, it is a first sight.
 	Grace time.Duration
 	// CPUs bounds how much CPU time a workload can have used since its
-	// counter restarted (see rate.CPUCounter); 0 means runtime.NumCPU(),
+	// counter restarted (see rate.Accountant); 0 means runtime.NumCPU(),
 	// the node's CPUs as this agent sees them.
 	CPUs int
+	// Started is when this agent started (rate.AccountantConfig.Started);
+	// zero means when NewMetrics ran.
+	Started time.Time
+	// EndedHorizon is how long an ended activation is remembered so that it
+	// is charged once (rate.AccountantConfig.Horizon); default 1 h. It must
+	// exceed statsd's --ended-retention.
+	EndedHorizon time.Duration
+	// ActivationLog, when set, gets one JSON line per ended activation
+	// (ActivationRecord).
+	ActivationLog io.Writer
 }
 
 // Metrics is a prometheus.Collector over the latest sweep: the workload
@@ -60,8 +82,9 @@ type Metrics struct {
 	logger *slog.Logger
 
 	mu     sync.Mutex // serializes Apply
-	cpu    *rate.CPUCounter
+	cpu    *rate.Accountant
 	totals map[labelSet]*cpuTotal
+	actLog *json.Encoder // nil: no activation log
 
 	snap atomic.Pointer[snapshot]
 
@@ -72,6 +95,13 @@ type Metrics struct {
 	lastSweepTime prometheus.Gauge
 	sweeps        prometheus.Counter
 	pollErrors    *prometheus.CounterVec
+
+	ended       *prometheus.CounterVec   // + outcome
+	finals      *prometheus.CounterVec   // + provenance
+	noPeak      *prometheus.CounterVec   // + reason
+	actCPU      *prometheus.HistogramVec // seconds
+	actPeak     *prometheus.HistogramVec // bytes
+	actDuration *prometheus.HistogramVec // seconds
 }
 
 // labelSet is one series' labels; actor fields are empty without LabelActor.
@@ -112,10 +142,17 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 	if cfg.LabelActor {
 		labels = append(labels, "actor_uid", "actor_name", "actor_namespace")
 	}
+	if cfg.Started.IsZero() {
+		cfg.Started = time.Now()
+	}
+	cfg.EndedHorizon = cmp.Or(cfg.EndedHorizon, time.Hour)
+	templateLabels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
 	m := &Metrics{
 		cfg:    cfg,
 		logger: logger,
-		cpu:    rate.NewCPUCounter(cfg.Grace, cmp.Or(cfg.CPUs, runtime.NumCPU())),
+		cpu: rate.NewAccountant(rate.AccountantConfig{
+			Started: cfg.Started, CPUs: cmp.Or(cfg.CPUs, runtime.NumCPU()), Horizon: cfg.EndedHorizon,
+		}),
 		totals: make(map[labelSet]*cpuTotal),
 		descCur: prometheus.NewDesc(MetricMemoryCurrent,
 			"Memory charged now (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
@@ -124,7 +161,7 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 		descPeak: prometheus.NewDesc(MetricMemoryPeak,
 			"Peak memory within each workload's epoch (peak, bytes, layer: source), summed over the sampled workloads with these labels (an upper bound on the peak of the sum); absent when a workload's source offers no peak.", labels, nil),
 		descCPU: prometheus.NewDesc(MetricCPUSeconds,
-			"CPU time charged to workloads with these labels (counter, seconds, layer: source). First sight of a workload charges nothing; an epoch reset never decreases it.", labels, nil),
+			"CPU time charged to workloads with these labels (counter, seconds, layer: source), each activation from its first to its last microsecond: its head from the epoch start, its tail from the ended record's final sample, once (see docs/statsagent.md). Never decreases.", labels, nil),
 		descSampled: prometheus.NewDesc(MetricSampledWorkloads,
 			"Workloads in the last sweep (gauge); source=\"unspecified\" counts workloads bound but not measured.", labels, nil),
 		descDrift: prometheus.NewDesc(MetricDriftFindings,
@@ -148,9 +185,34 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 		pollErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: MetricPollErrors, Help: "Failed StatsActiveWorkloads polls, by gRPC code (a vanished daemon is not an error).",
 		}, []string{"code"}),
+		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricActivationsEnded, Help: "Activations that ended (each once), by how: checkpointed, sandbox-dead, oom-killed, replaced.",
+		}, append(templateLabels[:4:4], "outcome")),
+		finals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricActivationFinals, Help: "Ended activations by how their final sample was obtained: read-at-end, last-good-poll (usage after it is missing), none.",
+		}, append(templateLabels[:4:4], "provenance")),
+		noPeak: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: MetricActivationNoPeak, Help: "Ended activations left out of " + MetricActivationPeak + ": lower-bound (the source offers no peak; only the highest current seen is known) or absent.",
+		}, append(templateLabels[:4:4], "reason")),
+		actCPU: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: MetricActivationCPU, Help: "CPU time of each ended activation (seconds, its own: final minus the epoch baseline); _sum is the CPU the activations used.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600},
+		}, templateLabels),
+		actPeak: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: MetricActivationPeak, Help: "Peak memory of each ended activation (bytes, the source's peak within the epoch).",
+			Buckets: prometheus.ExponentialBuckets(16<<20, 2, 13), // 16 MiB .. 64 GiB
+		}, templateLabels),
+		actDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: MetricActivationDuration, Help: "Wall time of each ended activation, from its Run/Restore to its end (seconds).",
+			Buckets: []float64{1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600},
+		}, templateLabels),
+	}
+	if cfg.ActivationLog != nil {
+		m.actLog = json.NewEncoder(cfg.ActivationLog)
 	}
 	m.snap.Store(&snapshot{})
-	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors} {
+	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
+		m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
@@ -177,109 +239,6 @@ func (l labelSet) values(withActor bool) []string {
 		v = append(v, l.actorUID, l.actorName, l.actorNamespace)
 	}
 	return v
-}
-
-// Apply makes results the latest sweep, seen at now (the agent's clock,
-// for the grace period), which took took.
-func (m *Metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.Duration) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-
-	snap := &snapshot{
-		drift:   make(map[driftKey]int),
-		series:  make(map[labelSet]*seriesValues),
-		cpu:     make(map[labelSet]uint64),
-		daemons: make(map[sweep.Status]int),
-	}
-	// Forget first, so a workload back after the grace period is a first
-	// sight again (charges nothing).
-	for _, k := range m.cpu.Prune(now) {
-		m.logger.Debug("forgot workload after grace period", "actor_uid", k.ActorUID, "source", api.SourceName(k.Source))
-	}
-	seen := make(map[rate.WorkloadKey]string) // workload -> socket, this sweep
-	for _, r := range results {
-		snap.daemons[r.Status]++
-		if r.Status == sweep.StatusError {
-			m.pollErrors.WithLabelValues(r.Code.String()).Inc()
-		}
-		for _, s := range r.Samples {
-			key := rate.KeyOf(s)
-			if other, dup := seen[key]; dup {
-				m.logger.Warn("same workload reported by two daemons; keeping the first",
-					"actor_uid", key.ActorUID, "socket", r.Socket, "first_socket", other)
-				continue
-			}
-			seen[key] = r.Socket
-			m.add(snap, s, now)
-		}
-		if r.DriftErr != nil {
-			m.logger.Debug("drift findings not listed", "socket", r.Socket, "err", r.DriftErr)
-		}
-		for _, f := range r.DriftFindings {
-			kind := api.DriftKindName(f.GetKind())
-			matched := false
-			for _, s := range r.Samples {
-				if s.GetActorUid() == f.GetActorUid() {
-					snap.drift[driftKey{kind: kind, labels: m.labelsOf(s)}]++
-					matched = true
-				}
-			}
-			if !matched {
-				// No sample of its workload (not measurable yet, reads
-				// timing out): only what the finding itself carries.
-				var l labelSet
-				if m.cfg.LabelActor {
-					l.actorUID = f.GetActorUid()
-				}
-				snap.drift[driftKey{kind: kind, labels: l}]++
-			}
-		}
-	}
-	for l, t := range m.totals {
-		if now.Sub(t.lastSeen) > m.cfg.Grace {
-			delete(m.totals, l)
-			continue
-		}
-		snap.cpu[l] = t.usec
-	}
-	m.snap.Store(snap)
-
-	m.sweepDuration.Observe(took.Seconds())
-	m.lastSweep.Set(took.Seconds())
-	m.lastSweepTime.Set(float64(now.UnixNano()) / 1e9)
-	m.sweeps.Inc()
-}
-
-func (m *Metrics) add(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
-	l := m.labelsOf(s)
-	sv := snap.series[l]
-	if sv == nil {
-		sv = &seriesValues{}
-		snap.series[l] = sv
-	}
-	sv.workloads++
-	charged, ev := m.cpu.Observe(s, now)
-	if !rate.Measured(s) {
-		return
-	}
-	sv.current += s.GetMemoryCurrentBytes()
-	sv.wset += s.GetMemoryWorkingSetBytes()
-	if s.MemoryPeakBytes == nil {
-		sv.peakIncomplete = true
-	} else {
-		sv.peak += s.GetMemoryPeakBytes()
-	}
-	t := m.totals[l]
-	if t == nil {
-		t = &cpuTotal{}
-		m.totals[l] = t
-	}
-	t.usec += charged
-	t.lastSeen = now
-	if ev == rate.EventEpochReset || ev == rate.EventCounterReset {
-		m.logger.Debug("cpu counter reset", "actor_uid", s.GetActorUid(), "event", string(ev),
-			"epoch_unix_nano", s.GetEpochUnixNano(), "charged_usec", charged)
-	}
 }
 
 // Describe implements prometheus.Collector.

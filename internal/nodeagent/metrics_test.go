@@ -48,6 +48,10 @@ func gather(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 				out[key] = m.GetGauge().GetValue()
 			case m.Counter != nil:
 				out[key] = m.GetCounter().GetValue()
+			case m.Histogram != nil && f.GetName() != MetricSweepDuration:
+				labels := "{" + strings.Join(ls, ",") + "}"
+				out[f.GetName()+"_sum"+labels] = m.GetHistogram().GetSampleSum()
+				out[f.GetName()+"_count"+labels] = float64(m.GetHistogram().GetSampleCount())
 			}
 		}
 	}
@@ -85,11 +89,13 @@ func okResult(sock string, s ...*sandboxstatsv1.WorkloadStatsSample) sweep.Daemo
 
 func TestMetricsAcrossSweeps(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, MetricsConfig{Grace: 5 * time.Minute}, discard())
+	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	// The agent started at t0: the workloads' epoch (16:00) began before it,
+	// w1's restore (17:01:30) after.
+	m, err := NewMetrics(reg, MetricsConfig{Grace: 5 * time.Minute, Started: t0}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}
-	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
 	unmeasured := &sandboxstatsv1.WorkloadStatsSample{ActorUid: "w4", TemplateNamespace: "templates", TemplateName: "python",
 		SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR}
 	hung := sweep.DaemonResult{Socket: "h", Status: sweep.StatusError, Code: codes.DeadlineExceeded}
@@ -156,13 +162,14 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	}
 
 	// Sweep 4, 6 minutes later, past the grace period: w3's label set is
-	// forgotten; w1 comes back in the same epoch but is a first sight again
-	// (nothing charged), and its label set's counter continues.
+	// forgotten; w1 comes back in the same epoch within the accountant's
+	// horizon, so it continues (100 ms charged, nothing twice), and its
+	// label set's counter continues.
 	w1 = proto.Clone(w1).(*sandboxstatsv1.WorkloadStatsSample)
 	w1.CpuUsageUsec = proto.Uint64(400_000)
 	m.Apply([]sweep.DaemonResult{okResult("1", w1)}, t0.Add(8*time.Minute), 0)
 	got = gather(t, reg)
-	if diff := cmp.Diff(map[string]float64{lCgroup: 2.8}, pick(got, MetricCPUSeconds), approx()); diff != "" {
+	if diff := cmp.Diff(map[string]float64{lCgroup: 2.9}, pick(got, MetricCPUSeconds), approx()); diff != "" {
 		t.Errorf("sweep 4 cpu (-want +got):\n%s", diff)
 	}
 	if _, ok := got[MetricSampledWorkloads+lGuest]; ok {

@@ -9,7 +9,7 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// FuzzRates checks the invariants of CPUCores and CPUCounter over arbitrary
+// FuzzRates checks the invariants of CPUCores and the Accountant over arbitrary
 // pairs of samples: a rate is never negative and exists exactly when the
 // step continues the series; one step never charges more than the new
 // counter value.
@@ -34,12 +34,12 @@ func FuzzRates(f *testing.F) {
 		if ok != (ev == EventNone) {
 			t.Fatalf("ok=%v with event %q", ok, ev)
 		}
-		c := NewCPUCounter(time.Hour, 2)
+		a := NewAccountant(AccountantConfig{CPUs: 2, Horizon: time.Hour})
 		now := time.Unix(0, 0)
-		c.Observe(prev, now)
-		charged, _ := c.Observe(cur, now)
-		if charged > cur.GetCpuUsageUsec() {
-			t.Fatalf("charged %d, more than the counter %d", charged, cur.GetCpuUsageUsec())
+		c1, _ := a.Sample(prev, now)
+		c2, _ := a.Sample(cur, now)
+		if c1 > prev.GetCpuUsageUsec() || c2 > cur.GetCpuUsageUsec() {
+			t.Fatalf("charged %d and %d, more than the counters %d and %d", c1, c2, prev.GetCpuUsageUsec(), cur.GetCpuUsageUsec())
 		}
 	})
 }

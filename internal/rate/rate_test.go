@@ -107,8 +107,27 @@ func TestCPUCores(t *testing.T) {
 	}
 }
 
-func TestCPUCounter(t *testing.T) {
+// started is when the accountant under test started: base minus 2 hours,
+// so that the default epoch of smp (base - 1 h) began after it.
+var started = base.Add(-2 * time.Hour)
+
+func baselineAt(e time.Time) func(*sandboxstatsv1.WorkloadStatsSample) {
+	return func(s *sandboxstatsv1.WorkloadStatsSample) {
+		s.EpochBaseline = &sandboxstatsv1.EpochBaseline{Kind: sandboxstatsv1.BaselineKind_BASELINE_KIND_EPOCH_START, ObservedAtUnixNano: e.UnixNano()}
+	}
+}
+
+func firstRead(at time.Time, cpu uint64) func(*sandboxstatsv1.WorkloadStatsSample) {
+	return func(s *sandboxstatsv1.WorkloadStatsSample) {
+		s.EpochBaseline = &sandboxstatsv1.EpochBaseline{Kind: sandboxstatsv1.BaselineKind_BASELINE_KIND_FIRST_READ, ObservedAtUnixNano: at.UnixNano(),
+			FirstRead: &sandboxstatsv1.WorkloadStatsSample{CpuUsageUsec: proto.Uint64(cpu)}}
+	}
+}
+
+func TestAccountantSamples(t *testing.T) {
+	e1 := base.Add(-time.Hour)
 	e2 := base.Add(time.Minute)
+	old := started.Add(-time.Hour) // an epoch begun before the accountant
 	type step struct {
 		s      *sandboxstatsv1.WorkloadStatsSample
 		charge uint64
@@ -118,75 +137,77 @@ func TestCPUCounter(t *testing.T) {
 		name  string
 		steps []step
 	}{
-		{"first sight charges nothing, then deltas", []step{
-			{smp(0, 1_000_000_000), 0, EventFirst},
-			{smp(60, 1_000_600_000), 600_000, EventNone},
-			{smp(120, 1_000_600_000), 0, EventNone},
+		{"head: first sight of an epoch begun after the start charges it in full, then deltas", []step{
+			{smp(0, 1_000_000, baselineAt(e1)), 1_000_000, EventFirst},
+			{smp(60, 1_600_000, baselineAt(e1)), 600_000, EventNone},
+			{smp(120, 1_600_000, baselineAt(e1)), 0, EventNone},
 		}},
-		{"a sample without a CPU counter charges nothing and keeps the baseline", []step{
-			{smp(0, 1_000_000), 0, EventFirst},
-			{smp(60, 0, noCPU), 0, EventCPUAbsent},
-			{smp(120, 1_500_000), 500_000, EventNone},
+		{"a cgroup sample without a baseline (an old statsd) counts from the epoch start", []step{
+			{smp(0, 1_000_000), 1_000_000, EventFirst},
+		}},
+		{"an epoch begun before the start charges nothing at first sight", []step{
+			{smp(0, 1_000_000_000, epoch(old), baselineAt(old)), 0, EventFirst},
+			{smp(60, 1_000_600_000, epoch(old), baselineAt(old)), 600_000, EventNone},
+		}},
+		{"a sample without a CPU counter charges nothing and keeps the last value", []step{
+			{smp(0, 1_000_000, baselineAt(e1)), 1_000_000, EventFirst},
+			{smp(60, 0, noCPU, baselineAt(e1)), 0, EventCPUAbsent},
+			{smp(120, 1_500_000, baselineAt(e1)), 500_000, EventNone},
 		}},
 		{"upstream TestStatsPollerCPUDeltas: 1000 -> 0 -> 600 -> 250", []step{
-			{smp(0, 1000), 0, EventFirst},
-			{smp(60, 0), 0, EventCounterReset},
-			{smp(120, 600), 600, EventNone},
-			{smp(180, 250), 250, EventCounterReset},
+			{smp(0, 1000, epoch(old)), 0, EventFirst},
+			{smp(60, 0, epoch(old)), 0, EventCounterReset},
+			{smp(120, 600, epoch(old)), 600, EventNone},
+			{smp(180, 250, epoch(old)), 250, EventCounterReset},
 		}},
-		{"cgroup epoch change charges the new epoch's value in full", []step{
-			{smp(0, 5_000_000), 0, EventFirst},
-			{smp(60, 6_000_000), 1_000_000, EventNone},
-			{smp(120, 7_000_000, epoch(e2)), 7_000_000, EventEpochReset},
-			{smp(180, 7_500_000, epoch(e2)), 500_000, EventNone},
+		{"a new cgroup epoch is a new activation, charged from its start", []step{
+			{smp(0, 5_000_000, baselineAt(e1)), 5_000_000, EventFirst},
+			{smp(120, 7_000_000, epoch(e2), baselineAt(e2)), 7_000_000, EventFirst},
+			{smp(180, 7_500_000, epoch(e2), baselineAt(e2)), 500_000, EventNone},
 		}},
-		{"cgroup epoch change detected even when the counter is lower", []step{
-			{smp(0, 5_000_000), 0, EventFirst},
-			{smp(70, 300, epoch(e2)), 300, EventEpochReset},
+		{"a counter too large for the time since the epoch began is a reused cgroup: a baseline", []step{
+			// 10 s into the epoch, 2 CPUs: at most 20 s could be its own.
+			{smp(70, 500_000_000, epoch(e2), baselineAt(e2)), 0, EventFirst},
+			{smp(80, 501_000_000, epoch(e2), baselineAt(e2)), 1_000_000, EventNone},
 		}},
-		{"cgroup epoch change with a counter that cannot be the new epoch's (reused cgroup)", []step{
-			{smp(0, 5_000_000), 0, EventFirst},
-			// 10 s into the new epoch, 2 CPUs: at most 20 s could be new.
-			{smp(70, 500_000_000, epoch(e2)), 0, EventEpochReset},
-			{smp(80, 501_000_000, epoch(e2)), 1_000_000, EventNone},
-		}},
-		{"cgroup epoch change at the plausibility limit is charged", []step{
-			{smp(0, 5_000_000), 0, EventFirst},
-			{smp(70, 20_000_000, epoch(e2)), 20_000_000, EventEpochReset},
+		{"at the plausibility limit it is charged", []step{
+			{smp(70, 20_000_000, epoch(e2), baselineAt(e2)), 20_000_000, EventFirst},
 		}},
 		{"decrease to a value too large for the time since the last sample", []step{
-			{smp(0, 900_000_000), 0, EventFirst},
-			{smp(60, 800_000_000), 0, EventCounterReset},
-			{smp(120, 800_500_000), 500_000, EventNone},
+			{smp(0, 900_000_000, epoch(old)), 0, EventFirst},
+			{smp(60, 800_000_000, epoch(old)), 0, EventCounterReset},
+			{smp(120, 800_500_000, epoch(old)), 500_000, EventNone},
 		}},
-		{"guest agent epoch change: carried counter is a new baseline", []step{
+		{"guest agent: the carried counter minus the first read is the activation's own", []step{
+			{smp(120, 6_100_000, src(guest), epoch(e2), firstRead(e2.Add(time.Second), 6_000_000)), 100_000, EventFirst},
+			{smp(180, 6_400_000, src(guest), epoch(e2), firstRead(e2.Add(time.Second), 6_000_000)), 300_000, EventNone},
+		}},
+		{"guest agent without a baseline: first sight charges nothing, then deltas", []step{
 			{smp(0, 5_000_000, src(guest)), 0, EventFirst},
 			{smp(60, 6_000_000, src(guest)), 1_000_000, EventNone},
-			{smp(120, 6_100_000, src(guest), epoch(e2)), 0, EventEpochReset},
-			{smp(180, 6_400_000, src(guest), epoch(e2)), 300_000, EventNone},
 		}},
-		{"guest agent decrease within the epoch charges in full", []step{
-			{smp(0, 5_000_000, src(guest)), 0, EventFirst},
-			{smp(60, 2_000, src(guest)), 2_000, EventCounterReset},
+		{"guest agent decrease below the baseline charges the new value in full", []step{
+			{smp(0, 5_100_000, src(guest), firstRead(base.Add(-time.Minute), 5_000_000)), 100_000, EventFirst},
+			{smp(60, 2_000, src(guest), firstRead(base.Add(-time.Minute), 5_000_000)), 0, EventCounterReset},
 		}},
-		{"not measured keeps the baseline", []step{
-			{smp(0, 1_000), 0, EventFirst},
+		{"not measured keeps the last value", []step{
+			{smp(0, 1_000, baselineAt(e1)), 1_000, EventFirst},
 			{smp(60, 0, src(unspec)), 0, EventNotMeasured},
-			{smp(120, 4_000), 3_000, EventNone},
+			{smp(120, 4_000, baselineAt(e1)), 3_000, EventNone},
 		}},
 		{"sources are separate counters", []step{
-			{smp(0, 1_000), 0, EventFirst},
-			{smp(0, 50_000, src(guest)), 0, EventFirst},
-			{smp(60, 2_000), 1_000, EventNone},
-			{smp(60, 51_000, src(guest)), 1_000, EventNone},
+			{smp(0, 1_000, epoch(old)), 0, EventFirst},
+			{smp(0, 50_000, src(guest), epoch(old)), 0, EventFirst},
+			{smp(60, 2_000, epoch(old)), 1_000, EventNone},
+			{smp(60, 51_000, src(guest), epoch(old)), 1_000, EventNone},
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			c := NewCPUCounter(time.Minute, 2)
+			a := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: time.Hour})
 			for i, st := range tc.steps {
-				charge, ev := c.Observe(st.s, base.Add(time.Duration(i)*time.Second))
+				charge, ev := a.Sample(st.s, base.Add(time.Duration(i)*time.Second))
 				if charge != st.charge || ev != st.ev {
-					t.Errorf("step %d: Observe(cpu=%d) = (%d, %q), want (%d, %q)",
+					t.Errorf("step %d: Sample(cpu=%d) = (%d, %q), want (%d, %q)",
 						i, st.s.GetCpuUsageUsec(), charge, ev, st.charge, st.ev)
 				}
 			}
@@ -194,23 +215,88 @@ func TestCPUCounter(t *testing.T) {
 	}
 }
 
-func TestCPUCounterGrace(t *testing.T) {
-	c := NewCPUCounter(5*time.Minute, 2)
-	c.Observe(smp(0, 1_000), base)
-	c.Observe(smp(0, 1_000, actor("a2")), base)
-	c.Observe(smp(240, 2_000, actor("a2")), base.Add(4*time.Minute))
-	if got := c.Prune(base.Add(5 * time.Minute)); len(got) != 0 {
-		t.Fatalf("Prune at the grace boundary forgot %v", got)
+// ended returns the record of smp's activation (actor a1, cgroup, epoch
+// base - 1 h) ending at base + endSec with own CPU cpu.
+func ended(endSec float64, cpu uint64, opts ...func(*sandboxstatsv1.EndedActivation)) *sandboxstatsv1.EndedActivation {
+	e := &sandboxstatsv1.EndedActivation{
+		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "a1"}, Source: cgroup,
+		EpochUnixNano: base.Add(-time.Hour).UnixNano(), EndUnixNano: base.Add(time.Duration(endSec * float64(time.Second))).UnixNano(),
+		FinalProvenance: sandboxstatsv1.FinalProvenance_FINAL_PROVENANCE_READ_AT_END,
+		Final:           smp(endSec, cpu), CpuUsec: proto.Uint64(cpu),
 	}
-	got := c.Prune(base.Add(6 * time.Minute))
-	if diff := cmp.Diff([]WorkloadKey{{ActorUID: "a1", Source: cgroup}}, got); diff != "" {
-		t.Errorf("Prune (-want +got):\n%s", diff)
+	for _, o := range opts {
+		o(e)
 	}
-	// a1 comes back: first sight again, nothing charged.
-	if charge, ev := c.Observe(smp(400, 90_000), base.Add(7*time.Minute)); charge != 0 || ev != EventFirst {
-		t.Errorf("returning workload: (%d, %q), want (0, first-sight)", charge, ev)
-	}
-	if c.Len() != 2 {
-		t.Errorf("Len = %d, want 2", c.Len())
-	}
+	return e
+}
+
+func TestAccountantEnds(t *testing.T) {
+	now := base.Add(time.Hour)
+	t.Run("the tail from the last sample to the final, once", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: 2 * time.Hour})
+		a.Sample(smp(0, 1_000_000, baselineAt(base.Add(-time.Hour))), now)
+		if c, ev, first := a.End(ended(30, 1_400_000), now); c != 400_000 || ev != EndTail || !first {
+			t.Fatalf("End = %d %q %v, want the 400000 tail", c, ev, first)
+		}
+		if c, _, first := a.End(ended(30, 1_400_000), now); c != 0 || first {
+			t.Fatalf("repeated record charged %d (first %v)", c, first)
+		}
+		if c, ev := a.Sample(smp(0, 1_000_000, baselineAt(base.Add(-time.Hour))), now); c != 0 || ev != EventEnded {
+			t.Fatalf("a late sample of the ended activation charged %d (%q)", c, ev)
+		}
+	})
+	t.Run("never sampled: the whole activation", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: 2 * time.Hour})
+		if c, ev, _ := a.End(ended(30, 2_500_000), now); c != 2_500_000 || ev != EndWhole {
+			t.Fatalf("End = %d %q, want the whole 2500000", c, ev)
+		}
+	})
+	t.Run("never sampled, begun before the start: nothing", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: base.Add(-30 * time.Minute), CPUs: 2, Horizon: 2 * time.Hour})
+		if c, ev, first := a.End(ended(30, 2_500_000), now); c != 0 || ev != EndUnseenOld || !first {
+			t.Fatalf("End = %d %q %v", c, ev, first)
+		}
+	})
+	t.Run("ended before the start or past the horizon: ignored", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: base.Add(time.Minute), CPUs: 2, Horizon: 2 * time.Hour})
+		if _, _, first := a.End(ended(30, 1), now); first {
+			t.Fatal("a record that ended before this poller started was charged")
+		}
+		b := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: time.Minute})
+		if _, _, first := b.End(ended(30, 1), now); first {
+			t.Fatal("a record past the horizon was charged")
+		}
+	})
+	t.Run("no CPU in the record", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: 2 * time.Hour})
+		e := ended(30, 0, func(e *sandboxstatsv1.EndedActivation) { e.CpuUsec, e.Final = nil, nil })
+		if c, ev, first := a.End(e, now); c != 0 || ev != EndNoCPU || !first {
+			t.Fatalf("End = %d %q %v", c, ev, first)
+		}
+	})
+	t.Run("implausible whole", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: started, CPUs: 1, Horizon: 2 * time.Hour})
+		e := ended(30, 1e12)
+		if c, ev, _ := a.End(e, now); c != 0 || ev != EndImplausible {
+			t.Fatalf("End = %d %q", c, ev)
+		}
+	})
+	t.Run("prune forgets past the horizon, not before", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: 10 * time.Minute})
+		a.Sample(smp(0, 1_000, baselineAt(base.Add(-time.Hour))), base)
+		a.End(ended(0, 5, func(e *sandboxstatsv1.EndedActivation) { e.Identity.ActorUid = "a2" }), base)
+		if got := a.Prune(base.Add(9 * time.Minute)); len(got) != 0 {
+			t.Fatalf("pruned %v within the horizon", got)
+		}
+		// Seen again within the horizon: it continues, nothing twice.
+		if c, ev := a.Sample(smp(540, 1_500, baselineAt(base.Add(-time.Hour))), base.Add(9*time.Minute)); c != 500 || ev != EventNone {
+			t.Fatalf("continued sample = %d %q, want 500", c, ev)
+		}
+		if got := a.Prune(base.Add(20 * time.Minute)); len(got) != 1 {
+			t.Fatalf("pruned %v past the horizon", got)
+		}
+		if live, done := a.Len(); live != 0 || done != 0 {
+			t.Fatalf("Len = %d live, %d ended past the horizon", live, done)
+		}
+	})
 }

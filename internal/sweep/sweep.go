@@ -61,6 +61,13 @@ type DaemonResult struct {
 	// DriftErr is why that second call failed or was not made (out of
 	// time); the samples still count.
 	DriftErr error
+	// Ended are the activations that ended at the daemon recently, as
+	// StatsActiveWorkloads returned them or, when that call failed (a hung
+	// or failing read of the current workload), as ListEndedActivations
+	// returned them within what was left of the deadline.
+	Ended []*sandboxstatsv1.EndedActivation
+	// EndedErr is why that ListEndedActivations failed.
+	EndedErr error
 }
 
 // Discover returns the sockets matching glob, sorted. It keeps only Unix
@@ -145,6 +152,9 @@ func poll(ctx context.Context, socket string, timeout time.Duration) DaemonResul
 		if r.Status == StatusError && (r.Code == codes.DeadlineExceeded || r.Code == codes.Internal) {
 			listDrift(ctx, client, socket, &r)
 		}
+		if r.Status == StatusError && r.Code != codes.Unavailable {
+			listEnded(ctx, client, socket, &r)
+		}
 		return r
 	}
 	if len(resp.GetSamples()) == 0 {
@@ -152,13 +162,14 @@ func poll(ctx context.Context, socket string, timeout time.Duration) DaemonResul
 			Status:         StatusNoSample,
 			NoSampleReason: resp.GetNoSampleReason(),
 			NoSampleDetail: resp.GetNoSampleDetail(),
+			Ended:          resp.GetEnded(),
 		}
 		if r.NoSampleReason == sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
 			listDrift(ctx, client, socket, &r)
 		}
 		return r
 	}
-	r := DaemonResult{Status: StatusOK, Samples: resp.GetSamples()}
+	r := DaemonResult{Status: StatusOK, Samples: resp.GetSamples(), Ended: resp.GetEnded()}
 	if slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
 		listDrift(ctx, client, socket, &r)
 	}
@@ -178,6 +189,22 @@ func listDrift(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceCl
 		return
 	}
 	r.DriftFindings = drift.GetFindings()
+}
+
+// listEnded fills r's Ended (or EndedErr) with ListEndedActivations, under
+// what is left of ctx: a daemon whose current workload cannot be read still
+// hands over the activations that ended there.
+func listEnded(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, socket string, r *DaemonResult) {
+	if err := ctx.Err(); err != nil {
+		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: no time left: %w", socket, err)
+		return
+	}
+	resp, err := client.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
+	if err != nil {
+		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: %w", socket, err)
+		return
+	}
+	r.Ended = resp.GetEnded()
 }
 
 // failed classifies a failed poll. A socket that no longer exists after the

@@ -1,0 +1,93 @@
+package nodeagent
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// endedOf returns the record of s's activation ending at end with own CPU
+// cpuUsec, read at the end.
+func endedOf(s *sandboxstatsv1.WorkloadStatsSample, end time.Time, cpuUsec uint64) *sandboxstatsv1.EndedActivation {
+	final := proto.Clone(s).(*sandboxstatsv1.WorkloadStatsSample)
+	final.CpuUsageUsec = proto.Uint64(cpuUsec)
+	return &sandboxstatsv1.EndedActivation{
+		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: s.GetActorUid(), ActorName: s.GetActorName(),
+			TemplateNamespace: s.GetTemplateNamespace(), TemplateName: s.GetTemplateName()},
+		SandboxClass: s.GetSandboxClass(), Source: s.GetSource(),
+		EpochUnixNano: s.GetEpochUnixNano(), EndUnixNano: end.UnixNano(),
+		Outcome:         sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED,
+		FinalProvenance: sandboxstatsv1.FinalProvenance_FINAL_PROVENANCE_READ_AT_END,
+		Final:           final, CpuUsec: proto.Uint64(cpuUsec), MemoryPeakBytes: proto.Uint64(s.GetMemoryPeakBytes()),
+	}
+}
+
+// TestEndedActivationsCharged: the head of an activation begun after the
+// agent started, the body, the tail from its record (once, however often the
+// record is served), and a whole activation the agent never sampled, add up
+// to the activations' own CPU; each ended activation is in the
+// distributions and the activation log once.
+func TestEndedActivationsCharged(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	var log bytes.Buffer
+	m, err := NewMetrics(reg, MetricsConfig{Grace: 5 * time.Minute, Started: t0, ActivationLog: &log}, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	w1 := sample("w1", 2_000_000, 100<<20) // 2 s at the first sweep, 30 s into its epoch
+	w1.EpochUnixNano = t0.Add(10 * time.Second).UnixNano()
+	w1.ObservedAtUnixNano = t0.Add(40 * time.Second).UnixNano()
+	m.Apply([]sweep.DaemonResult{okResult("1", w1)}, t0.Add(40*time.Second), 0)
+	w1b := proto.Clone(w1).(*sandboxstatsv1.WorkloadStatsSample)
+	w1b.CpuUsageUsec = proto.Uint64(5_000_000)
+	w1b.ObservedAtUnixNano = t0.Add(100 * time.Second).UnixNano()
+	m.Apply([]sweep.DaemonResult{okResult("1", w1b)}, t0.Add(100*time.Second), 0)
+
+	// w1 ends at 6.5 s; w2 started and ended between two sweeps (1.25 s).
+	w2 := sample("w2", 0, 10<<20)
+	w2.EpochUnixNano = t0.Add(110 * time.Second).UnixNano()
+	rec1, rec2 := endedOf(w1, t0.Add(120*time.Second), 6_500_000), endedOf(w2, t0.Add(125*time.Second), 1_250_000)
+	rec2.Outcome = sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_OOM_KILLED
+	idle := sweep.DaemonResult{Socket: "1", Status: sweep.StatusNoSample, Ended: []*sandboxstatsv1.EndedActivation{rec1, rec2}}
+	for i := range 3 { // served three sweeps in a row: charged once
+		m.Apply([]sweep.DaemonResult{idle}, t0.Add(time.Duration(160+60*i)*time.Second), 0)
+	}
+	got := gather(t, reg)
+	if diff := cmp.Diff(map[string]float64{lCgroup: 7.75}, pick(got, MetricCPUSeconds), approx()); diff != "" {
+		t.Errorf("cpu (-want +got):\n%s", diff)
+	}
+	want := map[string]float64{
+		MetricActivationCPU + "_sum" + lCgroup:   7.75,
+		MetricActivationCPU + "_count" + lCgroup: 2,
+		MetricActivationsEnded + "{outcome=checkpointed,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":   1,
+		MetricActivationsEnded + "{outcome=oom-killed,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":     1,
+		MetricActivationFinals + "{provenance=read-at-end,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 2,
+		MetricActivationDuration + "_sum" + lCgroup: 110 + 15,
+	}
+	for k, v := range want {
+		if d := got[k] - v; d > 1e-9 || d < -1e-9 {
+			t.Errorf("%s = %v, want %v", k, got[k], v)
+		}
+	}
+	lines := strings.Split(strings.TrimSpace(log.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("activation log has %d lines, want 2:\n%s", len(lines), log.String())
+	}
+	var r ActivationRecord
+	if err := json.Unmarshal([]byte(lines[1]), &r); err != nil {
+		t.Fatal(err)
+	}
+	if r.ActorUID != "w2" || r.Outcome != "oom-killed" || r.Charge != "whole" || r.ChargedSeconds != 1.25 || *r.CPUSeconds != 1.25 || r.FinalProvenance != "read-at-end" {
+		t.Errorf("log record %+v", r)
+	}
+}
