@@ -3,8 +3,6 @@ package microvm
 import (
 	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 	"slices"
 	"strings"
 
@@ -139,15 +137,6 @@ func subFloor(a, b uint64) uint64 {
 	return a - b
 }
 
-// addSat is a+b saturating at math.MaxUint64.
-func addSat(a, b uint64) uint64 {
-	s, carry := bits.Add64(a, b, 0)
-	if carry != 0 {
-		return math.MaxUint64
-	}
-	return s
-}
-
 // containerResult is what a sweep got for one container.
 type containerResult struct {
 	ID    string
@@ -180,16 +169,16 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 		if !slices.Contains(guests, s.Guest) {
 			guests = append(guests, s.Guest)
 		}
-		r.MemoryCurrentBytes = addSat(r.MemoryCurrentBytes, s.MemoryBytes)
-		r.MemoryWorkingSetBytes = addSat(r.MemoryWorkingSetBytes, s.WorkingSetBytes)
+		r.MemoryCurrentBytes = source.AddSat(r.MemoryCurrentBytes, s.MemoryBytes)
+		r.MemoryWorkingSetBytes = source.AddSat(r.MemoryWorkingSetBytes, s.WorkingSetBytes)
 		if s.PeakOffered {
-			p := addSat(derefOr(r.MemoryPeakBytes), s.PeakBytes)
+			p := source.AddSat(derefOr(r.MemoryPeakBytes), s.PeakBytes)
 			r.MemoryPeakBytes = &p
 		} else {
 			peakMissing = append(peakMissing, c.ID)
 		}
 		if s.CPUKnown {
-			c := addSat(derefOr(r.CPUUsageUsec), s.CPUUsec)
+			c := source.AddSat(derefOr(r.CPUUsageUsec), s.CPUUsec)
 			r.CPUUsageUsec = &c
 		} else {
 			cpuMissing = append(cpuMissing, c.ID)
@@ -197,7 +186,7 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 		}
 		fromMicros = fromMicros || s.CPUFromMicros
 		if s.Limited {
-			limited, limitSum = true, addSat(limitSum, s.LimitBytes)
+			limited, limitSum = true, source.AddSat(limitSum, s.LimitBytes)
 		} else {
 			unlimited = true
 		}
