@@ -59,7 +59,9 @@ func TestAggregateSignals(t *testing.T) {
 		Pids: 3, PidsLimit: 100, Devices: []kataagentfake.Device{dev(254, 0, 10, 20, 1, 2)}})
 	v1b := kataagentfake.V1(kataagentfake.Container{LimitBytes: 32 << 20, Periods: 50, ThrottledPeriods: 5, ThrottledNanos: 100_000_000,
 		Pids: 2, PidsLimit: 50, Devices: []kataagentfake.Device{dev(254, 0, 1, 2, 3, 4), dev(8, 0, 7, 7, 7, 7)}, TitleCaseOps: true})
-	eth := func(name string, rx, tx uint64) *katagrpc.NetworkStats { return kataagentfake.Iface(name, rx, rx/100, tx, tx/100) }
+	eth := func(name string, rx, tx uint64) *katagrpc.NetworkStats {
+		return kataagentfake.Iface(name, rx, rx/100, tx, tx/100)
+	}
 	net1 := []*katagrpc.NetworkStats{eth("lo", 500, 500), eth("eth0", 1000, 2000), eth("eth1", 300, 400)}
 	// The same guest interfaces read a moment later through the other container.
 	net2 := []*katagrpc.NetworkStats{eth("eth0", 1100, 1900), eth("lo", 500, 600), eth("eth1", 300, 400)}
