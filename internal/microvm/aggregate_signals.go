@@ -24,27 +24,32 @@ const (
 // signalSums adds up the signals of the containers read (see
 // docs/microvm.md for each rule).
 type signalSums struct {
-	limitSum              uint64
-	limitUnlimited        bool
-	limitMissing          []string
-	limitWhy              string
+	// memory_signals.limit_bytes
+	limitSum       uint64
+	limitUnlimited bool
+	limitMissing   []string
+	limitWhy       string
+	// cpu_throttling
 	periods, throttledPer uint64
 	throttledUsec         uint64
 	noThrottling          []string
 	throttledMissing      []string
 	throttledWhy          string
-	pidsCurrent           uint64
-	pidsLimitSum          uint64
-	pidsUnlimited         bool
-	noPids                []string
-	network               []source.InterfaceCounters // by name, once each
-	blk                   source.BlockIO
-	blkRows               bool     // some container sent entries
-	blkBad                []string // containers whose entries are malformed
-	blkWhy                string
-	layouts               []string
+	// pids
+	pidsCurrent   uint64
+	pidsLimitSum  uint64
+	pidsUnlimited bool
+	noPids        []string
+	// network, block_io
+	network []source.InterfaceCounters // by name, once each
+	blk     source.BlockIO
+	blkRows bool     // some container sent entries
+	blkBad  []string // containers whose entries are malformed
+	blkWhy  string
+	layouts []string // guest blkio layouts seen, "v1" / "v2"
 }
 
+// add adds one container's signals.
 func (s *signalSums) add(id string, c containerSignals) {
 	switch l := c.MemoryLimit; {
 	case l == nil:

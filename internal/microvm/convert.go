@@ -39,15 +39,15 @@ const unlimitedAbove = 1 << 62
 // containerStats is one container's reply in the API's units.
 type containerStats struct {
 	Guest             guestCgroup
-	MemoryBytes       uint64 // usage.usage: v2 memory.current, v1 memory.usage_in_bytes
-	WorkingSetBytes   uint64 // usage minus inactive file, floored at 0
-	PeakBytes         uint64 // max(usage.max_usage, usage); valid when PeakOffered
-	PeakOffered       bool   // false when the guest kernel has no memory.peak (< 5.19)
-	CPUUsec           uint64 // valid when CPUKnown
-	CPUKnown          bool   // false when the CPU unit cannot be told (agent version unknown)
-	CPUFromMicros     bool   // the agent sent microseconds (< 3.9.0 on a v2 guest)
-	CPUUnknownBecause string // why CPUKnown is false
-	Signals           containerSignals
+	MemoryBytes       uint64           // usage.usage: v2 memory.current, v1 memory.usage_in_bytes
+	WorkingSetBytes   uint64           // usage minus inactive file, floored at 0
+	PeakBytes         uint64           // max(usage.max_usage, usage); valid when PeakOffered
+	PeakOffered       bool             // false when the guest kernel has no memory.peak (< 5.19)
+	CPUUsec           uint64           // valid when CPUKnown
+	CPUKnown          bool             // false when the CPU unit cannot be told (agent version unknown)
+	CPUFromMicros     bool             // the agent sent microseconds (< 3.9.0 on a v2 guest)
+	CPUUnknownBecause string           // why CPUKnown is false
+	Signals           containerSignals // limit, throttling, pids, network, blkio (convert_signals.go)
 }
 
 // detectGuest tells the guest's cgroup version from a reply: only v1 has
