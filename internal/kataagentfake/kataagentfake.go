@@ -5,6 +5,11 @@
 // answered "OK <host port>\n") as Cloud Hypervisor and Firecracker do. Faults
 // (a garbage or closed handshake, an agent that never answers, a kill and
 // restart) are options and methods.
+//
+// Replies are built with V1 and V2 from a Container: memory, CPU, and the
+// signals (limit, throttling, pids, network_stats, per-device block IO) laid
+// out as the Rust agent sends them for each guest cgroup version. Calls
+// counts every request read from the wire by method, served or not.
 package kataagentfake
 
 import (
@@ -109,8 +114,9 @@ type Agent struct {
 	maxIn    int // most StatsContainer calls running at once
 	delay    time.Duration
 	hang     bool
-	versions int           // Version calls answered
-	gone     chan struct{} // signalled on every disconnect
+	versions int            // Version calls answered
+	calls    map[string]int // every request received, by method path (calls.go)
+	gone     chan struct{}  // signalled on every disconnect
 }
 
 // New starts a fake agent on a Unix socket in dir; t.Cleanup stops it.
@@ -124,6 +130,7 @@ func New(tb testing.TB, dir string, opts ...Option) *Agent {
 		errs:     make(map[string]error),
 		port:     DefaultPort,
 		nextPort: hostPortBase,
+		calls:    make(map[string]int),
 		gone:     make(chan struct{}, 1024),
 	}
 	for _, o := range opts {
@@ -268,7 +275,7 @@ func (a *Agent) serveConn(conn net.Conn, handoff chan net.Conn, stopped chan str
 	a.mu.Lock()
 	a.accepted++
 	a.mu.Unlock()
-	tracked := &trackedConn{Conn: conn, onClose: func() {
+	tracked := &trackedConn{Conn: conn, requests: &requestCounter{onRequest: a.countRequest}, onClose: func() {
 		a.mu.Lock()
 		delete(a.raw, conn)
 		a.closedN++
@@ -443,11 +450,18 @@ func (a *Agent) Dials() int {
 // Disconnected receives once per handshaken connection that closes.
 func (a *Agent) Disconnected() <-chan struct{} { return a.gone }
 
-// trackedConn reports its Close once.
+// trackedConn reports its Close once and counts the requests read from it.
 type trackedConn struct {
 	net.Conn
-	once    sync.Once
-	onClose func()
+	once     sync.Once
+	onClose  func()
+	requests *requestCounter // fed only by the ttrpc server's reader
+}
+
+func (c *trackedConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	c.requests.feed(p[:n])
+	return n, err
 }
 
 func (c *trackedConn) Close() error {

@@ -3,8 +3,6 @@ package microvm
 import (
 	"errors"
 	"fmt"
-	"math"
-	"math/bits"
 	"slices"
 	"strings"
 
@@ -41,16 +39,15 @@ const unlimitedAbove = 1 << 62
 // containerStats is one container's reply in the API's units.
 type containerStats struct {
 	Guest             guestCgroup
-	MemoryBytes       uint64 // usage.usage: v2 memory.current, v1 memory.usage_in_bytes
-	WorkingSetBytes   uint64 // usage minus inactive file, floored at 0
-	PeakBytes         uint64 // max(usage.max_usage, usage); valid when PeakOffered
-	PeakOffered       bool   // false when the guest kernel has no memory.peak (< 5.19)
-	LimitBytes        uint64 // valid when Limited
-	Limited           bool   // false for an unlimited (> 2^62) limit
-	CPUUsec           uint64 // valid when CPUKnown
-	CPUKnown          bool   // false when the CPU unit cannot be told (agent version unknown)
-	CPUFromMicros     bool   // the agent sent microseconds (< 3.9.0 on a v2 guest)
-	CPUUnknownBecause string // why CPUKnown is false
+	MemoryBytes       uint64           // usage.usage: v2 memory.current, v1 memory.usage_in_bytes
+	WorkingSetBytes   uint64           // usage minus inactive file, floored at 0
+	PeakBytes         uint64           // max(usage.max_usage, usage); valid when PeakOffered
+	PeakOffered       bool             // false when the guest kernel has no memory.peak (< 5.19)
+	CPUUsec           uint64           // valid when CPUKnown
+	CPUKnown          bool             // false when the CPU unit cannot be told (agent version unknown)
+	CPUFromMicros     bool             // the agent sent microseconds (< 3.9.0 on a v2 guest)
+	CPUUnknownBecause string           // why CPUKnown is false
+	Signals           containerSignals // limit, throttling, pids, network, blkio (convert_signals.go)
 }
 
 // detectGuest tells the guest's cgroup version from a reply: only v1 has
@@ -109,9 +106,6 @@ func convertContainer(id string, r *katagrpc.StatsContainerResponse, v agentVers
 		c.PeakOffered = true
 		c.PeakBytes = max(usage.GetMaxUsage(), c.MemoryBytes)
 	}
-	if l := usage.GetLimit(); l > 0 && l <= unlimitedAbove {
-		c.LimitBytes, c.Limited = l, true
-	}
 
 	total := cpu.GetTotalUsage()
 	switch {
@@ -128,6 +122,7 @@ func convertContainer(id string, r *katagrpc.StatsContainerResponse, v agentVers
 	default:
 		c.CPUUnknownBecause = fmt.Sprintf("agent version %s is not a release number, so the CPU unit of this cgroup v2 guest (us before agent 3.9.0, ns after) is unverified", v)
 	}
+	c.Signals = convertSignals(r, c.Guest, v)
 	return c, nil
 }
 
@@ -137,15 +132,6 @@ func subFloor(a, b uint64) uint64 {
 		return 0
 	}
 	return a - b
-}
-
-// addSat is a+b saturating at math.MaxUint64.
-func addSat(a, b uint64) uint64 {
-	s, carry := bits.Add64(a, b, 0)
-	if carry != 0 {
-		return math.MaxUint64
-	}
-	return s
 }
 
 // containerResult is what a sweep got for one container.
@@ -163,12 +149,12 @@ type containerResult struct {
 func aggregate(addr string, v agentVersion, results []containerResult) (source.Reading, error) {
 	r := source.Reading{Kind: source.KindGuestAgent}
 	var (
-		read                           int
-		guests                         []guestCgroup
-		peakMissing, cpuMissing        []string
-		cpuWhy                         string
-		fromMicros, limited, unlimited bool
-		limitSum                       uint64
+		read                    int
+		guests                  []guestCgroup
+		peakMissing, cpuMissing []string
+		cpuWhy                  string
+		fromMicros              bool
+		signals                 signalSums
 	)
 	for _, c := range results {
 		if c.Err != nil {
@@ -180,42 +166,38 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 		if !slices.Contains(guests, s.Guest) {
 			guests = append(guests, s.Guest)
 		}
-		r.MemoryCurrentBytes = addSat(r.MemoryCurrentBytes, s.MemoryBytes)
-		r.MemoryWorkingSetBytes = addSat(r.MemoryWorkingSetBytes, s.WorkingSetBytes)
+		r.MemoryCurrentBytes = source.AddSat(r.MemoryCurrentBytes, s.MemoryBytes)
+		r.MemoryWorkingSetBytes = source.AddSat(r.MemoryWorkingSetBytes, s.WorkingSetBytes)
 		if s.PeakOffered {
-			p := addSat(derefOr(r.MemoryPeakBytes), s.PeakBytes)
+			p := source.AddSat(derefOr(r.MemoryPeakBytes), s.PeakBytes)
 			r.MemoryPeakBytes = &p
 		} else {
 			peakMissing = append(peakMissing, c.ID)
 		}
 		if s.CPUKnown {
-			c := addSat(derefOr(r.CPUUsageUsec), s.CPUUsec)
+			c := source.AddSat(derefOr(r.CPUUsageUsec), s.CPUUsec)
 			r.CPUUsageUsec = &c
 		} else {
 			cpuMissing = append(cpuMissing, c.ID)
 			cpuWhy = s.CPUUnknownBecause
 		}
 		fromMicros = fromMicros || s.CPUFromMicros
-		if s.Limited {
-			limited, limitSum = true, addSat(limitSum, s.LimitBytes)
-		} else {
-			unlimited = true
-		}
+		signals.add(c.ID, s.Signals)
 	}
 	if read == 0 {
 		return source.Reading{}, allFailed(addr, results)
 	}
 
-	partial := len(r.UnreadContainers) > 0
+	var partial string
 	switch {
-	case partial:
+	case len(r.UnreadContainers) > 0:
 		// A sum missing a container is neither the workload's counter (it
 		// would fall, then jump back) nor an upper bound on its peak.
 		r.CPUUsageUsec, r.MemoryPeakBytes = nil, nil
-		why := fmt.Sprintf("partial sample: %d of %d containers unread; a partial sum is not comparable with a full one", len(r.UnreadContainers), len(results))
+		partial = fmt.Sprintf("partial sample: %d of %d containers unread; a partial sum is not comparable with a full one", len(r.UnreadContainers), len(results))
 		r.Absent = append(r.Absent,
-			source.Absent{Field: "memory_peak_bytes", Reason: why},
-			source.Absent{Field: "cpu_usage_usec", Reason: why})
+			source.Absent{Field: "memory_peak_bytes", Reason: partial},
+			source.Absent{Field: "cpu_usage_usec", Reason: partial})
 	default:
 		if len(peakMissing) > 0 {
 			r.MemoryPeakBytes = nil
@@ -243,13 +225,9 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 	if r.MemoryPeakBytes != nil && read > 1 {
 		d.WriteString("; memory peak is the sum of per-container peaks, an upper bound on the workload's peak")
 	}
-	switch {
-	case unlimited:
-		d.WriteString("; memory limit: unlimited")
-	case limited:
-		fmt.Fprintf(&d, "; memory limit: %d bytes", limitSum)
-	}
+	d.WriteString(signals.limitDetail())
 	r.Detail = d.String()
+	signals.fill(&r, addr, partial)
 	return r, nil
 }
 

@@ -10,7 +10,19 @@
 // working set without inactive file pages, unlimited limits recognised. It
 // corrects the CPU unit of agents older than 3.9.0 on cgroup v2 guests.
 //
+// Besides memory and CPU it reports the signals StatsContainer carries
+// (convert_signals.go, summed in aggregate_signals.go): the memory limit,
+// CFS throttling periods and time, pids and their limit, the guest's
+// network_stats (each interface once, not once per container) and block IO
+// per device. What the reply does not carry is absent with a reason, never
+// 0: OOM kills (failcnt counts limit hits, not kills; GetOOMEvent belongs to
+// the shim and is never called), memory.high, the CFS quota, pressure, the
+// throttled time of a cgroup v2 guest whose agent predates the kata issue
+// 13851 fix, and network_stats, which the Rust agent never fills. A partial
+// sample carries no counter. docs/microvm.md has the field table.
+//
 // The wire subset of the agent's protocol lives in proto/kata/grpc; the
-// services are called by name over ttrpc. Tests use the fake agent in
+// services are called by name over ttrpc and nothing but StatsContainer and
+// Health.Version is ever called. Tests use the fake agent in
 // internal/kataagentfake and never touch AF_VSOCK.
 package microvm

@@ -1,0 +1,208 @@
+package microvm
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// Reasons for what StatsContainer never carries, whatever the guest.
+const (
+	whyNoHigh = "StatsContainer carries no memory.high"
+	whyNoOOM  = "StatsContainer carries no OOM kill count: memory failcnt counts limit hits, not kills (and is always 0 on a cgroup v2 guest); " +
+		"the agent's GetOOMEvent stream belongs to the shim and is never read here"
+	whyNoEvents    = "StatsContainer carries no memory.events (memory failcnt, v1 limit hits, is always 0 on a cgroup v2 guest and is not reported as max events)"
+	whyNoOOMCtl    = "StatsContainer carries no memory.oom_control"
+	whyNoQuota     = "StatsContainer carries no CFS quota or period (cpu.max, cpu.cfs_quota_us, cpu.cfs_period_us)"
+	whyNoPressure  = "StatsContainer carries no pressure stall information (cpu/memory/io.pressure)"
+	whyNoNetwork   = "the agent sent no network_stats (the Rust agent never fills them; the guest's interface counters are only in its guest-wide GetMetrics, not read here)"
+	whyNoBlkioRows = "no container's reply has blkio_stats entries (a cgroup v2 guest lists only devices with IO charged, a cgroup v1 guest's blkio.throttle files list none while the kernel does not account the cgroup); 0 would claim no IO"
+)
+
+// signalSums adds up the signals of the containers read (see
+// docs/microvm.md for each rule).
+type signalSums struct {
+	// memory_signals.limit_bytes
+	limitSum       uint64
+	limitUnlimited bool
+	limitMissing   []string
+	limitWhy       string
+	// cpu_throttling
+	periods, throttledPer uint64
+	throttledUsec         uint64
+	noThrottling          []string
+	throttledMissing      []string
+	throttledWhy          string
+	// pids
+	pidsCurrent   uint64
+	pidsLimitSum  uint64
+	pidsUnlimited bool
+	noPids        []string
+	// network, block_io
+	network []source.InterfaceCounters // by name, once each
+	blk     source.BlockIO
+	blkRows bool     // some container sent entries
+	blkBad  []string // containers whose entries are malformed
+	blkWhy  string
+	layouts []string // guest blkio layouts seen, "v1" / "v2"
+}
+
+// add adds one container's signals.
+func (s *signalSums) add(id string, c containerSignals) {
+	switch l := c.MemoryLimit; {
+	case l == nil:
+		s.limitMissing, s.limitWhy = append(s.limitMissing, id), c.LimitWhy
+	case l.Unlimited:
+		s.limitUnlimited = true
+	default:
+		s.limitSum = source.AddSat(s.limitSum, l.Value)
+	}
+	if t := c.Throttling; t == nil {
+		s.noThrottling = append(s.noThrottling, id)
+	} else {
+		s.periods = source.AddSat(s.periods, t.Periods)
+		s.throttledPer = source.AddSat(s.throttledPer, t.ThrottledPeriods)
+		if t.ThrottledKnown {
+			s.throttledUsec = source.AddSat(s.throttledUsec, t.ThrottledUsec)
+		} else {
+			s.throttledMissing, s.throttledWhy = append(s.throttledMissing, id), t.ThrottledWhy
+		}
+	}
+	if p := c.Pids; p == nil {
+		s.noPids = append(s.noPids, id)
+	} else {
+		s.pidsCurrent = source.AddSat(s.pidsCurrent, p.Current)
+		if p.Limit.Unlimited {
+			s.pidsUnlimited = true
+		} else {
+			s.pidsLimitSum = source.AddSat(s.pidsLimitSum, p.Limit.Value)
+		}
+	}
+	// One guest, one network: every container reports the same
+	// interfaces, so each is taken once by name, never summed.
+	for _, n := range c.Network {
+		s.network = mergeInterface(s.network, n)
+	}
+	switch b := c.BlockIO; {
+	case b.Why != "":
+		s.blkBad, s.blkWhy = append(s.blkBad, id), b.Why
+	case b.IO != nil:
+		s.blkRows = true
+		for _, d := range b.IO.Devices {
+			addDevice(&s.blk, d)
+		}
+	}
+	if b := c.BlockIO; b.Layout != "" && !slices.Contains(s.layouts, b.Layout) {
+		s.layouts = append(s.layouts, b.Layout)
+	}
+}
+
+// fill sets the signals and traffic parts of r and their absent reasons.
+// partial is the reason of a partial sample ("" for a full one): its
+// counters (throttling, network, block IO) are dropped, its gauges (limit,
+// pids) are the sums of the containers read, like memory_current_bytes.
+func (s *signalSums) fill(r *source.Reading, addr, partial string) {
+	absent := func(field, why string) { r.Absent = append(r.Absent, source.Absent{Field: field, Reason: why}) }
+	ids := func(list []string) string { return strings.Join(list, ", ") }
+
+	switch {
+	case s.limitUnlimited:
+		r.Memory = &source.MemorySignals{LimitBytes: &source.Limit{Unlimited: true}}
+	case len(s.limitMissing) > 0:
+		absent("memory_signals.limit_bytes", fmt.Sprintf("container(s) %s: %s", ids(s.limitMissing), s.limitWhy))
+	default:
+		r.Memory = &source.MemorySignals{LimitBytes: &source.Limit{Value: s.limitSum}}
+	}
+	absent("memory_signals.high_bytes", whyNoHigh)
+	absent("memory_signals.oom_kills", whyNoOOM)
+	absent("memory_signals.oom_group_kills", whyNoEvents)
+	absent("memory_signals.oom_events", whyNoEvents)
+	absent("memory_signals.max_events", whyNoEvents)
+	absent("memory_signals.under_oom", whyNoOOMCtl)
+
+	switch {
+	case partial != "":
+		absent("cpu_throttling", partial)
+	case len(s.noThrottling) > 0:
+		absent("cpu_throttling", fmt.Sprintf("no throttling_data in the reply of container(s) %s (no cpu controller in the guest cgroup)", ids(s.noThrottling)))
+	default:
+		t := &source.CPUThrottling{Periods: u64p(s.periods), ThrottledPeriods: u64p(s.throttledPer)}
+		if len(s.throttledMissing) == 0 {
+			t.ThrottledUsec = u64p(s.throttledUsec)
+		} else {
+			absent("cpu_throttling.throttled_usec", fmt.Sprintf("container(s) %s: %s", ids(s.throttledMissing), s.throttledWhy))
+		}
+		absent("cpu_throttling.quota_usec", whyNoQuota)
+		absent("cpu_throttling.period_usec", whyNoQuota)
+		r.Throttling = t
+	}
+
+	absent("pressure", whyNoPressure)
+
+	if len(s.noPids) > 0 {
+		absent("pids", fmt.Sprintf("no pids_stats in the reply of container(s) %s (no pids controller in the guest cgroup)", ids(s.noPids)))
+	} else {
+		r.Pids = &source.Pids{Current: s.pidsCurrent, Limit: &source.Limit{Value: s.pidsLimitSum}}
+		if s.pidsUnlimited {
+			r.Pids.Limit = &source.Limit{Unlimited: true}
+		}
+	}
+
+	switch {
+	case partial != "":
+		absent("network", partial)
+	case len(s.network) == 0:
+		absent("network", whyNoNetwork)
+	default:
+		r.Network = guestNetwork(s.network, addr)
+	}
+
+	switch {
+	case partial != "":
+		absent("block_io", partial)
+	case len(s.blkBad) > 0:
+		absent("block_io", fmt.Sprintf("container(s) %s: %s", ids(s.blkBad), s.blkWhy))
+	case !s.blkRows:
+		absent("block_io", whyNoBlkioRows)
+	default:
+		b := s.blk
+		b.Origin = fmt.Sprintf("guest agent %s: StatsContainer blkio_stats (guest cgroup %s layout), summed over containers", addr, strings.Join(s.layouts, "+"))
+		r.BlockIO = &b
+	}
+}
+
+// guestNetwork splits the guest's interfaces into loopback and the rest.
+func guestNetwork(ifaces []source.InterfaceCounters, addr string) *source.Network {
+	n := &source.Network{Layer: source.NetworkLayerGuest, Origin: fmt.Sprintf("guest agent %s: StatsContainer network_stats, each interface once", addr)}
+	total := source.InterfaceCounters{Name: "total"}
+	for _, c := range ifaces {
+		if c.Name == "lo" {
+			n.Loopback = &c
+			continue
+		}
+		n.Interfaces = append(n.Interfaces, c)
+		total.Add(c)
+	}
+	if len(n.Interfaces) == 0 {
+		n.LoopbackOnly = true
+	} else {
+		n.Total = &total
+	}
+	return n
+}
+
+// limitDetail is the memory limit as source_detail names it.
+func (s *signalSums) limitDetail() string {
+	switch {
+	case s.limitUnlimited:
+		return "; memory limit: unlimited"
+	case len(s.limitMissing) > 0:
+		return ""
+	default:
+		return fmt.Sprintf("; memory limit: %d bytes", s.limitSum)
+	}
+}
+
+func u64p(v uint64) *uint64 { return &v }
