@@ -7,14 +7,11 @@ import (
 	"net/http"
 	"path/filepath"
 	"regexp"
-	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
@@ -67,73 +64,10 @@ func startAgent(t *testing.T, args ...string) (string, func(), *testenv.SyncBuff
 	}
 }
 
-// scrape GETs /metrics and parses it with the Prometheus text parser,
-// returning the sandboxstats_ gauge and counter series as
-// "name{k=v,...}" -> value (labels sorted) and the histogram sample counts
-// as "name_count".
-func scrape(t *testing.T, base string) map[string]float64 {
-	t.Helper()
-	resp, err := http.Get(base + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s", resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
-	}
-	out := make(map[string]float64)
-	for name, f := range fams {
-		if !strings.HasPrefix(name, "sandboxstats_") {
-			continue
-		}
-		for _, m := range f.GetMetric() {
-			var ls []string
-			for _, l := range m.GetLabel() {
-				ls = append(ls, l.GetName()+"="+l.GetValue())
-			}
-			slices.Sort(ls)
-			key := name + "{" + strings.Join(ls, ",") + "}"
-			switch {
-			case m.Gauge != nil:
-				out[key] = m.GetGauge().GetValue()
-			case m.Counter != nil:
-				out[key] = m.GetCounter().GetValue()
-			case m.Histogram != nil:
-				out[name+"_count"] = float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return out
-}
+func scrape(t *testing.T, base string) map[string]float64 { return testenv.Scrape(t, base) }
 
-// waitNewSweeps waits until a sweep that started after the call completed
-// (call it after the action whose effect the scrape must show): the sweep
-// in progress may have started before, the one after it did not.
-func waitNewSweeps(t *testing.T, base string) map[string]float64 {
-	t.Helper()
-	return waitSweeps(t, base, scrape(t, base)["sandboxstats_agent_sweeps_total{}"]+2)
-}
-
-// waitSweeps scrapes until at least n sweeps completed and returns that
-// scrape.
 func waitSweeps(t *testing.T, base string, n float64) map[string]float64 {
-	t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		m := scrape(t, base)
-		if m["sandboxstats_agent_sweeps_total{}"] >= n {
-			return m
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("fewer than %v sweeps after 15 s: %v", n, m["sandboxstats_agent_sweeps_total{}"])
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	return testenv.WaitSweeps(t, base, n)
 }
 
 var epoch1 = time.Date(2026, 11, 29, 16, 0, 0, 0, time.UTC).UnixNano()
@@ -209,7 +143,7 @@ func TestEndToEnd(t *testing.T) {
 		"sandboxstats_agent_daemons{result=vanished}":                                             0,
 		"sandboxstats_agent_poll_errors_total{code=DeadlineExceeded}":                             1,
 		"sandboxstats_agent_sweeps_total{}":                                                       1,
-		"sandboxstats_agent_sweep_duration_seconds_count":                                         1,
+		"sandboxstats_agent_sweep_duration_seconds_count{}":                                       1,
 	}
 	got := withoutTimes(m)
 	if diff := cmp.Diff(want, got); diff != "" {
@@ -225,7 +159,7 @@ func TestEndToEnd(t *testing.T) {
 	d1.Set(workload("w1", gv, cg, 12_000_000, 100<<20, proto.Uint64(150<<20)))
 	d2.Set(workload("w2", gv, cg, 4_500_000, 40<<20, proto.Uint64(41<<20)))
 	d5.Kill()
-	m = waitNewSweeps(t, base)
+	m = testenv.WaitNewSweeps(t, base)
 	cpuW1 := "sandboxstats_workload_cpu_seconds_total" + series("w1", "gvisor", "cgroup")
 	checkCPU := func(m map[string]float64, w1, w2 float64) {
 		t.Helper()
@@ -250,7 +184,7 @@ func TestEndToEnd(t *testing.T) {
 	restored := workload("w1", gv, cg, 500_000, 30<<20, proto.Uint64(31<<20))
 	restored.EpochUnixNano = time.Now().UnixNano()
 	d1.Set(restored)
-	m = waitNewSweeps(t, base)
+	m = testenv.WaitNewSweeps(t, base)
 	// The cgroup counter restarted with the epoch: its 0.5 s are charged in
 	// full, and the exported counter never decreased.
 	checkCPU(m, 2.5, 1.5)
@@ -277,7 +211,7 @@ func TestEndToEnd(t *testing.T) {
 func withoutTimes(m map[string]float64) map[string]float64 {
 	out := make(map[string]float64, len(m))
 	for k, v := range m {
-		if strings.HasPrefix(k, "sandboxstats_agent_last_sweep_") {
+		if strings.HasPrefix(k, "sandboxstats_agent_last_sweep_") || k == "sandboxstats_agent_sweep_duration_seconds_sum{}" {
 			continue
 		}
 		out[k] = v
@@ -348,7 +282,7 @@ func TestSmallGraceStillChargesCPU(t *testing.T) {
 		"--interval", "250ms", "--min-interval", "100ms", "--timeout", "1s", "--label-actor", "--grace", "1ms")
 	waitSweeps(t, base, 1)
 	d.Set(workload("w1", gv, cg, 3_000_000, 10<<20, nil))
-	m := waitNewSweeps(t, base)
+	m := testenv.WaitNewSweeps(t, base)
 	if got := m["sandboxstats_workload_cpu_seconds_total"+series("w1", "gvisor", "cgroup")]; got != 2 {
 		t.Errorf("cpu = %v s with --grace 1ms, want 2 (charged across sweeps)\nlog:\n%s", got, logs)
 	}

@@ -57,29 +57,55 @@ func BuildBinaries(t testing.TB, extra ...string) string {
 	return dir
 }
 
-// Statsd is a real statsd (from BuildBinaries) serving on Unix sockets in a
-// temporary directory, with its state in Dir/state and its output in
-// Dir/statsd.log. The test's cleanup stops it (SIGTERM, SIGKILL after 10 s)
-// and logs statsd.log when the test failed.
+// Statsd is a real statsd (from BuildBinaries) serving on Unix sockets,
+// with its output in Log. The test's cleanup stops it (SIGCONT in case it
+// was stopped, SIGTERM, SIGKILL after 10 s) and logs its output when the
+// test failed.
 type Statsd struct {
-	Dir              string
-	Stats, Lifecycle string // socket paths: Dir/stats.sock, Dir/lifecycle.sock
+	Dir              string // its temporary directory (StartStatsd)
+	Stats, Lifecycle string // socket paths
+	StateDir, Log    string
 	Cmd              *exec.Cmd
+
+	bin  string
+	args []string
 }
 
-// StartStatsd starts binDir/statsd with --cgroup-root /sys/fs/cgroup
-// --proc-root /proc --read-timeout 2s and extraArgs, and waits up to 10 s
-// for both sockets.
+// StartStatsd starts binDir/statsd with its sockets (stats.sock,
+// lifecycle.sock), state and log in a new temporary directory; see
+// StartStatsdAt.
 func StartStatsd(t testing.TB, binDir string, extraArgs ...string) *Statsd {
 	t.Helper()
-	d := &Statsd{Dir: t.TempDir()}
-	d.Stats = filepath.Join(d.Dir, "stats.sock")
-	d.Lifecycle = filepath.Join(d.Dir, "lifecycle.sock")
-	logPath := filepath.Join(d.Dir, "statsd.log")
-	args := append([]string{"--listen", d.Stats, "--lifecycle-listen", d.Lifecycle, "--state-dir", filepath.Join(d.Dir, "state"),
+	dir := t.TempDir()
+	d := StartStatsdAt(t, binDir, filepath.Join(dir, "stats.sock"), filepath.Join(dir, "lifecycle.sock"), filepath.Join(dir, "state"), extraArgs...)
+	d.Dir = dir
+	return d
+}
+
+// StartStatsdAt starts binDir/statsd listening on the given socket paths
+// with the given state directory (its log beside the state directory),
+// --cgroup-root /sys/fs/cgroup --proc-root /proc --read-timeout 2s and
+// extraArgs, and waits up to 10 s for both sockets.
+func StartStatsdAt(t testing.TB, binDir, stats, lifecycle, stateDir string, extraArgs ...string) *Statsd {
+	t.Helper()
+	d := &Statsd{Stats: stats, Lifecycle: lifecycle, StateDir: stateDir, Log: stateDir + ".log", bin: binDir}
+	d.args = append([]string{"--listen", stats, "--lifecycle-listen", lifecycle, "--state-dir", stateDir,
 		"--cgroup-root", "/sys/fs/cgroup", "--proc-root", "/proc", "--read-timeout", "2s"}, extraArgs...)
-	d.Cmd = exec.Command(filepath.Join(binDir, "statsd"), args...)
-	logf, err := os.Create(logPath)
+	d.start(t)
+	t.Cleanup(func() {
+		d.Stop(t)
+		if t.Failed() {
+			b, _ := os.ReadFile(d.Log)
+			t.Logf("%s:\n%s", d.Log, b)
+		}
+	})
+	return d
+}
+
+func (d *Statsd) start(t testing.TB) {
+	t.Helper()
+	d.Cmd = exec.Command(filepath.Join(d.bin, "statsd"), d.args...)
+	logf, err := os.OpenFile(d.Log, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -88,31 +114,43 @@ func StartStatsd(t testing.TB, binDir string, extraArgs ...string) *Statsd {
 		t.Fatal(err)
 	}
 	logf.Close()
-	t.Cleanup(func() {
-		d.Cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan struct{})
-		go func() { d.Cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			d.Cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("statsd.log:\n%s", b)
-		}
-	})
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		_, e1 := os.Stat(d.Stats)
 		_, e2 := os.Stat(d.Lifecycle)
 		if e1 == nil && e2 == nil {
-			return d
+			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("statsd did not create its sockets within 10 s")
+			b, _ := os.ReadFile(d.Log)
+			t.Fatalf("statsd did not create its sockets within 10 s:\n%s", b)
 		}
 	}
+}
+
+// Stop stops statsd (SIGCONT, SIGTERM, SIGKILL after 10 s) and waits for it.
+// Stopping a stopped statsd does nothing.
+func (d *Statsd) Stop(t testing.TB) {
+	if d.Cmd == nil || d.Cmd.ProcessState != nil {
+		return
+	}
+	_ = d.Cmd.Process.Signal(syscall.SIGCONT)
+	_ = d.Cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() { _ = d.Cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		_ = d.Cmd.Process.Kill()
+		<-done
+	}
+}
+
+// Restart stops statsd and starts it again with the same sockets, state
+// directory and flags.
+func (d *Statsd) Restart(t testing.TB) {
+	t.Helper()
+	d.Stop(t)
+	d.start(t)
 }
 
 // goTool is the go command on PATH (go test puts its own toolchain's bin

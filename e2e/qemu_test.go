@@ -1,33 +1,17 @@
-package hoststat_test
+package e2e
 
 import (
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
-
-// statsd is a real statsd (testenv.StartStatsd, with the debugfs view) and
-// the statsctl built beside it.
-type statsd struct {
-	*testenv.Statsd
-	bin string
-}
-
-func startStatsd(t *testing.T) *statsd {
-	t.Helper()
-	bin := testenv.BuildBinaries(t)
-	return &statsd{Statsd: testenv.StartStatsd(t, bin, "--debugfs-root", "/sys/kernel/debug"), bin: bin}
-}
-
-func (d *statsd) ctl(args ...string) ([]byte, error) {
-	return exec.Command(filepath.Join(d.bin, "statsctl"), args...).CombinedOutput()
-}
 
 // TestIntegrationQEMUThroughStatsd binds a real QEMU to a real statsd as a
 // micro-VM whose guest agent cannot be reached (hvsock to a missing socket),
@@ -38,18 +22,24 @@ func TestIntegrationQEMUThroughStatsd(t *testing.T) {
 		t.Skip("builds statsd and starts QEMU; not under -short")
 	}
 	accel := testenv.Accel() // tcg without /dev/kvm
-	vm := startQEMU(t, accel)
-	d := startStatsd(t)
+	testenv.NeedQEMU(t)
+	vm := testenv.StartQEMU(t, t.TempDir(), "srv1", accel)
+	vm.WaitReady(5 * time.Second)
+	bin := testenv.BuildBinaries(t)
+	d := testenv.StartStatsd(t, bin, "--debugfs-root", "/sys/kernel/debug")
+	ctl := func(args ...string) ([]byte, error) {
+		return exec.Command(filepath.Join(bin, "statsctl"), args...).CombinedOutput()
+	}
 	const actor = "e2e-qemu-actor"
-	if out, err := d.ctl("run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--class", "microvm",
+	if out, err := ctl("run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--class", "microvm",
 		"--agent-address", "hvsock:///nonexistent:1024", "--container-id", "c",
 		"--vmm-pid-file", vm.PIDFile, "--qmp-socket", vm.QMP); err != nil {
 		t.Fatalf("run-workload: %v\n%s", err, out)
 	}
-	out, err := d.ctl("stats", "--socket", d.Stats, "--actor-uid", actor, "--include-host", "-o", "json")
+	out, err := ctl("stats", "--socket", d.Stats, "--actor-uid", actor, "--include-host", "-o", "json")
 	t.Logf("statsctl stats --include-host with the agent unreachable: err %v: %.300s", err, out)
 
-	out, err = d.ctl("host", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
+	out, err = ctl("host", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
 	if err != nil {
 		t.Fatalf("statsctl host: %v\n%s", err, out)
 	}

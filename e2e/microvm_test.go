@@ -1,9 +1,7 @@
-package microvm
+package e2e
 
 import (
 	"encoding/json"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -13,42 +11,30 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
-// statsdProc is a real statsd (testenv.StartStatsd) and the statsctl built
-// beside it.
-type statsdProc struct {
-	*testenv.Statsd
-	bin string
-}
+const mib = 1 << 20
 
-func startStatsd(t *testing.T) *statsdProc {
-	t.Helper()
-	bin := testenv.BuildBinaries(t)
-	return &statsdProc{Statsd: testenv.StartStatsd(t, bin), bin: bin}
-}
+// Two v2 guest containers as the Kata agent reports them.
+var (
+	guestA = kataagentfake.Container{UsageBytes: 300 * mib, MaxUsageBytes: 350 * mib, InactiveFileBytes: 100 * mib,
+		CPUTotal: 2_500_000_000, CPUUser: 2_000_000_000, CPUSystem: 500_000_000}
+	guestB = kataagentfake.Container{UsageBytes: 50 * mib, MaxUsageBytes: 60 * mib, InactiveFileBytes: 10 * mib, CPUTotal: 500_000_000}
+)
 
-func (d *statsdProc) statsctl(t *testing.T, args ...string) []byte {
-	t.Helper()
-	out, err := exec.Command(filepath.Join(d.bin, "statsctl"), args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("statsctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
-
-// TestStatsdEndToEnd binds a micro-VM workload in a real statsd with the
+// TestIntegrationMicroVMThroughStatsd binds a micro-VM workload in a real statsd with the
 // fake agent's hvsock:// address (statsctl run-workload), reads the summed
 // sample through StatsWorkload over a Unix socket (statsctl stats -o json),
 // and checks that CheckpointWorkload closes the agent connection. Needs only
 // the Go toolchain; skipped under -short.
-func TestStatsdEndToEnd(t *testing.T) {
+func TestIntegrationMicroVMThroughStatsd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs statsd and statsctl; not under -short")
 	}
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithVersion("4.1.0"),
-		kataagentfake.WithContainer("a", kataagentfake.V2(v2a)), kataagentfake.WithContainer("b", kataagentfake.V2(v2b)))
-	d := startStatsd(t)
+		kataagentfake.WithContainer("a", kataagentfake.V2(guestA)), kataagentfake.WithContainer("b", kataagentfake.V2(guestB)))
+	bin := testenv.BuildBinaries(t)
+	d := testenv.StartStatsd(t, bin)
 	const actor = "e2e-microvm-actor"
-	d.statsctl(t, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,
+	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,
 		"--class", "microvm", "--agent-address", agent.Address(), "--container-id", "a", "--container-id", "b")
 
 	var w struct {
@@ -77,7 +63,7 @@ func TestStatsdEndToEnd(t *testing.T) {
 		} `json:"pids"`
 	}
 	for i := range 3 { // the connection is kept across polls
-		out := d.statsctl(t, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
+		out := statsctl(t, bin, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
 		if err := json.Unmarshal(out, &w); err != nil {
 			t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
 		}
@@ -127,7 +113,7 @@ func TestStatsdEndToEnd(t *testing.T) {
 		t.Errorf("after 3 polls: %d connections, %d closed, %d Version calls; want one kept connection", accepted, closed, versions)
 	}
 
-	d.statsctl(t, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor)
+	statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor)
 	select {
 	case <-agent.Disconnected():
 	case <-time.After(5 * time.Second):

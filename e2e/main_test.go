@@ -1,0 +1,87 @@
+// Package e2e holds the whole-daemon end-to-end tests: the built statsd,
+// statsagent and statsctl binaries against the real parts (real cgroups, a
+// real gVisor sandbox under runsc, a real QEMU, a Kata agent fake behind a
+// real Unix socket, a real Prometheus), each test named TestIntegration... .
+// They need root and the packages .ci/run installs; outside CI a missing
+// prerequisite skips with a hint, under CI=true it fails (testenv.Need).
+// Unit and component tests live beside their packages.
+package e2e
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+)
+
+// TestWorkloadChild is not a test: it is the workload the tests move into
+// their cgroups (testenv.StartChild re-executes the test binary to run it;
+// see testenv.RunChild for its commands).
+func TestWorkloadChild(t *testing.T) { testenv.RunChild(t) }
+
+// needV1 skips (or fails under CI) unless the test runs as root on a host
+// with the v1 memory and cpuacct hierarchies.
+func needV1(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("end-to-end on real cgroups; not under -short")
+	}
+	testenv.Need(t, os.Geteuid() == 0, "needs root to create cgroups (run as root)")
+	_, errM := os.Stat("/sys/fs/cgroup/memory/cgroup.procs")
+	_, errC := os.Stat("/sys/fs/cgroup/cpuacct/cgroup.procs")
+	testenv.Need(t, errM == nil && errC == nil, "needs the cgroup v1 memory and cpuacct hierarchies under /sys/fs/cgroup")
+}
+
+// v1Cgroup makes the cgroup path rel in the v1 memory and cpuacct
+// hierarchies and removes it at the end of the test (after the processes
+// in it are gone: register it before starting them).
+func v1Cgroup(t *testing.T, rel string) {
+	t.Helper()
+	for _, c := range []string{"memory", "cpuacct"} {
+		dir := filepath.Join("/sys/fs/cgroup", c, rel)
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := testenv.RmdirRetry(dir); err != nil {
+				t.Errorf("remove cgroup %s: %v", dir, err)
+			}
+		})
+	}
+}
+
+// moveTo moves pid into the cgroup rel of the v1 memory and cpuacct
+// hierarchies.
+func moveTo(t *testing.T, rel string, pid int) {
+	t.Helper()
+	for _, c := range []string{"memory", "cpuacct"} {
+		p := filepath.Join("/sys/fs/cgroup", c, rel, "cgroup.procs")
+		if err := os.WriteFile(p, []byte(strconv.Itoa(pid)), 0o644); err != nil {
+			t.Fatalf("move %d into %s: %v", pid, p, err)
+		}
+	}
+}
+
+func statsctl(t *testing.T, bin string, args ...string) []byte {
+	t.Helper()
+	out, err := exec.Command(filepath.Join(bin, "statsctl"), args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("statsctl %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+	return out
+}
+
+// within reports whether got is within frac of want.
+func within(got, want, frac float64) bool { return got >= want*(1-frac) && got <= want*(1+frac) }
+
+// series is the label set of a workload exported with --label-actor (actor
+// namespace "team", template tmpl/py).
+func series(actor, class, src string) string {
+	return fmt.Sprintf("{actor_name=%s,actor_namespace=team,actor_uid=%s,sandbox_class=%s,source=%s,template_name=py,template_namespace=tmpl}",
+		actor, actor, class, src)
+}
