@@ -1,0 +1,431 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
+	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// churnInterval is the agent's poll interval in the churn tests; activation
+// lifetimes are multiples of it.
+const churnInterval = time.Second
+
+// churn is the node of a churn test: statsd daemons, the statsagent binary
+// polling them, its activation log, a real Prometheus scraping it, and an
+// in-process poller applying the rules before activation accounting (for
+// the comparison).
+type churn struct {
+	bin, dir, agentURL, actLog string
+	prom                       *testenv.Prometheus
+	legacy                     *legacyPoller
+
+	mu    sync.Mutex
+	truth map[string]uint64 // actor -> the cgroup's own CPU at the end, usec
+}
+
+func startChurn(t *testing.T) *churn {
+	t.Helper()
+	c := &churn{bin: testenv.BuildBinaries(t, "statsagent"), dir: t.TempDir(), truth: map[string]uint64{}}
+	for _, sub := range []string{"stats", "lifecycle"} {
+		if err := os.Mkdir(filepath.Join(c.dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.actLog = filepath.Join(c.dir, "activations.jsonl")
+	glob := filepath.Join(c.dir, "stats", "*.sock")
+	c.agentURL = testenv.StartStatsagent(t, c.bin, c.dir, "--sockets", glob, "--interval", churnInterval.String(),
+		"--min-interval", "100ms", "--timeout", "5s", "--grace", "2m", "--activation-log", c.actLog)
+	u, _ := url.Parse(c.agentURL)
+	c.prom = testenv.StartPrometheus(t, []string{u.Host}, 500*time.Millisecond)
+	c.legacy = startLegacyPoller(t, glob, churnInterval)
+	return c
+}
+
+// activation runs one activation of actor in a fresh v1 cgroup bound to d:
+// Run, a workload child burning CPU for most of lifetime, then the ground
+// truth (the cgroup's own cpuacct.usage, the workload idle), Checkpoint,
+// and the child killed. With betweenSweeps it starts right after a sweep
+// completed and takes less than an interval, so no sweep sees it alive.
+func (c *churn) activation(t *testing.T, d *testenv.Statsd, actor string, lifetime time.Duration, betweenSweeps bool) {
+	t.Helper()
+	cg := fmt.Sprintf("/churn-%d-%s", os.Getpid(), actor)
+	v1Cgroup(t, cg)
+	w := testenv.StartChild(t, "TestWorkloadChild")
+	if betweenSweeps {
+		n := testenv.Scrape(t, c.agentURL)["sandboxstats_agent_sweeps_total{}"]
+		for testenv.Scrape(t, c.agentURL)["sandboxstats_agent_sweeps_total{}"] == n {
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	lc := lifecycleClient(t, d.Lifecycle)
+	start := time.Now()
+	run(t, lc, actor, &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: cg})
+	moveTo(t, cg, w.Cmd.Process.Pid)
+	w.Do(t, fmt.Sprintf("burn %d", lifetime.Milliseconds()/2))
+	if rest := lifetime - time.Since(start); rest > 0 {
+		time.Sleep(rest)
+	}
+	truth := cpuacctUsec(t, cg)
+	e := checkpoint(t, lc, actor)
+	lived := time.Since(start)
+	w.Kill()
+	c.mu.Lock()
+	c.truth[actor] = truth
+	c.mu.Unlock()
+	t.Logf("%s: lived %v (%.2f intervals), cgroup CPU %d us, record %d us (%s)", actor, lived.Round(time.Millisecond),
+		float64(lived)/float64(churnInterval), truth, e.GetCpuUsec(), e.GetFinalProvenance())
+}
+
+// lifecycleClient dials a statsd lifecycle socket (in-process, so that an
+// activation's lifetime is not an exec's).
+func lifecycleClient(t *testing.T, socket string) sandboxstatsv1.WorkloadLifecycleServiceClient {
+	t.Helper()
+	cc, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cc.Close() })
+	return sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc)
+}
+
+func run(t *testing.T, lc sandboxstatsv1.WorkloadLifecycleServiceClient, actor string, ref *sandboxstatsv1.SandboxRef) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := lc.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{Sandbox: ref, Identity: &sandboxstatsv1.WorkloadIdentity{
+		ActorUid: actor, TemplateNamespace: "tmpl", TemplateName: "py"}}); err != nil {
+		t.Fatalf("RunWorkload %s: %v", actor, err)
+	}
+}
+
+func checkpoint(t *testing.T, lc sandboxstatsv1.WorkloadLifecycleServiceClient, actor string) *sandboxstatsv1.EndedActivation {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := lc.CheckpointWorkload(ctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: actor})
+	if err != nil {
+		t.Fatalf("CheckpointWorkload %s: %v", actor, err)
+	}
+	return resp.GetEnded()
+}
+
+// cpuacctUsec reads the cgroup's own CPU counter, in usec.
+func cpuacctUsec(t *testing.T, rel string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/sys/fs/cgroup/cpuacct", rel, "cpuacct.usage"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ns uint64
+	if _, err := fmt.Sscan(string(b), &ns); err != nil {
+		t.Fatal(err)
+	}
+	return ns / 1000
+}
+
+func (c *churn) truthSum() (sum float64, n int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, v := range c.truth {
+		sum += float64(v) / 1e6
+	}
+	return sum, len(c.truth)
+}
+
+// records reads the activation log.
+func (c *churn) records(t *testing.T) map[string]nodeagent.ActivationRecord {
+	t.Helper()
+	f, err := os.Open(c.actLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	out := map[string]nodeagent.ActivationRecord{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		var r nodeagent.ActivationRecord
+		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
+			t.Fatalf("activation log line %q: %v", sc.Text(), err)
+		}
+		if _, dup := out[r.ActorUID]; dup {
+			t.Errorf("activation of %s logged twice", r.ActorUID)
+		}
+		out[r.ActorUID] = r
+	}
+	return out
+}
+
+// TestIntegrationActivationChurnCgroup is the churn of the activation
+// accounting issue on real v1 cgroups: three long-lived statsd, twelve
+// activations with lifetimes from 0.25 to 4 poll intervals burning real CPU
+// (one starting and ending between two sweeps, one whose statsd restarts
+// right after its Checkpoint), polled by the statsagent binary and scraped
+// by a real Prometheus. The CPU-seconds the agent exports, and the _sum of
+// its activation CPU histogram (in the agent and in Prometheus), equal the
+// cgroups' own counters at each activation's end within 1%; every
+// activation has exactly one record.
+func TestIntegrationActivationChurnCgroup(t *testing.T) {
+	needV1(t)
+	c := startChurn(t)
+	var daemons []*testenv.Statsd
+	for _, name := range []string{"a", "b", "c"} {
+		daemons = append(daemons, startStatsdIn(t, c.bin, c.dir, name))
+	}
+	type act struct {
+		intervals            float64
+		between, restartNext bool
+	}
+	lanes := [][]act{
+		{{intervals: 0.25, between: true}, {intervals: 1}, {intervals: 4}, {intervals: 0.5}},
+		{{intervals: 2}, {intervals: 0.3}, {intervals: 1.5}, {intervals: 3}},
+		{{intervals: 0.75}, {intervals: 2.5}, {intervals: 0.25}, {intervals: 1, restartNext: true}},
+	}
+	t.Run("lanes", func(t *testing.T) {
+		for i, lane := range lanes {
+			d := daemons[i]
+			t.Run(fmt.Sprint("statsd-", i), func(t *testing.T) {
+				t.Parallel()
+				for j, a := range lane {
+					actor := fmt.Sprintf("churn-%d-%d", i, j)
+					c.activation(t, d, actor, time.Duration(a.intervals*float64(churnInterval)), a.between)
+					if a.restartNext {
+						d.Restart(t) // between the Checkpoint and the next sweep
+					}
+				}
+			})
+		}
+	})
+	if t.Failed() {
+		return
+	}
+	testenv.WaitNewSweeps(t, c.agentURL) // the last ends seen ...
+	m := testenv.WaitNewSweeps(t, c.agentURL) // ... and charged
+	truth, n := c.truthSum()
+	var exported, hist float64
+	for k, v := range m {
+		switch {
+		case strings.HasPrefix(k, "sandboxstats_workload_cpu_seconds_total{") && strings.Contains(k, "source=cgroup"):
+			exported += v
+		case strings.HasPrefix(k, "sandboxstats_activation_cpu_seconds_sum{") && strings.Contains(k, "source=cgroup"):
+			hist += v
+		}
+	}
+	legacy := c.legacy.total()
+	t.Logf("%d activations: cgroups used %.3f CPU-s; statsagent exported %.3f (%.4f of it), activation histogram _sum %.3f (%.4f); today's rules (before activation accounting) %.3f (%.3f)",
+		n, truth, exported, exported/truth, hist, hist/truth, legacy, legacy/truth)
+	if !within(exported, truth, 0.01) {
+		t.Errorf("exported CPU %.3f s, cgroups' own %.3f s: off by more than 1%%", exported, truth)
+	}
+	if !within(hist, truth, 0.01) {
+		t.Errorf("activation CPU histogram _sum %.3f s, cgroups' own %.3f s: off by more than 1%%", hist, truth)
+	}
+
+	recs := c.records(t)
+	for actor := range c.truth {
+		r, ok := recs[actor]
+		switch {
+		case !ok:
+			t.Errorf("no activation record for %s", actor)
+		case r.FinalProvenance != "read-at-end" || r.CPUSeconds == nil:
+			t.Errorf("record of %s: %+v", actor, r)
+		}
+	}
+	if r := recs["churn-0-0"]; r.Charge != "whole" {
+		t.Errorf("the activation between two sweeps was charged %q, want whole (was a sweep too slow?)", r.Charge)
+	}
+	if r := recs["churn-2-3"]; r.ActorUID == "" {
+		t.Error("the activation whose statsd restarted after its Checkpoint has no record")
+	}
+
+	// The same figures through a real Prometheus.
+	time.Sleep(1500 * time.Millisecond) // at least two scrapes after the agent's last sweep
+	q := c.prom.Query(t, `sum(sandboxstats_activation_cpu_seconds_sum{source="cgroup"})`)
+	qc := c.prom.Query(t, `sum(sandboxstats_workload_cpu_seconds_total{source="cgroup"})`)
+	if len(q) != 1 || len(qc) != 1 {
+		t.Fatalf("prometheus answered %v and %v", q, qc)
+	}
+	t.Logf("prometheus: activation CPU _sum %.3f (%.4f of the truth), CPU counter %.3f", q[0].Value, q[0].Value/truth, qc[0].Value)
+	if !within(q[0].Value, truth, 0.01) || !within(qc[0].Value, truth, 0.01) {
+		t.Errorf("prometheus: _sum %.3f, counter %.3f; cgroups' own %.3f s", q[0].Value, qc[0].Value, truth)
+	}
+	if out := testenv.PromtoolCheckMetrics(t, metricsText(t, c.agentURL)); out != "" {
+		t.Errorf("promtool check metrics:\n%s", out)
+	}
+}
+
+// TestIntegrationActivationFinalReadHangs: a micro-VM whose guest agent hangs
+// at its Checkpoint still gets a record (the last good poll, with its age
+// and the reason), the Checkpoint costs at most the read timeout plus a
+// little, and the agent charges the activation's CPU up to that poll.
+func TestIntegrationActivationFinalReadHangs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs statsd, statsagent and Prometheus; not under -short")
+	}
+	c := startChurn(t)
+	d := startStatsdIn(t, c.bin, c.dir, "vm")
+	guest := kataagentfake.Container{UsageBytes: 64 << 20, CPUTotal: 10_000_000_000} // 10 s of an earlier life
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(guest)))
+	statsctl(t, c.bin, "restore-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", "vm-1",
+		"--template-namespace", "tmpl", "--template-name", "py", "--class", "microvm", "--agent-address", agent.Address(), "--container-id", "web")
+	testenv.WaitNewSweeps(t, c.agentURL)
+	guest.CPUTotal += 700_000_000
+	agent.SetContainer("web", kataagentfake.V2(guest))
+	testenv.WaitNewSweeps(t, c.agentURL)
+	agent.SetStatsHang(true)
+	start := time.Now()
+	out := statsctl(t, c.bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", "vm-1")
+	took := time.Since(start)
+	agent.SetStatsHang(false)
+	t.Logf("checkpoint with a hung agent took %v:\n%s", took.Round(time.Millisecond), out)
+	if took > 2*time.Second+1500*time.Millisecond {
+		t.Errorf("Checkpoint took %v with a 2 s read timeout", took)
+	}
+	m := testenv.WaitNewSweeps(t, c.agentURL)
+	r, ok := c.records(t)["vm-1"]
+	if !ok || r.FinalProvenance != "last-good-poll" || r.FinalReason == "" || r.CPUSeconds == nil || *r.CPUSeconds != 0.7 {
+		t.Fatalf("record %+v, want last-good-poll with 0.7 s of CPU (the earlier life's 10 s not charged)", r)
+	}
+	if got := m["sandboxstats_workload_cpu_seconds_total{sandbox_class=microvm,source=guest-agent,template_name=py,template_namespace=tmpl}"]; got != 0.7 {
+		t.Errorf("agent charged %.6f s to the guest, want exactly 0.7 (final minus baseline)", got)
+	}
+}
+
+// TestIntegrationActivationChurnGVisor: three real gVisor sandboxes (runsc,
+// ptrace), each bound by its sentry pid, burning CPU inside, checkpointed
+// and deleted in turn: the CPU the agent exports equals the sandbox cgroups'
+// own counters at each end within 2%.
+func TestIntegrationActivationChurnGVisor(t *testing.T) {
+	needV1(t)
+	testenv.NeedRunsc(t)
+	c := startChurn(t)
+	d := startStatsdIn(t, c.bin, c.dir, "gv")
+	lc := lifecycleClient(t, d.Lifecycle)
+	for i, loops := range []int{60_000, 150_000, 100_000} {
+		actor := fmt.Sprint("gvisor-", i)
+		sb := testenv.StartSandbox(t, "", "/bin/sh", "-c", "while true; do sleep 1; done")
+		start := time.Now()
+		run(t, lc, actor, &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, SentryPid: int32(sb.PID)})
+		sb.Exec(t, "/bin/sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do i=$((i+1)); done", loops))
+		if i == 1 {
+			testenv.WaitNewSweeps(t, c.agentURL) // one lives across sweeps; the others may not
+		}
+		truth := cpuacctUsec(t, sb.CgroupPath)
+		e := checkpoint(t, lc, actor)
+		sb.Delete(t)
+		c.mu.Lock()
+		c.truth[actor] = truth
+		c.mu.Unlock()
+		t.Logf("%s: lived %v, sandbox cgroup CPU %d us, record %d us (%s)", actor, time.Since(start).Round(time.Millisecond), truth, e.GetCpuUsec(), e.GetFinalProvenance())
+	}
+	testenv.WaitNewSweeps(t, c.agentURL) // the last ends seen ...
+	m := testenv.WaitNewSweeps(t, c.agentURL) // ... and charged
+	truth, n := c.truthSum()
+	exported := m["sandboxstats_workload_cpu_seconds_total{sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"]
+	hist := m["sandboxstats_activation_cpu_seconds_sum{sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"]
+	t.Logf("%d gVisor activations: sandbox cgroups used %.3f CPU-s; statsagent exported %.3f (%.4f), histogram _sum %.3f (%.4f); today's rules %.3f (%.3f)",
+		n, truth, exported, exported/truth, hist, hist/truth, c.legacy.total(), c.legacy.total()/truth)
+	if !within(exported, truth, 0.02) || !within(hist, truth, 0.02) {
+		t.Errorf("exported %.3f s and histogram %.3f s, the sandboxes' own %.3f s: off by more than 2%%", exported, hist, truth)
+	}
+	if recs := c.records(t); len(recs) != n {
+		t.Errorf("%d activation records for %d activations", len(recs), n)
+	}
+}
+
+func metricsText(t *testing.T, base string) []byte {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// legacyPoller sweeps like statsagent and charges CPU by the rules before
+// activation accounting (the head and tail of every activation lost): first
+// sight of a workload charges nothing, growth within an epoch is charged,
+// a new cgroup epoch is charged in full if plausible, ended records are
+// ignored. It gives the "today's rules" figure on the same churn.
+type legacyPoller struct {
+	mu    sync.Mutex
+	usec  uint64
+	last  map[string]*sandboxstatsv1.WorkloadStatsSample
+	start time.Time
+}
+
+func startLegacyPoller(t *testing.T, glob string, interval time.Duration) *legacyPoller {
+	l := &legacyPoller{last: map[string]*sandboxstatsv1.WorkloadStatsSample{}, start: time.Now()}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			res, _ := sweep.Sweep(ctx, glob, 8, 5*time.Second)
+			l.apply(res)
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return l
+}
+
+func (l *legacyPoller) apply(res []sweep.DaemonResult) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, r := range res {
+		for _, s := range r.Samples {
+			if s.CpuUsageUsec == nil {
+				continue
+			}
+			prev := l.last[s.GetActorUid()]
+			l.last[s.GetActorUid()] = s
+			switch {
+			case prev == nil:
+			case prev.GetEpochUnixNano() != s.GetEpochUnixNano():
+				if window := s.GetObservedAtUnixNano() - s.GetEpochUnixNano(); window > 0 && s.GetCpuUsageUsec()/2 <= uint64(window)/1000 {
+					l.usec += s.GetCpuUsageUsec()
+				}
+			case s.GetCpuUsageUsec() >= prev.GetCpuUsageUsec():
+				l.usec += s.GetCpuUsageUsec() - prev.GetCpuUsageUsec()
+			default:
+				l.usec += s.GetCpuUsageUsec()
+			}
+		}
+	}
+}
+
+func (l *legacyPoller) total() float64 {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return float64(l.usec) / 1e6
+}
