@@ -217,7 +217,7 @@ func TestIntegrationActivationChurnCgroup(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	testenv.WaitNewSweeps(t, c.agentURL) // the last ends seen ...
+	testenv.WaitNewSweeps(t, c.agentURL)      // the last ends seen ...
 	m := testenv.WaitNewSweeps(t, c.agentURL) // ... and charged
 	truth, n := c.truthSum()
 	var exported, hist float64
@@ -309,6 +309,59 @@ func TestIntegrationActivationFinalReadHangs(t *testing.T) {
 	}
 }
 
+// TestIntegrationActivationMicroVMRestores: a guest whose CPU counter survives
+// every restore (the Kata agent's lives in guest memory) is restored twice
+// and checkpointed: each activation's CPU is its final minus its own
+// baseline exactly, and the agent never charges the guest's earlier lives.
+func TestIntegrationActivationMicroVMRestores(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs statsd, statsagent and Prometheus; not under -short")
+	}
+	c := startChurn(t)
+	d := startStatsdIn(t, c.bin, c.dir, "vm")
+	guest := kataagentfake.Container{UsageBytes: 64 << 20, CPUTotal: 42_000_000_000} // 42 s before this node saw it
+	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(guest)))
+	lc := lifecycleClient(t, d.Lifecycle)
+	restore := func(actorName string) *sandboxstatsv1.EndedActivation {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := lc.RestoreWorkload(ctx, &sandboxstatsv1.RestoreWorkloadRequest{
+			Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "vm-r", ActorName: actorName, TemplateNamespace: "tmpl", TemplateName: "py"},
+			Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
+				AgentAddress: agent.Address(), ContainerIds: []string{"web"}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetReplaced()
+	}
+	burn := func(usec uint64) {
+		guest.CPUTotal += usec * 1000
+		agent.SetContainer("web", kataagentfake.V2(guest))
+		testenv.WaitNewSweeps(t, c.agentURL)
+	}
+	restore("first")
+	testenv.WaitNewSweeps(t, c.agentURL)
+	burn(300_000)
+	burn(200_000)
+	first := restore("second") // the same actor, another identity: a new activation, the first replaced
+	if first.GetOutcome() != sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_REPLACED || first.GetCpuUsec() != 500_000 {
+		t.Fatalf("first activation: %v", first)
+	}
+	testenv.WaitNewSweeps(t, c.agentURL) // the baseline is taken at the Restore: burn after it
+	burn(1_250_000)
+	second := checkpoint(t, lc, "vm-r")
+	if second.GetCpuUsec() != 1_250_000 || second.GetFinalProvenance() != sandboxstatsv1.FinalProvenance_FINAL_PROVENANCE_READ_AT_END {
+		t.Fatalf("second activation: %v", second)
+	}
+	testenv.WaitNewSweeps(t, c.agentURL)
+	m := testenv.WaitNewSweeps(t, c.agentURL)
+	got := m["sandboxstats_workload_cpu_seconds_total{sandbox_class=microvm,source=guest-agent,template_name=py,template_namespace=tmpl}"]
+	t.Logf("guest counter 42 s before, then 0.5 s and 1.25 s in two activations: agent charged %.6f s", got)
+	if got != 1.75 {
+		t.Errorf("agent charged %.6f s, want exactly 1.75 (the two activations, not the guest's earlier 42 s)", got)
+	}
+}
+
 // TestIntegrationActivationChurnGVisor: three real gVisor sandboxes (runsc,
 // ptrace), each bound by its sentry pid, burning CPU inside, checkpointed
 // and deleted in turn: the CPU the agent exports equals the sandbox cgroups'
@@ -336,7 +389,7 @@ func TestIntegrationActivationChurnGVisor(t *testing.T) {
 		c.mu.Unlock()
 		t.Logf("%s: lived %v, sandbox cgroup CPU %d us, record %d us (%s)", actor, time.Since(start).Round(time.Millisecond), truth, e.GetCpuUsec(), e.GetFinalProvenance())
 	}
-	testenv.WaitNewSweeps(t, c.agentURL) // the last ends seen ...
+	testenv.WaitNewSweeps(t, c.agentURL)      // the last ends seen ...
 	m := testenv.WaitNewSweeps(t, c.agentURL) // ... and charged
 	truth, n := c.truthSum()
 	exported := m["sandboxstats_workload_cpu_seconds_total{sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"]
