@@ -120,8 +120,8 @@ type Config struct {
 	MaxEvents int
 }
 
-// StateFileName is the file under the state directory holding the findings.
-const StateFileName = "drift.json"
+// stateFileName is the file under the state directory holding the findings.
+const stateFileName = "drift.json"
 
 const stateVersion = 1
 
@@ -172,7 +172,7 @@ func New(cfg Config) (*Checker, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("drift: state dir: %w", err)
 	}
-	p := filepath.Join(cfg.StateDir, StateFileName)
+	p := filepath.Join(cfg.StateDir, stateFileName)
 	b, err := os.ReadFile(p)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
@@ -332,7 +332,7 @@ func (c *Checker) save() {
 	st := stateFile{Version: stateVersion, Findings: c.sortedLocked(), Events: c.events}
 	b, err := json.MarshalIndent(st, "", "  ")
 	if err == nil {
-		err = atomicfile.Write(c.cfg.StateDir, StateFileName, append(b, '\n'), 0o600)
+		err = atomicfile.Write(c.cfg.StateDir, stateFileName, append(b, '\n'), 0o600)
 	}
 	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
 		c.cfg.Logger.Error("drift: could not persist findings", "err", err)

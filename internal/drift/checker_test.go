@@ -117,7 +117,7 @@ func TestBaselineNoFindingsNoEvents(t *testing.T) {
 	if st := f.checker.Status(); st.Outcome != "checked" {
 		t.Fatalf("outcome = %q", st.Outcome)
 	}
-	if _, err := os.Stat(filepath.Join(f.dir, StateFileName)); !os.IsNotExist(err) {
+	if _, err := os.Stat(filepath.Join(f.dir, stateFileName)); !os.IsNotExist(err) {
 		t.Error("state written although nothing changed")
 	}
 }
@@ -250,14 +250,14 @@ func TestCheckpointDropsFindings(t *testing.T) {
 
 func TestCorruptStateMovedAside(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte("{not json"), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, stateFileName), []byte("{not json"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	f := newFixture(t, dir, obs(all, nil))
 	if len(f.checker.Open()) != 0 {
 		t.Fatal("findings from a corrupt file")
 	}
-	if m, _ := filepath.Glob(filepath.Join(dir, StateFileName+".corrupt-*")); len(m) != 1 {
+	if m, _ := filepath.Glob(filepath.Join(dir, stateFileName+".corrupt-*")); len(m) != 1 {
 		t.Fatalf("moved aside: %v", m)
 	}
 }
@@ -279,7 +279,7 @@ func TestNewEpochDropsFindings(t *testing.T) {
 
 func TestUnknownKindFromANewerStateFile(t *testing.T) {
 	dir := t.TempDir()
-	os.WriteFile(filepath.Join(dir, StateFileName), []byte(`{"version":1,"findings":[{"kind":99,"subject":"x","actor_uid":"someone-else"}]}`), 0o600)
+	os.WriteFile(filepath.Join(dir, stateFileName), []byte(`{"version":1,"findings":[{"kind":99,"subject":"x","actor_uid":"someone-else"}]}`), 0o600)
 	f := newFixture(t, dir, obs(all, nil))
 	f.cycle() // drops the other actor's finding and logs it: must not panic
 	if got := eventTypes(f.checker); len(got) != 1 || !strings.HasPrefix(got[0], "DROPPED KIND(99) x") {

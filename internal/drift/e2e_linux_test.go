@@ -137,7 +137,7 @@ func cgroupMtimes(t *testing.T, dirs ...string) map[string]time.Time {
 	return out
 }
 
-func TestScenarioBaselineAndDeadSandbox(t *testing.T) {
+func TestIntegrationScenarioBaselineAndDeadSandbox(t *testing.T) {
 	sb := testenv.StartSandbox(t, "", "/bin/sh", "-c", "while true; do sleep 1; done")
 	dirs := []string{filepath.Join("/sys/fs/cgroup/memory", sb.CgroupPath), filepath.Join("/sys/fs/cgroup/cpuacct", sb.CgroupPath)}
 	before := cgroupMtimes(t, dirs...)
@@ -169,7 +169,7 @@ func TestScenarioBaselineAndDeadSandbox(t *testing.T) {
 	t.Logf("the check read the source %d times; %d cgroup files unmodified", s.reads.Load(), len(before))
 }
 
-func TestScenarioAgentGoneAndUnknownContainer(t *testing.T) {
+func TestIntegrationScenarioAgentGoneAndUnknownContainer(t *testing.T) {
 	reply := kataagentfake.V2(kataagentfake.Container{UsageBytes: 100 << 20, MaxUsageBytes: 120 << 20, CPUTotal: 1e9})
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", reply), kataagentfake.WithContainer("sidecar", reply))
 	const grace = time.Second
@@ -217,20 +217,23 @@ func TestScenarioAgentGoneAndUnknownContainer(t *testing.T) {
 	t.Logf("the fake agent received %d StatsContainer and %d Version calls, nothing else", stats, versions)
 }
 
-func TestScenarioVMM(t *testing.T) {
+func TestIntegrationScenarioVMM(t *testing.T) {
 	dir := t.TempDir()
-	vm := testenv.StartQEMU(t, dir, "srv1", testenv.Accel())
+	// A guest name of its own: other packages' tests run QEMU guests named
+	// srv1 at the same time, and each would be a stray here.
+	guest := fmt.Sprintf("drift-%d", os.Getpid())
+	vm := testenv.StartQEMU(t, dir, guest, testenv.Accel())
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	s := newScenario(t, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: agent.Address(), ContainerIDs: []string{"web"}, VMMPIDFile: vm.PIDFile}, time.Minute)
 
 	s.cycle()
 	s.wantEvents("VMM running")
 
-	stray := testenv.StartQEMU(t, t.TempDir(), "srv1", testenv.Accel())
+	stray := testenv.StartQEMU(t, t.TempDir(), guest, testenv.Accel())
 	s.cycle()
 	s.cycle()
 	strayFinding := fmt.Sprintf("OPENED STRAY_VMM pid %d", stray.PID)
-	s.wantEvents("a second QEMU named guest=srv1 (2 cycles)", strayFinding)
+	s.wantEvents("a second QEMU of the same guest name (2 cycles)", strayFinding)
 	stray.Stop()
 	s.cycle()
 	s.wantEvents("the stray stopped", strayFinding, fmt.Sprintf("CLEARED STRAY_VMM pid %d", stray.PID))
@@ -246,7 +249,7 @@ func TestScenarioVMM(t *testing.T) {
 // FIFO that never yields: the finding is kept, neither cleared nor repeated,
 // and the check says it skipped that comparison; readable again (naming a
 // live process), it clears.
-func TestScenarioSourceUnreadable(t *testing.T) {
+func TestIntegrationScenarioSourceUnreadable(t *testing.T) {
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	pidFile := filepath.Join(t.TempDir(), "srv9", "vmm.pid")
 	os.MkdirAll(filepath.Dir(pidFile), 0o755)
@@ -303,7 +306,7 @@ func deadPID(t *testing.T) int {
 	return p.Pid
 }
 
-func TestScenarioMidOperation(t *testing.T) {
+func TestIntegrationScenarioMidOperation(t *testing.T) {
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	s := newScenario(t, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: agent.Address(), ContainerIDs: []string{"web"}}, time.Minute)
 	release := s.store.HoldLifecycle() // a Restore in progress

@@ -133,7 +133,7 @@ func parseStatusTgid(b []byte) (int32, error) {
 }
 
 // debugfsView reads the VMM's per-VM KVM debugfs directory under the bound.
-func (s *Sampler) debugfsView(ctx context.Context, vmmPID int32) *source.KVMSourceView {
+func (s *sampler) debugfsView(ctx context.Context, vmmPID int32) *source.KVMSourceView {
 	key := fmt.Sprintf("hoststat:debugfs:%s:%d", s.cfg.DebugfsRoot, vmmPID)
 	v, err := bounded.Do(ctx, s.g, key, func() (*source.KVMSourceView, error) {
 		return s.readDebugfs(vmmPID), nil
@@ -147,7 +147,7 @@ func (s *Sampler) debugfsView(ctx context.Context, vmmPID int32) *source.KVMSour
 // readDebugfs reads the per-VM directory directly when debugfs is mounted at
 // DebugfsRoot (or DebugfsRoot holds a kvm tree), else inside a private mount
 // namespace on a discarded thread.
-func (s *Sampler) readDebugfs(vmmPID int32) *source.KVMSourceView {
+func (s *sampler) readDebugfs(vmmPID int32) *source.KVMSourceView {
 	root := s.cfg.DebugfsRoot
 	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readProcFile}
 	mounted, err := isDebugfs(root)

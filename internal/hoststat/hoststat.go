@@ -1,6 +1,6 @@
 package hoststat
 
-// This file is the Sampler: its configuration, and one host sample reading
+// This file is the sampler: its configuration, and one host sample reading
 // the three views concurrently, each reporting its own shortfall.
 
 import (
@@ -26,9 +26,9 @@ const (
 
 // Sentinel errors, wrapped together with the source sentinels.
 var (
-	// ErrNoVMM: the SandboxRef names no VMM process for the thread and
+	// errNoVMM: the SandboxRef names no VMM process for the thread and
 	// debugfs views.
-	ErrNoVMM = errors.New("hoststat: no VMM process in the sandbox ref")
+	errNoVMM = errors.New("hoststat: no VMM process in the sandbox ref")
 )
 
 // Config holds the roots and bounds of the host views. Zero fields take the
@@ -52,9 +52,9 @@ type Config struct {
 	SandboxProcesses func(procRoot string, sentryPID int32) ([]int32, error)
 }
 
-// Sampler reads the host views of one sandbox. It keeps the previous
+// sampler reads the host views of one sandbox. It keeps the previous
 // sample's thread start times to detect tid reuse. Safe for concurrent use.
-type Sampler struct {
+type sampler struct {
 	ref source.SandboxRef
 	cfg Config
 	fs  procfs.FS
@@ -70,7 +70,7 @@ type Sampler struct {
 	qmpSchemas map[string]map[string]qmpSchema
 }
 
-var _ source.HostSampler = (*Sampler)(nil)
+var _ source.HostSampler = (*sampler)(nil)
 
 // Open returns a HostSampler for the sandbox ref names. It reads nothing: a
 // VMM that is not running yet shows up as a shortfall of the first sample.
@@ -79,7 +79,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.HostSampler, error) {
 	return newSampler(ref, cfg)
 }
 
-func newSampler(ref source.SandboxRef, cfg Config) (*Sampler, error) {
+func newSampler(ref source.SandboxRef, cfg Config) (*sampler, error) {
 	if cfg.ProcRoot == "" {
 		cfg.ProcRoot = DefaultProcRoot
 	}
@@ -99,7 +99,7 @@ func newSampler(ref source.SandboxRef, cfg Config) (*Sampler, error) {
 	if err != nil {
 		return nil, fmt.Errorf("hoststat: proc root %s: %w", cfg.ProcRoot, err)
 	}
-	return &Sampler{
+	return &sampler{
 		ref: ref,
 		cfg: cfg,
 		fs:  fs,
@@ -111,7 +111,7 @@ func newSampler(ref source.SandboxRef, cfg Config) (*Sampler, error) {
 // SampleHost reads every host view once. The views are read concurrently,
 // each under its own bound; each reports its own shortfall, so the error is
 // always nil unless ctx is already done.
-func (s *Sampler) SampleHost(ctx context.Context) (*source.HostStats, error) {
+func (s *sampler) SampleHost(ctx context.Context) (*source.HostStats, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("%w: host sample: %w", source.ErrTimeout, err)
 	}
@@ -153,7 +153,7 @@ func (s *Sampler) SampleHost(ctx context.Context) (*source.HostStats, error) {
 
 // Close releases nothing (no file is held between samples); it is safe to
 // call more than once.
-func (s *Sampler) Close() error { return nil }
+func (s *sampler) Close() error { return nil }
 
 // unavailableView is a KVM source that could not be read, with why.
 func unavailableView(src source.KVMSource, origin, reason string) *source.KVMSourceView {

@@ -19,7 +19,7 @@ const legendRunnerKernel = "runner kernel /proc/stat, usec of CPU time since hos
 	"steal is filled only under a paravirt steal clock: rising steal proves preemption, zero proves nothing"
 
 // runnerKernel reads <proc>/stat through procfs under the read bound.
-func (s *Sampler) runnerKernel(ctx context.Context) *source.RunnerKernelView {
+func (s *sampler) runnerKernel(ctx context.Context) *source.RunnerKernelView {
 	v := &source.RunnerKernelView{Legend: legendRunnerKernel}
 	st, err := bounded.Do(ctx, s.g, "hoststat:procstat:"+s.cfg.ProcRoot, s.fs.Stat)
 	if err != nil {

@@ -17,7 +17,7 @@ import (
 // processes returns the host pids whose threads the VMM view lists: the VMM
 // (from VMMPID or VMMPIDFile), or for gVisor the sentry and its sandbox's
 // processes. procs[0] is the VMM or sentry.
-func (s *Sampler) processes(ctx context.Context) (procs []int32, how string, err error) {
+func (s *sampler) processes(ctx context.Context) (procs []int32, how string, err error) {
 	switch {
 	case s.ref.VMMPID > 0:
 		return []int32{int32(s.ref.VMMPID)}, fmt.Sprintf("vmm_pid %d", s.ref.VMMPID), nil
@@ -33,12 +33,12 @@ func (s *Sampler) processes(ctx context.Context) (procs []int32, how string, err
 		procs, err := s.sandboxProcesses(ctx, int32(s.ref.SentryPID))
 		return procs, how, err
 	}
-	return nil, "", fmt.Errorf("%w: %w", source.ErrNotMeasurable, ErrNoVMM)
+	return nil, "", fmt.Errorf("%w: %w", source.ErrNotMeasurable, errNoVMM)
 }
 
 // vmmPIDFromFile reads the VMM pid file (a regular file only, never its
 // content in an error: the launcher may name any file) under the read bound.
-func (s *Sampler) vmmPIDFromFile(ctx context.Context) (int32, error) {
+func (s *sampler) vmmPIDFromFile(ctx context.Context) (int32, error) {
 	path := s.ref.VMMPIDFile
 	pid, err := bounded.Do(ctx, s.g, "hoststat:pidfile:"+path, func() (int, error) { return process.ReadPIDFile(path) })
 	switch {
@@ -52,7 +52,7 @@ func (s *Sampler) vmmPIDFromFile(ctx context.Context) (int32, error) {
 
 // sandboxProcesses returns a gVisor sandbox's processes, the sentry first,
 // from Config.SandboxProcesses run under the read bound.
-func (s *Sampler) sandboxProcesses(ctx context.Context, sentry int32) ([]int32, error) {
+func (s *sampler) sandboxProcesses(ctx context.Context, sentry int32) ([]int32, error) {
 	list := s.cfg.SandboxProcesses
 	if list == nil {
 		return nil, fmt.Errorf("%w: sentry_pid %d: no gVisor process discovery configured (hoststat.Config.SandboxProcesses)", source.ErrNotMeasurable, sentry)

@@ -25,7 +25,7 @@ const maxQMPLine = 4 << 20
 
 // qmpView reads KVM statistics through QEMU's QMP query-stats when the ref
 // names a QMP socket.
-func (s *Sampler) qmpView(ctx context.Context, vmmPID int32) *source.KVMSourceView {
+func (s *sampler) qmpView(ctx context.Context, vmmPID int32) *source.KVMSourceView {
 	sock := s.ref.QMPSocket
 	if sock == "" {
 		return &source.KVMSourceView{
@@ -55,7 +55,7 @@ func (s *Sampler) qmpView(ctx context.Context, vmmPID int32) *source.KVMSourceVi
 }
 
 // cachedSchemas returns the schemas cached for key, or nil.
-func (s *Sampler) cachedSchemas(key string) map[string]qmpSchema {
+func (s *sampler) cachedSchemas(key string) map[string]qmpSchema {
 	if key == "" {
 		return nil
 	}

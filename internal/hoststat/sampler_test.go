@@ -31,7 +31,7 @@ var fixedNow = func() time.Time { return time.Date(2026, 11, 29, 17, 0, 0, 0, ti
 
 // newFixtureSampler samples the fixture /proc tree and the named debugfs
 // fixture, with a fixed clock.
-func newFixtureSampler(t testing.TB, ref source.SandboxRef, debugfs string) *Sampler {
+func newFixtureSampler(t testing.TB, ref source.SandboxRef, debugfs string) *sampler {
 	t.Helper()
 	s, err := newSampler(ref, Config{
 		ProcRoot:            filepath.Join("testdata", "proc"),
@@ -285,7 +285,7 @@ func TestPIDFileMalformedAndProcessGone(t *testing.T) {
 		{"garbage pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "pidfiles", "garbage", "qemu.pid")}, "not a pid: 10 bytes"},
 		{"missing pid file", source.SandboxRef{VMMPIDFile: filepath.Join("testdata", "nope", "qemu.pid")}, "no such file"},
 		{"process gone", source.SandboxRef{VMMPID: 31337}, "process 31337 is gone"},
-		{"no vmm at all", source.SandboxRef{Class: source.ClassMicroVM}, ErrNoVMM.Error()},
+		{"no vmm at all", source.SandboxRef{Class: source.ClassMicroVM}, errNoVMM.Error()},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			hs, err := newFixtureSampler(t, tc.ref, "debugfs-5.4").SampleHost(context.Background())

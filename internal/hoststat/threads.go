@@ -117,7 +117,7 @@ func threadErr(tid int, taskDir, file, what string, err error) string {
 }
 
 // threadsView reads every process's threads and names the guest.
-func (s *Sampler) threadsView(ctx context.Context, procs []int32, how string, perr error) (*source.VMMThreadsView, string, string) {
+func (s *sampler) threadsView(ctx context.Context, procs []int32, how string, perr error) (*source.VMMThreadsView, string, string) {
 	v := &source.VMMThreadsView{Legend: legendThreads, ProcessSource: how, UserHZ: userHZ}
 	name, nameSrc := guestNameFromPIDFile(s.ref.VMMPIDFile), "pid-file-dir"
 	if perr != nil {
@@ -220,7 +220,7 @@ func threadTotals(ths []source.VMMThread) (vcpu, other *source.VMMThreadTotals, 
 
 // noteThreads records this sample's (tid, start time) pairs and returns the
 // tids that the previous sample saw with another start time.
-func (s *Sampler) noteThreads(ths []source.VMMThread) []int32 {
+func (s *sampler) noteThreads(ths []source.VMMThread) []int32 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var reused []int32

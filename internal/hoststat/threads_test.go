@@ -61,7 +61,7 @@ func hungFile(t *testing.T, root, rel string) {
 	})
 }
 
-func tempSampler(t *testing.T, root string, bound time.Duration) *Sampler {
+func tempSampler(t *testing.T, root string, bound time.Duration) *sampler {
 	t.Helper()
 	s, err := newSampler(sourceRefNone, Config{ProcRoot: root, DebugfsRoot: t.TempDir(), ReadTimeout: bound, DisableDebugfsMount: true, Now: fixedNow})
 	if err != nil {

@@ -242,7 +242,7 @@ func TestGuestBaseline(t *testing.T) {
 	}
 	// Persisted: a restarted store has it without reading.
 	waitFor(t, func() bool {
-		st, _ := os.ReadFile(filepath.Join(dir, StateFileName))
+		st, _ := os.ReadFile(filepath.Join(dir, stateFileName))
 		return len(st) > 0 && strings.Contains(string(st), `"baseline"`)
 	})
 	s.Close()
@@ -275,7 +275,7 @@ func TestEndSurvivesRestart(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bindingBefore, _ := os.ReadFile(filepath.Join(dir, StateFileName))
+	bindingBefore, _ := os.ReadFile(filepath.Join(dir, stateFileName))
 	e, err := s.Release(context.Background(), idA.ActorUID)
 	if err != nil {
 		t.Fatal(err)
@@ -283,7 +283,7 @@ func TestEndSurvivesRestart(t *testing.T) {
 	s.Close()
 	// Put back the binding as it was before the Release: the end is
 	// recorded, the clear was lost.
-	if err := os.WriteFile(filepath.Join(dir, StateFileName), bindingBefore, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, stateFileName), bindingBefore, 0o600); err != nil {
 		t.Fatal(err)
 	}
 	s2 := storeWith(t, dir, src, fakeClock())
@@ -301,7 +301,7 @@ func TestEndSurvivesRestart(t *testing.T) {
 
 func TestCorruptEndedFileIsMovedAside(t *testing.T) {
 	dir := t.TempDir()
-	p := filepath.Join(dir, EndedFileName)
+	p := filepath.Join(dir, endedFileName)
 	if err := os.WriteFile(p, []byte(`{"version":1,"ended":[{"identity":{"actor_uid":""}}]}`), 0o600); err != nil {
 		t.Fatal(err)
 	}

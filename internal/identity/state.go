@@ -16,10 +16,10 @@ import (
 
 // The state files under the state directory.
 const (
-	// StateFileName holds the binding (and the last cleared actor).
-	StateFileName = "binding.json"
-	// EndedFileName holds the recently ended activations.
-	EndedFileName = "ended.json"
+	// stateFileName holds the binding (and the last cleared actor).
+	stateFileName = "binding.json"
+	// endedFileName holds the recently ended activations.
+	endedFileName = "ended.json"
 )
 
 // Size caps of the state files: a binding is a few hundred bytes; the ended
@@ -88,7 +88,7 @@ func (s *Store) loadState(name string, max int, decode func([]byte) error) error
 
 func (s *Store) loadBinding() (stateFile, error) {
 	st := stateFile{Version: stateVersion}
-	err := s.loadState(StateFileName, maxStateBytes, func(b []byte) error {
+	err := s.loadState(stateFileName, maxStateBytes, func(b []byte) error {
 		if b == nil {
 			st = stateFile{Version: stateVersion}
 			return nil
@@ -121,7 +121,7 @@ func decodeState(b []byte, st *stateFile) error {
 
 func (s *Store) loadEnded() ([]*Ended, error) {
 	var out []*Ended
-	err := s.loadState(EndedFileName, maxEndedBytes+maxStateBytes, func(b []byte) error {
+	err := s.loadState(endedFileName, maxEndedBytes+maxStateBytes, func(b []byte) error {
 		out = nil
 		if b == nil {
 			return nil
@@ -166,7 +166,7 @@ func (s *Store) save(name string, v any) error {
 	return nil
 }
 
-func (s *Store) saveBinding(st stateFile) error { return s.save(StateFileName, st) }
+func (s *Store) saveBinding(st stateFile) error { return s.save(stateFileName, st) }
 
 // recordEnded adds e to the ended activations (replacing a record of the same
 // activation), drops what is past the retention, the count cap or the byte
@@ -194,7 +194,7 @@ func (s *Store) recordEnded(e *Ended) error {
 		}
 		next = next[1:]
 	}
-	if err := s.save(EndedFileName, endedFile{Version: stateVersion, Ended: next}); err != nil {
+	if err := s.save(endedFileName, endedFile{Version: stateVersion, Ended: next}); err != nil {
 		return err
 	}
 	s.ended.Store(&next)
@@ -231,7 +231,7 @@ func sweepTemps(dir string, logger *slog.Logger) {
 	}
 	for _, e := range ents {
 		n := e.Name()
-		if !e.Type().IsRegular() || !(strings.HasPrefix(n, StateFileName+".tmp-") || strings.HasPrefix(n, EndedFileName+".tmp-")) {
+		if !e.Type().IsRegular() || !(strings.HasPrefix(n, stateFileName+".tmp-") || strings.HasPrefix(n, endedFileName+".tmp-")) {
 			continue
 		}
 		if err := os.Remove(filepath.Join(dir, n)); err == nil {

@@ -156,7 +156,7 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			dir := t.TempDir()
-			p := filepath.Join(dir, StateFileName)
+			p := filepath.Join(dir, stateFileName)
 			if err := os.WriteFile(p, []byte(tc.content), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -179,7 +179,7 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 	}
 	t.Run("valid", func(t *testing.T) {
 		dir := t.TempDir()
-		if err := os.WriteFile(filepath.Join(dir, StateFileName), []byte(valid), 0o600); err != nil {
+		if err := os.WriteFile(filepath.Join(dir, stateFileName), []byte(valid), 0o600); err != nil {
 			t.Fatal(err)
 		}
 		if s := newStore(t, dir); s.Current() == nil || s.Current().Identity.ActorUID != "actor-a" {
@@ -205,13 +205,13 @@ func TestHoldLifecycle(t *testing.T) {
 // binding, so the store refuses to start instead.
 func TestUnreadableStateIsNotMovedAside(t *testing.T) {
 	dir := t.TempDir()
-	if err := os.Mkdir(filepath.Join(dir, StateFileName), 0o700); err != nil {
+	if err := os.Mkdir(filepath.Join(dir, stateFileName), 0o700); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := NewStore(Config{StateDir: dir}); err == nil {
 		t.Fatal("started over an unreadable state file")
 	}
-	if aside, _ := filepath.Glob(filepath.Join(dir, StateFileName+".corrupt-*")); len(aside) != 0 {
+	if aside, _ := filepath.Glob(filepath.Join(dir, stateFileName+".corrupt-*")); len(aside) != 0 {
 		t.Fatalf("moved aside: %v", aside)
 	}
 }

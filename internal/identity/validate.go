@@ -12,11 +12,11 @@ import (
 
 // Limits on lifecycle requests.
 const (
-	MaxActorUIDBytes  = 128
-	MaxNameBytes      = 253
+	maxActorUIDBytes  = 128
+	maxNameBytes      = 253
 	MaxContainerIDs   = 25
-	MaxContainerBytes = 256
-	MaxPathBytes      = 4096
+	maxContainerBytes = 256
+	maxPathBytes      = 4096
 )
 
 // ErrInvalid marks a request that failed validation; nothing was changed.
@@ -36,8 +36,8 @@ func ValidateActorUID(uid string) error {
 	if uid == "" {
 		return fmt.Errorf("%w: actor_uid is required", ErrInvalid)
 	}
-	if len(uid) > MaxActorUIDBytes {
-		return fmt.Errorf("%w: actor_uid is %d bytes, more than %d", ErrInvalid, len(uid), MaxActorUIDBytes)
+	if len(uid) > maxActorUIDBytes {
+		return fmt.Errorf("%w: actor_uid is %d bytes, more than %d", ErrInvalid, len(uid), maxActorUIDBytes)
 	}
 	if i := strings.IndexFunc(uid, func(r rune) bool { return r < 0x21 || r > 0x7e }); i >= 0 {
 		return fmt.Errorf("%w: actor_uid has a character that is not printable ASCII at byte %d", ErrInvalid, i)
@@ -56,7 +56,7 @@ func (id Identity) Validate() error {
 		{"template_namespace", id.TemplateNamespace},
 		{"template_name", id.TemplateName},
 	} {
-		if err := validateText(f.name, f.value, MaxNameBytes); err != nil {
+		if err := validateText(f.name, f.value, maxNameBytes); err != nil {
 			return err
 		}
 	}
@@ -98,7 +98,7 @@ func ValidateRef(ref source.SandboxRef) error {
 			return fmt.Errorf("%w: agent_address and container_ids are for a microvm sandbox", ErrInvalid)
 		}
 	case source.ClassMicroVM:
-		if err := ValidateAgentAddress(ref.AgentAddress); err != nil {
+		if err := validateAgentAddress(ref.AgentAddress); err != nil {
 			return err
 		}
 		if n := len(ref.ContainerIDs); n == 0 || n > MaxContainerIDs {
@@ -106,7 +106,7 @@ func ValidateRef(ref source.SandboxRef) error {
 		}
 		seen := make(map[string]bool, len(ref.ContainerIDs))
 		for _, id := range ref.ContainerIDs {
-			if id == "" || len(id) > MaxContainerBytes || strings.IndexFunc(id, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+			if id == "" || len(id) > maxContainerBytes || strings.IndexFunc(id, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
 				return fmt.Errorf("%w: container id %q is empty, too long or not printable ASCII", ErrInvalid, id)
 			}
 			if seen[id] {
@@ -138,7 +138,7 @@ func ValidateRef(ref source.SandboxRef) error {
 }
 
 func validateAbsPath(name, p string) error {
-	if len(p) > MaxPathBytes || strings.ContainsRune(p, 0) {
+	if len(p) > maxPathBytes || strings.ContainsRune(p, 0) {
 		return fmt.Errorf("%w: %s is too long or holds a NUL", ErrInvalid, name)
 	}
 	if i := strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f }); i >= 0 {
@@ -165,11 +165,11 @@ func validateCgroupPath(p string) error {
 	return nil
 }
 
-// ValidateAgentAddress checks "hvsock://<absolute unix path>:<port>" or
+// validateAgentAddress checks "hvsock://<absolute unix path>:<port>" or
 // "vsock://<cid>:<port>" with the parser the micro-VM source dials with, so
 // an address accepted here can be dialled: a guest cid (>= 3, not "any"), a
 // listening port, canonical decimals, no control characters in the path.
-func ValidateAgentAddress(addr string) error {
+func validateAgentAddress(addr string) error {
 	a, err := microvm.ParseAddress(addr)
 	if err != nil {
 		return fmt.Errorf("%w: agent_address: %w", ErrInvalid, err)

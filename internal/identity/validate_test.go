@@ -107,7 +107,7 @@ func FuzzValidateRequest(f *testing.F) {
 		}
 		idErr, refErr := id.Validate(), ValidateRef(ref)
 		if idErr == nil {
-			if len(uid) == 0 || len(uid) > MaxActorUIDBytes || strings.ContainsAny(uid, " \t\n\x00") {
+			if len(uid) == 0 || len(uid) > maxActorUIDBytes || strings.ContainsAny(uid, " \t\n\x00") {
 				t.Fatalf("accepted actor uid %q", uid)
 			}
 		}

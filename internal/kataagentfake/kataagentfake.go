@@ -78,9 +78,6 @@ func WithContainerError(id string, err error) Option {
 // WithHandshake sets how the fake answers CONNECT.
 func WithHandshake(h Handshake) Option { return func(a *Agent) { a.handshake = h } }
 
-// WithPort sets the guest port the address names and the fake expects.
-func WithPort(p uint32) Option { return func(a *Agent) { a.port = p } }
-
 // Agent is a running fake agent.
 type Agent struct {
 	tb   testing.TB
@@ -181,13 +178,6 @@ func (a *Agent) MaxConcurrentStats() int {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.maxIn
-}
-
-// SetHandshake changes how later connections are answered.
-func (a *Agent) SetHandshake(h Handshake) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	a.handshake = h
 }
 
 // Stop kills the agent: the listener and every connection close and the

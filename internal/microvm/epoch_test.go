@@ -50,7 +50,7 @@ func TestCPUAcrossRestore(t *testing.T) {
 		clock = time.Unix(1_700_000_000, 0)
 		seen  []uint64
 	)
-	poll := func(s *Source, epoch int64, guestCPU float64) {
+	poll := func(s *guestSource, epoch int64, guestCPU float64) {
 		t.Helper()
 		agent.SetContainer("a", kataagentfake.V2(guest(guestCPU)))
 		r := sample(t, s)

@@ -73,13 +73,13 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	return open(ref, cfg)
 }
 
-func open(ref source.SandboxRef, cfg Config) (*Source, error) {
+func open(ref source.SandboxRef, cfg Config) (*guestSource, error) {
 	addr, err := ParseAddress(ref.AgentAddress)
 	if err != nil {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &Source{
+	return &guestSource{
 		addr: addr,
 		ids:  append([]string(nil), ref.ContainerIDs...),
 		cfg:  cfg,
@@ -93,9 +93,9 @@ func open(ref source.SandboxRef, cfg Config) (*Source, error) {
 	}, nil
 }
 
-// Source reads a micro-VM's workload through its guest agent. It keeps one
+// guestSource reads a micro-VM's workload through its guest agent. It keeps one
 // ttrpc connection across Samples; it is safe for concurrent use.
-type Source struct {
+type guestSource struct {
 	addr  Address
 	ids   []string
 	cfg   Config
@@ -112,7 +112,7 @@ type Source struct {
 	lastErr  error     // the last dial failure
 }
 
-var _ source.Source = (*Source)(nil)
+var _ source.Source = (*guestSource)(nil)
 
 // agentConn is one ttrpc connection and what it learned at setup.
 type agentConn struct {
@@ -132,7 +132,7 @@ func (c *agentConn) dead() bool {
 
 // Sample reads every container and sums them. See the package doc and
 // aggregate for what a partial or failed sweep returns.
-func (s *Source) Sample(ctx context.Context) (source.Reading, error) {
+func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 	c, err := s.connection(ctx)
 	if err != nil {
 		return source.Reading{}, err
@@ -152,7 +152,7 @@ func (s *Source) Sample(ctx context.Context) (source.Reading, error) {
 
 // readContainer calls StatsContainer for id (one call in flight per id) and
 // converts the reply.
-func (s *Source) readContainer(ctx context.Context, c *agentConn, id string) containerResult {
+func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string) containerResult {
 	resp, err := bounded.Do(ctx, s.calls, id, func() (*katagrpc.StatsContainerResponse, error) {
 		cctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 		defer cancel()
@@ -178,7 +178,7 @@ var errUnknownContainer = errors.New(source.ReasonUnknownContainer)
 
 // callError classifies a failed ttrpc call and, when the connection itself
 // broke, drops it so the next Sample redials.
-func (s *Source) callError(c *agentConn, method, id string, err error) error {
+func (s *guestSource) callError(c *agentConn, method, id string, err error) error {
 	where := fmt.Sprintf("%s %q at %s", method, id, s.addr)
 	if st, ok := status.FromError(err); ok {
 		switch st.Code() {
@@ -214,7 +214,7 @@ func reason(err error) string {
 
 // connection returns the live connection, dialling one (shared by
 // concurrent callers, bounded) unless a recent dial failed.
-func (s *Source) connection(ctx context.Context) (*agentConn, error) {
+func (s *guestSource) connection(ctx context.Context) (*agentConn, error) {
 	s.mu.Lock()
 	switch {
 	case s.closed:
@@ -239,7 +239,7 @@ func (s *Source) connection(ctx context.Context) (*agentConn, error) {
 }
 
 // dial connects, learns the agent's version and installs the connection.
-func (s *Source) dial() (*agentConn, error) {
+func (s *guestSource) dial() (*agentConn, error) {
 	c, err := s.connect()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -263,7 +263,7 @@ func (s *Source) dial() (*agentConn, error) {
 	return c, nil
 }
 
-func (s *Source) connect() (*agentConn, error) {
+func (s *guestSource) connect() (*agentConn, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 	defer cancel()
 	conn, err := dial(ctx, s.addr, s.cfg.DialVsock)
@@ -297,7 +297,7 @@ func (s *Source) connect() (*agentConn, error) {
 }
 
 // drop closes c if it is still the current connection.
-func (s *Source) drop(c *agentConn, cause error) {
+func (s *guestSource) drop(c *agentConn, cause error) {
 	c.client.Close()
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -309,7 +309,7 @@ func (s *Source) drop(c *agentConn, cause error) {
 
 // Close closes the agent connection; later Samples fail with
 // ErrNotMeasurable. It is safe to call more than once.
-func (s *Source) Close() error {
+func (s *guestSource) Close() error {
 	s.mu.Lock()
 	c := s.conn
 	s.conn, s.closed = nil, true

@@ -26,7 +26,7 @@ func testConfig() Config {
 	return Config{CallTimeout: 500 * time.Millisecond, MinBackoff: 10 * time.Millisecond, MaxBackoff: 40 * time.Millisecond}
 }
 
-func mustOpen(t testing.TB, addr string, cfg Config, ids ...string) *Source {
+func mustOpen(t testing.TB, addr string, cfg Config, ids ...string) *guestSource {
 	t.Helper()
 	s, err := open(source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: addr, ContainerIDs: ids}, cfg)
 	if err != nil {
@@ -36,7 +36,7 @@ func mustOpen(t testing.TB, addr string, cfg Config, ids ...string) *Source {
 	return s
 }
 
-func sample(t testing.TB, s *Source) source.Reading {
+func sample(t testing.TB, s *guestSource) source.Reading {
 	t.Helper()
 	r, err := s.Sample(context.Background())
 	if err != nil {

@@ -28,7 +28,7 @@ type Config struct {
 	Timeout time.Duration
 	// Concurrency is the most daemons polled at once.
 	Concurrency int
-	// LabelActor, Grace, EndedHorizon and ActivationLog: see MetricsConfig.
+	// LabelActor, Grace, EndedHorizon and ActivationLog: see metricsConfig.
 	LabelActor    bool
 	Grace         time.Duration
 	EndedHorizon  time.Duration
@@ -40,7 +40,7 @@ type Agent struct {
 	cfg     Config
 	logger  *slog.Logger
 	reg     *prometheus.Registry
-	metrics *Metrics
+	metrics *metrics
 
 	started  time.Time
 	lastDone atomic.Int64 // unix nanos of the last completed sweep; 0 if none
@@ -57,7 +57,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
-	m, err := NewMetrics(reg, MetricsConfig{LabelActor: cfg.LabelActor, Grace: cfg.Grace, Started: started,
+	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, Grace: cfg.Grace, Started: started,
 		EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)

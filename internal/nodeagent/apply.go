@@ -13,7 +13,7 @@ import (
 // for the grace period), which took took. Each daemon's ended activations
 // are charged before its samples, so that an activation that ended and the
 // one that followed it are accounted apart.
-func (m *Metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.Duration) {
+func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
@@ -67,7 +67,7 @@ func (m *Metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 	m.sweeps.Inc()
 }
 
-func (m *Metrics) addDrift(snap *snapshot, r sweep.DaemonResult) {
+func (m *metrics) addDrift(snap *snapshot, r sweep.DaemonResult) {
 	for _, f := range r.DriftFindings {
 		kind := api.DriftKindName(f.GetKind())
 		matched := false
@@ -89,7 +89,7 @@ func (m *Metrics) addDrift(snap *snapshot, r sweep.DaemonResult) {
 	}
 }
 
-func (m *Metrics) addSample(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
+func (m *metrics) addSample(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
 	l := m.labelsOf(s)
 	sv := snap.series[l]
 	if sv == nil {
@@ -115,7 +115,7 @@ func (m *Metrics) addSample(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSampl
 	}
 }
 
-func (m *Metrics) charge(l labelSet, usec uint64, now time.Time) {
+func (m *metrics) charge(l labelSet, usec uint64, now time.Time) {
 	t := m.totals[l]
 	if t == nil {
 		t = &cpuTotal{}
@@ -127,7 +127,7 @@ func (m *Metrics) charge(l labelSet, usec uint64, now time.Time) {
 
 // addEnded charges an ended activation's tail once and, the first time,
 // records it in the per-template distributions and the activation log.
-func (m *Metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now time.Time) {
+func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now time.Time) {
 	charged, how, first := m.cpu.End(e, now)
 	if !first {
 		return

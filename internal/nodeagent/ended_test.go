@@ -40,7 +40,7 @@ func TestEndedActivationsCharged(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
 	var log bytes.Buffer
-	m, err := NewMetrics(reg, MetricsConfig{Grace: 5 * time.Minute, Started: t0, ActivationLog: &log}, discard())
+	m, err := newMetrics(reg, metricsConfig{Grace: 5 * time.Minute, Started: t0, ActivationLog: &log}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -63,16 +63,16 @@ func TestEndedActivationsCharged(t *testing.T) {
 		m.Apply([]sweep.DaemonResult{idle}, t0.Add(time.Duration(160+60*i)*time.Second), 0)
 	}
 	got := gather(t, reg)
-	if diff := cmp.Diff(map[string]float64{lCgroup: 7.75}, pick(got, MetricCPUSeconds), approx()); diff != "" {
+	if diff := cmp.Diff(map[string]float64{lCgroup: 7.75}, pick(got, metricCPUSeconds), approx()); diff != "" {
 		t.Errorf("cpu (-want +got):\n%s", diff)
 	}
 	want := map[string]float64{
-		MetricActivationCPU + "_sum" + lCgroup:   7.75,
-		MetricActivationCPU + "_count" + lCgroup: 2,
-		MetricActivationsEnded + "{outcome=checkpointed,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":   1,
-		MetricActivationsEnded + "{outcome=oom-killed,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":     1,
-		MetricActivationFinals + "{provenance=read-at-end,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 2,
-		MetricActivationDuration + "_sum" + lCgroup: 110 + 15,
+		metricActivationCPU + "_sum" + lCgroup:   7.75,
+		metricActivationCPU + "_count" + lCgroup: 2,
+		metricActivationsEnded + "{outcome=checkpointed,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":   1,
+		metricActivationsEnded + "{outcome=oom-killed,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":     1,
+		metricActivationFinals + "{provenance=read-at-end,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 2,
+		metricActivationDuration + "_sum" + lCgroup: 110 + 15,
 	}
 	for k, v := range want {
 		if d := got[k] - v; d > 1e-9 || d < -1e-9 {

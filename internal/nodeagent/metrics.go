@@ -20,36 +20,36 @@ import (
 
 // Metric names. Workload metrics are per label set: sandbox_class, source,
 // template_namespace, template_name (and the actor labels with
-// MetricsConfig.LabelActor). Without actor labels, the workloads sharing a
+// metricsConfig.LabelActor). Without actor labels, the workloads sharing a
 // label set are summed; source is always a label, so samples of different
 // sources are never summed.
 const (
-	MetricMemoryCurrent    = "sandboxstats_workload_memory_current_bytes"
-	MetricMemoryWorkingSet = "sandboxstats_workload_memory_working_set_bytes"
-	MetricMemoryPeak       = "sandboxstats_workload_memory_peak_bytes"
-	MetricCPUSeconds       = "sandboxstats_workload_cpu_seconds_total"
-	MetricSampledWorkloads = "sandboxstats_sampled_workloads"
-	MetricDaemons          = "sandboxstats_agent_daemons"
-	MetricSweepDuration    = "sandboxstats_agent_sweep_duration_seconds"
-	MetricLastSweepSeconds = "sandboxstats_agent_last_sweep_duration_seconds"
-	MetricLastSweepTime    = "sandboxstats_agent_last_sweep_timestamp_seconds"
-	MetricSweeps           = "sandboxstats_agent_sweeps_total"
-	MetricPollErrors       = "sandboxstats_agent_poll_errors_total"
-	MetricDriftFindings    = "sandboxstats_drift_open_findings"
+	metricMemoryCurrent    = "sandboxstats_workload_memory_current_bytes"
+	metricMemoryWorkingSet = "sandboxstats_workload_memory_working_set_bytes"
+	metricMemoryPeak       = "sandboxstats_workload_memory_peak_bytes"
+	metricCPUSeconds       = "sandboxstats_workload_cpu_seconds_total"
+	metricSampledWorkloads = "sandboxstats_sampled_workloads"
+	metricDaemons          = "sandboxstats_agent_daemons"
+	metricSweepDuration    = "sandboxstats_agent_sweep_duration_seconds"
+	metricLastSweepSeconds = "sandboxstats_agent_last_sweep_duration_seconds"
+	metricLastSweepTime    = "sandboxstats_agent_last_sweep_timestamp_seconds"
+	metricSweeps           = "sandboxstats_agent_sweeps_total"
+	metricPollErrors       = "sandboxstats_agent_poll_errors_total"
+	metricDriftFindings    = "sandboxstats_drift_open_findings"
 
 	// Per ended activation (each charged once), per template: no actor
 	// labels however LabelActor is set (identity rides on the activation
 	// log, not on labels).
-	MetricActivationsEnded   = "sandboxstats_activations_ended_total"
-	MetricActivationCPU      = "sandboxstats_activation_cpu_seconds"
-	MetricActivationPeak     = "sandboxstats_activation_memory_peak_bytes"
-	MetricActivationDuration = "sandboxstats_activation_duration_seconds"
-	MetricActivationFinals   = "sandboxstats_activation_final_samples_total"
-	MetricActivationNoPeak   = "sandboxstats_activation_memory_peak_missing_total"
+	metricActivationsEnded   = "sandboxstats_activations_ended_total"
+	metricActivationCPU      = "sandboxstats_activation_cpu_seconds"
+	metricActivationPeak     = "sandboxstats_activation_memory_peak_bytes"
+	metricActivationDuration = "sandboxstats_activation_duration_seconds"
+	metricActivationFinals   = "sandboxstats_activation_final_samples_total"
+	metricActivationNoPeak   = "sandboxstats_activation_memory_peak_missing_total"
 )
 
-// MetricsConfig configures Metrics.
-type MetricsConfig struct {
+// metricsConfig configures metrics.
+type metricsConfig struct {
 	// LabelActor adds actor_uid, actor_name and actor_namespace to the
 	// workload metrics: one series per workload instead of per template.
 	// Off by default because of cardinality.
@@ -63,7 +63,7 @@ type MetricsConfig struct {
 	// the node's CPUs as this agent sees them.
 	CPUs int
 	// Started is when this agent started (rate.AccountantConfig.Started);
-	// zero means when NewMetrics ran.
+	// zero means when newMetrics ran.
 	Started time.Time
 	// EndedHorizon is how long an ended activation is remembered so that it
 	// is charged once (rate.AccountantConfig.Horizon); default 1 h. It must
@@ -74,11 +74,11 @@ type MetricsConfig struct {
 	ActivationLog io.Writer
 }
 
-// Metrics is a prometheus.Collector over the latest sweep: the workload
+// metrics is a prometheus.Collector over the latest sweep: the workload
 // gauges are those of the last sweep only, so a workload that vanished
 // disappears from them. Apply feeds it; it is safe for concurrent use.
-type Metrics struct {
-	cfg    MetricsConfig
+type metrics struct {
+	cfg    metricsConfig
 	logger *slog.Logger
 
 	mu     sync.Mutex // serializes Apply
@@ -135,9 +135,9 @@ type snapshot struct {
 	daemons map[sweep.Status]int
 }
 
-// NewMetrics returns Metrics and registers them, with the agent's own sweep
+// newMetrics returns metrics and registers them, with the agent's own sweep
 // metrics, on reg.
-func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logger) (*Metrics, error) {
+func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logger) (*metrics, error) {
 	labels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
 	if cfg.LabelActor {
 		labels = append(labels, "actor_uid", "actor_name", "actor_namespace")
@@ -147,63 +147,63 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 	}
 	cfg.EndedHorizon = cmp.Or(cfg.EndedHorizon, time.Hour)
 	templateLabels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
-	m := &Metrics{
+	m := &metrics{
 		cfg:    cfg,
 		logger: logger,
 		cpu: rate.NewAccountant(rate.AccountantConfig{
 			Started: cfg.Started, CPUs: cmp.Or(cfg.CPUs, runtime.NumCPU()), Horizon: cfg.EndedHorizon,
 		}),
 		totals: make(map[labelSet]*cpuTotal),
-		descCur: prometheus.NewDesc(MetricMemoryCurrent,
+		descCur: prometheus.NewDesc(metricMemoryCurrent,
 			"Memory charged now (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
-		descWS: prometheus.NewDesc(MetricMemoryWorkingSet,
+		descWS: prometheus.NewDesc(metricMemoryWorkingSet,
 			"Memory current minus inactive file pages (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
-		descPeak: prometheus.NewDesc(MetricMemoryPeak,
+		descPeak: prometheus.NewDesc(metricMemoryPeak,
 			"Peak memory within each workload's epoch (peak, bytes, layer: source), summed over the sampled workloads with these labels (an upper bound on the peak of the sum); absent when a workload's source offers no peak.", labels, nil),
-		descCPU: prometheus.NewDesc(MetricCPUSeconds,
+		descCPU: prometheus.NewDesc(metricCPUSeconds,
 			"CPU time charged to workloads with these labels (counter, seconds, layer: source), each activation from its first to its last microsecond: its head from the epoch start, its tail from the ended record's final sample, once (see docs/statsagent.md). Never decreases.", labels, nil),
-		descSampled: prometheus.NewDesc(MetricSampledWorkloads,
+		descSampled: prometheus.NewDesc(metricSampledWorkloads,
 			"Workloads in the last sweep (gauge); source=\"unspecified\" counts workloads bound but not measured.", labels, nil),
-		descDrift: prometheus.NewDesc(MetricDriftFindings,
+		descDrift: prometheus.NewDesc(metricDriftFindings,
 			"Open drift findings (gauge): where what statsd was told no longer matches what runs, by kind (see docs/drift.md).", append([]string{"kind"}, labels...), nil),
-		descDaemons: prometheus.NewDesc(MetricDaemons,
+		descDaemons: prometheus.NewDesc(metricDaemons,
 			"Daemons found by the last sweep, by outcome (gauge).", []string{"result"}, nil),
 		sweepDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    MetricSweepDuration,
+			Name:    metricSweepDuration,
 			Help:    "Wall time of one sweep: discovery plus every poll (seconds).",
 			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120},
 		}),
 		lastSweep: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: MetricLastSweepSeconds, Help: "Wall time of the last sweep (seconds).",
+			Name: metricLastSweepSeconds, Help: "Wall time of the last sweep (seconds).",
 		}),
 		lastSweepTime: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: MetricLastSweepTime, Help: "When the last sweep finished (unix seconds).",
+			Name: metricLastSweepTime, Help: "When the last sweep finished (unix seconds).",
 		}),
 		sweeps: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: MetricSweeps, Help: "Sweeps completed.",
+			Name: metricSweeps, Help: "Sweeps completed.",
 		}),
 		pollErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricPollErrors, Help: "Failed StatsActiveWorkloads polls, by gRPC code (a vanished daemon is not an error).",
+			Name: metricPollErrors, Help: "Failed StatsActiveWorkloads polls, by gRPC code (a vanished daemon is not an error).",
 		}, []string{"code"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricActivationsEnded, Help: "Activations that ended (each once), by how: checkpointed, sandbox-dead, oom-killed, replaced.",
+			Name: metricActivationsEnded, Help: "Activations that ended (each once), by how: checkpointed, sandbox-dead, oom-killed, replaced.",
 		}, append(templateLabels[:4:4], "outcome")),
 		finals: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricActivationFinals, Help: "Ended activations by how their final sample was obtained: read-at-end, last-good-poll (usage after it is missing), none.",
+			Name: metricActivationFinals, Help: "Ended activations by how their final sample was obtained: read-at-end, last-good-poll (usage after it is missing), none.",
 		}, append(templateLabels[:4:4], "provenance")),
 		noPeak: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: MetricActivationNoPeak, Help: "Ended activations left out of " + MetricActivationPeak + ": lower-bound (the source offers no peak; only the highest current seen is known) or absent.",
+			Name: metricActivationNoPeak, Help: "Ended activations left out of " + metricActivationPeak + ": lower-bound (the source offers no peak; only the highest current seen is known) or absent.",
 		}, append(templateLabels[:4:4], "reason")),
 		actCPU: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: MetricActivationCPU, Help: "CPU time of each ended activation (seconds, its own: final minus the epoch baseline); _sum is the CPU the activations used.",
+			Name: metricActivationCPU, Help: "CPU time of each ended activation (seconds, its own: final minus the epoch baseline); _sum is the CPU the activations used.",
 			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600},
 		}, templateLabels),
 		actPeak: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: MetricActivationPeak, Help: "Peak memory of each ended activation (bytes, the source's peak within the epoch).",
+			Name: metricActivationPeak, Help: "Peak memory of each ended activation (bytes, the source's peak within the epoch).",
 			Buckets: prometheus.ExponentialBuckets(16<<20, 2, 13), // 16 MiB .. 64 GiB
 		}, templateLabels),
 		actDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: MetricActivationDuration, Help: "Wall time of each ended activation, from its Run/Restore to its end (seconds).",
+			Name: metricActivationDuration, Help: "Wall time of each ended activation, from its Run/Restore to its end (seconds).",
 			Buckets: []float64{1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600},
 		}, templateLabels),
 	}
@@ -220,7 +220,7 @@ func NewMetrics(reg prometheus.Registerer, cfg MetricsConfig, logger *slog.Logge
 	return m, nil
 }
 
-func (m *Metrics) labelsOf(s *sandboxstatsv1.WorkloadStatsSample) labelSet {
+func (m *metrics) labelsOf(s *sandboxstatsv1.WorkloadStatsSample) labelSet {
 	l := labelSet{
 		class:             api.ClassName(s.GetSandboxClass()),
 		source:            api.SourceName(s.GetSource()),
@@ -242,14 +242,14 @@ func (l labelSet) values(withActor bool) []string {
 }
 
 // Describe implements prometheus.Collector.
-func (m *Metrics) Describe(ch chan<- *prometheus.Desc) {
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{m.descCur, m.descWS, m.descPeak, m.descCPU, m.descSampled, m.descDaemons, m.descDrift} {
 		ch <- d
 	}
 }
 
 // Collect implements prometheus.Collector over the latest snapshot.
-func (m *Metrics) Collect(ch chan<- prometheus.Metric) {
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	snap := m.snap.Load()
 	wa := m.cfg.LabelActor
 	for l, sv := range snap.series {

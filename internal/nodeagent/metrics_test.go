@@ -48,7 +48,7 @@ func gather(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 				out[key] = m.GetGauge().GetValue()
 			case m.Counter != nil:
 				out[key] = m.GetCounter().GetValue()
-			case m.Histogram != nil && f.GetName() != MetricSweepDuration:
+			case m.Histogram != nil && f.GetName() != metricSweepDuration:
 				labels := "{" + strings.Join(ls, ",") + "}"
 				out[f.GetName()+"_sum"+labels] = m.GetHistogram().GetSampleSum()
 				out[f.GetName()+"_count"+labels] = float64(m.GetHistogram().GetSampleCount())
@@ -92,7 +92,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
 	// The agent started at t0: the workloads' epoch (16:00) began before it,
 	// w1's restore (17:01:30) after.
-	m, err := NewMetrics(reg, MetricsConfig{Grace: 5 * time.Minute, Started: t0}, discard())
+	m, err := newMetrics(reg, metricsConfig{Grace: 5 * time.Minute, Started: t0}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -110,23 +110,23 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	}, t0, 120*time.Millisecond)
 	got := gather(t, reg)
 	want := map[string]float64{
-		MetricMemoryCurrent + lCgroup:        150 << 20, // w1 + w2: same source and template
-		MetricMemoryCurrent + lGuest:         30 << 20,  // another layer: never summed with cgroup
-		MetricMemoryWorkingSet + lCgroup:     75 << 20,
-		MetricMemoryWorkingSet + lGuest:      15 << 20,
-		MetricMemoryPeak + lCgroup:           300 << 20, // no peak series for the guest agent: absent, not 0
-		MetricCPUSeconds + lCgroup:           0,
-		MetricCPUSeconds + lGuest:            0,
-		MetricSampledWorkloads + lCgroup:     2,
-		MetricSampledWorkloads + lGuest:      1,
-		MetricSampledWorkloads + lUnspec:     1, // counted, but no numbers
-		MetricDaemons + "{result=ok}":        4,
-		MetricDaemons + "{result=no-sample}": 1,
-		MetricDaemons + "{result=error}":     0,
-		MetricDaemons + "{result=vanished}":  0,
-		MetricLastSweepSeconds + "{}":        0.12,
-		MetricLastSweepTime + "{}":           float64(t0.Unix()),
-		MetricSweeps + "{}":                  1,
+		metricMemoryCurrent + lCgroup:        150 << 20, // w1 + w2: same source and template
+		metricMemoryCurrent + lGuest:         30 << 20,  // another layer: never summed with cgroup
+		metricMemoryWorkingSet + lCgroup:     75 << 20,
+		metricMemoryWorkingSet + lGuest:      15 << 20,
+		metricMemoryPeak + lCgroup:           300 << 20, // no peak series for the guest agent: absent, not 0
+		metricCPUSeconds + lCgroup:           0,
+		metricCPUSeconds + lGuest:            0,
+		metricSampledWorkloads + lCgroup:     2,
+		metricSampledWorkloads + lGuest:      1,
+		metricSampledWorkloads + lUnspec:     1, // counted, but no numbers
+		metricDaemons + "{result=ok}":        4,
+		metricDaemons + "{result=no-sample}": 1,
+		metricDaemons + "{result=error}":     0,
+		metricDaemons + "{result=vanished}":  0,
+		metricLastSweepSeconds + "{}":        0.12,
+		metricLastSweepTime + "{}":           float64(t0.Unix()),
+		metricSweeps + "{}":                  1,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("sweep 1 (-want +got):\n%s", diff)
@@ -138,7 +138,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 		okResult("2", sample("w2", 5_500_000, 50<<20)),
 		okResult("3", guestSample("w3", 8_000_000, 30<<20)),
 	}, t0.Add(time.Minute), 0)
-	cpu := pick(gather(t, reg), MetricCPUSeconds)
+	cpu := pick(gather(t, reg), metricCPUSeconds)
 	if diff := cmp.Diff(map[string]float64{lCgroup: 2.5, lGuest: 1}, cpu); diff != "" {
 		t.Fatalf("sweep 2 cpu (-want +got):\n%s", diff)
 	}
@@ -151,13 +151,13 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	w1.ObservedAtUnixNano = t0.Add(2 * time.Minute).UnixNano()
 	m.Apply([]sweep.DaemonResult{okResult("1", w1), hung}, t0.Add(2*time.Minute), 0)
 	got = gather(t, reg)
-	if diff := cmp.Diff(map[string]float64{lCgroup: 40 << 20}, pick(got, MetricMemoryCurrent)); diff != "" {
+	if diff := cmp.Diff(map[string]float64{lCgroup: 40 << 20}, pick(got, metricMemoryCurrent)); diff != "" {
 		t.Errorf("sweep 3 memory (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(map[string]float64{lCgroup: 2.8, lGuest: 1}, pick(got, MetricCPUSeconds)); diff != "" {
+	if diff := cmp.Diff(map[string]float64{lCgroup: 2.8, lGuest: 1}, pick(got, metricCPUSeconds)); diff != "" {
 		t.Errorf("sweep 3 cpu (-want +got):\n%s", diff)
 	}
-	if diff := cmp.Diff(map[string]float64{`{code=DeadlineExceeded}`: 1}, pick(got, MetricPollErrors)); diff != "" {
+	if diff := cmp.Diff(map[string]float64{`{code=DeadlineExceeded}`: 1}, pick(got, metricPollErrors)); diff != "" {
 		t.Errorf("sweep 3 poll errors (-want +got):\n%s", diff)
 	}
 
@@ -169,11 +169,11 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 	w1.CpuUsageUsec = proto.Uint64(400_000)
 	m.Apply([]sweep.DaemonResult{okResult("1", w1)}, t0.Add(8*time.Minute), 0)
 	got = gather(t, reg)
-	if diff := cmp.Diff(map[string]float64{lCgroup: 2.9}, pick(got, MetricCPUSeconds), approx()); diff != "" {
+	if diff := cmp.Diff(map[string]float64{lCgroup: 2.9}, pick(got, metricCPUSeconds), approx()); diff != "" {
 		t.Errorf("sweep 4 cpu (-want +got):\n%s", diff)
 	}
-	if _, ok := got[MetricSampledWorkloads+lGuest]; ok {
-		t.Errorf("vanished workload still in %s", MetricSampledWorkloads)
+	if _, ok := got[metricSampledWorkloads+lGuest]; ok {
+		t.Errorf("vanished workload still in %s", metricSampledWorkloads)
 	}
 }
 
@@ -183,7 +183,7 @@ func approx() cmp.Option {
 
 func TestMetricsLabelActor(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m, err := NewMetrics(reg, MetricsConfig{LabelActor: true, Grace: time.Minute}, discard())
+	m, err := newMetrics(reg, metricsConfig{LabelActor: true, Grace: time.Minute}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -196,7 +196,7 @@ func TestMetricsLabelActor(t *testing.T) {
 		"{actor_name=w1-name,actor_namespace=team-a,actor_uid=w1,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 100 << 20,
 		"{actor_name=w2-name,actor_namespace=team-a,actor_uid=w2,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 50 << 20,
 	}
-	if diff := cmp.Diff(want, pick(gather(t, reg), MetricMemoryCurrent)); diff != "" {
+	if diff := cmp.Diff(want, pick(gather(t, reg), metricMemoryCurrent)); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
@@ -216,7 +216,7 @@ func TestDriftGaugePerKind(t *testing.T) {
 	idle.Set(sample("actor-2", 1, 1)) // no open findings: no second call
 
 	reg := prometheus.NewPedanticRegistry()
-	m, err := NewMetrics(reg, MetricsConfig{Grace: time.Minute}, discard())
+	m, err := newMetrics(reg, metricsConfig{Grace: time.Minute}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -226,7 +226,7 @@ func TestDriftGaugePerKind(t *testing.T) {
 		"{kind=SANDBOX_DEAD,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 1,
 		"{kind=STRAY_VMM,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}":    1,
 	}
-	if diff := cmp.Diff(want, pick(gather(t, reg), MetricDriftFindings)); diff != "" {
+	if diff := cmp.Diff(want, pick(gather(t, reg), metricDriftFindings)); diff != "" {
 		t.Errorf("drift gauge (-want +got):\n%s", diff)
 	}
 }
@@ -290,12 +290,12 @@ func TestDriftWithoutSamples(t *testing.T) {
 		}},
 	} {
 		reg := prometheus.NewPedanticRegistry()
-		m, err := NewMetrics(reg, MetricsConfig{LabelActor: tc.labelActor, Grace: time.Minute}, discard())
+		m, err := newMetrics(reg, metricsConfig{LabelActor: tc.labelActor, Grace: time.Minute}, discard())
 		if err != nil {
 			t.Fatal(err)
 		}
 		m.Apply(results, time.Now(), time.Millisecond)
-		if diff := cmp.Diff(tc.want, pick(gather(t, reg), MetricDriftFindings)); diff != "" {
+		if diff := cmp.Diff(tc.want, pick(gather(t, reg), metricDriftFindings)); diff != "" {
 			t.Errorf("label actor %v: drift gauge (-want +got):\n%s", tc.labelActor, diff)
 		}
 	}

@@ -9,7 +9,7 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// FuzzRates checks the invariants of CPUCores and the Accountant over arbitrary
+// FuzzRates checks the invariants of cpuCores and the Accountant over arbitrary
 // pairs of samples: a rate is never negative and exists exactly when the
 // step continues the series; one step never charges more than the new
 // counter value.
@@ -27,7 +27,7 @@ func FuzzRates(f *testing.F) {
 			}
 		}
 		prev, cur := mk(at1, cpu1, ep1, src1), mk(at2, cpu2, ep2, src2)
-		cores, ev, ok := CPUCores(prev, cur)
+		cores, ev, ok := cpuCores(prev, cur)
 		if cores < 0 {
 			t.Fatalf("negative rate %v", cores)
 		}

@@ -41,9 +41,9 @@ func Measured(s *sandboxstatsv1.WorkloadStatsSample) bool {
 	return s.GetSource() != sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED
 }
 
-// Classify says how cur relates to prev, the previous measured sample of the
-// series (nil if none). It does not look at timestamps; see CPUCores.
-func Classify(prev, cur *sandboxstatsv1.WorkloadStatsSample) Event {
+// classify says how cur relates to prev, the previous measured sample of the
+// series (nil if none). It does not look at timestamps; see cpuCores.
+func classify(prev, cur *sandboxstatsv1.WorkloadStatsSample) Event {
 	switch {
 	case !Measured(cur):
 		return EventNotMeasured
@@ -63,12 +63,12 @@ func Classify(prev, cur *sandboxstatsv1.WorkloadStatsSample) Event {
 	return EventNone
 }
 
-// CPUCores returns the CPU cores used between prev and cur: delta
+// cpuCores returns the CPU cores used between prev and cur: delta
 // cpu_usage_usec over delta observed_at (wall time of the daemon). ok is
-// false, with the reason, when the pair gives no rate (see Classify;
+// false, with the reason, when the pair gives no rate (see classify;
 // EventNoInterval when observed_at did not move forward).
-func CPUCores(prev, cur *sandboxstatsv1.WorkloadStatsSample) (cores float64, ev Event, ok bool) {
-	ev = Classify(prev, cur)
+func cpuCores(prev, cur *sandboxstatsv1.WorkloadStatsSample) (cores float64, ev Event, ok bool) {
+	ev = classify(prev, cur)
 	if ev != EventNone {
 		return 0, ev, false
 	}

@@ -86,7 +86,7 @@ func TestCPUCores(t *testing.T) {
 		{"epoch zero on both sides still rates", smp(0, 0, epoch(time.Unix(0, 0))), smp(1, 250_000, epoch(time.Unix(0, 0))), 0.25, EventNone, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cores, ev, ok := CPUCores(tc.prev, tc.cur)
+			cores, ev, ok := cpuCores(tc.prev, tc.cur)
 			if diff := cmp.Diff(
 				struct {
 					Cores float64
@@ -98,7 +98,7 @@ func TestCPUCores(t *testing.T) {
 					Event Event
 					OK    bool
 				}{cores, ev, ok}); diff != "" {
-				t.Errorf("CPUCores (-want +got):\n%s", diff)
+				t.Errorf("cpuCores (-want +got):\n%s", diff)
 			}
 			if cores < 0 {
 				t.Errorf("negative rate %v", cores)

@@ -52,7 +52,7 @@ func (w *Watcher) Observe(s *sandboxstatsv1.WorkloadStatsSample) Row {
 		Source:        api.SourceName(s.GetSource()),
 		EpochUnixNano: s.GetEpochUnixNano(),
 	}
-	cores, ev, ok := CPUCores(w.prev, s)
+	cores, ev, ok := cpuCores(w.prev, s)
 	r.Event = ev
 	if ok {
 		iv := float64(s.GetObservedAtUnixNano()-w.prev.GetObservedAtUnixNano()) / 1e9

@@ -39,8 +39,8 @@ func kindToProto(k source.Kind) sandboxstatsv1.StatsSource {
 	}
 }
 
-// RefFromProto converts the wire SandboxRef.
-func RefFromProto(r *sandboxstatsv1.SandboxRef) source.SandboxRef {
+// refFromProto converts the wire SandboxRef.
+func refFromProto(r *sandboxstatsv1.SandboxRef) source.SandboxRef {
 	return source.SandboxRef{
 		Class:        classFromProto(r.GetSandboxClass()),
 		CgroupPath:   r.GetCgroupPath(),
@@ -53,8 +53,8 @@ func RefFromProto(r *sandboxstatsv1.SandboxRef) source.SandboxRef {
 	}
 }
 
-// IdentityFromProto converts the wire WorkloadIdentity.
-func IdentityFromProto(id *sandboxstatsv1.WorkloadIdentity) identity.Identity {
+// identityFromProto converts the wire WorkloadIdentity.
+func identityFromProto(id *sandboxstatsv1.WorkloadIdentity) identity.Identity {
 	return identity.Identity{
 		ActorUID:          id.GetActorUid(),
 		ActorName:         id.GetActorName(),

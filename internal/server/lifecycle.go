@@ -27,7 +27,7 @@ func NewLifecycleService(store *identity.Store, logger *slog.Logger) *LifecycleS
 }
 
 func (l *LifecycleService) bind(ctx context.Context, op identity.Op, id *sandboxstatsv1.WorkloadIdentity, ref *sandboxstatsv1.SandboxRef) (int64, *sandboxstatsv1.EndedActivation, error) {
-	b, replaced, err := l.store.Bind(ctx, op, IdentityFromProto(id), RefFromProto(ref))
+	b, replaced, err := l.store.Bind(ctx, op, identityFromProto(id), refFromProto(ref))
 	if replaced != nil {
 		logEnded(l.logger, replaced)
 	}

@@ -113,7 +113,7 @@ func BenchmarkSweep(b *testing.B) {
 		run(b, func() int {
 			ok := 0
 			for _, s := range sockets {
-				if Poll(ctx, s, 5*time.Second).Status == StatusOK {
+				if pollDaemon(ctx, s, 5*time.Second).Status == StatusOK {
 					ok++
 				}
 			}

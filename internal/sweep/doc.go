@@ -1,6 +1,6 @@
 // Package sweep polls every statsd on a node once: it discovers the daemons
 // from a socket glob (Discover), calls StatsActiveWorkloads on each under a
-// per-call timeout and a concurrency limit (Sweep, PollAll, Poll), lists the
+// per-call timeout and a concurrency limit (Sweep, PollAll), lists the
 // open drift findings of a daemon whose answer says drift may explain it, and
 // classifies each outcome (DaemonResult: ok, no sample, error, vanished).
 //

@@ -110,7 +110,7 @@ func PollAll(ctx context.Context, sockets []string, concurrency int, perCallTime
 	g.SetLimit(max(concurrency, 1))
 	for i, sock := range sockets {
 		g.Go(func() error {
-			results[i] = Poll(ctx, sock, perCallTimeout)
+			results[i] = pollDaemon(ctx, sock, perCallTimeout)
 			return nil
 		})
 	}
@@ -118,9 +118,9 @@ func PollAll(ctx context.Context, sockets []string, concurrency int, perCallTime
 	return results
 }
 
-// Poll calls StatsActiveWorkloads once on the daemon at socket, with a
+// pollDaemon calls StatsActiveWorkloads once on the daemon at socket, with a
 // fresh connection closed afterwards, under timeout (0: only ctx bounds it).
-func Poll(ctx context.Context, socket string, timeout time.Duration) DaemonResult {
+func pollDaemon(ctx context.Context, socket string, timeout time.Duration) DaemonResult {
 	start := time.Now()
 	r := poll(ctx, socket, timeout)
 	r.Socket = socket
