@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -152,4 +153,33 @@ func wrapRead(err error) error {
 		return err
 	}
 	return fmt.Errorf("gvisor: %w: %w", source.ErrNotMeasurable, err)
+}
+
+// optParse reads an optional signal file: ok is false, with why, when f is
+// nil (whyNil), when the file or its directory is missing (another
+// hierarchy may lack the sandbox's cgroup), or when the kernel refuses to
+// show it (EOPNOTSUPP: pressure turned off). A timeout or another read
+// error is returned, and so is a malformed file, naming the path.
+func optParse[T any](f *fileReq, whyNil string, parse func([]byte) (T, error)) (v T, ok bool, why string, err error) {
+	switch {
+	case f == nil:
+		return v, false, whyNil, nil
+	case errors.Is(f.err, fs.ErrNotExist):
+		return v, false, "no " + f.path(), nil
+	case errors.Is(f.err, errCgroupGone):
+		return v, false, "no cgroup " + display(f.root, f.dir), nil
+	case errors.Is(f.err, syscall.EOPNOTSUPP):
+		return v, false, f.path() + ": not supported by the kernel (pressure accounting off?)", nil
+	case f.err != nil:
+		return v, false, "", f.err
+	}
+	if v, err = parse(f.b); err != nil {
+		return v, false, "", f.malformed(err)
+	}
+	return v, true, "", nil
+}
+
+// absent appends an Absent entry to r.
+func absent(r *source.Reading, field, why string) {
+	r.Absent = append(r.Absent, source.Absent{Field: field, Reason: why})
 }
