@@ -68,19 +68,38 @@ func BusyboxStatic() string {
 	return ""
 }
 
-// Sandbox is a real gVisor sandbox started with runsc (--platform=ptrace
-// --network=none) from an OCI bundle whose rootfs is busybox-static. The
-// test's cleanup deletes it and every cgroup runsc made for it (runsc leaves
-// the parent in every v1 hierarchy).
+// Sandbox is a real gVisor sandbox started with runsc (--platform=ptrace,
+// --network=none unless SandboxOptions.NetNS says otherwise) from an OCI
+// bundle whose rootfs is busybox-static. The test's cleanup deletes it and
+// every cgroup runsc made for it (runsc leaves the parent in every v1
+// hierarchy).
 type Sandbox struct {
 	ID         string
 	CgroupPath string // linux.cgroupsPath, e.g. /sbstest-123-456/pause
 	PID        int    // the sentry (runsc-sandbox)
 	shared     bool   // CgroupPath came from the caller and may hold other sandboxes
+	netns      string // SandboxOptions.NetNS
 	bin        string
 	runscRoot  string
 	bundle     string
 	logs       string
+}
+
+// SandboxOptions configure StartSandboxWith; the zero value is
+// StartSandbox's sandbox.
+type SandboxOptions struct {
+	// CgroupPath is linux.cgroupsPath; "" makes a fresh one.
+	CgroupPath string
+	// MemoryLimit, when positive, is linux.resources.memory.limit in bytes
+	// (runsc writes it to the sandbox cgroup).
+	MemoryLimit int64
+	// NetNS, when set, is a network namespace path (/run/netns/<name>, see
+	// NetNSPair): the sandbox joins it (linux.namespaces) with runsc's
+	// sandbox network (--network=sandbox), and every runsc command runs in
+	// it, since the sandbox's control socket is an abstract Unix socket of
+	// that namespace. Empty: --network=none, in a namespace of its own
+	// holding only loopback.
+	NetNS string
 }
 
 // NeedRunsc checks the prerequisites of a real sandbox and returns the
@@ -106,7 +125,17 @@ func UniqueCgroupPath() string {
 // so EBUSY on it is tolerated.
 func StartSandbox(t testing.TB, cgroupPath string, args ...string) *Sandbox {
 	t.Helper()
+	return StartSandboxWith(t, SandboxOptions{CgroupPath: cgroupPath}, args...)
+}
+
+// StartSandboxWith is StartSandbox with options.
+func StartSandboxWith(t testing.TB, opts SandboxOptions, args ...string) *Sandbox {
+	t.Helper()
 	runsc, busybox := NeedRunsc(t)
+	if opts.NetNS != "" {
+		NeedNetNS(t)
+	}
+	cgroupPath := opts.CgroupPath
 	shared := cgroupPath != ""
 	if !shared {
 		cgroupPath = UniqueCgroupPath()
@@ -115,6 +144,7 @@ func StartSandbox(t testing.TB, cgroupPath string, args ...string) *Sandbox {
 		ID:         fmt.Sprintf("sbstest-%d-%d", os.Getpid(), time.Now().UnixNano()),
 		CgroupPath: cgroupPath,
 		shared:     shared,
+		netns:      opts.NetNS,
 		bin:        runsc,
 		runscRoot:  t.TempDir(),
 		bundle:     t.TempDir(),
@@ -133,7 +163,7 @@ func StartSandbox(t testing.TB, cgroupPath string, args ...string) *Sandbox {
 	if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), bb, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	for _, a := range []string{"sh", "ls", "cat", "dd", "sleep", "echo", "rm", "free", "true"} {
+	for _, a := range []string{"sh", "ls", "cat", "dd", "sleep", "echo", "rm", "free", "true", "nc"} {
 		if err := os.Symlink("busybox", filepath.Join(rootfs, "bin", a)); err != nil {
 			t.Fatal(err)
 		}
@@ -157,6 +187,22 @@ func StartSandbox(t testing.TB, cgroupPath string, args ...string) *Sandbox {
 		spec["linux"] = linux
 	}
 	linux["cgroupsPath"] = sb.CgroupPath
+	if opts.MemoryLimit > 0 {
+		res, _ := linux["resources"].(map[string]any)
+		if res == nil {
+			res = map[string]any{}
+			linux["resources"] = res
+		}
+		res["memory"] = map[string]any{"limit": opts.MemoryLimit}
+	}
+	if opts.NetNS != "" {
+		nss, _ := linux["namespaces"].([]any)
+		for _, ns := range nss {
+			if m, ok := ns.(map[string]any); ok && m["type"] == "network" {
+				m["path"] = opts.NetNS
+			}
+		}
+	}
 	if b, err = json.MarshalIndent(spec, "", "  "); err == nil {
 		err = os.WriteFile(cfgPath, b, 0o644)
 	}
@@ -190,8 +236,15 @@ func StartSandbox(t testing.TB, cgroupPath string, args ...string) *Sandbox {
 // stdout would corrupt it); stdout is also returned.
 func (sb *Sandbox) Runsc(t testing.TB, dir string, args ...string) ([]byte, error) {
 	t.Helper()
-	full := append([]string{"--root", sb.runscRoot, "--platform=ptrace", "--network=none"}, args...)
+	network := "--network=none"
+	if sb.netns != "" {
+		network = "--network=sandbox"
+	}
+	full := append([]string{"--root", sb.runscRoot, "--platform=ptrace", network}, args...)
 	cmd := exec.Command(sb.bin, full...)
+	if sb.netns != "" {
+		cmd = inNetNS(sb.netns, args[0] == "run", sb.bin, full...)
+	}
 	cmd.Dir = dir
 	name := filepath.Join(sb.logs, fmt.Sprintf("%d-%s", time.Now().UnixNano(), args[0]))
 	stdout, err := os.Create(name + ".stdout")
