@@ -56,7 +56,7 @@ func (v v1Signals) reqs() []*fileReq {
 			out = append(out, f)
 		}
 	}
-	return out
+	return optional(out...)
 }
 
 func (v v1Signals) fill(r *source.Reading, pageSize uint64) error {

@@ -25,7 +25,7 @@ func newV2Signals(req func(string) *fileReq) v2Signals {
 }
 
 func (v v2Signals) reqs() []*fileReq {
-	return []*fileReq{v.memMax, v.memHigh, v.memEvents, v.cpuMax, v.cpuPSI, v.memPSI, v.ioPSI, v.pidsCur, v.pidsMax, v.ioStat}
+	return optional(v.memMax, v.memHigh, v.memEvents, v.cpuMax, v.cpuPSI, v.memPSI, v.ioPSI, v.pidsCur, v.pidsMax, v.ioStat)
 }
 
 // fill fills the signal parts of r; cpuStat is readV2's cpu.stat.

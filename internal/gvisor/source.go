@@ -63,7 +63,7 @@ type cgroupSource struct {
 
 	mu   sync.Mutex
 	loc  *location             // nil until resolved; replaced when the cgroup disappears
-	dirs map[string]*dirHandle // open cgroup directories, by display path
+	dirs map[string]*dirHandle // open cgroup directories, by dirKey
 	// closed is set by Close: a directory opened afterwards is closed, not
 	// cached.
 	closed bool
