@@ -89,6 +89,12 @@ func TestIntegrationGVisorNetworkNone(t *testing.T) {
 		t.Fatalf("network %+v, want loopback only with no total", n)
 	}
 	t.Logf("--network=none: loopback only (%s), total absent: %q", n.Origin, absentWhy(r, "network.total"))
+	if r.Pids == nil || r.Pids.Current == 0 || r.Throttling == nil || r.Memory == nil || r.Memory.LimitBytes == nil {
+		t.Errorf("a sandbox runsc made in every v1 hierarchy: pids %+v, throttling %+v, memory %+v (absent %+v)", r.Pids, r.Throttling, r.Memory, r.Absent)
+	}
+	sig := signalsOf(r)
+	t.Logf("the rest of the sample: memory %+v limit %+v; throttling quota %+v; pids %+v limit %+v; block_io %s; absent %+v",
+		*sig.Memory, *sig.Memory.LimitBytes, *sig.Throttling.QuotaUsec, *sig.Pids, sig.Pids.Limit, blockIOLine(r), sig.Absent)
 }
 
 // TestIntegrationGVisorNetwork starts a real sandbox with runsc's sandbox
