@@ -32,7 +32,7 @@ const (
 
 func comparisonOf(k Kind) comparison {
 	switch k {
-	case KindCgroupGone, KindSandboxDead:
+	case KindCgroupGone, KindSandboxDead, KindOOMKilled:
 		return cmpCgroup
 	case KindSentryGone, KindSentryMoved:
 		return cmpSentry

@@ -29,11 +29,13 @@ type SystemObserver struct {
 	now        func() time.Time
 
 	mu sync.Mutex
-	// Per epoch: when the agent last answered, and the sentry's cgroup file
-	// at the first look, to notice it moving.
+	// Per epoch: when the agent last answered, the sentry's cgroup file at
+	// the first look, to notice it moving, and the OOM kill count at the
+	// first look that had one, to notice it rising.
 	epoch        int64
 	lastAnswer   time.Time
 	sentryCgroup []byte
+	oomBase      *uint64
 }
 
 // NewSystemObserver reads /proc under procRoot with every read bounded by
@@ -51,7 +53,7 @@ func (o *SystemObserver) Observe(ctx context.Context, b *identity.Binding) Obser
 	obs := newObservation()
 	o.mu.Lock()
 	if o.epoch != b.EpochUnixNano {
-		o.epoch, o.lastAnswer, o.sentryCgroup = b.EpochUnixNano, time.Time{}, nil
+		o.epoch, o.lastAnswer, o.sentryCgroup, o.oomBase = b.EpochUnixNano, time.Time{}, nil, nil
 	}
 	o.mu.Unlock()
 
@@ -87,7 +89,14 @@ func (o *SystemObserver) observeCgroup(obs *Observation, b *identity.Binding, r 
 	if subject == "" {
 		subject = fmt.Sprintf("cgroup of sentry pid %d", b.Ref.SentryPID)
 	}
+	base, kills, rose := o.oomKills(r, err)
 	switch {
+	case err == nil && r.SandboxProcesses != nil && *r.SandboxProcesses == 0 && rose:
+		// Dead by OOM: this finding says more than SANDBOX_DEAD and
+		// replaces it.
+		obs.find(cmpCgroup, KindOOMKilled, subject, fmt.Sprintf(
+			"the cgroup has no processes left and the kernel's OOM killer killed %d process(es) in it this epoch (oom_kill %d, first seen %d)",
+			kills-base, kills, base))
 	case err == nil && r.SandboxProcesses != nil && *r.SandboxProcesses == 0:
 		obs.find(cmpCgroup, KindSandboxDead, subject,
 			"the cgroup has no processes left: its numbers are a dead sandbox's, not an idle workload's")
@@ -98,6 +107,24 @@ func (o *SystemObserver) observeCgroup(obs *Observation, b *identity.Binding, r 
 	default:
 		obs.skip(cmpCgroup, err.Error())
 	}
+}
+
+// oomKills returns the epoch's first seen OOM kill count, the count now,
+// and whether it rose. The first reading of an epoch that has a count is
+// its baseline, so a kill before that look (within the grace) does not
+// count: a reused cgroup may carry kills from an earlier epoch.
+func (o *SystemObserver) oomKills(r source.Reading, err error) (base, now uint64, rose bool) {
+	if err != nil || r.Memory == nil || r.Memory.OOMKills == nil {
+		return 0, 0, false
+	}
+	now = *r.Memory.OOMKills
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.oomBase == nil {
+		first := now
+		o.oomBase = &first
+	}
+	return *o.oomBase, now, now > *o.oomBase
 }
 
 func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pid int) {

@@ -53,6 +53,7 @@ func summary(o Observation) []string {
 }
 
 func u32(v uint32) *uint32 { return &v }
+func u64(v uint64) *uint64 { return &v }
 
 func TestSystemObserver(t *testing.T) {
 	now := time.Unix(1_800_000_000, 0)
@@ -175,5 +176,46 @@ func TestBoundVMMUnknownIsNoStray(t *testing.T) {
 	got := o.Observe(context.Background(), &identity.Binding{Ref: ref, Source: stubSource{}})
 	if diff := cmp.Diff([]string{"skipped stray vmm", "skipped vmm process"}, summary(got)); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+}
+
+// TestOOMKilled: the first look of an epoch takes the OOM kill count as its
+// baseline; a dead sandbox whose count rose since is OOM_KILLED (instead of
+// SANDBOX_DEAD), one whose count did not is SANDBOX_DEAD, and so is one
+// already dead with kills at the first look (they may be an earlier
+// epoch's). A new epoch takes a new baseline.
+func TestOOMKilled(t *testing.T) {
+	o := NewSystemObserver(t.TempDir(), time.Second, time.Minute, nil)
+	reading := func(procs uint32, kills *uint64) source.Reading {
+		r := source.Reading{SandboxProcesses: u32(procs)}
+		if kills != nil {
+			r.Memory = &source.MemorySignals{OOMKills: kills}
+		}
+		return r
+	}
+	b := &identity.Binding{Ref: source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest"}, EpochUnixNano: 1}
+	for _, step := range []struct {
+		name  string
+		epoch int64
+		r     source.Reading
+		want  []string
+	}{
+		{name: "alive, baseline 0", epoch: 1, r: reading(3, u64(0))},
+		{name: "alive, a child OOM-killed, the rest lives", epoch: 1, r: reading(2, u64(1))},
+		{name: "dead, kills rose", epoch: 1, r: reading(0, u64(2)), want: []string{"OOM_KILLED /statstest"}},
+		{name: "dead, no OOM count offered", epoch: 1, r: reading(0, nil), want: []string{"SANDBOX_DEAD /statstest"}},
+		{name: "new epoch, dead with kills at the first look", epoch: 2, r: reading(0, u64(2)), want: []string{"SANDBOX_DEAD /statstest"}},
+		{name: "same epoch, still no rise", epoch: 2, r: reading(0, u64(2)), want: []string{"SANDBOX_DEAD /statstest"}},
+		{name: "new epoch, alive", epoch: 3, r: reading(1, u64(2))},
+		{name: "killed in it", epoch: 3, r: reading(0, u64(3)), want: []string{"OOM_KILLED /statstest"}},
+	} {
+		b.EpochUnixNano, b.Source = step.epoch, stubSource{r: step.r}
+		obs := o.Observe(context.Background(), b)
+		if diff := cmp.Diff(step.want, summary(obs)); diff != "" {
+			t.Fatalf("%s (-want +got):\n%s", step.name, diff)
+		}
+		for _, f := range obs.Findings {
+			t.Logf("%s: %s %s", step.name, f.Kind, f.Detail)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -21,17 +22,37 @@ import (
 type fileReq struct {
 	root      *os.Root
 	dir, name string
-	b         []byte
-	err       error
+	// optional marks a signal file: a missing one is absent, so its read
+	// skips the check of the directory that a required file's read makes
+	// (readOptional).
+	optional bool
+	b        []byte
+	err      error
 }
 
 func (s *cgroupSource) readAll(ctx context.Context, reqs []*fileReq) {
 	var wg sync.WaitGroup
 	for _, r := range reqs[1:] {
-		wg.Go(func() { r.b, r.err = s.readFile(ctx, r.root, r.dir, r.name) })
+		wg.Go(func() { r.read(ctx, s) })
 	}
-	reqs[0].b, reqs[0].err = s.readFile(ctx, reqs[0].root, reqs[0].dir, reqs[0].name)
+	reqs[0].read(ctx, s)
 	wg.Wait()
+}
+
+func (r *fileReq) read(ctx context.Context, s *cgroupSource) {
+	if r.optional {
+		r.b, r.err = s.readOptional(ctx, r.root, r.dir, r.name)
+		return
+	}
+	r.b, r.err = s.readFile(ctx, r.root, r.dir, r.name)
+}
+
+// optional marks reqs as signal files and returns them.
+func optional(reqs ...*fileReq) []*fileReq {
+	for _, r := range reqs {
+		r.optional = true
+	}
+	return reqs
 }
 
 func (f *fileReq) path() string { return filepath.Join(display(f.root, f.dir), f.name) }
@@ -145,6 +166,28 @@ func (s *cgroupSource) readFileOnce(ctx context.Context, root *os.Root, dir, nam
 	return nil, true, nil
 }
 
+// readOptional reads an optional file of dir through the directory cache
+// without readFile's check of the directory on a missing file: the
+// directory missing is errCgroupGone, the file missing fs.ErrNotExist. A
+// handle held on a directory that was just removed and made again can make
+// an optional file read as missing for one sample (absent, never a wrong
+// number); the required files of the same sample find the new directory.
+func (s *cgroupSource) readOptional(ctx context.Context, root *os.Root, dir, name string) ([]byte, error) {
+	h, err := s.acquireDir(ctx, root, dir)
+	defer s.releaseDir(h)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
+	}
+	if err != nil {
+		return nil, wrapRead(err)
+	}
+	b, err := s.g.ReadRootFile(ctx, h.r, name)
+	if err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return nil, wrapRead(err)
+	}
+	return b, err
+}
+
 // wrapRead gives a read error that is neither a timeout nor malformed the
 // not-measurable sentinel (permission denied, I/O error on a dying cgroup).
 func wrapRead(err error) error {
@@ -152,4 +195,33 @@ func wrapRead(err error) error {
 		return err
 	}
 	return fmt.Errorf("gvisor: %w: %w", source.ErrNotMeasurable, err)
+}
+
+// optParse reads an optional signal file: ok is false, with why, when f is
+// nil (whyNil), when the file or its directory is missing (another
+// hierarchy may lack the sandbox's cgroup), or when the kernel refuses to
+// show it (EOPNOTSUPP: pressure turned off). A timeout or another read
+// error is returned, and so is a malformed file, naming the path.
+func optParse[T any](f *fileReq, whyNil string, parse func([]byte) (T, error)) (v T, ok bool, why string, err error) {
+	switch {
+	case f == nil:
+		return v, false, whyNil, nil
+	case errors.Is(f.err, fs.ErrNotExist):
+		return v, false, "no " + f.path(), nil
+	case errors.Is(f.err, errCgroupGone):
+		return v, false, "no cgroup " + display(f.root, f.dir), nil
+	case errors.Is(f.err, syscall.EOPNOTSUPP):
+		return v, false, f.path() + ": not supported by the kernel (pressure accounting off?)", nil
+	case f.err != nil:
+		return v, false, "", f.err
+	}
+	if v, err = parse(f.b); err != nil {
+		return v, false, "", f.malformed(err)
+	}
+	return v, true, "", nil
+}
+
+// absent appends an Absent entry to r.
+func absent(r *source.Reading, field, why string) {
+	r.Absent = append(r.Absent, source.Absent{Field: field, Reason: why})
 }

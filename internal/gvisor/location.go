@@ -23,6 +23,64 @@ type location struct {
 	mem, cpu string
 	// cpuWhy says why cpu is empty when the process has a cpuacct line.
 	cpuWhy string
+	// aux says where the signal files of the other hierarchies are (v1 and
+	// hybrid hosts; on a unified host everything is at mem).
+	aux auxPaths
+}
+
+// auxPaths are the sandbox's paths in the hierarchies a v1 or hybrid Sample
+// reads besides memory and cpuacct: the v1 cpu (CFS bandwidth), pids and
+// blkio controllers, and on a hybrid host the unified (v2) hierarchy, whose
+// cgroups carry the pressure files. A path that cannot be read is "" with
+// the reason in why; its signals are then absent, never the sample.
+type auxPaths struct {
+	CFS, Pids, Blkio, Unified ctlPath
+}
+
+// ctlPath is one hierarchy's path, or why there is none (exported fields in
+// an unexported type, so that tests can compare them).
+type ctlPath struct{ Path, Why string }
+
+// samePath gives every hierarchy the one path a ref names (bound by cgroup
+// path: the launcher made the same relative path in every hierarchy).
+func samePath(p string) auxPaths {
+	c := ctlPath{Path: p}
+	return auxPaths{CFS: c, Pids: c, Blkio: c, Unified: c}
+}
+
+// selectAux picks the paths of the other hierarchies from a parsed
+// /proc/<pid>/cgroup on a v1 or hybrid host. A missing line, a path outside
+// the namespace or the hierarchy's root (whose numbers would be the whole
+// host's) leaves that hierarchy without a path, with the reason.
+func selectAux(pc procCgroup, mode Mode) auxPaths {
+	v1 := func(ctl string) ctlPath {
+		p, ok := pc.V1[ctl]
+		if !ok {
+			return ctlPath{Why: "the sentry is in no " + ctl + " cgroup (no " + ctl + " line in its /proc/<pid>/cgroup)"}
+		}
+		return auxPath(p, "the sentry's "+ctl+" cgroup is the root of that hierarchy: its numbers would be the whole host's")
+	}
+	a := auxPaths{CFS: v1("cpu"), Pids: v1("pids"), Blkio: v1("blkio")}
+	switch {
+	case mode != ModeHybrid:
+		a.Unified = ctlPath{Why: "a pure cgroup v1 host: the kernel keeps pressure stall information per cgroup only on cgroup v2"}
+	case !pc.HasUnified:
+		a.Unified = ctlPath{Why: "the sentry is in no unified (v2) cgroup (no \"0::\" line)"}
+	default:
+		a.Unified = auxPath(pc.Unified, "the sentry is in the root of the unified (v2) hierarchy (runsc puts a sandbox in no v2 cgroup on a hybrid host): its pressure would be the whole host's")
+	}
+	return a
+}
+
+func auxPath(p, rootWhy string) ctlPath {
+	np, err := namespacePath(p)
+	switch {
+	case err != nil:
+		return ctlPath{Why: err.Error()}
+	case np == "/":
+		return ctlPath{Why: rootWhy}
+	}
+	return ctlPath{Path: np}
 }
 
 // selectLocation picks the paths to read from a parsed /proc/<pid>/cgroup:

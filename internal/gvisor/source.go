@@ -55,10 +55,15 @@ type cgroupSource struct {
 	// cpuacct is nil (with cpuacctErr) when that hierarchy is not there.
 	unified, memory, cpuacct *os.Root
 	cpuacctErr               error
+	// v1 and hybrid: the hierarchies of the signal files (hierarchies.go),
+	// each nil with the reason when it is not mounted.
+	aux auxRoots
+	// pageSize decides which v1 memory.limit_in_bytes means no limit.
+	pageSize uint64
 
 	mu   sync.Mutex
 	loc  *location             // nil until resolved; replaced when the cgroup disappears
-	dirs map[string]*dirHandle // open cgroup directories, by display path
+	dirs map[string]*dirHandle // open cgroup directories, by dirKey
 	// closed is set by Close: a directory opened afterwards is closed, not
 	// cached.
 	closed bool
@@ -100,9 +105,10 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		procRoot: cfg.ProcRoot,
 		g:        bounded.New(cfg.ReadTimeout),
 		dirs:     map[string]*dirHandle{},
+		pageSize: uint64(os.Getpagesize()),
 	}
 	if p := ref.CgroupPath; p != "" {
-		s.loc = &location{mem: p, cpu: p}
+		s.loc = &location{mem: p, cpu: p, aux: samePath(p)}
 	}
 	if s.mode == ModeAuto {
 		m, err := detectMode(cfg.CgroupRoot)
@@ -125,6 +131,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		if s.cpuacct, s.cpuacctErr = os.OpenRoot(filepath.Join(cfg.CgroupRoot, "cpuacct")); s.cpuacctErr != nil {
 			s.log.Debug("no cpuacct hierarchy: CPU will be absent", "err", s.cpuacctErr)
 		}
+		s.aux = openAuxRoots(cfg.CgroupRoot, s.mode, s.log)
 	default:
 		return nil, fmt.Errorf("gvisor: unknown cgroup mode %v", s.mode)
 	}
@@ -138,7 +145,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 // than once; a read still hung in the kernel keeps its own file open.
 func (s *cgroupSource) Close() error {
 	s.closeOnce.Do(func() {
-		for _, r := range []*os.Root{s.unified, s.memory, s.cpuacct} {
+		for _, r := range append([]*os.Root{s.unified, s.memory, s.cpuacct}, s.aux.all()...) {
 			if r != nil {
 				r.Close()
 			}
@@ -197,11 +204,30 @@ func (s *cgroupSource) locate(ctx context.Context, stale *location) (*location, 
 	return nloc, nil
 }
 
+// read reads the cgroup files of loc and, for a source bound by sentry pid,
+// the sentry's network counters at the same time.
 func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading, error) {
-	if s.mode == ModeUnified {
-		return s.readV2(ctx, loc)
+	nr := netResult{why: whyNoPID}
+	var wg sync.WaitGroup
+	if s.ref.SentryPID != 0 {
+		wg.Go(func() { nr = s.readNetwork(ctx) })
 	}
-	return s.readV1(ctx, loc)
+	var r source.Reading
+	var err error
+	if s.mode == ModeUnified {
+		r, err = s.readV2(ctx, loc)
+	} else {
+		r, err = s.readV1(ctx, loc)
+	}
+	wg.Wait()
+	if err == nil {
+		err = nr.err
+	}
+	if err != nil {
+		return source.Reading{}, err
+	}
+	addNetwork(&r, nr)
+	return r, nil
 }
 
 func (s *cgroupSource) suffix() string {

@@ -13,12 +13,16 @@ import (
 
 // readV1 reads memory.usage_in_bytes (required), memory.max_usage_in_bytes,
 // memory.stat total_inactive_file and cgroup.procs in the memory hierarchy,
-// and cpuacct.usage (ns) in the cpuacct hierarchy.
+// cpuacct.usage (ns) in the cpuacct hierarchy, and the signal and block IO
+// files of the memory, cpu, pids, blkio and (hybrid) unified hierarchies
+// (signals_v1.go, blkio_v1.go).
 func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Reading, error) {
 	root, dir := s.memory, loc.mem
 	req := func(name string) *fileReq { return &fileReq{root: root, dir: dir, name: name} }
 	cur, peak, stat, pr := req("memory.usage_in_bytes"), req("memory.max_usage_in_bytes"), req("memory.stat"), req("cgroup.procs")
 	reqs := []*fileReq{cur, peak, stat, pr}
+	sig := s.newV1Signals(loc, req)
+	reqs = append(reqs, sig.reqs()...)
 	var cpu *fileReq
 	if s.cpuacct != nil && loc.cpu != "" {
 		cpu = &fileReq{root: s.cpuacct, dir: loc.cpu, name: "cpuacct.usage"}
@@ -58,6 +62,9 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 		}
 	}
 	if err := procs(&r, pr); err != nil {
+		return source.Reading{}, err
+	}
+	if err := sig.fill(&r, s.pageSize); err != nil {
 		return source.Reading{}, err
 	}
 	return r, nil

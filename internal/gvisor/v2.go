@@ -9,12 +9,14 @@ import (
 )
 
 // readV2 reads memory.current (required), memory.peak (optional, Linux 5.19+),
-// memory.stat inactive_file, cpu.stat usage_usec and cgroup.procs.
+// memory.stat inactive_file, cpu.stat usage_usec and cgroup.procs, and the
+// signal and block IO files (signals_v2.go).
 func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Reading, error) {
 	root, dir := s.unified, loc.mem
 	req := func(name string) *fileReq { return &fileReq{root: root, dir: dir, name: name} }
 	cur, peak, stat, cpu, pr := req("memory.current"), req("memory.peak"), req("memory.stat"), req("cpu.stat"), req("cgroup.procs")
-	s.readAll(ctx, []*fileReq{cur, peak, stat, cpu, pr})
+	sig := newV2Signals(req)
+	s.readAll(ctx, append([]*fileReq{cur, peak, stat, cpu, pr}, sig.reqs()...))
 
 	r := source.Reading{
 		Kind:   source.KindCgroup,
@@ -33,6 +35,9 @@ func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Readin
 		r.Absent = append(r.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "no usage_usec in " + cpu.path()})
 	}
 	if err := procs(&r, pr); err != nil {
+		return source.Reading{}, err
+	}
+	if err := sig.fill(&r, cpu); err != nil {
 		return source.Reading{}, err
 	}
 	return r, nil

@@ -108,9 +108,14 @@ func StartChild(t testing.TB, helper string) *Child {
 // unless it starts with "ok".
 func (c *Child) Do(t testing.TB, line string) string {
 	t.Helper()
-	if _, err := fmt.Fprintln(c.in, line); err != nil {
-		t.Fatalf("child %q: %v", line, err)
-	}
+	c.Send(t, line)
+	return c.Answer(t, line)
+}
+
+// Answer reads the answer to a command sent with Send, failing the test
+// unless it starts with "ok".
+func (c *Child) Answer(t testing.TB, line string) string {
+	t.Helper()
 	if !c.out.Scan() {
 		t.Fatalf("child %q: no answer: %v", line, c.out.Err())
 	}
@@ -119,6 +124,22 @@ func (c *Child) Do(t testing.TB, line string) string {
 		t.Fatalf("child %q: %q", line, ans)
 	}
 	return ans
+}
+
+// Send sends one command without waiting for its answer (read it with
+// Answer), for commands run side by side or one the child may not survive
+// (an allocation past its cgroup's memory limit).
+func (c *Child) Send(t testing.TB, line string) {
+	t.Helper()
+	if _, err := fmt.Fprintln(c.in, line); err != nil {
+		t.Fatalf("child %q: %v", line, err)
+	}
+}
+
+// Wait waits for the child to exit and returns how it ended.
+func (c *Child) Wait() (*os.ProcessState, error) {
+	err := c.Cmd.Wait()
+	return c.Cmd.ProcessState, err
 }
 
 // Kill closes the child's stdin, kills it and waits for it; a second call

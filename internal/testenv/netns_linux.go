@@ -1,0 +1,85 @@
+package testenv
+
+import (
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Listener accepts one TCP connection in a network namespace and counts the
+// bytes it receives until the peer closes.
+type Listener struct {
+	Addr string // host:port, in the namespace
+	done chan listenResult
+	ln   net.Listener
+}
+
+type listenResult struct {
+	n   int64
+	err error
+}
+
+// ListenIn listens on ns.Addr (a free port) inside ns. The socket is made by
+// a goroutine locked to a thread that joined ns (setns), so it belongs to ns;
+// that thread is never unlocked, so it ends with the goroutine instead of
+// going back to the runtime in another namespace. The test's cleanup closes
+// the listener.
+func ListenIn(t testing.TB, ns NetNS, deadline time.Duration) *Listener {
+	t.Helper()
+	l := &Listener{done: make(chan listenResult, 1)}
+	ready := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+		f, err := os.Open(ns.Path)
+		if err == nil {
+			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
+			f.Close()
+		}
+		if err != nil {
+			ready <- fmt.Errorf("setns %s: %w", ns.Path, err)
+			return
+		}
+		if l.ln, err = net.Listen("tcp", net.JoinHostPort(ns.Addr, "0")); err != nil {
+			ready <- err
+			return
+		}
+		l.Addr = l.ln.Addr().String()
+		ready <- nil
+		l.ln.(*net.TCPListener).SetDeadline(time.Now().Add(deadline))
+		c, err := l.ln.Accept()
+		if err != nil {
+			l.done <- listenResult{err: err}
+			return
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(deadline))
+		n, err := io.Copy(io.Discard, c)
+		l.done <- listenResult{n, err}
+	}()
+	if err := <-ready; err != nil {
+		t.Fatalf("listen in %s: %v", ns.Name, err)
+	}
+	t.Cleanup(func() { l.ln.Close() })
+	return l
+}
+
+// Received waits for the connection to end and returns the bytes it
+// carried.
+func (l *Listener) Received() (int64, error) {
+	r := <-l.done
+	return r.n, r.err
+}
+
+// Pin restricts pid to CPU cpu (sched_setaffinity), so that processes pinned
+// to the same CPU contend for it.
+func Pin(pid, cpu int) error {
+	var set unix.CPUSet
+	set.Set(cpu)
+	return unix.SchedSetaffinity(pid, &set)
+}
