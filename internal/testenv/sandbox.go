@@ -309,3 +309,10 @@ func dumpLogs(t testing.TB, dir string) {
 		}
 	}
 }
+
+// Delete deletes the sandbox now (runsc delete -force) and removes its
+// cgroups, as the test's cleanup would; the cleanup then finds nothing left.
+func (sb *Sandbox) Delete(t testing.TB) {
+	t.Helper()
+	sb.cleanup(t)
+}

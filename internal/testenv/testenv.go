@@ -214,10 +214,3 @@ func (s *SyncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
-
-// Delete deletes the sandbox now (runsc delete -force) and removes its
-// cgroups, as the test's cleanup would; the cleanup then finds nothing left.
-func (sb *Sandbox) Delete(t testing.TB) {
-	t.Helper()
-	sb.cleanup(t)
-}
