@@ -59,16 +59,22 @@ func ReadPIDFile(path string) (int, error) {
 	return pid, nil
 }
 
+// ErrExited marks a process that has exited but is not reaped yet (a
+// zombie): its pid still has a /proc directory, but the kernel moved it out
+// of its cgroups (a zombie's /proc/<pid>/cgroup names the root cgroups).
+var ErrExited = errors.New("process: exited (a zombie, not reaped yet)")
+
 // IsGone reports whether err says the process is gone: its /proc directory
-// is missing, or it exited while a file of it was being read (ESRCH).
+// is missing, it exited while a file of it was being read (ESRCH), or it is
+// a zombie (ErrExited).
 func IsGone(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH) || errors.Is(err, ErrExited)
 }
 
 // StartTime returns a process's start time, in clock ticks after boot
 // (field 22 of <procRoot>/<pid>/stat, parsed by procfs from the last ')'
-// since the command name may hold any byte). A gone process gives an error
-// for which IsGone is true.
+// since the command name may hold any byte). A gone process, a zombie
+// included, gives an error for which IsGone is true.
 func StartTime(procRoot string, pid int) (start uint64, err error) {
 	defer func() {
 		// procfs v0.23.0 slices past the end of a stat line that ends at
@@ -95,6 +101,9 @@ func StartTime(procRoot string, pid int) (start uint64, err error) {
 			return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
 		}
 		return 0, fmt.Errorf("%w: process: %s/%d/stat: %w", ErrMalformedStat, procRoot, pid, err)
+	}
+	if st.State == "Z" || st.State == "X" {
+		return 0, fmt.Errorf("%s/%d: %w", procRoot, pid, ErrExited)
 	}
 	return st.Starttime, nil
 }

@@ -162,3 +162,24 @@ func FuzzStartTime(f *testing.F) {
 		}
 	})
 }
+
+// TestZombieIsGone: a process that exited but is not reaped is gone (the
+// kernel has moved it to the root cgroups already).
+func TestZombieIsGone(t *testing.T) {
+	root := t.TempDir()
+	for pid, state := range map[string]string{"7": "Z", "8": "S"} {
+		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		line := pid + " (sentry) " + state + " 1 7 7 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0 86000 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 9 0 0 0 0 0 0 0 0 0\n"
+		if err := os.WriteFile(filepath.Join(root, pid, "stat"), []byte(line), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := StartTime(root, 7); !IsGone(err) || !errors.Is(err, ErrExited) {
+		t.Errorf("zombie: err = %v, want gone (ErrExited)", err)
+	}
+	if v, err := StartTime(root, 8); err != nil || v != 86000 {
+		t.Errorf("sleeping: %d, %v", v, err)
+	}
+}

@@ -1,9 +1,9 @@
-package gvisor
+package e2e
 
 import (
 	"encoding/json"
 	"fmt"
-	"os/exec"
+	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -12,28 +12,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
-
-// daemon is a real statsd (testenv.StartStatsd) and the statsctl built
-// beside it.
-type daemon struct {
-	*testenv.Statsd
-	bin string
-}
-
-func startStatsd(t testing.TB) *daemon {
-	t.Helper()
-	bin := testenv.BuildBinaries(t)
-	return &daemon{Statsd: testenv.StartStatsd(t, bin), bin: bin}
-}
-
-func (d *daemon) statsctl(t testing.TB, args ...string) []byte {
-	t.Helper()
-	out, err := exec.Command(filepath.Join(d.bin, "statsctl"), args...).CombinedOutput()
-	if err != nil {
-		t.Fatalf("statsctl %s: %v\n%s", strings.Join(args, " "), err, out)
-	}
-	return out
-}
 
 // wireSample is the part of statsctl stats -o json (protojson of
 // WorkloadStatsSample) the test checks; 64-bit integers are strings.
@@ -65,14 +43,15 @@ func TestIntegrationGVisorThroughStatsd(t *testing.T) {
 		t.Skip("starts a real gVisor sandbox and statsd; not under -short")
 	}
 	sb := testenv.StartSandbox(t, "", "/bin/sh", "-c", "while true; do sleep 1; done")
-	d := startStatsd(t)
+	bin := testenv.BuildBinaries(t)
+	d := testenv.StartStatsd(t, bin)
 	const actor = "e2e-gvisor-actor"
-	d.statsctl(t, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,
+	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,
 		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
 	sample := func(what string) wireSample {
 		t.Helper()
 		var w wireSample
-		out := d.statsctl(t, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
+		out := statsctl(t, bin, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
 		if err := json.Unmarshal(out, &w); err != nil {
 			t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
 		}
@@ -89,7 +68,7 @@ func TestIntegrationGVisorThroughStatsd(t *testing.T) {
 	sb.Exec(t, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
 	w1 := sample("filled")
 	grew := w1.num(t, w1.MemoryCurrent) - w0.num(t, w0.MemoryCurrent)
-	if !within(grew, 200*mib, 0.10) {
+	if !within(float64(grew), 200*mib, 0.10) {
 		t.Errorf("memory_current_bytes rose by %.1f MiB, want 200 MiB ±10%%", float64(grew)/mib)
 	}
 	if w1.num(t, w1.CPUUsageUsec) <= w0.num(t, w0.CPUUsageUsec) {
@@ -117,4 +96,61 @@ func deref(p *int) string {
 		return "absent"
 	}
 	return fmt.Sprint(*p)
+}
+
+// TestIntegrationGVisorOOMKilled: a real gVisor sandbox whose OCI spec sets
+// a 64 MiB memory limit writes 200 MiB to its /dev/shm and is OOM-killed by
+// the host kernel: through statsd the sample shows the limit and the kill,
+// and the Checkpoint's record says the activation was OOM-killed; the node
+// agent counts it by outcome.
+func TestIntegrationGVisorOOMKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real gVisor sandbox and statsd; not under -short")
+	}
+	sb := testenv.StartSandboxWith(t, testenv.SandboxOptions{MemoryLimit: 64 << 20}, "/bin/sh", "-c", "while true; do sleep 1; done")
+	bin := testenv.BuildBinaries(t, "statsagent")
+	dir := t.TempDir()
+	for _, sub := range []string{"stats", "lifecycle"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	d := startStatsdIn(t, bin, dir, "oom")
+	agentURL := testenv.StartStatsagent(t, bin, dir, "--sockets", filepath.Join(dir, "stats", "*.sock"), "--interval", "1s", "--min-interval", "100ms", "--timeout", "5s")
+	const actor = "e2e-oom"
+	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--template-namespace", "tmpl", "--template-name", "py",
+		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
+	testenv.WaitNewSweeps(t, agentURL) // a poller saw it alive (and so found its cgroup)
+	out, err := sb.Runsc(t, "", "exec", sb.ID, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
+	t.Logf("dd of 200 MiB under a 64 MiB limit: %v %s", err, strings.TrimSpace(string(out)))
+	var s struct {
+		MemorySignals struct {
+			LimitBytes struct {
+				Value string `json:"value"`
+			} `json:"limit_bytes"`
+			OOMKills string `json:"oom_kills"`
+		} `json:"memory_signals"`
+		SandboxProcesses *int `json:"sandbox_processes"`
+	}
+	for deadline := time.Now().Add(20 * time.Second); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+		if err := json.Unmarshal(statsctl(t, bin, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json"), &s); err != nil {
+			t.Fatal(err)
+		}
+		if s.MemorySignals.OOMKills != "" && s.MemorySignals.OOMKills != "0" {
+			break
+		}
+	}
+	if s.MemorySignals.LimitBytes.Value != "67108864" || s.MemorySignals.OOMKills == "" || s.MemorySignals.OOMKills == "0" {
+		t.Fatalf("sample: limit %q, oom kills %q; want 64 MiB and at least one kill", s.MemorySignals.LimitBytes.Value, s.MemorySignals.OOMKills)
+	}
+	ck := string(statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor))
+	t.Logf("sample: limit %s bytes, %s OOM kill(s), processes %s; checkpoint:\n%s", s.MemorySignals.LimitBytes.Value, s.MemorySignals.OOMKills, deref(s.SandboxProcesses), ck)
+	if !strings.Contains(ck, "oom-killed") {
+		t.Errorf("the record's outcome is not oom-killed:\n%s", ck)
+	}
+	testenv.WaitNewSweeps(t, agentURL)
+	m := testenv.WaitNewSweeps(t, agentURL)
+	if got := m["sandboxstats_activations_ended_total{outcome=oom-killed,sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"]; got != 1 {
+		t.Errorf("agent counted %v OOM-killed activations, want 1", got)
+	}
 }
