@@ -19,8 +19,6 @@ import (
 // whyNoPID is the network's absent reason for a source bound by cgroup path.
 const whyNoPID = "bound by cgroup path: no sentry pid, so no network namespace to read (bind by sentry pid for network counters)"
 
-// loopback is the name of the loopback interface, never part of the total.
-const loopback = "lo"
 
 // netResult is the network part of a Reading, or why it is absent, or an
 // error that fails the sample (a timeout, a malformed file).
@@ -58,7 +56,7 @@ func (s *cgroupSource) readNetwork(ctx context.Context) netResult {
 	if err != nil {
 		return netResult{err: fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)}
 	}
-	return netResult{net: network(ifaces, p)}
+	return netResult{net: source.NewNetwork(source.NetworkLayerHostNamespace, p, ifaces)}
 }
 
 // errNoNetDev: the sentry is there (same start time) but has no net/dev.
@@ -88,28 +86,6 @@ func snapNetDev(procRoot string, pid int, want uint64, p string) ([]byte, error)
 		return nil, fmt.Errorf("%w: %w", errNoNetDev, rerr)
 	}
 	return b, rerr
-}
-
-// network turns the interfaces of one namespace into the Network part:
-// loopback apart and never in the total; only loopback means no network.
-func network(ifaces []source.InterfaceCounters, origin string) *source.Network {
-	n := &source.Network{Layer: source.NetworkLayerHostNamespace, Origin: origin}
-	total := source.InterfaceCounters{Name: "total"}
-	for _, c := range ifaces {
-		if c.Name == loopback {
-			lo := c
-			n.Loopback = &lo
-			continue
-		}
-		n.Interfaces = append(n.Interfaces, c)
-		total.Add(c)
-	}
-	if len(n.Interfaces) == 0 {
-		n.LoopbackOnly = true
-	} else {
-		n.Total = &total
-	}
-	return n
 }
 
 // addNetwork puts a network result into r.

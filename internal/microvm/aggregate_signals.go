@@ -156,7 +156,7 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 	case len(s.network) == 0:
 		absent("network", whyNoNetwork)
 	default:
-		r.Network = guestNetwork(s.network, addr)
+		r.Network = source.NewNetwork(source.NetworkLayerGuest, fmt.Sprintf("guest agent %s: StatsContainer network_stats, each interface once", addr), s.network)
 	}
 
 	switch {
@@ -171,26 +171,6 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 		b.Origin = fmt.Sprintf("guest agent %s: StatsContainer blkio_stats (guest cgroup %s layout), summed over containers", addr, strings.Join(s.layouts, "+"))
 		r.BlockIO = &b
 	}
-}
-
-// guestNetwork splits the guest's interfaces into loopback and the rest.
-func guestNetwork(ifaces []source.InterfaceCounters, addr string) *source.Network {
-	n := &source.Network{Layer: source.NetworkLayerGuest, Origin: fmt.Sprintf("guest agent %s: StatsContainer network_stats, each interface once", addr)}
-	total := source.InterfaceCounters{Name: "total"}
-	for _, c := range ifaces {
-		if c.Name == "lo" {
-			n.Loopback = &c
-			continue
-		}
-		n.Interfaces = append(n.Interfaces, c)
-		total.Add(c)
-	}
-	if len(n.Interfaces) == 0 {
-		n.LoopbackOnly = true
-	} else {
-		n.Total = &total
-	}
-	return n
 }
 
 // limitDetail is the memory limit as source_detail names it.

@@ -111,3 +111,29 @@ func AddSat(a, b uint64) uint64 {
 	}
 	return ^uint64(0)
 }
+
+// Loopback is the name of the loopback interface, never part of a total.
+const Loopback = "lo"
+
+// NewNetwork builds the Network part from one namespace's (or guest's)
+// interfaces: loopback apart and never in the total; a namespace with only
+// loopback has no network (LoopbackOnly, Total nil), not a zero one.
+func NewNetwork(layer NetworkLayer, origin string, ifaces []InterfaceCounters) *Network {
+	n := &Network{Layer: layer, Origin: origin}
+	total := InterfaceCounters{Name: "total"}
+	for _, c := range ifaces {
+		if c.Name == Loopback {
+			lo := c
+			n.Loopback = &lo
+			continue
+		}
+		n.Interfaces = append(n.Interfaces, c)
+		total.Add(c)
+	}
+	if len(n.Interfaces) == 0 {
+		n.LoopbackOnly = true
+	} else {
+		n.Total = &total
+	}
+	return n
+}
