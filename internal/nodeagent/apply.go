@@ -97,7 +97,8 @@ func (m *metrics) addSample(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSampl
 		snap.series[l] = sv
 	}
 	sv.workloads++
-	charged, ev := m.cpu.Sample(s, now)
+	charges, ev := m.cpu.Sample(s, now)
+	charged := charges.CPU()
 	if !rate.Measured(s) {
 		return
 	}
@@ -128,7 +129,8 @@ func (m *metrics) charge(l labelSet, usec uint64, now time.Time) {
 // addEnded charges an ended activation's tail once and, the first time,
 // records it in the per-template distributions and the activation log.
 func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now time.Time) {
-	charged, how, first := m.cpu.End(e, now)
+	charges, how, first := m.cpu.End(e, now)
+	charged := charges.CPU()
 	if !first {
 		return
 	}
