@@ -86,10 +86,17 @@ func (s *sequenceSource) Close() error { return nil }
 
 // startDaemon serves statsd's services on Unix sockets with a fixed clock, so
 // outputs are byte-for-byte stable.
-func startDaemon(t *testing.T) *daemon {
+func startDaemon(t *testing.T) *daemon { t.Helper(); return startDaemonAt(t, "") }
+
+// startDaemonAt is startDaemon with the stats socket at stats ("": in a
+// temporary directory).
+func startDaemonAt(t *testing.T, stats string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{stats: filepath.Join(dir, "s.sock"), lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}, host: &scriptedHost{}}
+	if stats == "" {
+		stats = filepath.Join(dir, "s.sock")
+	}
+	d := &daemon{stats: stats, lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}, host: &scriptedHost{}}
 	clock := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	d.clock = clock
 	store, err := identity.NewStore(identity.Config{
@@ -305,20 +312,16 @@ func TestGoldenWatch(t *testing.T) {
 }
 
 func TestGoldenPoll(t *testing.T) {
-	bound, idle := startDaemon(t), startDaemon(t)
 	// A directory path of fixed length keeps the table's columns stable.
 	dir := fmt.Sprintf("/tmp/statsctl-poll-%08x", rand.Uint32())
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	// Put the daemons' stats sockets under one glob, plus a stale socket
-	// whose daemon is gone.
-	for name, target := range map[string]string{"a-bound.sock": bound.stats, "b-idle.sock": idle.stats} {
-		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The daemons' stats sockets under one glob (a symlink to one would be
+	// refused), plus a stale socket whose daemon is gone.
+	bound := startDaemonAt(t, filepath.Join(dir, "a-bound.sock"))
+	startDaemonAt(t, filepath.Join(dir, "b-idle.sock")) // no workload bound
 	stale, err := net.Listen("unix", filepath.Join(dir, "c-gone.sock"))
 	if err != nil {
 		t.Fatal(err)
