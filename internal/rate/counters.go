@@ -203,7 +203,7 @@ func readings(s *sandboxstatsv1.WorkloadStatsSample, perInterface bool) []readin
 			seen := map[string]bool{}
 			for _, ifc := range s.GetNetwork().GetInterfaces() {
 				name := ifc.GetName()
-				if len(seen) == MaxInterfaces || seen[name] || name == "lo" || len(name) > MaxInterfaceName {
+				if len(seen) == MaxInterfaces || seen[name] || name == "" || name == "lo" || len(name) > MaxInterfaceName {
 					continue
 				}
 				seen[name] = true

@@ -274,10 +274,11 @@ func TestAccountantPerInterface(t *testing.T) {
 	for i := range MaxInterfaces + 4 {
 		s.Network.Interfaces = append(s.Network.Interfaces, &sandboxstatsv1.InterfaceCounters{Name: fmt.Sprintf("veth%d", i), TxBytes: 1})
 	}
+	s.Network.Interfaces = append([]*sandboxstatsv1.InterfaceCounters{{Name: "", TxBytes: 1}}, s.Network.Interfaces...)
 	s.Network.Interfaces = append(s.Network.Interfaces, &sandboxstatsv1.InterfaceCounters{Name: string(make([]byte, MaxInterfaceName+1)), TxBytes: 1})
 	cs, _ := per.Sample(s, base)
-	if n := len(txOf(cs)); n != MaxInterfaces {
-		t.Errorf("%d interfaces accounted, want at most %d", n, MaxInterfaces)
+	if got := txOf(cs); len(got) != MaxInterfaces || got["if:"] != 0 {
+		t.Errorf("%d interfaces accounted (%v), want at most %d, none without a name", len(got), got, MaxInterfaces)
 	}
 }
 
