@@ -242,6 +242,68 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// goldenCase is one statsctl run against a daemon whose source answers
+// reading (or err).
+type goldenCase struct {
+	name    string
+	reading source.Reading
+	err     error
+	args    []string
+	code    int
+}
+
+// runGolden runs each case in turn against d, which must have actor-7f3c
+// bound.
+func runGolden(t *testing.T, d *daemon, cases []goldenCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d.src.reading, d.src.err = tc.reading, tc.err
+			out, errOut, code := d.ctl(t, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, errOut)
+			}
+			golden(t, tc.name, "$ statsctl "+strings.Join(tc.args, " ")+"\n"+out+errOut)
+		})
+	}
+}
+
+// bindGolden binds actor-7f3c to d as TestGolden does.
+func bindGolden(t *testing.T, d *daemon) {
+	t.Helper()
+	if _, errOut, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
+		"--actor-name", "web", "--actor-namespace", "team-a", "--template-namespace", "templates", "--template-name", "python",
+		"--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
+		t.Fatal(errOut)
+	}
+}
+
+// TestGoldenGuestText: guest text aimed at the terminal (an OSC retitling
+// it, a forged line, a C1 CSI) is printed escaped in tables and errors, and
+// kept (JSON-escaped) in JSON.
+func TestGoldenGuestText(t *testing.T) {
+	d := startDaemon(t)
+	bindGolden(t, d)
+	// A guest agent's text aimed at the terminal: an OSC retitling it, a
+	// forged line, a C1 CSI.
+	const escapes = "\x1b]0;pwned\x07\nACTOR forged\u009b31m"
+	guestEscapes := source.Reading{
+		Kind: source.KindGuestAgent, Detail: "guest agent hvsock:///run/vm/clh.sock:1024, agent_version " + escapes,
+		MemoryCurrentBytes: 100 << 20, MemoryWorkingSetBytes: 90 << 20,
+	}
+	guestEscapes.UnreadContainers = []source.ContainerError{{ID: "side" + escapes, Reason: "agent: " + escapes}}
+	guestEscapes.Absent = []source.Absent{
+		{Field: "memory_peak_bytes", Reason: "partial sample: " + escapes},
+		{Field: "cpu_usage_usec", Reason: "partial sample: " + escapes},
+	}
+
+	runGolden(t, d, []goldenCase{
+		{name: "stats-guest-escapes", reading: guestEscapes, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-guest-escapes-json", reading: guestEscapes, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "-o", "json"}},
+		{name: "stats-error-escapes", err: fmt.Errorf("%w: agent StatsContainer: %s", source.ErrMalformed, escapes), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
+	})
+}
+
 func TestGoldenDrift(t *testing.T) {
 	d := startDaemon(t)
 	if _, _, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {

@@ -51,6 +51,7 @@ func runStats(ctx context.Context, e *env, args []string) error {
 // writeSampleTable prints one sample, one figure a line, each with its unit
 // and kind.
 func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error {
+	s = sanitized(s)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v, note string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", k, v, note) }
 	row("ACTOR", s.GetActorUid(), qualified(s.GetActorNamespace(), s.GetActorName()))

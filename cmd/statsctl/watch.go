@@ -124,7 +124,7 @@ func (t *tableWriter) WriteRow(r rate.Row) error {
 		}
 		t.headerDone = true
 	}
-	return t.line(r.ObservedAt.Format("2006-01-02T15:04:05.000Z"), r.ActorUID, r.Source,
+	return t.line(r.ObservedAt.Format("2006-01-02T15:04:05.000Z"), safe(r.ActorUID), safe(r.Source),
 		fmtFloat(r.CPUCores, 3), fmtMiB(r.MemoryCurrentBytes), fmtMiB(r.MemoryWorkingSetBytes),
 		fmtMiB(r.MemoryPeakBytes), string(r.Event))
 }
@@ -149,7 +149,7 @@ func fmtMiB(v *uint64) string {
 }
 
 // newJSONWriter returns a rowWriter emitting one JSON object per line.
-func newJSONWriter(w io.Writer) rowWriter { return jsonWriter{enc: json.NewEncoder(w)} }
+func newJSONWriter(w io.Writer) rowWriter { return jsonWriter{enc: json.NewEncoder(jsonSafeWriter{w})} }
 
 type jsonWriter struct{ enc *json.Encoder }
 
