@@ -82,11 +82,12 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 		}
 		row("PROCESSES", fmt.Sprint(s.GetSandboxProcesses()), note)
 	}
+	shown := signalRows(row, s)
 	for _, c := range s.GetUnreadContainers() {
 		row("PARTIAL", c.GetContainerId(), c.GetReason())
 	}
 	for _, a := range s.GetAbsent() {
-		if a.GetField() != "memory_peak_bytes" && a.GetField() != "cpu_usage_usec" {
+		if a.GetField() != "memory_peak_bytes" && a.GetField() != "cpu_usage_usec" && !shown[a.GetField()] {
 			row("ABSENT", a.GetField(), a.GetReason())
 		}
 	}
