@@ -18,12 +18,15 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 )
 
 func main() {
@@ -42,6 +45,7 @@ func main() {
 type options struct {
 	agent           nodeagent.Config
 	activationLog   string
+	allowUIDs       string
 	minInterval     time.Duration
 	listen          string
 	logLevel        slog.Level
@@ -61,6 +65,13 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 	fs.IntVar(&o.agent.Concurrency, "concurrency", 8, "most daemons polled at once")
 	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9477", "TCP address serving /metrics and /healthz")
 	fs.BoolVar(&o.agent.LabelActor, "label-actor", false, "add actor_uid, actor_name, actor_namespace labels (one series per workload: high cardinality)")
+	fs.BoolVar(&o.agent.LabelInterface, "label-interface", false, "export the network counters per interface (an interface label, at most 16 interfaces a workload) instead of their total")
+	fs.DurationVar(&o.agent.SweepTimeout, "sweep-timeout", 0, "bound of a whole sweep; daemons not polled within it are skipped (0: the larger of --interval and --timeout)")
+	fs.StringVar(&o.allowUIDs, "allow-socket-uids", "", "comma-separated uids a socket's owner and its server may have (default: root and the agent's own uid)")
+	fs.IntVar(&o.agent.Limits.MaxSamples, "max-samples", sweep.DefaultLimits.MaxSamples, "most samples one daemon may answer; a longer answer is dropped")
+	fs.IntVar(&o.agent.Limits.MaxFindings, "max-findings", sweep.DefaultLimits.MaxFindings, "most drift findings one daemon may list; more are dropped")
+	fs.IntVar(&o.agent.Limits.MaxEnded, "max-ended", sweep.DefaultLimits.MaxEnded, "most ended activations one daemon may answer; more are dropped")
+	fs.IntVar(&o.agent.Limits.MaxReplyBytes, "max-reply-bytes", sweep.DefaultLimits.MaxReplyBytes, "largest answer accepted from a daemon, bytes")
 	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen; raised to at least 2 x --interval + --timeout")
 	fs.StringVar(&o.activationLog, "activation-log", "", "append one JSON line per ended activation (identity, epoch, end, CPU, peak, outcome, final provenance) to this file, or - for stdout")
 	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once; must exceed statsd's --ended-retention")
@@ -83,6 +94,19 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 		return o, nil, errors.New("--grace must not be negative")
 	case o.agent.EndedHorizon <= 0:
 		return o, nil, errors.New("--ended-horizon must be positive")
+	case o.agent.SweepTimeout < 0:
+		return o, nil, errors.New("--sweep-timeout must not be negative")
+	case o.agent.Limits.MaxSamples < 1 || o.agent.Limits.MaxFindings < 1 || o.agent.Limits.MaxEnded < 1 || o.agent.Limits.MaxReplyBytes < 1:
+		return o, nil, errors.New("--max-samples, --max-findings, --max-ended and --max-reply-bytes must be positive")
+	}
+	if o.allowUIDs != "" {
+		for _, f := range strings.Split(o.allowUIDs, ",") {
+			uid, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
+			if err != nil {
+				return o, nil, fmt.Errorf("--allow-socket-uids: %q is not a uid", f)
+			}
+			o.agent.AllowUIDs = append(o.agent.AllowUIDs, uint32(uid))
+		}
 	}
 	var warnings []string
 	if o.agent.Interval > 0 && o.agent.Interval < o.minInterval {
@@ -103,6 +127,14 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 		o.agent.Grace = floor
 	}
 	return o, warnings, nil
+}
+
+// allowed describes the allowed uids for the log.
+func allowed(uids []uint32) string {
+	if uids == nil {
+		uids = sweep.DefaultAllowedUIDs()
+	}
+	return strings.Trim(fmt.Sprint(uids), "[]")
 }
 
 // run is statsagent: it returns nil after a clean shutdown when ctx ends.
@@ -142,7 +174,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger.Info("statsagent serving", "addr", ln.Addr().String(), "sockets", o.agent.Sockets,
 		"interval", o.agent.Interval, "timeout", o.agent.Timeout, "concurrency", o.agent.Concurrency,
-		"label_actor", o.agent.LabelActor, "grace", o.agent.Grace)
+		"label_actor", o.agent.LabelActor, "label_interface", o.agent.LabelInterface, "grace", o.agent.Grace,
+		"allow_socket_uids", allowed(o.agent.AllowUIDs))
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {

@@ -141,6 +141,8 @@ func TestEndToEnd(t *testing.T) {
 		"sandboxstats_agent_daemons{result=error}":                                                1,
 		"sandboxstats_agent_daemons{result=no-sample}":                                            0,
 		"sandboxstats_agent_daemons{result=vanished}":                                             0,
+		"sandboxstats_agent_daemons{result=skipped}":                                              0,
+		"sandboxstats_agent_actor_conflicts_total{}":                                              0,
 		"sandboxstats_agent_poll_errors_total{code=DeadlineExceeded}":                             1,
 		"sandboxstats_agent_sweeps_total{}":                                                       1,
 		"sandboxstats_agent_sweep_duration_seconds_count{}":                                       1,
@@ -235,6 +237,10 @@ func TestParseFlags(t *testing.T) {
 		{"zero concurrency", []string{"--concurrency", "0"}, 0, 0, true},
 		{"zero timeout", []string{"--timeout", "0"}, 0, 0, true},
 		{"stray argument", []string{"extra"}, 0, 0, true},
+		{"allowed uids", []string{"--allow-socket-uids", "0, 990"}, time.Minute, 0, false},
+		{"a uid that is not one", []string{"--allow-socket-uids", "root"}, 0, 0, true},
+		{"negative sweep timeout", []string{"--sweep-timeout", "-1s"}, 0, 0, true},
+		{"zero cap", []string{"--max-samples", "0"}, 0, 0, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o, warnings, err := parseFlags(tc.args, io.Discard)

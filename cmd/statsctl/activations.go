@@ -52,6 +52,7 @@ func writeActivationsTable(w io.Writer, ended []*sandboxstatsv1.EndedActivation)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "ACTOR\tTEMPLATE\tCLASS\tSOURCE\tEPOCH\tDURATION\tOUTCOME\tCPU(s)\tPEAK(MiB)\tFINAL")
 	for _, e := range ended {
+		e = sanitized(e)
 		id := e.GetIdentity()
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
 			id.GetActorUid(), qualified(id.GetTemplateNamespace(), id.GetTemplateName()),
@@ -100,6 +101,7 @@ func oneLine(s string) string { return strings.ReplaceAll(s, "\n", " ") }
 // writeEnded prints one ended activation after a Checkpoint (or a Run that
 // replaced one), a figure a line.
 func writeEnded(w io.Writer, e *sandboxstatsv1.EndedActivation) error {
+	e = sanitized(e)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v, note string) {
 		if note == "" {

@@ -44,6 +44,7 @@ func runActive(ctx context.Context, e *env, args []string) error {
 }
 
 func writeActiveTable(w io.Writer, resp *sandboxstatsv1.StatsActiveWorkloadsResponse) error {
+	resp = sanitized(resp)
 	if len(resp.GetSamples()) == 0 {
 		reason := strings.ToLower(api.NoSampleReasonName(resp.GetNoSampleReason()))
 		_, err := fmt.Fprintf(w, "no sample: %s: %s\n", reason, resp.GetNoSampleDetail())

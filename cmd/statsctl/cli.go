@@ -118,11 +118,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 func describeError(err error) string {
 	st, ok := status.FromError(err)
 	if !ok {
-		return err.Error()
+		return safe(err.Error())
 	}
-	msg := strings.ReplaceAll(st.Message(), "\n", " ")
+	msg := safe(strings.ReplaceAll(st.Message(), "\n", " "))
 	if reason := api.ReasonOf(err); reason != "" {
-		return fmt.Sprintf("%s %s: %s", codeName(st.Code().String()), reason, msg)
+		return fmt.Sprintf("%s %s: %s", codeName(st.Code().String()), safe(reason), msg)
 	}
 	return fmt.Sprintf("%s: %s", codeName(st.Code().String()), msg)
 }
@@ -217,6 +217,6 @@ func writeJSON(w io.Writer, m proto.Message) error {
 		return err
 	}
 	out.WriteByte('\n')
-	_, err = w.Write(out.Bytes())
+	_, err = w.Write(jsonSafe(out.Bytes()))
 	return err
 }

@@ -40,6 +40,7 @@ func runDrift(ctx context.Context, e *env, args []string) error {
 }
 
 func writeDriftTable(w io.Writer, resp *sandboxstatsv1.ListDriftFindingsResponse) error {
+	resp = sanitized(resp)
 	st := resp.GetStatus()
 	if st.GetLastCycleUnixNano() == 0 {
 		fmt.Fprintf(w, "check: %s; no cycle yet\n", onOff(st.GetEnabled()))

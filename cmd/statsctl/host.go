@@ -71,7 +71,7 @@ func runHost(ctx context.Context, e *env, args []string) error {
 			formatTime(before.GetEpochUnixNano()), formatTime(after.GetEpochUnixNano())))
 	}
 	if out.format == "json" {
-		enc := json.NewEncoder(e.stdout)
+		enc := json.NewEncoder(jsonSafeWriter{e.stdout})
 		enc.SetIndent("", "  ")
 		return enc.Encode(report)
 	}

@@ -15,6 +15,7 @@ import (
 // writeHostSample prints one host sample as tables, each view under its
 // legend and with its shortfall. Units are in the column names.
 func writeHostSample(w io.Writer, hs *sandboxstatsv1.HostStats) error {
+	hs = sanitized(hs)
 	p := &printer{w: w}
 	p.f("host view of guest %s (name from %s), observed %s\n", hs.GetGuestName(), hs.GetGuestNameSource(),
 		time.Unix(0, hs.GetObservedAtUnixNano()).UTC().Format(time.RFC3339Nano))
@@ -111,6 +112,7 @@ func writeHostSample(w io.Writer, hs *sandboxstatsv1.HostStats) error {
 // writeHostWindow prints a window: per layer its legend and the cumulative
 // counters' differences and rates, then the findings.
 func writeHostWindow(w io.Writer, r rate.WindowReport) error {
+	r = sanitizedWindow(r)
 	p := &printer{w: w}
 	p.f("host window of guest %s over %s: differences of cumulative counters only\n", r.GuestName, r.Elapsed)
 	for _, layer := range []string{rate.LayerRunnerKernel, rate.LayerVMMThreads, rate.LayerKVMDebugfs, rate.LayerKVMQMP} {

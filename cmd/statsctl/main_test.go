@@ -86,10 +86,17 @@ func (s *sequenceSource) Close() error { return nil }
 
 // startDaemon serves statsd's services on Unix sockets with a fixed clock, so
 // outputs are byte-for-byte stable.
-func startDaemon(t *testing.T) *daemon {
+func startDaemon(t *testing.T) *daemon { t.Helper(); return startDaemonAt(t, "") }
+
+// startDaemonAt is startDaemon with the stats socket at stats ("": in a
+// temporary directory).
+func startDaemonAt(t *testing.T, stats string) *daemon {
 	t.Helper()
 	dir := t.TempDir()
-	d := &daemon{stats: filepath.Join(dir, "s.sock"), lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}, host: &scriptedHost{}}
+	if stats == "" {
+		stats = filepath.Join(dir, "s.sock")
+	}
+	d := &daemon{stats: stats, lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}, host: &scriptedHost{}}
 	clock := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	d.clock = clock
 	store, err := identity.NewStore(identity.Config{
@@ -235,6 +242,68 @@ func TestGolden(t *testing.T) {
 	}
 }
 
+// goldenCase is one statsctl run against a daemon whose source answers
+// reading (or err).
+type goldenCase struct {
+	name    string
+	reading source.Reading
+	err     error
+	args    []string
+	code    int
+}
+
+// runGolden runs each case in turn against d, which must have actor-7f3c
+// bound.
+func runGolden(t *testing.T, d *daemon, cases []goldenCase) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			d.src.reading, d.src.err = tc.reading, tc.err
+			out, errOut, code := d.ctl(t, tc.args...)
+			if code != tc.code {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, errOut)
+			}
+			golden(t, tc.name, "$ statsctl "+strings.Join(tc.args, " ")+"\n"+out+errOut)
+		})
+	}
+}
+
+// bindGolden binds actor-7f3c to d as TestGolden does.
+func bindGolden(t *testing.T, d *daemon) {
+	t.Helper()
+	if _, errOut, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
+		"--actor-name", "web", "--actor-namespace", "team-a", "--template-namespace", "templates", "--template-name", "python",
+		"--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
+		t.Fatal(errOut)
+	}
+}
+
+// TestGoldenGuestText: guest text aimed at the terminal (an OSC retitling
+// it, a forged line, a C1 CSI) is printed escaped in tables and errors, and
+// kept (JSON-escaped) in JSON.
+func TestGoldenGuestText(t *testing.T) {
+	d := startDaemon(t)
+	bindGolden(t, d)
+	// A guest agent's text aimed at the terminal: an OSC retitling it, a
+	// forged line, a C1 CSI.
+	const escapes = "\x1b]0;pwned\x07\nACTOR forged\u009b31m"
+	guestEscapes := source.Reading{
+		Kind: source.KindGuestAgent, Detail: "guest agent hvsock:///run/vm/clh.sock:1024, agent_version " + escapes,
+		MemoryCurrentBytes: 100 << 20, MemoryWorkingSetBytes: 90 << 20,
+	}
+	guestEscapes.UnreadContainers = []source.ContainerError{{ID: "side" + escapes, Reason: "agent: " + escapes}}
+	guestEscapes.Absent = []source.Absent{
+		{Field: "memory_peak_bytes", Reason: "partial sample: " + escapes},
+		{Field: "cpu_usage_usec", Reason: "partial sample: " + escapes},
+	}
+
+	runGolden(t, d, []goldenCase{
+		{name: "stats-guest-escapes", reading: guestEscapes, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-guest-escapes-json", reading: guestEscapes, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "-o", "json"}},
+		{name: "stats-error-escapes", err: fmt.Errorf("%w: agent StatsContainer: %s", source.ErrMalformed, escapes), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
+	})
+}
+
 func TestGoldenDrift(t *testing.T) {
 	d := startDaemon(t)
 	if _, _, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
@@ -305,20 +374,16 @@ func TestGoldenWatch(t *testing.T) {
 }
 
 func TestGoldenPoll(t *testing.T) {
-	bound, idle := startDaemon(t), startDaemon(t)
 	// A directory path of fixed length keeps the table's columns stable.
 	dir := fmt.Sprintf("/tmp/statsctl-poll-%08x", rand.Uint32())
 	if err := os.Mkdir(dir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	// Put the daemons' stats sockets under one glob, plus a stale socket
-	// whose daemon is gone.
-	for name, target := range map[string]string{"a-bound.sock": bound.stats, "b-idle.sock": idle.stats} {
-		if err := os.Symlink(target, filepath.Join(dir, name)); err != nil {
-			t.Fatal(err)
-		}
-	}
+	// The daemons' stats sockets under one glob (a symlink to one would be
+	// refused), plus a stale socket whose daemon is gone.
+	bound := startDaemonAt(t, filepath.Join(dir, "a-bound.sock"))
+	startDaemonAt(t, filepath.Join(dir, "b-idle.sock")) // no workload bound
 	stale, err := net.Listen("unix", filepath.Join(dir, "c-gone.sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -377,3 +442,94 @@ func TestGoldenHost(t *testing.T) {
 
 // cpuUsec returns a CPU counter value for a source.Reading.
 func cpuUsec(v uint64) *uint64 { return &v }
+
+func u64(v uint64) *uint64 { return &v }
+
+// signalsReading is a v1 cgroup reading with every signal and traffic part:
+// a 64 MiB limit and one OOM kill, a 20 ms / 100 ms quota that bit, pids,
+// a network namespace with one interface and loopback, 64 MiB written.
+func signalsReading() source.Reading {
+	under := false
+	return source.Reading{
+		Kind: source.KindCgroup, Detail: "cgroup v1 (hybrid): /sys/fs/cgroup/memory/statstest/pod1",
+		MemoryCurrentBytes: 60 << 20, MemoryPeakBytes: u64(64 << 20), MemoryWorkingSetBytes: 59 << 20,
+		CPUUsageUsec: cpuUsec(500_000), SandboxProcesses: &procs,
+		Memory: &source.MemorySignals{LimitBytes: &source.Limit{Value: 64 << 20}, OOMKills: u64(1), UnderOOM: &under},
+		Throttling: &source.CPUThrottling{Periods: u64(25), ThrottledPeriods: u64(25), ThrottledUsec: u64(1_968_978),
+			QuotaUsec: &source.Limit{Value: 20_000}, PeriodUsec: u64(100_000)},
+		Pids: &source.Pids{Current: 5, Limit: &source.Limit{Value: 512}},
+		Network: &source.Network{Layer: source.NetworkLayerHostNamespace, Origin: "/proc/4242/net/dev",
+			Total:      &source.InterfaceCounters{Name: "total", RxBytes: 1 << 20, RxPackets: 700, TxBytes: 10 << 20, TxPackets: 7300},
+			Interfaces: []source.InterfaceCounters{{Name: "eth0", RxBytes: 1 << 20, RxPackets: 700, TxBytes: 10 << 20, TxPackets: 7300}},
+			Loopback:   &source.InterfaceCounters{Name: "lo", RxBytes: 4096, RxPackets: 40, TxBytes: 4096, TxPackets: 40}},
+		BlockIO: &source.BlockIO{WriteBytes: 64 << 20, WriteIOs: 128, Devices: []source.DeviceIO{{Major: 254, Minor: 0, WriteBytes: 64 << 20, WriteIOs: 128}},
+			Origin: "blkio.throttle.io_service_bytes; counted devices 254:0 (IO to any other device is not counted)"},
+		Absent: []source.Absent{
+			{Field: "memory_signals.high_bytes", Reason: "cgroup v1 has no memory.high"},
+			{Field: "memory_signals.oom_group_kills", Reason: "cgroup v1 has no memory.events"},
+			{Field: "pressure", Reason: "no PSI for this cgroup: the sentry is in the unified root (0::/)"},
+		},
+	}
+}
+
+// TestGoldenSignals: statsctl stats and watch with the signal and traffic
+// parts: set, unlimited, loopback only, absent with their reasons.
+func TestGoldenSignals(t *testing.T) {
+	d := startDaemon(t)
+	bindGolden(t, d)
+	loose := signalsReading()
+	loose.Detail = "cgroup v2: /sys/fs/cgroup/statstest/pod1"
+	loose.Memory = &source.MemorySignals{LimitBytes: &source.Limit{Unlimited: true}, HighBytes: &source.Limit{Unlimited: true},
+		OOMKills: u64(0), OOMGroupKills: u64(0), OOMEvents: u64(0), MaxEvents: u64(0)}
+	loose.Throttling = &source.CPUThrottling{Periods: u64(0), ThrottledPeriods: u64(0), ThrottledUsec: u64(0),
+		QuotaUsec: &source.Limit{Unlimited: true}, PeriodUsec: u64(100_000)}
+	loose.Pressure = &source.Pressure{CPU: &source.PressureStall{SomeUsec: u64(1_609_112)},
+		Memory: &source.PressureStall{SomeUsec: u64(0), FullUsec: u64(0)}, IO: &source.PressureStall{SomeUsec: u64(12), FullUsec: u64(10)}}
+	loose.Pids = &source.Pids{Current: 1, Limit: &source.Limit{Unlimited: true}}
+	loose.Network = &source.Network{Layer: source.NetworkLayerHostNamespace, Origin: "/proc/4242/net/dev", LoopbackOnly: true,
+		Loopback: &source.InterfaceCounters{Name: "lo"}}
+	loose.BlockIO = nil
+	loose.Absent = []source.Absent{
+		{Field: "pressure.cpu.full_usec", Reason: "cpu.pressure has no full line before Linux 5.13"},
+		{Field: "network.total", Reason: "loopback only: no network but loopback"},
+		{Field: "block_io", Reason: "io controller not enabled for this cgroup"},
+	}
+	runGolden(t, d, []goldenCase{
+		{name: "stats-signals", reading: signalsReading(), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-signals-json", reading: signalsReading(), args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "-o", "json"}},
+		{name: "stats-signals-unlimited", reading: loose, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+	})
+
+	// watch: 5 s apart, a throttled busy loop with CPU pressure, sending
+	// 10 MiB/s and writing 64 MiB once.
+	d = startDaemon(t)
+	d.tick = 5 * time.Second
+	step := func(i uint64) source.Reading {
+		r := signalsReading()
+		r.CPUUsageUsec = cpuUsec(1_000_000 * i)
+		r.Throttling.ThrottledUsec = u64(4_000_000 * i)
+		r.Throttling.Periods, r.Throttling.ThrottledPeriods = u64(50*i), u64(40*i)
+		r.Pressure = &source.Pressure{CPU: &source.PressureStall{SomeUsec: u64(2_500_000 * i)}}
+		r.Network.Total.TxBytes, r.Network.Total.RxBytes = 50<<20*i, 1<<20*i
+		if i >= 2 {
+			r.BlockIO.WriteBytes = 64 << 20
+		} else {
+			r.BlockIO.WriteBytes = 0
+		}
+		r.Absent = nil
+		return r
+	}
+	d.seq = &sequenceSource{readings: []source.Reading{step(1), step(2), step(3)}}
+	bindGolden(t, d)
+	for _, format := range []string{"table", "json"} {
+		t.Run("watch-"+format, func(t *testing.T) {
+			d.seq.n.Store(0)
+			args := []string{"watch", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "--interval", "1ms", "--count", "3", "-o", format}
+			out, errOut, code := d.ctl(t, args...)
+			if code != 0 {
+				t.Fatalf("exit %d: %s", code, errOut)
+			}
+			golden(t, "watch-signals-"+format, "$ statsctl "+strings.Join(args, " ")+"\n"+out+errOut)
+		})
+	}
+}

@@ -51,10 +51,10 @@ func writePollTable(w io.Writer, results []sweep.DaemonResult) error {
 		switch r.Status {
 		case sweep.StatusOK:
 			for _, s := range r.Samples {
-				fmt.Fprintln(tw, strings.Join(sampleCols(r, s), "\t"))
+				fmt.Fprintln(tw, strings.Join(sampleCols(r, sanitized(s)), "\t"))
 			}
 		default:
-			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\n", r.Socket, statusCol(r), detailCol(r))
+			fmt.Fprintf(tw, "%s\t%s\t-\t-\t-\t-\t-\t-\t-\t-\t-\t%s\n", safe(r.Socket), statusCol(r), detailCol(r))
 		}
 	}
 	if err := tw.Flush(); err != nil {
@@ -65,7 +65,7 @@ func writePollTable(w io.Writer, results []sweep.DaemonResult) error {
 
 func sampleCols(r sweep.DaemonResult, s *sandboxstatsv1.WorkloadStatsSample) []string {
 	cols := []string{
-		r.Socket, statusCol(r), s.GetActorUid(), api.ClassName(s.GetSandboxClass()), api.SourceName(s.GetSource()),
+		safe(r.Socket), statusCol(r), s.GetActorUid(), api.ClassName(s.GetSandboxClass()), api.SourceName(s.GetSource()),
 		dash(s.GetTemplateNamespace() + "/" + s.GetTemplateName()), epochCol(s.GetEpochUnixNano()),
 	}
 	if !rate.Measured(s) {
@@ -96,14 +96,14 @@ func detailCol(r sweep.DaemonResult) string {
 	case sweep.StatusNoSample:
 		reason := strings.ToLower(strings.ReplaceAll(api.NoSampleReasonName(r.NoSampleReason), "_", "-"))
 		if r.NoSampleDetail != "" {
-			return reason + ": " + r.NoSampleDetail
+			return reason + ": " + safe(r.NoSampleDetail)
 		}
 		return reason
 	case sweep.StatusError, sweep.StatusVanished:
 		if r.Err == nil {
 			return "-"
 		}
-		return dash(status.Convert(unwrapAll(r.Err)).Message())
+		return dash(safe(status.Convert(unwrapAll(r.Err)).Message()))
 	}
 	return "-"
 }

@@ -51,6 +51,7 @@ func runStats(ctx context.Context, e *env, args []string) error {
 // writeSampleTable prints one sample, one figure a line, each with its unit
 // and kind.
 func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error {
+	s = sanitized(s)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v, note string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", k, v, note) }
 	row("ACTOR", s.GetActorUid(), qualified(s.GetActorNamespace(), s.GetActorName()))
@@ -81,11 +82,12 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 		}
 		row("PROCESSES", fmt.Sprint(s.GetSandboxProcesses()), note)
 	}
+	shown := signalRows(row, s)
 	for _, c := range s.GetUnreadContainers() {
 		row("PARTIAL", c.GetContainerId(), c.GetReason())
 	}
 	for _, a := range s.GetAbsent() {
-		if a.GetField() != "memory_peak_bytes" && a.GetField() != "cpu_usage_usec" {
+		if a.GetField() != "memory_peak_bytes" && a.GetField() != "cpu_usage_usec" && !shown[a.GetField()] {
 			row("ABSENT", a.GetField(), a.GetReason())
 		}
 	}

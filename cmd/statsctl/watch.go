@@ -124,9 +124,52 @@ func (t *tableWriter) WriteRow(r rate.Row) error {
 		}
 		t.headerDone = true
 	}
-	return t.line(r.ObservedAt.Format("2006-01-02T15:04:05.000Z"), r.ActorUID, r.Source,
+	if err := t.line(r.ObservedAt.Format("2006-01-02T15:04:05.000Z"), safe(r.ActorUID), safe(r.Source),
 		fmtFloat(r.CPUCores, 3), fmtMiB(r.MemoryCurrentBytes), fmtMiB(r.MemoryWorkingSetBytes),
-		fmtMiB(r.MemoryPeakBytes), string(r.Event))
+		fmtMiB(r.MemoryPeakBytes), string(r.Event)); err != nil {
+		return err
+	}
+	if more := signalRateCols(r); more != "" {
+		_, err := fmt.Fprintf(t.w, "%-24s  %s\n", "", more)
+		return err
+	}
+	return nil
+}
+
+// signalRateCols returns the row's per-interval signal and traffic rates on
+// one line ("" when it has none): the throttled fraction of the wall time,
+// pressure stall in µs per second (waiting/stalled: PSI some/full), network
+// and block IO in MiB per second; "-" marks an absent one.
+func signalRateCols(r rate.Row) string {
+	var parts []string
+	if r.ThrottledFraction != nil {
+		parts = append(parts, fmt.Sprintf("throttled %.1f%%", 100**r.ThrottledFraction))
+	}
+	if p := r.Pressure; p != nil {
+		cols := []string{"pressure(us/s waiting/stalled)"}
+		for _, res := range []struct {
+			name string
+			s    *rate.StallRates
+		}{{"cpu", p.CPU}, {"memory", p.Memory}, {"io", p.IO}} {
+			if res.s != nil {
+				cols = append(cols, fmt.Sprintf("%s %s/%s", res.name, fmtFloat(res.s.WaitingUsecPerSec, 0), fmtFloat(res.s.StalledUsecPerSec, 0)))
+			}
+		}
+		parts = append(parts, strings.Join(cols, " "))
+	}
+	mibs := func(v *float64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", *v/(1<<20))
+	}
+	if n := r.Network; n != nil {
+		parts = append(parts, fmt.Sprintf("net(MiB/s) rx %s tx %s", mibs(n.RxBytesPerSec), mibs(n.TxBytesPerSec)))
+	}
+	if b := r.BlockIO; b != nil {
+		parts = append(parts, fmt.Sprintf("io(MiB/s) read %s write %s", mibs(b.ReadBytesPerSec), mibs(b.WriteBytesPerSec)))
+	}
+	return strings.Join(parts, "  ")
 }
 
 func (t *tableWriter) line(cols ...any) error {
@@ -149,7 +192,7 @@ func fmtMiB(v *uint64) string {
 }
 
 // newJSONWriter returns a rowWriter emitting one JSON object per line.
-func newJSONWriter(w io.Writer) rowWriter { return jsonWriter{enc: json.NewEncoder(w)} }
+func newJSONWriter(w io.Writer) rowWriter { return jsonWriter{enc: json.NewEncoder(jsonSafeWriter{w})} }
 
 type jsonWriter struct{ enc *json.Encoder }
 

@@ -1,12 +1,16 @@
 package nodeagent
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"math/rand/v2"
 	"net/http"
+	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -28,11 +32,22 @@ type Config struct {
 	Timeout time.Duration
 	// Concurrency is the most daemons polled at once.
 	Concurrency int
-	// LabelActor, Grace, EndedHorizon and ActivationLog: see metricsConfig.
-	LabelActor    bool
-	Grace         time.Duration
-	EndedHorizon  time.Duration
-	ActivationLog io.Writer
+	// SweepTimeout bounds a whole sweep; 0 means the larger of Interval and
+	// Timeout. Daemons not polled within it are "skipped"
+	// (sweep.Config.SweepTimeout).
+	SweepTimeout time.Duration
+	// AllowUIDs are the uids a socket's owner and its server may have; nil:
+	// root and the agent's own uid (sweep.DefaultAllowedUIDs).
+	AllowUIDs []uint32
+	// Limits bound each daemon's answer (sweep.DefaultLimits where zero).
+	Limits sweep.Limits
+	// LabelActor, LabelInterface, Grace, EndedHorizon and ActivationLog:
+	// see metricsConfig.
+	LabelActor     bool
+	LabelInterface bool
+	Grace          time.Duration
+	EndedHorizon   time.Duration
+	ActivationLog  io.Writer
 }
 
 // Agent sweeps on a timer and serves the result as Prometheus metrics.
@@ -44,12 +59,15 @@ type Agent struct {
 
 	started  time.Time
 	lastDone atomic.Int64 // unix nanos of the last completed sweep; 0 if none
+
+	answered    map[string]bool // sockets that answered in the last sweep
+	lastRefused int
 }
 
 // New returns an Agent with its own registry (no global state).
 func New(cfg Config, logger *slog.Logger) (*Agent, error) {
-	if cfg.Interval < 0 || cfg.Timeout < 0 || cfg.Grace < 0 {
-		return nil, errors.New("agent: negative interval, timeout or grace")
+	if cfg.Interval < 0 || cfg.Timeout < 0 || cfg.Grace < 0 || cfg.SweepTimeout < 0 {
+		return nil, errors.New("agent: negative interval, timeout, sweep timeout or grace")
 	}
 	if _, err := sweep.Discover(cfg.Sockets); err != nil {
 		return nil, err
@@ -57,21 +75,42 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
-	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, Grace: cfg.Grace, Started: started,
-		EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog}, logger)
+	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
+		Started: started, EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
 	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, started: started}, nil
 }
 
-// SweepOnce runs one sweep and makes it the exported snapshot.
+// SweepOnce runs one sweep and makes it the exported snapshot. The daemons
+// that answered in the previous sweep are polled first, the others in a
+// random order: daemons that hang cannot use up the sweep's bound before
+// the good ones, nor always the same good ones.
 func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	start := time.Now()
-	results, err := sweep.Sweep(ctx, a.cfg.Sockets, a.cfg.Concurrency, a.cfg.Timeout)
+	d, err := sweep.DiscoverAllowed(a.cfg.Sockets, a.cfg.AllowUIDs)
 	if err != nil { // the glob was checked in New; keep the old snapshot
 		a.logger.Error("sweep", "err", err)
 		return nil
+	}
+	for _, r := range d.Refused {
+		a.metrics.refused.WithLabelValues(r.Reason).Inc()
+		a.logger.Debug("socket refused", "path", r.Path, "reason", r.Reason)
+	}
+	if n := len(d.Refused); n != a.lastRefused {
+		a.logger.Warn("sockets in the glob refused (symlink, owner not allowed, or a duplicate)", "refused", n)
+		a.lastRefused = n
+	}
+	cfg := sweep.Config{Concurrency: a.cfg.Concurrency, Timeout: a.cfg.Timeout, SweepTimeout: cmp.Or(a.cfg.SweepTimeout, max(a.cfg.Interval, a.cfg.Timeout)),
+		Limits: a.cfg.Limits, AllowUIDs: a.cfg.AllowUIDs}
+	results := cfg.PollAll(ctx, a.order(d.Sockets))
+	slices.SortFunc(results, func(x, y sweep.DaemonResult) int { return strings.Compare(x.Socket, y.Socket) })
+	a.answered = map[string]bool{}
+	for _, r := range results {
+		if r.Status == sweep.StatusOK || r.Status == sweep.StatusNoSample {
+			a.answered[r.Socket] = true
+		}
 	}
 	took := time.Since(start)
 	if ctx.Err() != nil {
@@ -86,10 +125,33 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 			a.logger.Debug("poll failed", "socket", r.Socket, "code", r.Code.String(), "err", r.Err, "took", r.Took)
 		case sweep.StatusVanished:
 			a.logger.Debug("daemon vanished", "socket", r.Socket)
+		case sweep.StatusSkipped:
+			a.logger.Debug("daemon not polled: the sweep's bound ran out", "socket", r.Socket)
+		}
+		if len(r.Capped) > 0 {
+			a.logger.Warn("answer over its cap dropped", "socket", r.Socket, "parts", r.Capped)
+		}
+		if r.PeerRefused {
+			a.logger.Warn("daemon refused: its server's uid is not allowed", "socket", r.Socket, "err", r.Err)
 		}
 	}
 	a.logger.Debug("sweep done", "daemons", len(results), "took", took)
 	return results
+}
+
+// order returns sockets (sorted) with those that answered in the last
+// sweep first, the others after them in a random order.
+func (a *Agent) order(sockets []string) []string {
+	var first, rest []string
+	for _, s := range sockets {
+		if a.answered[s] {
+			first = append(first, s)
+		} else {
+			rest = append(rest, s)
+		}
+	}
+	rand.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
+	return append(first, rest...)
 }
 
 // Run sweeps every Interval (the first sweep at once) until ctx is done,

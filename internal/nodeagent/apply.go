@@ -12,52 +12,67 @@ import (
 // Apply makes results the latest sweep, seen at now (the agent's clock,
 // for the grace period), which took took. Each daemon's ended activations
 // are charged before its samples, so that an activation that ended and the
-// one that followed it are accounted apart.
+// one that followed it are accounted apart. The samples and records of an
+// actor in conflict (see conflicting) are not believed.
 func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.Duration) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
 	snap := &snapshot{
-		drift:   make(map[driftKey]int),
-		series:  make(map[labelSet]*seriesValues),
-		cpu:     make(map[labelSet]uint64),
-		daemons: make(map[sweep.Status]int),
+		drift:    make(map[driftKey]int),
+		series:   make(map[labelSet]*seriesValues),
+		counters: make(map[labelSet]map[rate.CounterID]uint64),
+		daemons:  make(map[sweep.Status]int),
 	}
 	// Forget first, so an activation back after the grace period is seen
 	// afresh.
-	for _, k := range m.cpu.Prune(now) {
+	for _, k := range m.acct.Prune(now) {
 		m.logger.Debug("forgot activation after grace period", "actor_uid", k.ActorUID, "source", api.SourceName(k.Source), "epoch_unix_nano", k.EpochUnixNano)
 	}
-	seen := make(map[rate.ActivationKey]string) // activation -> socket, this sweep
+	for k, o := range m.owners {
+		if now.Sub(o.lastSeen) > m.cfg.EndedHorizon {
+			delete(m.owners, k)
+		}
+	}
+	suspect := m.conflicting(results)
 	for _, r := range results {
 		snap.daemons[r.Status]++
 		if r.Status == sweep.StatusError {
-			m.pollErrors.WithLabelValues(r.Code.String()).Inc()
+			m.pollErrors.WithLabelValues(codeLabel(r.Code)).Inc()
+		}
+		for _, part := range r.Capped {
+			m.capped.WithLabelValues(part).Inc()
+		}
+		if r.PeerRefused {
+			m.refused.WithLabelValues("peer").Inc()
 		}
 		for _, e := range r.Ended {
-			m.addEnded(r.Socket, e, now)
-		}
-		for _, s := range r.Samples {
-			key := rate.KeyOf(s)
-			if other, dup := seen[key]; dup {
-				m.logger.Warn("same workload reported by two daemons; keeping the first",
-					"actor_uid", key.ActorUID, "socket", r.Socket, "first_socket", other)
-				continue
+			if !suspect[e.GetIdentity().GetActorUid()] {
+				m.addEnded(r.Socket, e, now)
 			}
-			seen[key] = r.Socket
-			m.addSample(snap, s, now)
+		}
+		var believed []*sandboxstatsv1.WorkloadStatsSample
+		for _, s := range r.Samples {
+			if !suspect[s.GetActorUid()] {
+				m.addSample(snap, r.Socket, s, now)
+				believed = append(believed, s)
+			}
 		}
 		if r.DriftErr != nil {
 			m.logger.Debug("drift findings not listed", "socket", r.Socket, "err", r.DriftErr)
 		}
-		m.addDrift(snap, r)
+		m.addDrift(snap, r.DriftFindings, believed)
 	}
 	for l, t := range m.totals {
 		if now.Sub(t.lastSeen) > m.cfg.Grace {
 			delete(m.totals, l)
 			continue
 		}
-		snap.cpu[l] = t.usec
+		values := make(map[rate.CounterID]uint64, len(t.values))
+		for id, v := range t.values {
+			values[id] = v
+		}
+		snap.counters[l] = values
 	}
 	m.snap.Store(snap)
 
@@ -67,11 +82,58 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 	m.sweeps.Inc()
 }
 
-func (m *metrics) addDrift(snap *snapshot, r sweep.DaemonResult) {
-	for _, f := range r.DriftFindings {
-		kind := api.DriftKindName(f.GetKind())
-		matched := false
+// conflicting returns the actors none of whose samples or records this
+// sweep believes, and counts each once as a conflict: an actor sampled by
+// more than one daemon (or twice by one), or an activation reported (sampled
+// or ended) by another socket than the one it was sampled from. The agent
+// cannot tell the real daemon from an impostor, so it believes neither:
+// the first socket never wins. Nothing is lost by it: the activation's
+// counters are charged at its next believed sample or record.
+func (m *metrics) conflicting(results []sweep.DaemonResult) map[string]bool {
+	samples := map[string][]string{}                      // actor -> sockets of its samples
+	reporters := map[rate.ActivationKey]map[string]bool{} // activation -> sockets reporting it
+	report := func(k rate.ActivationKey, socket string) {
+		if reporters[k] == nil {
+			reporters[k] = map[string]bool{}
+			if o, ok := m.owners[k]; ok {
+				reporters[k][o.socket] = true
+			}
+		}
+		reporters[k][socket] = true
+	}
+	for _, r := range results {
 		for _, s := range r.Samples {
+			samples[s.GetActorUid()] = append(samples[s.GetActorUid()], r.Socket)
+			report(rate.KeyOf(s), r.Socket)
+		}
+		for _, e := range r.Ended {
+			report(rate.EndedKeyOf(e), r.Socket)
+		}
+	}
+	suspect := map[string]bool{}
+	for actor, sockets := range samples {
+		if len(sockets) > 1 {
+			suspect[actor] = true
+		}
+	}
+	for k, sockets := range reporters {
+		if len(sockets) > 1 {
+			suspect[k.ActorUID] = true
+		}
+	}
+	for actor := range suspect {
+		m.conflicts.Inc()
+		m.logger.Warn("one actor reported by more than one daemon: none of its samples or records believed",
+			"actor_uid", cut(actor), "sockets", samples[actor])
+	}
+	return suspect
+}
+
+func (m *metrics) addDrift(snap *snapshot, findings []*sandboxstatsv1.DriftFinding, samples []*sandboxstatsv1.WorkloadStatsSample) {
+	for _, f := range findings {
+		kind := driftKindLabel(f.GetKind())
+		matched := false
+		for _, s := range samples {
 			if s.GetActorUid() == f.GetActorUid() {
 				snap.drift[driftKey{kind: kind, labels: m.labelsOf(s)}]++
 				matched = true
@@ -82,14 +144,23 @@ func (m *metrics) addDrift(snap *snapshot, r sweep.DaemonResult) {
 			// out): only what the finding itself carries.
 			var l labelSet
 			if m.cfg.LabelActor {
-				l.actorUID = f.GetActorUid()
+				l.actorUID = cut(f.GetActorUid())
 			}
 			snap.drift[driftKey{kind: kind, labels: l}]++
 		}
 	}
 }
 
-func (m *metrics) addSample(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
+// addSat is a+b saturating at the largest uint64 (a hostile daemon's sums
+// must not wrap to small numbers).
+func addSat(a, b uint64) uint64 {
+	if s := a + b; s >= a {
+		return s
+	}
+	return ^uint64(0)
+}
+
+func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
 	l := m.labelsOf(s)
 	sv := snap.series[l]
 	if sv == nil {
@@ -97,52 +168,63 @@ func (m *metrics) addSample(snap *snapshot, s *sandboxstatsv1.WorkloadStatsSampl
 		snap.series[l] = sv
 	}
 	sv.workloads++
-	charged, ev := m.cpu.Sample(s, now)
-	if !rate.Measured(s) {
-		return
+	if !knownSource(s.GetSource()) {
+		return // not measured, or a layer this build does not know: counted, no numbers
 	}
-	sv.current += s.GetMemoryCurrentBytes()
-	sv.wset += s.GetMemoryWorkingSetBytes()
+	charges, ev := m.acct.Sample(s, now)
+	m.owners[rate.KeyOf(s)] = owner{socket: socket, lastSeen: now}
+	sv.current = addSat(sv.current, s.GetMemoryCurrentBytes())
+	sv.wset = addSat(sv.wset, s.GetMemoryWorkingSetBytes())
 	if s.MemoryPeakBytes == nil {
 		sv.peakIncomplete = true
 	} else {
-		sv.peak += s.GetMemoryPeakBytes()
+		sv.peak = addSat(sv.peak, s.GetMemoryPeakBytes())
 	}
-	m.charge(l, charged, now)
-	if ev == rate.EventCounterReset || (ev == rate.EventFirst && charged > 0) {
-		m.logger.Debug("cpu charged from the activation's start", "actor_uid", s.GetActorUid(), "event", string(ev),
+	if lim := s.GetMemorySignals().GetLimitBytes(); lim == nil || lim.GetUnlimited() {
+		sv.limitMissing = true
+	} else {
+		sv.limit = addSat(sv.limit, lim.GetValue())
+	}
+	if p := s.GetPids(); p == nil {
+		sv.pidsMissing = true
+	} else {
+		sv.pids = addSat(sv.pids, p.GetCurrent())
+	}
+	m.charge(l, charges, now)
+	if charged := charges.CPU(); ev == rate.EventCounterReset || (ev == rate.EventFirst && charged > 0) {
+		m.logger.Debug("cpu charged from the activation's start", "actor_uid", cut(s.GetActorUid()), "event", string(ev),
 			"epoch_unix_nano", s.GetEpochUnixNano(), "charged_usec", charged)
 	}
 }
 
-func (m *metrics) charge(l labelSet, usec uint64, now time.Time) {
+// charge adds charges to l's counters. CPU is there from the first charge
+// on (0 when the sample had none); another counter once some sample or
+// record carried it: absent is not zero.
+func (m *metrics) charge(l labelSet, charges rate.Charges, now time.Time) {
 	t := m.totals[l]
 	if t == nil {
-		t = &cpuTotal{}
+		t = &counterTotals{values: map[rate.CounterID]uint64{{Counter: rate.CounterCPU}: 0}}
 		m.totals[l] = t
 	}
-	t.usec += usec
+	for _, c := range charges {
+		t.values[c.ID] = addSat(t.values[c.ID], c.Value)
+	}
 	t.lastSeen = now
 }
 
 // addEnded charges an ended activation's tail once and, the first time,
 // records it in the per-template distributions and the activation log.
 func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now time.Time) {
-	charged, how, first := m.cpu.End(e, now)
+	charges, how, first := m.acct.End(e, now)
 	if !first {
 		return
 	}
+	charged := charges.CPU()
 	id := e.GetIdentity()
-	l := labelSet{
-		class: api.ClassName(e.GetSandboxClass()), source: api.SourceName(e.GetSource()),
-		templateNamespace: id.GetTemplateNamespace(), templateName: id.GetTemplateName(),
-	}
-	tl := l.values(false)
-	if m.cfg.LabelActor {
-		l.actorUID, l.actorName, l.actorNamespace = id.GetActorUid(), id.GetActorName(), id.GetActorNamespace()
-	}
-	if e.GetSource() != sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED {
-		m.charge(l, charged, now)
+	tmpl, l := m.endedLabels(e)
+	tl := tmpl.values(false)
+	if knownSource(e.GetSource()) {
+		m.charge(l, charges, now)
 	}
 	m.ended.WithLabelValues(append(tl, api.OutcomeName(e.GetOutcome()))...).Inc()
 	m.finals.WithLabelValues(append(tl, api.ProvenanceName(e.GetFinalProvenance()))...).Inc()
@@ -159,7 +241,7 @@ func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now
 	}
 	duration := time.Duration(e.GetEndUnixNano() - e.GetEpochUnixNano())
 	m.actDuration.WithLabelValues(tl...).Observe(duration.Seconds())
-	m.logger.Debug("activation ended", "actor_uid", id.GetActorUid(), "epoch_unix_nano", e.GetEpochUnixNano(),
+	m.logger.Debug("activation ended", "actor_uid", cut(id.GetActorUid()), "epoch_unix_nano", e.GetEpochUnixNano(),
 		"outcome", api.OutcomeName(e.GetOutcome()), "charged_usec", charged, "charge", string(how), "socket", socket)
 	if m.actLog != nil {
 		if err := m.actLog.Encode(activationRecord(socket, e, charged, how)); err != nil {

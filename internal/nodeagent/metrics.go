@@ -12,10 +12,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // Metric names. Workload metrics are per label set: sandbox_class, source,
@@ -36,6 +34,13 @@ const (
 	metricSweeps           = "sandboxstats_agent_sweeps_total"
 	metricPollErrors       = "sandboxstats_agent_poll_errors_total"
 	metricDriftFindings    = "sandboxstats_drift_open_findings"
+	metricMemoryLimit      = "sandboxstats_workload_memory_limit_bytes"
+	metricPids             = "sandboxstats_workload_pids"
+
+	// Hostile or broken daemons (see docs/statsagent.md, "Hostile daemons").
+	metricActorConflicts = "sandboxstats_agent_actor_conflicts_total"
+	metricRepliesCapped  = "sandboxstats_agent_replies_capped_total"
+	metricSocketsRefused = "sandboxstats_agent_sockets_refused_total"
 
 	// Per ended activation (each charged once), per template: no actor
 	// labels however LabelActor is set (identity rides on the activation
@@ -72,6 +77,10 @@ type metricsConfig struct {
 	// ActivationLog, when set, gets one JSON line per ended activation
 	// (ActivationRecord).
 	ActivationLog io.Writer
+	// LabelInterface exports the network counters per interface (an
+	// interface label, at most rate.MaxInterfaces of a sample) instead of
+	// their total over the interfaces but loopback.
+	LabelInterface bool
 }
 
 // metrics is a prometheus.Collector over the latest sweep: the workload
@@ -82,19 +91,26 @@ type metrics struct {
 	logger *slog.Logger
 
 	mu     sync.Mutex // serializes Apply
-	cpu    *rate.Accountant
-	totals map[labelSet]*cpuTotal
+	acct   *rate.Accountant
+	totals map[labelSet]*counterTotals
+	// owners: the socket each activation was sampled from, so that another
+	// socket's sample or record of it is a conflict (never believed).
+	owners map[rate.ActivationKey]owner
 	actLog *json.Encoder // nil: no activation log
 
 	snap atomic.Pointer[snapshot]
 
-	descCur, descWS, descPeak, descCPU, descSampled, descDaemons, descDrift *prometheus.Desc
+	descCur, descWS, descPeak, descLimit, descPids, descSampled, descDaemons, descDrift *prometheus.Desc
+	descCounters                                                                        [rate.NumCounters]*prometheus.Desc
 
 	sweepDuration prometheus.Histogram
 	lastSweep     prometheus.Gauge
 	lastSweepTime prometheus.Gauge
 	sweeps        prometheus.Counter
 	pollErrors    *prometheus.CounterVec
+	conflicts     prometheus.Counter
+	capped        *prometheus.CounterVec // + part
+	refused       *prometheus.CounterVec // + reason
 
 	ended       *prometheus.CounterVec   // + outcome
 	finals      *prometheus.CounterVec   // + provenance
@@ -104,14 +120,16 @@ type metrics struct {
 	actDuration *prometheus.HistogramVec // seconds
 }
 
-// labelSet is one series' labels; actor fields are empty without LabelActor.
-type labelSet struct {
-	class, source, templateNamespace, templateName string
-	actorUID, actorName, actorNamespace            string
+// counterTotals are one label set's counters, in each counter's unit: the
+// sum of its activations' charges. CPU is there from the first measured
+// sample on; another counter once some activation carried it.
+type counterTotals struct {
+	values   map[rate.CounterID]uint64
+	lastSeen time.Time
 }
 
-type cpuTotal struct {
-	usec     uint64
+type owner struct {
+	socket   string
 	lastSeen time.Time
 }
 
@@ -120,6 +138,10 @@ type seriesValues struct {
 	current, wset  uint64
 	peak           uint64
 	peakIncomplete bool // a workload of the set has no peak: no peak series
+	limit          uint64
+	limitMissing   bool // a workload of the set is unlimited or has no limit: no limit series
+	pids           uint64
+	pidsMissing    bool // a workload of the set has no pids: no pids series
 }
 
 // driftKey is one drift gauge series: a finding kind and its workload's labels.
@@ -129,10 +151,10 @@ type driftKey struct {
 }
 
 type snapshot struct {
-	drift   map[driftKey]int
-	series  map[labelSet]*seriesValues
-	cpu     map[labelSet]uint64 // microseconds charged
-	daemons map[sweep.Status]int
+	drift    map[driftKey]int
+	series   map[labelSet]*seriesValues
+	counters map[labelSet]map[rate.CounterID]uint64 // charged, in each counter's unit
+	daemons  map[sweep.Status]int
 }
 
 // newMetrics returns metrics and registers them, with the agent's own sweep
@@ -150,18 +172,23 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 	m := &metrics{
 		cfg:    cfg,
 		logger: logger,
-		cpu: rate.NewAccountant(rate.AccountantConfig{
+		acct: rate.NewAccountant(rate.AccountantConfig{
 			Started: cfg.Started, CPUs: cmp.Or(cfg.CPUs, runtime.NumCPU()), Horizon: cfg.EndedHorizon,
+			PerInterface: cfg.LabelInterface,
 		}),
-		totals: make(map[labelSet]*cpuTotal),
+		totals:       make(map[labelSet]*counterTotals),
+		owners:       make(map[rate.ActivationKey]owner),
+		descCounters: counterDescs(labels, cfg.LabelInterface),
 		descCur: prometheus.NewDesc(metricMemoryCurrent,
 			"Memory charged now (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
 		descWS: prometheus.NewDesc(metricMemoryWorkingSet,
 			"Memory current minus inactive file pages (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
 		descPeak: prometheus.NewDesc(metricMemoryPeak,
 			"Peak memory within each workload's epoch (peak, bytes, layer: source), summed over the sampled workloads with these labels (an upper bound on the peak of the sum); absent when a workload's source offers no peak.", labels, nil),
-		descCPU: prometheus.NewDesc(metricCPUSeconds,
-			"CPU time charged to workloads with these labels (counter, seconds, layer: source), each activation from its first to its last microsecond: its head from the epoch start, its tail from the ended record's final sample, once (see docs/statsagent.md). Never decreases.", labels, nil),
+		descLimit: prometheus.NewDesc(metricMemoryLimit,
+			"Memory limit in force (gauge, bytes, layer: source: v2 memory.max, v1 memory.limit_in_bytes, the guest agent's limit), summed over the sampled workloads with these labels; absent when any of them is unlimited or offers no limit (unlimited is not a number).", labels, nil),
+		descPids: prometheus.NewDesc(metricPids,
+			"Processes (tasks) in the sandboxes (gauge, tasks, layer: source: pids.current, guest pids_stats), summed over the sampled workloads with these labels; absent when any of them offers none.", labels, nil),
 		descSampled: prometheus.NewDesc(metricSampledWorkloads,
 			"Workloads in the last sweep (gauge); source=\"unspecified\" counts workloads bound but not measured.", labels, nil),
 		descDrift: prometheus.NewDesc(metricDriftFindings,
@@ -183,8 +210,17 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 			Name: metricSweeps, Help: "Sweeps completed.",
 		}),
 		pollErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: metricPollErrors, Help: "Failed StatsActiveWorkloads polls, by gRPC code (a vanished daemon is not an error).",
+			Name: metricPollErrors, Help: "Failed StatsActiveWorkloads polls, by gRPC code (a vanished daemon is not an error; PermissionDenied: the server's uid is not allowed; ResourceExhausted: an answer over a cap; unknown: a code gRPC does not define).",
 		}, []string{"code"}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricActorConflicts, Help: "Actors whose samples or ended records came from more than one daemon (in one sweep, or from another daemon than the one their activation was sampled from): none of them is believed.",
+		}),
+		capped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricRepliesCapped, Help: "Answers with a part over its per-daemon cap, dropped whole, by part: samples (the whole answer), drift-findings, ended, reply-bytes (the whole answer).",
+		}, []string{"part"}),
+		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: metricSocketsRefused, Help: "Sockets matched by the glob and not polled, by reason: symlink, owner (not an allowed uid), duplicate (the same socket under another name), peer (the server's uid is not allowed).",
+		}, []string{"reason"}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricActivationsEnded, Help: "Activations that ended (each once), by how: checkpointed, sandbox-dead, oom-killed, replaced.",
 		}, append(templateLabels[:4:4], "outcome")),
@@ -212,65 +248,10 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 	}
 	m.snap.Store(&snapshot{})
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
-		m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration} {
+		m.conflicts, m.capped, m.refused, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}
 	}
 	return m, nil
-}
-
-func (m *metrics) labelsOf(s *sandboxstatsv1.WorkloadStatsSample) labelSet {
-	l := labelSet{
-		class:             api.ClassName(s.GetSandboxClass()),
-		source:            api.SourceName(s.GetSource()),
-		templateNamespace: s.GetTemplateNamespace(),
-		templateName:      s.GetTemplateName(),
-	}
-	if m.cfg.LabelActor {
-		l.actorUID, l.actorName, l.actorNamespace = s.GetActorUid(), s.GetActorName(), s.GetActorNamespace()
-	}
-	return l
-}
-
-func (l labelSet) values(withActor bool) []string {
-	v := []string{l.class, l.source, l.templateNamespace, l.templateName}
-	if withActor {
-		v = append(v, l.actorUID, l.actorName, l.actorNamespace)
-	}
-	return v
-}
-
-// Describe implements prometheus.Collector.
-func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{m.descCur, m.descWS, m.descPeak, m.descCPU, m.descSampled, m.descDaemons, m.descDrift} {
-		ch <- d
-	}
-}
-
-// Collect implements prometheus.Collector over the latest snapshot.
-func (m *metrics) Collect(ch chan<- prometheus.Metric) {
-	snap := m.snap.Load()
-	wa := m.cfg.LabelActor
-	for l, sv := range snap.series {
-		lv := l.values(wa)
-		ch <- prometheus.MustNewConstMetric(m.descSampled, prometheus.GaugeValue, float64(sv.workloads), lv...)
-		if l.source == api.SourceName(sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED) {
-			continue // not measured: no numbers, not zeros
-		}
-		ch <- prometheus.MustNewConstMetric(m.descCur, prometheus.GaugeValue, float64(sv.current), lv...)
-		ch <- prometheus.MustNewConstMetric(m.descWS, prometheus.GaugeValue, float64(sv.wset), lv...)
-		if !sv.peakIncomplete {
-			ch <- prometheus.MustNewConstMetric(m.descPeak, prometheus.GaugeValue, float64(sv.peak), lv...)
-		}
-	}
-	for l, usec := range snap.cpu {
-		ch <- prometheus.MustNewConstMetric(m.descCPU, prometheus.CounterValue, float64(usec)/1e6, l.values(wa)...)
-	}
-	for k, n := range snap.drift {
-		ch <- prometheus.MustNewConstMetric(m.descDrift, prometheus.GaugeValue, float64(n), append([]string{k.kind}, k.labels.values(wa)...)...)
-	}
-	for _, st := range []sweep.Status{sweep.StatusOK, sweep.StatusNoSample, sweep.StatusVanished, sweep.StatusError} {
-		ch <- prometheus.MustNewConstMetric(m.descDaemons, prometheus.GaugeValue, float64(snap.daemons[st]), string(st))
-	}
 }

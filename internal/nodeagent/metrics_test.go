@@ -124,6 +124,8 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 		metricDaemons + "{result=no-sample}": 1,
 		metricDaemons + "{result=error}":     0,
 		metricDaemons + "{result=vanished}":  0,
+		metricDaemons + "{result=skipped}":   0,
+		metricActorConflicts + "{}":          0,
 		metricLastSweepSeconds + "{}":        0.12,
 		metricLastSweepTime + "{}":           float64(t0.Unix()),
 		metricSweeps + "{}":                  1,
@@ -190,14 +192,17 @@ func TestMetricsLabelActor(t *testing.T) {
 	m.Apply([]sweep.DaemonResult{
 		okResult("1", sample("w1", 1, 100<<20)),
 		okResult("2", sample("w2", 1, 50<<20)),
-		okResult("3", sample("w1", 1, 999<<20)), // the same workload from a second daemon: ignored
+		okResult("3", sample("w1", 1, 999<<20)), // the same workload from a second daemon: neither believed
 	}, time.Unix(0, 0), 0)
 	want := map[string]float64{
-		"{actor_name=w1-name,actor_namespace=team-a,actor_uid=w1,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 100 << 20,
 		"{actor_name=w2-name,actor_namespace=team-a,actor_uid=w2,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}": 50 << 20,
 	}
-	if diff := cmp.Diff(want, pick(gather(t, reg), metricMemoryCurrent)); diff != "" {
+	got := gather(t, reg)
+	if diff := cmp.Diff(want, pick(got, metricMemoryCurrent)); diff != "" {
 		t.Errorf("(-want +got):\n%s", diff)
+	}
+	if n := got[metricActorConflicts+"{}"]; n != 1 {
+		t.Errorf("%s = %v, want 1", metricActorConflicts, n)
 	}
 }
 

@@ -41,36 +41,46 @@ type AccountantConfig struct {
 	// is ignored, so the horizon must exceed statsd's --ended-retention (and
 	// the longest a daemon may go unpolled).
 	Horizon time.Duration
+	// PerInterface accounts the network counters per interface (by name, at
+	// most MaxInterfaces of a sample, loopback never) instead of their total.
+	PerInterface bool
 }
 
-// Accountant charges each activation's CPU exactly once, from its first to
-// its last microsecond, to a counter that never decreases. It works on an
-// activation's own CPU: the sample's cpu_usage_usec minus the epoch baseline
-// (epoch_baseline; 0 for a source whose counters start with the epoch).
+// Accountant charges each activation's counters exactly once, from its
+// first to its last microsecond (or byte, packet, kill), to counters that
+// never decrease. It works on an activation's own usage: a counter's value
+// minus the epoch baseline's value of the same counter (epoch_baseline; 0
+// for a source whose counters start with the epoch). Every Counter follows
+// the same rules, each on its own; a counter absent from a sample is not
+// charged (absent is not zero):
 //
 //   - Head: the first sample of an activation whose epoch began after the
-//     poller started charges its own CPU in full (the usage from the epoch
-//     start to that sample), if it could have been used in the time since
-//     the baseline (at most CPUs x that time; a larger value is a cgroup
-//     reused across epochs and becomes the baseline). An activation that
-//     began before the poller started charges nothing at first sight: a
-//     previous poller process charged it until it stopped.
-//   - Body: each later sample charges the growth of the own CPU since the
+//     poller started charges its own usage in full (from the epoch start to
+//     that sample), if it could have been used in the time since the
+//     baseline (CPU and stall time: at most CPUs x that time; periods: one
+//     per millisecond). A larger value is a source reused across epochs and
+//     becomes the baseline; then the counters without such a bound (bytes,
+//     packets, kills) of the same activation are not charged from the epoch
+//     start either. An activation that began before the poller started
+//     charges nothing at first sight: a previous poller process charged it
+//     until it stopped.
+//   - Body: each later sample charges the growth of the own usage since the
 //     last sample. A decrease within the epoch is a counter reset: the new
 //     value is charged in full if it could have been used since the last
-//     sample.
-//   - Tail: the ended record (End) charges the final own CPU minus what the
-//     last sample charged up to, once: repeated records of the same
-//     activation charge nothing.
+//     sample (for a counter without a bound: unless a bounded counter of
+//     the same sample says it could not).
+//   - Tail: the ended record (End) charges the final's own usage (for CPU:
+//     the record's cpu_usec) minus what the last sample charged up to, once:
+//     repeated records of the same activation charge nothing.
 //   - An activation is remembered for the horizon after it was last seen,
 //     so one whose daemon missed sweeps continues where it was, never
-//     charged twice. An activation never sampled, whose epoch
-//     began after the poller started, is charged its whole own CPU (the
-//     activation that started and ended between two sweeps).
-//   - A sample without a baseline (a guest agent whose first read has not
-//     succeeded, or an old statsd) charges nothing at first sight and then
-//     deltas of the raw counter; its end charges the raw final minus the
-//     last raw value.
+//     charged twice. An activation never sampled, whose epoch began after
+//     the poller started, is charged its whole own usage (the activation
+//     that started and ended between two sweeps).
+//   - A counter without a baseline (a guest agent whose first read has not
+//     succeeded, an old statsd, a baseline read that lacked the counter)
+//     charges nothing at first sight and then deltas of the raw counter;
+//     its end charges the raw final minus the last raw value.
 //
 // An Accountant is not safe for concurrent use.
 type Accountant struct {
@@ -79,13 +89,53 @@ type Accountant struct {
 	ended map[ActivationKey]time.Time // charged ends, by end time
 }
 
+// account is one activation's: a value per counter.
 type account struct {
+	counters map[CounterID]*counterAccount
+	// history: a bounded counter's head was more than the activation's time
+	// allows, so its source counted before the epoch: no counter of it is
+	// charged from the epoch start.
+	history  bool
+	lastSeen time.Time
+}
+
+type counterAccount struct {
 	// withBaseline: own values are counter minus baseline; else raw
 	// counter values (delta mode).
 	withBaseline bool
 	last         uint64 // the own (or raw) value charged up to
 	lastObserved int64
-	lastSeen     time.Time
+}
+
+// Charge is what one sample, or one ended record, charged to one counter.
+type Charge struct {
+	ID CounterID
+	// Value is in the counter's unit: µs (CPU, throttled, stall), periods,
+	// kills, bytes, packets, errors, drops, IOs.
+	Value uint64
+	// Event relates a sample to the counter's previous one: EventFirst,
+	// EventNone or EventCounterReset (EventNone for an ended record).
+	Event Event
+}
+
+// Charges are the charges of one sample or record, one per counter it
+// carries, in Counter order.
+type Charges []Charge
+
+// Of returns the charge of counter id, if there is one.
+func (cs Charges) Of(id CounterID) (Charge, bool) {
+	for _, c := range cs {
+		if c.ID == id {
+			return c, true
+		}
+	}
+	return Charge{}, false
+}
+
+// CPU returns the CPU charged, in microseconds (0 if none).
+func (cs Charges) CPU() uint64 {
+	c, _ := cs.Of(CounterID{Counter: CounterCPU})
+	return c.Value
 }
 
 // NewAccountant returns an empty Accountant.
@@ -97,138 +147,149 @@ func NewAccountant(cfg AccountantConfig) *Accountant {
 // end; it charges nothing.
 const EventEnded Event = "ended"
 
-// ownCPU returns a sample's own CPU (counter minus the epoch baseline) and
-// whether a baseline was known. A cgroup sample without a baseline (an old
-// statsd) counts from the epoch start, as the cgroup source always has.
-func ownCPU(s *sandboxstatsv1.WorkloadStatsSample) (own, sinceUnixNano int64, withBaseline bool, reset bool) {
-	cpu := s.GetCpuUsageUsec()
+// ownValue returns counter id's own value in s (v minus the epoch
+// baseline's value of the same counter), since when it counted, and
+// whether a baseline is known; below is true when v is under the baseline
+// (the counter was reset within the epoch). A cgroup sample without a
+// baseline (an old statsd) counts from the epoch start, as the cgroup
+// source always has.
+func ownValue(s *sandboxstatsv1.WorkloadStatsSample, id CounterID, v uint64) (own uint64, sinceUnixNano int64, withBaseline, below bool) {
 	b := s.GetEpochBaseline()
 	switch {
-	case b.GetKind() == sandboxstatsv1.BaselineKind_BASELINE_KIND_FIRST_READ && b.GetFirstRead().CpuUsageUsec != nil:
-		base := b.GetFirstRead().GetCpuUsageUsec()
-		if cpu < base {
+	case b.GetKind() == sandboxstatsv1.BaselineKind_BASELINE_KIND_FIRST_READ:
+		base, ok := valueOf(b.GetFirstRead(), id)
+		switch {
+		case !ok:
+			return v, 0, false, false
+		case v < base:
 			return 0, b.GetObservedAtUnixNano(), true, true
 		}
-		return int64(cpu - base), b.GetObservedAtUnixNano(), true, false
+		return v - base, b.GetObservedAtUnixNano(), true, false
 	case b.GetKind() == sandboxstatsv1.BaselineKind_BASELINE_KIND_EPOCH_START,
 		b == nil && s.GetSource() == sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP:
-		return int64(cpu), s.GetEpochUnixNano(), true, false
+		return v, s.GetEpochUnixNano(), true, false
 	}
-	return int64(cpu), 0, false, false
+	return v, 0, false, false
 }
 
-// Sample records s, seen at now (the poller's clock, for the grace), and
-// returns the CPU it charges in microseconds and how it relates to the
-// previous sample of its activation.
-func (a *Accountant) Sample(s *sandboxstatsv1.WorkloadStatsSample, now time.Time) (chargedUsec uint64, ev Event) {
-	switch {
-	case !Measured(s):
-		return 0, EventNotMeasured
-	case s.CpuUsageUsec == nil:
-		return 0, EventCPUAbsent
+// Sample records s, seen at now (the poller's clock, for the horizon), and
+// returns what it charges to each counter it carries, and how it relates to
+// the previous sample of its activation: EventNotMeasured, EventEnded, or
+// the CPU counter's event (EventCPUAbsent when s has none).
+func (a *Accountant) Sample(s *sandboxstatsv1.WorkloadStatsSample, now time.Time) (Charges, Event) {
+	if !Measured(s) {
+		return nil, EventNotMeasured
 	}
 	key := KeyOf(s)
 	if _, done := a.ended[key]; done {
-		return 0, EventEnded
+		return nil, EventEnded
 	}
-	own, since, withBase, belowBase := ownCPU(s)
-	if belowBase {
-		// The counter went below the baseline: the guest's counter was reset
-		// within the epoch; its value is usage not yet charged.
-		withBase, own = false, int64(s.GetCpuUsageUsec())
-	}
+	rs := readings(s, a.cfg.PerInterface)
 	acc := a.live[key]
 	if acc == nil {
-		acc = &account{withBaseline: withBase}
+		if len(rs) == 0 {
+			return nil, EventCPUAbsent
+		}
+		acc = &account{counters: make(map[CounterID]*counterAccount)}
 		a.live[key] = acc
-		ev = EventFirst
-		if withBase && !time.Unix(0, s.GetEpochUnixNano()).Before(a.cfg.Started) {
-			chargedUsec = a.plausible(uint64(own), since, s.GetObservedAtUnixNano())
+	}
+	acc.lastSeen = now
+	fresh := !time.Unix(0, s.GetEpochUnixNano()).Before(a.cfg.Started)
+	charges := make(Charges, 0, len(rs))
+	var implausibleReset bool
+	for _, r := range rs {
+		charges = append(charges, a.step(acc, s, r, fresh, &implausibleReset))
+	}
+	if c, ok := charges.Of(CounterID{Counter: CounterCPU}); ok {
+		return charges, c.Event
+	}
+	return charges, EventCPUAbsent
+}
+
+// step charges one counter of a sample of acc's activation; fresh: the
+// epoch began after the poller started. *implausibleReset is set when a
+// bounded counter of the sample decreased to more than the time since the
+// last sample allows (not a reset: another source's counters), and then
+// the unbounded counters' decreases of the same sample charge nothing.
+func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r reading, fresh bool, implausibleReset *bool) Charge {
+	own, since, withBase, below := ownValue(s, r.id, r.v)
+	if below {
+		// The counter went below the baseline: the guest's counter was reset
+		// within the epoch; its value is usage not yet charged.
+		withBase, own = false, r.v
+	}
+	at := s.GetObservedAtUnixNano()
+	ch := Charge{ID: r.id}
+	c := acc.counters[r.id]
+	if c == nil {
+		c = &counterAccount{withBaseline: withBase}
+		acc.counters[r.id] = c
+		ch.Event = EventFirst
+		if withBase && fresh {
+			ch.Value = a.head(acc, r.id.Counter, own, since, at)
 		}
 	} else {
 		switch {
-		case withBase != acc.withBaseline:
+		case withBase != c.withBaseline:
 			// The baseline appeared or changed mid-activation (statsd
 			// restarted before persisting it): the values are not
 			// comparable; take this one as the new starting point.
-			acc.withBaseline = withBase
-			ev = EventCounterReset
-		case uint64(own) >= acc.last:
-			chargedUsec = uint64(own) - acc.last
+			c.withBaseline = withBase
+			ch.Event = EventCounterReset
+		case own >= c.last:
+			ch.Value = own - c.last
 		default:
-			ev = EventCounterReset
-			chargedUsec = a.plausible(uint64(own), acc.lastObserved, s.GetObservedAtUnixNano())
+			ch.Event = EventCounterReset
+			switch {
+			case counterSpecs[r.id.Counter].bound == boundNone:
+				if !*implausibleReset {
+					ch.Value = own
+				}
+			case a.fits(r.id.Counter, own, c.lastObserved, at):
+				ch.Value = own
+			default:
+				*implausibleReset = true
+			}
 		}
 	}
-	acc.last, acc.lastObserved, acc.lastSeen = uint64(own), s.GetObservedAtUnixNano(), now
-	return chargedUsec, ev
+	c.last, c.lastObserved = own, at
+	return ch
 }
 
-// plausible returns v if it could have been used between sinceUnixNano and
-// atUnixNano on CPUs processors, else 0.
-func (a *Accountant) plausible(v uint64, sinceUnixNano, atUnixNano int64) uint64 {
-	if a.cfg.CPUs <= 0 {
-		return v
+// head returns what the head (own usage from sinceUnixNano to atUnixNano)
+// of counter c charges: all of it if it fits the time, else nothing and the
+// activation has a history; a counter without a bound is charged unless
+// the activation has a history.
+func (a *Accountant) head(acc *account, c Counter, own uint64, sinceUnixNano, atUnixNano int64) uint64 {
+	if counterSpecs[c].bound == boundNone {
+		if acc.history {
+			return 0
+		}
+		return own
 	}
-	window := atUnixNano - sinceUnixNano
-	if window <= 0 || v/uint64(a.cfg.CPUs) > uint64(window)/1000 {
+	if !a.fits(c, own, sinceUnixNano, atUnixNano) {
+		acc.history = true
 		return 0
 	}
-	return v
+	return own
 }
 
-// EndEvent says how an ended activation was charged.
-type EndEvent string
-
-const (
-	// EndTail: the remainder from the last sample to the final.
-	EndTail EndEvent = "tail"
-	// EndWhole: never sampled, begun after the poller started: the whole
-	// activation.
-	EndWhole EndEvent = "whole"
-	// EndUnseenOld: never sampled, begun before the poller started: what a
-	// previous poller charged is unknown, so nothing.
-	EndUnseenOld EndEvent = "unseen-before-start"
-	// EndNoCPU: the record has no CPU (no final, or no counter).
-	EndNoCPU EndEvent = "no-cpu"
-	// EndImplausible: more CPU than the activation's time allows.
-	EndImplausible EndEvent = "implausible"
-)
-
-// End charges an ended activation's tail once. first is false (and nothing
-// charged) for a record already charged, one that ended before the poller
-// started (a previous poller's) or longer ago than the horizon.
-func (a *Accountant) End(e *sandboxstatsv1.EndedActivation, now time.Time) (chargedUsec uint64, ev EndEvent, first bool) {
-	key := EndedKeyOf(e)
-	end := time.Unix(0, e.GetEndUnixNano())
-	if _, done := a.ended[key]; done || end.Before(a.cfg.Started) || now.Sub(end) > a.cfg.Horizon {
-		return 0, "", false
+// fits reports whether counter c could have grown by v between
+// sinceUnixNano and atUnixNano on CPUs processors.
+func (a *Accountant) fits(c Counter, v uint64, sinceUnixNano, atUnixNano int64) bool {
+	b := counterSpecs[c].bound
+	if v == 0 || a.cfg.CPUs <= 0 || b == boundNone {
+		return true
 	}
-	a.ended[key] = end
-	acc := a.live[key]
-	delete(a.live, key)
-	final := e.GetFinal()
-	switch {
-	case acc != nil && !acc.withBaseline && final.CpuUsageUsec != nil:
-		if raw := final.GetCpuUsageUsec(); raw >= acc.last {
-			return raw - acc.last, EndTail, true
-		}
-		return 0, EndTail, true
-	case e.CpuUsec == nil:
-		return 0, EndNoCPU, true
-	case acc != nil:
-		if own := e.GetCpuUsec(); own >= acc.last {
-			return own - acc.last, EndTail, true
-		}
-		return 0, EndTail, true
-	case time.Unix(0, e.GetEpochUnixNano()).Before(a.cfg.Started):
-		return 0, EndUnseenOld, true
+	window := atUnixNano - sinceUnixNano
+	if window <= 0 {
+		return false
 	}
-	since := e.GetEpochUnixNano() + e.GetBaselineDelayNanos()
-	if v := a.plausible(e.GetCpuUsec(), since, e.GetEndUnixNano()); v > 0 || e.GetCpuUsec() == 0 {
-		return v, EndWhole, true
+	us := uint64(window) / 1000
+	if b == boundPeriods {
+		return v <= us/1000
 	}
-	return 0, EndImplausible, true
+	return v/uint64(a.cfg.CPUs) <= us
 }
 
 // Prune forgets the activations not seen, and the ended ones not ended,

@@ -1,7 +1,8 @@
 // Package rate turns successive samples into what a person or a monitoring
 // system can use: CPU cores used over an interval (Watcher, for
-// `statsctl watch`), a CPU-seconds counter that never decreases across
-// epochs (Accountant, for statsagent's Prometheus export), and the
+// `statsctl watch`), counters that never decrease across epochs, one per
+// counter of a sample (CPU, OOM kills, throttling, pressure, network, block
+// IO: Accountant, for statsagent's Prometheus export), and the
 // differences and rates of a sandbox's host counters over a window (Window,
 // for `statsctl host --window`).
 //

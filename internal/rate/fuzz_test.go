@@ -36,8 +36,8 @@ func FuzzRates(f *testing.F) {
 		}
 		a := NewAccountant(AccountantConfig{CPUs: 2, Horizon: time.Hour})
 		now := time.Unix(0, 0)
-		c1, _ := a.Sample(prev, now)
-		c2, _ := a.Sample(cur, now)
+		c1, _ := cpuSample(a.Sample(prev, now))
+		c2, _ := cpuSample(a.Sample(cur, now))
 		if c1 > prev.GetCpuUsageUsec() || c2 > cur.GetCpuUsageUsec() {
 			t.Fatalf("charged %d and %d, more than the counters %d and %d", c1, c2, prev.GetCpuUsageUsec(), cur.GetCpuUsageUsec())
 		}

@@ -7,8 +7,9 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// Row is one line of `statsctl watch`: one sample, with the CPU rate since
-// the previous measured sample of the same series when there is one.
+// Row is one line of `statsctl watch`: one sample, with the CPU rate (and
+// the signal and traffic rates) since the previous measured sample of the
+// same series when there is one.
 type Row struct {
 	// ObservedAt is the sample's observed_at (daemon wall clock), UTC.
 	ObservedAt    time.Time `json:"observed_at"`
@@ -29,6 +30,14 @@ type Row struct {
 	MemoryCurrentBytes    *uint64 `json:"memory_current_bytes,omitempty"`
 	MemoryWorkingSetBytes *uint64 `json:"memory_working_set_bytes,omitempty"`
 	MemoryPeakBytes       *uint64 `json:"memory_peak_bytes,omitempty"`
+	// Per interval, only with a rate (and each only when its counter is in
+	// both samples and did not decrease): the fraction of the wall time
+	// the CFS quota throttled (delta throttled_usec / delta observed_at in
+	// µs), pressure stall per second, network and block IO rates.
+	ThrottledFraction *float64       `json:"throttled_fraction,omitempty"`
+	Pressure          *PressureRates `json:"pressure,omitempty"`
+	Network           *NetworkRates  `json:"network,omitempty"`
+	BlockIO           *BlockIORates  `json:"block_io,omitempty"`
 	// Event is empty when the row continues the previous one; otherwise it
 	// says why there is no rate (epoch-reset, counter-reset, no-interval...).
 	Event Event `json:"event,omitempty"`
@@ -55,9 +64,11 @@ func (w *Watcher) Observe(s *sandboxstatsv1.WorkloadStatsSample) Row {
 	cores, ev, ok := cpuCores(w.prev, s)
 	r.Event = ev
 	if ok {
-		iv := float64(s.GetObservedAtUnixNano()-w.prev.GetObservedAtUnixNano()) / 1e9
+		dt := s.GetObservedAtUnixNano() - w.prev.GetObservedAtUnixNano()
+		iv := float64(dt) / 1e9
 		r.IntervalSeconds = &iv
 		r.CPUCores = &cores
+		signalRates(&r, w.prev, s, dt)
 	}
 	if ev == EventNotMeasured {
 		return r

@@ -79,3 +79,34 @@ func TestWatcherNeverNegative(t *testing.T) {
 		}
 	}
 }
+
+// TestWatcherSignalRates: per interval, the throttled fraction, pressure
+// stall per second, network and IO rates, each only when its counter is in
+// both samples and did not decrease; none on a row without a CPU rate.
+func TestWatcherSignalRates(t *testing.T) {
+	with := func(s *sandboxstatsv1.WorkloadStatsSample, v map[Counter]uint64) *sandboxstatsv1.WorkloadStatsSample {
+		for c, x := range v {
+			setters[c](s, x)
+		}
+		return s
+	}
+	var w Watcher
+	first := w.Observe(with(smp(0, 0), map[Counter]uint64{CounterThrottledUsec: 100, CounterPressureCPUSome: 0,
+		CounterNetRxBytes: 5 << 20, CounterNetTxBytes: 0, CounterIOWriteBytes: 0}))
+	if first.ThrottledFraction != nil || first.Pressure != nil || first.Network != nil || first.BlockIO != nil {
+		t.Errorf("first sight has rates: %+v", first)
+	}
+	r := w.Observe(with(smp(2, 1_000_000), map[Counter]uint64{CounterThrottledUsec: 1_600_100, CounterPressureCPUSome: 1_000_000,
+		CounterNetRxBytes: 1 << 20, CounterNetTxBytes: 20 << 20, CounterIOWriteBytes: 64 << 20}))
+	f := func(v float64) *float64 { return &v }
+	want := Row{
+		ThrottledFraction: f(0.8),
+		Pressure:          &PressureRates{CPU: &StallRates{WaitingUsecPerSec: f(500_000)}},
+		Network:           &NetworkRates{TxBytesPerSec: f(10 << 20), RxPacketsPerSec: f(0), TxPacketsPerSec: f(0)}, // rx decreased: no rate
+		BlockIO:           &BlockIORates{ReadBytesPerSec: f(0), WriteBytesPerSec: f(32 << 20), ReadOpsPerSec: f(0), WriteOpsPerSec: f(0)},
+	}
+	got := Row{ThrottledFraction: r.ThrottledFraction, Pressure: r.Pressure, Network: r.Network, BlockIO: r.BlockIO}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("rates (-want +got):\n%s", diff)
+	}
+}

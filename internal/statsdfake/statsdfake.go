@@ -48,6 +48,13 @@ func Start(tb testing.TB, socket string) *Daemon {
 	if err != nil {
 		tb.Fatalf("statsdfake: listen %s: %v", socket, err)
 	}
+	return Serve(tb, ln, socket)
+}
+
+// Serve serves a Daemon on ln (whose socket file is socket) until the test
+// ends, as Start does.
+func Serve(tb testing.TB, ln net.Listener, socket string) *Daemon {
+	tb.Helper()
 	d := &Daemon{Socket: socket, srv: grpc.NewServer()}
 	d.SetNoSample(sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD, "")
 	sandboxstatsv1.RegisterWorkloadStatsServiceServer(d.srv, d)
@@ -62,6 +69,15 @@ func (d *Daemon) Set(samples ...*sandboxstatsv1.WorkloadStatsSample) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.resp = &sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: samples}
+	d.err, d.hang = nil, false
+}
+
+// SetResponse makes the daemon answer with resp as it is (samples, ended
+// activations, no-sample reason).
+func (d *Daemon) SetResponse(resp *sandboxstatsv1.StatsActiveWorkloadsResponse) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.resp = resp
 	d.err, d.hang = nil, false
 }
 

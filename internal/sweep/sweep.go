@@ -2,19 +2,11 @@ package sweep
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"io/fs"
-	"os"
-	"path/filepath"
-	"slices"
 	"time"
 
 	"golang.org/x/sync/errgroup"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -33,6 +25,9 @@ const (
 	StatusVanished Status = "vanished"
 	// StatusError: the call failed; Code and Err say how.
 	StatusError Status = "error"
+	// StatusSkipped: not polled: the sweep's bound (Config.SweepTimeout)
+	// ran out before a slot was free for it.
+	StatusSkipped Status = "skipped"
 )
 
 // DaemonResult is what one daemon answered in one sweep.
@@ -47,7 +42,8 @@ type DaemonResult struct {
 	NoSampleDetail string
 	// Code is the gRPC code of a failed call (StatusError, StatusVanished).
 	Code codes.Code
-	// Err is the failure (StatusError, StatusVanished), naming the socket.
+	// Err is the failure (StatusError, StatusVanished, StatusSkipped),
+	// naming the socket.
 	Err error
 	// Took is the wall time of the poll, dial included.
 	Took time.Duration
@@ -59,163 +55,134 @@ type DaemonResult struct {
 	// (not for NO_WORKLOAD, a vanished daemon or a refused connection).
 	DriftFindings []*sandboxstatsv1.DriftFinding
 	// DriftErr is why that second call failed or was not made (out of
-	// time); the samples still count.
+	// time), or why its findings were dropped (over Limits.MaxFindings);
+	// the samples still count.
 	DriftErr error
 	// Ended are the activations that ended at the daemon recently, as
 	// StatsActiveWorkloads returned them or, when that call failed (a hung
 	// or failing read of the current workload), as ListEndedActivations
 	// returned them within what was left of the deadline.
 	Ended []*sandboxstatsv1.EndedActivation
-	// EndedErr is why that ListEndedActivations failed.
+	// EndedErr is why that ListEndedActivations failed, or why the ended
+	// activations were dropped (over Limits.MaxEnded).
 	EndedErr error
+	// Capped lists the parts of the answer dropped whole for being over
+	// their cap: "samples" (then the result is an error,
+	// ResourceExhausted), "drift-findings", "ended", "reply-bytes" (an
+	// answer over Limits.MaxReplyBytes: an error, ResourceExhausted).
+	Capped []string
+	// PeerRefused: the server's uid (SO_PEERCRED) is not an allowed one;
+	// nothing was sent to it (an error, PermissionDenied).
+	PeerRefused bool
 }
 
-// Discover returns the sockets matching glob, sorted. It keeps only Unix
-// sockets; a glob that matches nothing is not an error.
-func Discover(glob string) ([]string, error) {
-	paths, err := filepath.Glob(glob)
-	if err != nil {
-		return nil, fmt.Errorf("sweep: socket glob %q: %w", glob, err)
-	}
-	out := paths[:0]
-	for _, p := range paths {
-		fi, err := os.Stat(p)
-		if err != nil || fi.Mode().Type() != fs.ModeSocket {
-			continue // vanished since the glob, or not a socket
+// Limits bound what one daemon's answer may hold, so that a daemon that is
+// not statsd (or a broken one) cannot grow a poller's memory or its
+// export. A part over its limit is dropped whole, never cut to its first N
+// (which N would be the daemon's choice). A zero field takes the value of
+// DefaultLimits.
+type Limits struct {
+	// MaxSamples: samples of one StatsActiveWorkloads answer (statsd serves
+	// one workload; the API leaves room for more).
+	MaxSamples int
+	// MaxFindings: open drift findings of one ListDriftFindings answer.
+	MaxFindings int
+	// MaxEnded: ended activations of one answer (statsd keeps at most
+	// --ended-max, 64 by default).
+	MaxEnded int
+	// MaxReplyBytes: the largest message received from a daemon
+	// (grpc.MaxCallRecvMsgSize; gRPC's own default is 4 MiB).
+	MaxReplyBytes int
+}
+
+// DefaultLimits are the limits of a Config that sets none.
+var DefaultLimits = Limits{MaxSamples: 64, MaxFindings: 256, MaxEnded: 256, MaxReplyBytes: 1 << 20}
+
+func (l Limits) orDefault() Limits {
+	pick := func(v, def int) int {
+		if v <= 0 {
+			return def
 		}
-		out = append(out, p)
+		return v
 	}
-	slices.Sort(out)
-	return out, nil
+	return Limits{
+		MaxSamples:    pick(l.MaxSamples, DefaultLimits.MaxSamples),
+		MaxFindings:   pick(l.MaxFindings, DefaultLimits.MaxFindings),
+		MaxEnded:      pick(l.MaxEnded, DefaultLimits.MaxEnded),
+		MaxReplyBytes: pick(l.MaxReplyBytes, DefaultLimits.MaxReplyBytes),
+	}
+}
+
+// Config is how a sweep polls.
+type Config struct {
+	// Concurrency is the most daemons polled at once (at least 1).
+	Concurrency int
+	// Timeout bounds each daemon's poll (0: only the context and the
+	// sweep's bound do).
+	Timeout time.Duration
+	// SweepTimeout bounds the whole sweep (0: no bound): a daemon whose
+	// poll could not start within it is StatusSkipped, one in flight is cut
+	// at it.
+	SweepTimeout time.Duration
+	// Limits bound each daemon's answer.
+	Limits Limits
+	// AllowUIDs are the uids a socket's owner, and the server behind it
+	// (SO_PEERCRED), may have; nil: DefaultAllowedUIDs.
+	AllowUIDs []uint32
 }
 
 // Sweep discovers the daemons matching glob and polls each once with
 // StatsActiveWorkloads, at most concurrency at a time (at least 1), each
-// call under its own perCallTimeout. It returns one result per socket,
-// sorted by socket path; the error is only for a malformed glob. A hung
-// daemon costs its own timeout and holds one of the concurrency slots
-// meanwhile; the others proceed.
+// call under its own perCallTimeout, with the default Config otherwise
+// (see Config.Sweep).
 func Sweep(ctx context.Context, glob string, concurrency int, perCallTimeout time.Duration) ([]DaemonResult, error) {
-	sockets, err := Discover(glob)
-	if err != nil {
-		return nil, err
-	}
-	return PollAll(ctx, sockets, concurrency, perCallTimeout), nil
+	return Config{Concurrency: concurrency, Timeout: perCallTimeout}.Sweep(ctx, glob)
 }
 
 // PollAll polls the given sockets as Sweep does.
 func PollAll(ctx context.Context, sockets []string, concurrency int, perCallTimeout time.Duration) []DaemonResult {
+	return Config{Concurrency: concurrency, Timeout: perCallTimeout}.PollAll(ctx, sockets)
+}
+
+// Sweep discovers the daemons matching glob (DiscoverAllowed with
+// c.AllowUIDs) and polls them (PollAll). It returns one result per socket,
+// sorted by socket path; the error is only for a malformed glob. A hung
+// daemon costs its own timeout and holds one of the concurrency slots
+// meanwhile; the others proceed.
+func (c Config) Sweep(ctx context.Context, glob string) ([]DaemonResult, error) {
+	d, err := DiscoverAllowed(glob, c.AllowUIDs)
+	if err != nil {
+		return nil, err
+	}
+	return c.PollAll(ctx, d.Sockets), nil
+}
+
+// PollAll polls the given sockets, in their order, at most c.Concurrency at
+// a time, and returns one result per socket (results[i] is sockets[i]'s).
+// Past c.SweepTimeout the polls in flight are cut and the daemons not yet
+// polled are StatusSkipped.
+func (c Config) PollAll(ctx context.Context, sockets []string) []DaemonResult {
+	sctx := ctx
+	if c.SweepTimeout > 0 {
+		var cancel context.CancelFunc
+		sctx, cancel = context.WithTimeout(ctx, c.SweepTimeout)
+		defer cancel()
+	}
+	p := poller{limits: c.Limits.orDefault(), allow: uidSet(c.AllowUIDs), timeout: c.Timeout}
 	results := make([]DaemonResult, len(sockets))
 	var g errgroup.Group
-	g.SetLimit(max(concurrency, 1))
+	g.SetLimit(max(c.Concurrency, 1))
 	for i, sock := range sockets {
 		g.Go(func() error {
-			results[i] = pollDaemon(ctx, sock, perCallTimeout)
+			if ctx.Err() == nil && sctx.Err() != nil {
+				results[i] = DaemonResult{Socket: sock, Status: StatusSkipped,
+					Err: fmt.Errorf("sweep: %s not polled: the sweep's bound of %v ran out", sock, c.SweepTimeout)}
+				return nil
+			}
+			results[i] = p.pollDaemon(sctx, sock)
 			return nil
 		})
 	}
 	_ = g.Wait() // the goroutines never fail: errors are in the results
 	return results
-}
-
-// pollDaemon calls StatsActiveWorkloads once on the daemon at socket, with a
-// fresh connection closed afterwards, under timeout (0: only ctx bounds it).
-func pollDaemon(ctx context.Context, socket string, timeout time.Duration) DaemonResult {
-	start := time.Now()
-	r := poll(ctx, socket, timeout)
-	r.Socket = socket
-	r.Took = time.Since(start)
-	return r
-}
-
-func poll(ctx context.Context, socket string, timeout time.Duration) DaemonResult {
-	if timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, timeout)
-		defer cancel()
-	}
-	abs, err := filepath.Abs(socket) // "unix://" needs an absolute path
-	if err != nil {
-		return failed(socket, err)
-	}
-	conn, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return failed(socket, err)
-	}
-	defer conn.Close()
-	client := sandboxstatsv1.NewWorkloadStatsServiceClient(conn)
-	resp, err := client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
-	if err != nil {
-		r := failed(socket, err)
-		// A workload whose reads time out or fail produces no sample, but
-		// drift (a dead sandbox, a silent agent) may say why.
-		if r.Status == StatusError && (r.Code == codes.DeadlineExceeded || r.Code == codes.Internal) {
-			listDrift(ctx, client, socket, &r)
-		}
-		if r.Status == StatusError && r.Code != codes.Unavailable {
-			listEnded(ctx, client, socket, &r)
-		}
-		return r
-	}
-	if len(resp.GetSamples()) == 0 {
-		r := DaemonResult{
-			Status:         StatusNoSample,
-			NoSampleReason: resp.GetNoSampleReason(),
-			NoSampleDetail: resp.GetNoSampleDetail(),
-			Ended:          resp.GetEnded(),
-		}
-		if r.NoSampleReason == sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
-			listDrift(ctx, client, socket, &r)
-		}
-		return r
-	}
-	r := DaemonResult{Status: StatusOK, Samples: resp.GetSamples(), Ended: resp.GetEnded()}
-	if slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
-		listDrift(ctx, client, socket, &r)
-	}
-	return r
-}
-
-// listDrift fills r's DriftFindings (or DriftErr) with ListDriftFindings,
-// under what is left of ctx (the poll's per-call deadline).
-func listDrift(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, socket string, r *DaemonResult) {
-	if err := ctx.Err(); err != nil {
-		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: no time left: %w", socket, err)
-		return
-	}
-	drift, err := client.ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
-	if err != nil {
-		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: %w", socket, err)
-		return
-	}
-	r.DriftFindings = drift.GetFindings()
-}
-
-// listEnded fills r's Ended (or EndedErr) with ListEndedActivations, under
-// what is left of ctx: a daemon whose current workload cannot be read still
-// hands over the activations that ended there.
-func listEnded(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, socket string, r *DaemonResult) {
-	if err := ctx.Err(); err != nil {
-		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: no time left: %w", socket, err)
-		return
-	}
-	resp, err := client.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
-	if err != nil {
-		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: %w", socket, err)
-		return
-	}
-	r.Ended = resp.GetEnded()
-}
-
-// failed classifies a failed poll. A socket that no longer exists after the
-// call failed is a daemon that went away: vanished, not an error.
-func failed(socket string, err error) DaemonResult {
-	code := status.Code(err)
-	r := DaemonResult{Status: StatusError, Code: code, Err: fmt.Errorf("sweep: poll %s: %w", socket, err)}
-	if code == codes.Unavailable {
-		if _, serr := os.Lstat(socket); errors.Is(serr, fs.ErrNotExist) {
-			r.Status = StatusVanished
-		}
-	}
-	return r
 }

@@ -22,6 +22,14 @@ import (
 // the test if it does not exit cleanly within 10 s.
 func StartStatsagent(t testing.TB, binDir, dir string, args ...string) string {
 	t.Helper()
+	url, _ := StartStatsagentProcess(t, binDir, dir, args...)
+	return url
+}
+
+// StartStatsagentProcess is StartStatsagent also returning the process (to
+// read its /proc/<pid>/status).
+func StartStatsagentProcess(t testing.TB, binDir, dir string, args ...string) (string, *os.Process) {
+	t.Helper()
 	logPath := filepath.Join(dir, "statsagent.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -56,12 +64,12 @@ func StartStatsagent(t testing.TB, binDir, dir string, args ...string) string {
 	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
 		b, _ := os.ReadFile(logPath)
 		if m := re.FindSubmatch(b); m != nil {
-			return "http://" + string(m[1])
+			return "http://" + string(m[1]), cmd.Process
 		}
 	}
 	b, _ := os.ReadFile(logPath)
 	t.Fatalf("statsagent did not start:\n%s", b)
-	return ""
+	return "", nil
 }
 
 // Scrape GETs base/metrics, parses it with the Prometheus text parser and

@@ -1,0 +1,187 @@
+package sweep
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/sandboxstats/sandboxstats/internal/peercred"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// poller polls one daemon at a time under a Config's rules.
+type poller struct {
+	limits  Limits
+	allow   map[uint32]bool
+	timeout time.Duration
+}
+
+// pollDaemon calls StatsActiveWorkloads once on the daemon at socket, with a
+// fresh connection closed afterwards, under p.timeout (0: only ctx bounds
+// it).
+func (p poller) pollDaemon(ctx context.Context, socket string) DaemonResult {
+	start := time.Now()
+	r := p.poll(ctx, socket)
+	r.Socket = socket
+	r.Took = time.Since(start)
+	return r
+}
+
+// dialer connects to socket and checks the server's credentials before
+// gRPC says a word: a server whose uid is not allowed (an impostor behind a
+// socket file it could not own) is refused, and refused is set.
+func (p poller) dialer(socket string, refused *atomic.Pointer[error]) func(context.Context, string) (net.Conn, error) {
+	return func(ctx context.Context, _ string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", socket)
+		if err != nil {
+			return nil, err
+		}
+		uid, _, err := peercred.PeerUID(conn)
+		if err == nil && !p.allow[uid] {
+			err = fmt.Errorf("the server runs as uid %d, not an allowed uid", uid)
+		}
+		if err != nil {
+			conn.Close()
+			err = fmt.Errorf("sweep: refused %s: %w", socket, err)
+			refused.Store(&err)
+			return nil, err
+		}
+		return conn, nil
+	}
+}
+
+func (p poller) poll(ctx context.Context, socket string) DaemonResult {
+	if p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+	}
+	abs, err := filepath.Abs(socket) // "unix://" needs an absolute path
+	if err != nil {
+		return failed(socket, err)
+	}
+	var refused atomic.Pointer[error]
+	conn, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(p.dialer(abs, &refused)),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(p.limits.MaxReplyBytes)))
+	if err != nil {
+		return failed(socket, err)
+	}
+	defer conn.Close()
+	client := sandboxstatsv1.NewWorkloadStatsServiceClient(conn)
+	resp, err := client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	if err != nil {
+		if rerr := refused.Load(); rerr != nil {
+			return DaemonResult{Status: StatusError, Code: codes.PermissionDenied, Err: *rerr, PeerRefused: true}
+		}
+		r := failed(socket, err)
+		switch {
+		case r.Code == codes.ResourceExhausted:
+			r.Capped = []string{"reply-bytes"}
+			return r // an answer over the cap: ask that daemon nothing more
+		case r.Status == StatusError && (r.Code == codes.DeadlineExceeded || r.Code == codes.Internal):
+			// A workload whose reads time out or fail produces no sample,
+			// but drift (a dead sandbox, a silent agent) may say why.
+			p.listDrift(ctx, client, socket, &r)
+		}
+		if r.Status == StatusError && r.Code != codes.Unavailable {
+			p.listEnded(ctx, client, socket, &r)
+		}
+		return r
+	}
+	if n := len(resp.GetSamples()); n > p.limits.MaxSamples {
+		return DaemonResult{Status: StatusError, Code: codes.ResourceExhausted, Capped: []string{"samples"},
+			Err: fmt.Errorf("sweep: poll %s: %d samples, over the cap of %d: answer dropped", socket, n, p.limits.MaxSamples)}
+	}
+	var r DaemonResult
+	if len(resp.GetSamples()) == 0 {
+		r = DaemonResult{Status: StatusNoSample, NoSampleReason: resp.GetNoSampleReason(), NoSampleDetail: resp.GetNoSampleDetail()}
+		if r.NoSampleReason == sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
+			p.listDrift(ctx, client, socket, &r)
+		}
+	} else {
+		r = DaemonResult{Status: StatusOK, Samples: resp.GetSamples()}
+		if slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
+			p.listDrift(ctx, client, socket, &r)
+		}
+	}
+	p.setEnded(socket, &r, resp.GetEnded())
+	return r
+}
+
+// setEnded sets r's ended activations, or drops them if over the cap.
+func (p poller) setEnded(socket string, r *DaemonResult, ended []*sandboxstatsv1.EndedActivation) {
+	if n := len(ended); n > p.limits.MaxEnded {
+		r.Capped = append(r.Capped, "ended")
+		r.EndedErr = fmt.Errorf("sweep: %s: %d ended activations, over the cap of %d: dropped", socket, n, p.limits.MaxEnded)
+		return
+	}
+	r.Ended = ended
+}
+
+// listDrift fills r's DriftFindings (or DriftErr) with ListDriftFindings,
+// under what is left of ctx (the poll's per-call deadline).
+func (p poller) listDrift(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, socket string, r *DaemonResult) {
+	if err := ctx.Err(); err != nil {
+		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: no time left: %w", socket, err)
+		return
+	}
+	drift, err := client.ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
+	if err != nil {
+		if status.Code(err) == codes.ResourceExhausted {
+			r.Capped = append(r.Capped, "reply-bytes")
+		}
+		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: %w", socket, err)
+		return
+	}
+	if n := len(drift.GetFindings()); n > p.limits.MaxFindings {
+		r.Capped = append(r.Capped, "drift-findings")
+		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: %d findings, over the cap of %d: dropped", socket, n, p.limits.MaxFindings)
+		return
+	}
+	r.DriftFindings = drift.GetFindings()
+}
+
+// listEnded fills r's Ended (or EndedErr) with ListEndedActivations, under
+// what is left of ctx: a daemon whose current workload cannot be read still
+// hands over the activations that ended there.
+func (p poller) listEnded(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, socket string, r *DaemonResult) {
+	if err := ctx.Err(); err != nil {
+		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: no time left: %w", socket, err)
+		return
+	}
+	resp, err := client.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
+	if err != nil {
+		if status.Code(err) == codes.ResourceExhausted {
+			r.Capped = append(r.Capped, "reply-bytes")
+		}
+		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: %w", socket, err)
+		return
+	}
+	p.setEnded(socket, r, resp.GetEnded())
+}
+
+// failed classifies a failed poll. A socket that no longer exists after the
+// call failed is a daemon that went away: vanished, not an error.
+func failed(socket string, err error) DaemonResult {
+	code := status.Code(err)
+	r := DaemonResult{Status: StatusError, Code: code, Err: fmt.Errorf("sweep: poll %s: %w", socket, err)}
+	if code == codes.Unavailable {
+		if _, serr := os.Lstat(socket); errors.Is(serr, fs.ErrNotExist) {
+			r.Status = StatusVanished
+		}
+	}
+	return r
+}
