@@ -19,7 +19,6 @@ import (
 // whyNoPID is the network's absent reason for a source bound by cgroup path.
 const whyNoPID = "bound by cgroup path: no sentry pid, so no network namespace to read (bind by sentry pid for network counters)"
 
-
 // netResult is the network part of a Reading, or why it is absent, or an
 // error that fails the sample (a timeout, a malformed file).
 type netResult struct {
