@@ -244,4 +244,3 @@ func dashboardExprs(t *testing.T) []dashExpr {
 	}
 	return out
 }
-

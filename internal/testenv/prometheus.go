@@ -251,7 +251,7 @@ func (p *Prometheus) Rules(t testing.TB) []PromRule {
 				Name  string `json:"name"`
 				Rules []struct {
 					Name, Type, Query, Health, LastError string
-					LastEvaluation                      time.Time `json:"lastEvaluation"`
+					LastEvaluation                       time.Time `json:"lastEvaluation"`
 				} `json:"rules"`
 			} `json:"groups"`
 		} `json:"data"`
