@@ -1,15 +1,44 @@
-# sandboxstats: build, test, lint, regenerate protos, benchmark.
+# sandboxstats: build, install, test, lint, regenerate protos, benchmark.
 GO       ?= go
 BIN      := $(CURDIR)/bin
+# make install: PREFIX (default /usr/local) and DESTDIR (a staging root).
+PREFIX      ?= /usr/local
+DESTDIR     ?=
+BINDIR      ?= $(PREFIX)/bin
+UNITDIR     ?= $(PREFIX)/lib/systemd/system
+SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
+DATADIR     ?= $(PREFIX)/share
+BINARIES    := statsd statsagent statsctl
 TOOLS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/staticcheck
 PROTO_GO := $(shell find proto internal -name '*.pb.go' 2>/dev/null)
 
-.PHONY: all build test test-unit lint proto proto-check bench demo tools clean
+.PHONY: all build install uninstall test test-unit lint deploy-check proto proto-check bench demo tools clean
 
 all: build
 
+# -buildvcs=auto: stamp the VCS revision (statsd --version) in a git clone
+# even where GOFLAGS says -buildvcs=false.
 build:
-	$(GO) build -o $(BIN)/ ./cmd/...
+	$(GO) build -buildvcs=auto -o $(BIN)/ ./cmd/...
+
+# The binaries, the systemd units (their ExecStart pointed at BINDIR), the
+# sandboxstats group for systemd-sysusers, and statsctl's shell completions.
+install: build
+	install -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) \
+		$(DESTDIR)$(DATADIR)/bash-completion/completions $(DESTDIR)$(DATADIR)/zsh/site-functions $(DESTDIR)$(DATADIR)/fish/vendor_completions.d
+	install -m 0755 $(addprefix $(BIN)/,$(BINARIES)) $(DESTDIR)$(BINDIR)/
+	for u in deploy/systemd/*.service; do \
+		sed 's|/usr/local/bin/|$(BINDIR)/|g' "$$u" >$(DESTDIR)$(UNITDIR)/$$(basename "$$u") && chmod 0644 $(DESTDIR)$(UNITDIR)/$$(basename "$$u") || exit 1; \
+	done
+	install -m 0644 deploy/systemd/sandboxstats.sysusers.conf $(DESTDIR)$(SYSUSERSDIR)/sandboxstats.conf
+	$(BIN)/statsctl completion bash >$(DESTDIR)$(DATADIR)/bash-completion/completions/statsctl
+	$(BIN)/statsctl completion zsh >$(DESTDIR)$(DATADIR)/zsh/site-functions/_statsctl
+	$(BIN)/statsctl completion fish >$(DESTDIR)$(DATADIR)/fish/vendor_completions.d/statsctl.fish
+
+uninstall:
+	rm -f $(addprefix $(DESTDIR)$(BINDIR)/,$(BINARIES)) $(DESTDIR)$(UNITDIR)/statsd@.service $(DESTDIR)$(UNITDIR)/statsagent.service \
+		$(DESTDIR)$(SYSUSERSDIR)/sandboxstats.conf $(DESTDIR)$(DATADIR)/bash-completion/completions/statsctl \
+		$(DESTDIR)$(DATADIR)/zsh/site-functions/_statsctl $(DESTDIR)$(DATADIR)/fish/vendor_completions.d/statsctl.fish
 
 # Code generators, pinned in tools/go.mod so `make proto` is byte-for-byte
 # reproducible.
@@ -40,9 +69,16 @@ lint: $(TOOLS)
 	@out=$$(gofmt -l $$(git ls-files '*.go' | grep -v '\.pb\.go$$')); test -z "$$out" || { echo "gofmt needed: $$out" >&2; exit 1; }
 	$(BIN)/buf lint
 
+# deploy/: promtool check and test rules, systemd-analyze verify of the
+# units as installed, the deploy module's strict manifest and dashboard
+# tests (scripts/check-deploy.sh).
+deploy-check: build $(BIN)/staticcheck
+	GO=$(GO) BIN=$(BIN) MAKE=$(MAKE) ./scripts/check-deploy.sh
+
 # The whole suite: unit, contract and end-to-end tests (end-to-end tests need
-# root, runsc and qemu; with CI=true a missing prerequisite fails them).
-test: lint proto-check
+# root, runsc, qemu and prometheus; with CI=true a missing prerequisite fails
+# them), and the deploy/ checks.
+test: lint proto-check deploy-check
 	$(GO) test -count=1 -timeout 15m ./...
 
 test-unit:

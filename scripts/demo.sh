@@ -4,8 +4,11 @@
 # Starts a real gVisor sandbox (runsc, ptrace platform, no network) whose
 # busybox workload writes and removes 64 MiB in /dev/shm in a loop, starts
 # bin/statsd on Unix sockets in a temporary directory, binds the sandbox with
-# `bin/statsctl run-workload --class gvisor --sentry-pid <pid>`, and prints
-# `bin/statsctl stats` a few times so the figures can be seen moving.
+# `bin/statsctl run-workload --sentry-pid <pid>` (the class, gvisor, follows
+# from the flag), and prints `bin/statsctl stats` a few times so the figures
+# can be seen moving. It ends with the node view: one sweep as the node agent
+# sees it (`statsctl poll`), then bin/statsagent polling the same statsd and
+# the workload's lines of its Prometheus /metrics.
 #
 # Where runsc cannot run (not installed, no static busybox, the sandbox does
 # not start), it says why and measures a plain cgroup workload instead: a
@@ -36,6 +39,7 @@ TMP=$(mktemp -d /tmp/sbsdemo.XXXXXX)
 RUNSC_ROOT=$TMP/runsc
 SANDBOX_ID=
 STATSD_PID=
+AGENT_PID=
 LOOP_PID=
 CGDIRS=
 
@@ -55,6 +59,9 @@ cleanup() {
 	trap '' INT TERM
 	trap - EXIT
 	set +e
+	if [ -n "$AGENT_PID" ]; then
+		kill "$AGENT_PID" 2>/dev/null && wait "$AGENT_PID" 2>/dev/null
+	fi
 	if [ -n "$STATSD_PID" ]; then
 		kill "$STATSD_PID" 2>/dev/null && wait "$STATSD_PID" 2>/dev/null
 	fi
@@ -78,7 +85,7 @@ cleanup() {
 	done
 	rm -rf "$TMP"
 	echo
-	echo "demo: cleaned up (sandbox, cgroups, statsd, $TMP)"
+	echo "demo: cleaned up (sandbox, cgroups, statsd, statsagent, $TMP)"
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
@@ -151,28 +158,60 @@ else
 	echo "shell loop pid $LOOP_PID in cgroup $CGPATH"
 fi
 
+# The stats socket in a directory of its own, the lifecycle socket in
+# another: the node agent's glob must match stats sockets only.
+STATS_SOCK=$TMP/stats/demo.sock
+LIFECYCLE_SOCK=$TMP/lifecycle/demo.sock
 say "starting statsd on sockets in $TMP"
-"$BIN/statsd" --listen "$TMP/stats.sock" --lifecycle-listen "$TMP/lifecycle.sock" --state-dir "$TMP/state" \
+"$BIN/statsd" --listen "$STATS_SOCK" --lifecycle-listen "unix://$LIFECYCLE_SOCK" --state-dir "$TMP/state" \
 	--cgroup-root "$CGROOT" --proc-root /proc --read-timeout 2s >"$TMP/statsd.log" 2>&1 &
 STATSD_PID=$!
 i=0
-while [ ! -S "$TMP/stats.sock" ] || [ ! -S "$TMP/lifecycle.sock" ]; do
+while [ ! -S "$STATS_SOCK" ] || [ ! -S "$LIFECYCLE_SOCK" ]; do
 	i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsd.log" >&2; die "statsd did not start"; }
 	kill -0 "$STATSD_PID" 2>/dev/null || { cat "$TMP/statsd.log" >&2; die "statsd exited"; }
 	sleep 0.1
 done
 echo "statsd pid $STATSD_PID"
 
-say "binding: statsctl run-workload --class gvisor $CLASS_ARGS"
+say "binding: statsctl --lifecycle-socket ... run-workload $CLASS_ARGS (the class follows from the flag)"
 # shellcheck disable=SC2086 # CLASS_ARGS is two words on purpose
-"$BIN/statsctl" run-workload --lifecycle-socket "$TMP/lifecycle.sock" --actor-uid "$ACTOR" \
-	--actor-name demo --class gvisor $CLASS_ARGS
+"$BIN/statsctl" --lifecycle-socket "$LIFECYCLE_SOCK" run-workload --actor-uid "$ACTOR" \
+	--actor-name demo --template-namespace demo --template-name busybox $CLASS_ARGS
 
 n=1
 while [ $n -le "$SAMPLES" ]; do
 	say "sample $n/$SAMPLES: statsctl stats --actor-uid $ACTOR"
-	"$BIN/statsctl" stats --socket "$TMP/stats.sock" --actor-uid "$ACTOR" || true
+	"$BIN/statsctl" --socket "$STATS_SOCK" stats --actor-uid "$ACTOR" || true
 	n=$((n + 1))
 	if [ $n -le "$SAMPLES" ]; then sleep "$INTERVAL"; fi
 done
+
+say "the node view: statsctl poll --sockets '$TMP/stats/*.sock' (one sweep, as the node agent sees it)"
+"$BIN/statsctl" poll --sockets "$TMP/stats/*.sock" --timeout 5s || true
+
+[ -x "$BIN/statsagent" ] || { echo "no $BIN/statsagent: make build"; exit 0; }
+command -v curl >/dev/null || { echo "no curl to read the agent's /metrics (apt-get install curl)"; exit 0; }
+say "the node agent: statsagent --sockets '$TMP/stats/*.sock' --interval 1s, and the workload's lines of its /metrics"
+"$BIN/statsagent" --sockets "unix://$TMP/stats/*.sock" --interval 1s --min-interval 1s --timeout 500ms \
+	--label-actor --metrics-listen 127.0.0.1:0 >"$TMP/statsagent.log" 2>&1 &
+AGENT_PID=$!
+ADDR=
+i=0
+while [ -z "$ADDR" ]; do
+	i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsagent.log" >&2; die "statsagent did not start"; }
+	ADDR=$(sed -n 's/.*msg="statsagent serving" addr=\([^ ]*\).*/\1/p' "$TMP/statsagent.log")
+	sleep 0.1
+done
+# Two sweeps: the first sight of a workload charges no CPU, the next one does.
+i=0
+until curl -fsS "http://$ADDR/metrics" 2>/dev/null | grep -Eq '^sandboxstats_agent_sweeps_total [2-9]'; do
+	i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsagent.log" >&2; die "statsagent did not sweep"; }
+	sleep 0.1
+done
+echo "statsagent pid $AGENT_PID on http://$ADDR (/metrics, /healthz: $(curl -fsS "http://$ADDR/healthz"))"
+echo "\$ curl -s http://$ADDR/metrics | grep 'actor_uid=\"$ACTOR\"'"
+curl -fsS "http://$ADDR/metrics" | grep "actor_uid=\"$ACTOR\""
+echo "(sandboxstats_workload_cpu_seconds_total is a counter for rate(): an activation begun before this agent"
+echo " started is charged from the agent's first sight of it on, not its whole CPU; see docs/statsagent.md)"
 exit 0

@@ -27,20 +27,40 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
+	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
+	"github.com/sandboxstats/sandboxstats/internal/version"
 )
+
+const exitStatusHelp = `
+Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), --help or --version;
+1 when serving failed; 2 for a usage error (unknown flag, bad value).
+`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
 	err := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	var ue usageError
 	switch {
-	case errors.Is(err, flag.ErrHelp):
-		os.Exit(0)
-	case err != nil:
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errVersion):
+		fmt.Print(version.Get().Text("statsagent"))
+	case errors.As(err, &ue):
+		fmt.Fprintln(os.Stderr, "statsagent:", err)
+		os.Exit(2)
+	default:
 		fmt.Fprintln(os.Stderr, "statsagent:", err)
 		os.Exit(1)
 	}
 }
+
+// usageError is a command-line mistake: exit status 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// errVersion is what run returns for --version: main prints the version.
+var errVersion = errors.New("version requested")
 
 type options struct {
 	agent           nodeagent.Config
@@ -53,12 +73,22 @@ type options struct {
 }
 
 // parseFlags turns args into options. Warnings (a clamped interval) go to
-// warn once the logger exists.
+// warn once the logger exists. Every error is a usageError, flag.ErrHelp or
+// errVersion.
 func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
-	var o options
+	o, warnings, err := parseFlagsOnly(args, stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errVersion) {
+		return o, nil, usageError{err}
+	}
+	return o, warnings, err
+}
+
+func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) {
+	o := options{agent: nodeagent.Config{Sockets: "/run/statsd/*.sock"}}
+	var showVersion bool
 	fs := flag.NewFlagSet("statsagent", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.agent.Sockets, "sockets", "/run/statsd/*.sock", "glob of the statsd sockets to poll, re-read at every sweep")
+	fs.Var(sockaddr.Flag{Path: &o.agent.Sockets}, "sockets", "glob of the statsd stats sockets to poll, re-read at every sweep: a `glob`, unix:GLOB or unix:///GLOB")
 	fs.DurationVar(&o.agent.Interval, "interval", time.Minute, "time between sweeps; 0 disables sweeping")
 	fs.DurationVar(&o.minInterval, "min-interval", 15*time.Second, "floor of --interval; a lower non-zero --interval is raised to it with a warning")
 	fs.DurationVar(&o.agent.Timeout, "timeout", 10*time.Second, "bound of each StatsActiveWorkloads call")
@@ -77,8 +107,17 @@ func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once; must exceed statsd's --ended-retention")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
+	fs.BoolVar(&showVersion, "version", false, "print the version (module, VCS revision and time, Go) and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: statsagent [flags]\n\nPolls every statsd on the node and serves Prometheus metrics (/metrics, /healthz).\n\nFlags:\n")
+		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), exitStatusHelp)
+	}
 	if err := fs.Parse(args); err != nil {
 		return o, nil, err
+	}
+	if showVersion {
+		return o, nil, errVersion
 	}
 	if fs.NArg() > 0 {
 		return o, nil, fmt.Errorf("unexpected arguments %q", fs.Args())

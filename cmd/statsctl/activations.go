@@ -20,7 +20,7 @@ func runActivations(ctx context.Context, e *env, args []string) error {
 	)
 	conn.register(fs, defaultSocket, "stats")
 	out.register(fs)
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if err := out.validate(); err != nil {

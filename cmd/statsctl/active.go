@@ -21,7 +21,7 @@ func runActive(ctx context.Context, e *env, args []string) error {
 	conn.register(fs, defaultSocket, "stats")
 	out.register(fs)
 	fs.BoolVar(&includeHost, "include-host", false, "also read the runner-layer (host) counters")
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if err := out.validate(); err != nil {

@@ -18,6 +18,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
+	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 )
 
 // Exit codes.
@@ -37,64 +38,102 @@ type command struct {
 	run           func(ctx context.Context, env *env, args []string) error
 }
 
-var commands = []command{
-	{"stats", "one sample of the named workload", runStats},
-	{"active", "the discovery read: whatever workload is bound here", runActive},
-	{"watch", "sample repeatedly: CPU cores used per interval, memory", runWatch},
-	{"host", "the runner-layer (host) view; --window for differences and rates", runHost},
-	{"poll", "one sweep over a socket glob, as the node agent sees it", runPoll},
-	{"drift", "open drift findings (what was told vs what runs) and recent events", runDrift},
-	{"activations", "the activations that ended here recently, with their final samples", runActivations},
-	{"health", "grpc.health.v1 status of statsd", runHealth},
-	{"run-workload", "bind a workload (launcher side)", runRunWorkload},
-	{"restore-workload", "bind a restored workload (launcher side)", runRestoreWorkload},
-	{"checkpoint-workload", "end the bound activation (a final sample) and forget it (launcher side)", runCheckpointWorkload},
+// commands is the command table: usage, dispatch and the completion scripts
+// are made from it (set in init: completion reads it).
+var commands []command
+
+func init() {
+	commands = []command{
+		{"stats", "one sample of the named workload", runStats},
+		{"active", "the discovery read: whatever workload is bound here", runActive},
+		{"watch", "sample repeatedly: CPU cores used per interval, memory", runWatch},
+		{"host", "the runner-layer (host) view; --window for differences and rates", runHost},
+		{"poll", "one sweep over a socket glob, as the node agent sees it", runPoll},
+		{"drift", "open drift findings (what was told vs what runs) and recent events", runDrift},
+		{"activations", "the activations that ended here recently, with their final samples", runActivations},
+		{"health", "grpc.health.v1 status of statsd", runHealth},
+		{"run-workload", "bind a workload (launcher side)", runRunWorkload},
+		{"restore-workload", "bind a restored workload (launcher side)", runRestoreWorkload},
+		{"checkpoint-workload", "end the bound activation (a final sample) and forget it (launcher side)", runCheckpointWorkload},
+		{"version", "statsctl's version: module, VCS revision and time, Go", runVersion},
+		{"completion", "a shell completion script: bash, zsh or fish", runCompletion},
+	}
 }
 
-// env is what every subcommand writes to.
+// env is what every subcommand writes to, and the global flags given before
+// it.
 type env struct {
 	stdout, stderr io.Writer
+	globals        []string // "--name=value", in globalFlags order
+	lastFlags      *flag.FlagSet
 }
 
 // usageError marks a command-line mistake (exit 2).
 type usageError struct{ error }
 
 func usage(w io.Writer) {
-	fmt.Fprintf(w, "Usage: statsctl <command> [flags]\n\nCommands:\n")
+	fmt.Fprintf(w, "Usage: statsctl [global flags] <command> [flags]\n\nCommands:\n")
 	for _, c := range commands {
 		fmt.Fprintf(w, "  %-20s %s\n", c.name, c.summary)
 	}
-	fmt.Fprintf(w, `
+	fmt.Fprintf(w, "\nGlobal flags, before or after the command (given in both places, the one after it wins):\n")
+	for _, g := range globalFlags {
+		fmt.Fprintf(w, "  --%-25s %s\n", g.name+" "+g.arg, g.usage)
+	}
+	fmt.Fprintf(w, `  A socket is a path, unix:PATH or unix:///PATH; a command ignores a global flag it does not take.
+
 Examples:
   statsctl health
-  statsctl active -o json
+  statsctl --socket /run/statsd/sbx-1.sock active -o json
   statsctl stats --actor-uid 7f3c9a
   statsctl watch --actor-uid 7f3c9a --interval 5s --count 12
   statsctl host --actor-uid 7f3c9a --window 10s
   statsctl poll --sockets '/run/statsd/*.sock'
-  statsctl run-workload --actor-uid 7f3c9a --class gvisor --sentry-pid 4242
-  statsctl run-workload --actor-uid 7f3c9a --class microvm \
+  statsctl run-workload --actor-uid 7f3c9a --sentry-pid 4242
+  statsctl run-workload --actor-uid 7f3c9a \
       --agent-address hvsock:///run/vc/vm/7f3c9a/clh.sock:1024 --container-id web_ovl
   statsctl checkpoint-workload --actor-uid 7f3c9a
+  source <(statsctl completion bash)
 
-Run 'statsctl <command> --help' for a command's flags.
+Exit status:
+  0  success
+  1  the call failed; one line on stderr says why (CODE REASON: message)
+  2  usage error: unknown command or flag, a bad or missing value
+
+Run 'statsctl <command> --help' or 'statsctl help <command>' for a command's flags.
 `)
 }
 
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	e := &env{stdout: stdout, stderr: stderr}
-	if len(args) == 0 || args[0] == "-h" || args[0] == "--help" || args[0] == "help" {
+	globals, rest, err := parseGlobals(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
 		usage(stdout)
-		if len(args) == 0 {
+		return exitOK
+	case errors.Is(err, errShowVersion):
+		rest = []string{"version"}
+	case err != nil:
+		fmt.Fprintf(stderr, "statsctl: %v\n", err)
+		return exitUsage
+	}
+	e.globals = globals
+	if len(rest) == 0 || rest[0] == "help" && len(rest) == 1 {
+		usage(stdout)
+		if len(rest) == 0 {
 			return exitUsage
 		}
 		return exitOK
 	}
+	name, cmdArgs := rest[0], rest[1:]
+	if name == "help" { // help <command>: the command's --help
+		name, cmdArgs = rest[1], []string{"--help"}
+	}
 	for _, c := range commands {
-		if c.name != args[0] {
+		if c.name != name {
 			continue
 		}
-		err := c.run(ctx, e, args[1:])
+		err := c.run(ctx, e, cmdArgs)
 		var ue usageError
 		switch {
 		case err == nil:
@@ -109,7 +148,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return exitError
 		}
 	}
-	fmt.Fprintf(stderr, "statsctl: unknown command %q\n", args[0])
+	fmt.Fprintf(stderr, "statsctl: unknown command %q\n", name)
 	usage(stderr)
 	return exitUsage
 }
@@ -146,7 +185,9 @@ func flagSet(e *env, name, summary string) *flag.FlagSet {
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: statsctl %s [flags]\n\n%s.\n\nFlags:\n", name, summary)
 		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nExit status: 0 success, 1 the call failed, 2 usage error.\n")
 	}
+	e.lastFlags = fs
 	return fs
 }
 
@@ -156,12 +197,17 @@ type connFlags struct {
 }
 
 func (c *connFlags) register(fs *flag.FlagSet, defaultPath, what string) {
-	fs.StringVar(&c.socket, "socket", defaultPath, "Unix socket of statsd's "+what+" service")
+	c.socket = defaultPath
+	fs.Var(sockaddr.Flag{Path: &c.socket}, "socket", "Unix socket of statsd's "+what+" service: a `path`, unix:PATH or unix:///PATH")
 	fs.DurationVar(&c.timeout, "timeout", 10*time.Second, "deadline of the call")
 }
 
 func (c *connFlags) dial() (*grpc.ClientConn, error) {
-	return grpc.NewClient("unix://"+c.socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	target, err := sockaddr.Target(c.socket)
+	if err != nil {
+		return nil, err
+	}
+	return grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 }
 
 // open dials the socket and bounds the call by --timeout; done releases both.
@@ -187,9 +233,18 @@ func (o *outputFlag) validate() error {
 	return nil
 }
 
-// parse parses args and rejects stray positional arguments.
-func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+// parse parses the global flags fs has, then args (so that a flag given in
+// both places is the one after the command), and rejects stray positional
+// arguments.
+func (e *env) parse(fs *flag.FlagSet, args []string) error {
+	var own []string
+	for _, g := range e.globals {
+		name, _, _ := strings.Cut(strings.TrimPrefix(g, "--"), "=")
+		if fs.Lookup(name) != nil {
+			own = append(own, g)
+		}
+	}
+	if err := fs.Parse(append(own, args...)); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return err
 		}

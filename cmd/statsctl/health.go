@@ -15,7 +15,7 @@ func runHealth(ctx context.Context, e *env, args []string) error {
 	)
 	conn.register(fs, defaultSocket, "stats")
 	fs.StringVar(&service, "service", "", `service to check ("" is the whole daemon)`)
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	ctx, cc, done, err := conn.open(ctx)

@@ -22,7 +22,7 @@ func runHost(ctx context.Context, e *env, args []string) error {
 	out.register(fs)
 	fs.StringVar(&actorUID, "actor-uid", "", "the actor you believe runs there (required)")
 	fs.DurationVar(&window, "window", 0, "take two samples this far apart and print differences and rates (cumulative counters only)")
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if err := out.validate(); err != nil {

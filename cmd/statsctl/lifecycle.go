@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"strings"
 
+	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -29,13 +31,13 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 	fs := flagSet(e, name, summary)
 	b := &bindFlags{}
 	b.conn.register(fs, defaultLifecycleSocket, "lifecycle")
-	fs.StringVar(&b.conn.socket, "lifecycle-socket", defaultLifecycleSocket, "Unix socket of statsd's lifecycle service (same as --socket)")
+	fs.Var(sockaddr.Flag{Path: &b.conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
 	fs.StringVar(&b.identity.ActorUid, "actor-uid", "", "actor uid (required)")
 	fs.StringVar(&b.identity.ActorName, "actor-name", "", "actor name")
 	fs.StringVar(&b.identity.ActorNamespace, "actor-namespace", "", "actor namespace")
 	fs.StringVar(&b.identity.TemplateNamespace, "template-namespace", "", "template namespace")
 	fs.StringVar(&b.identity.TemplateName, "template-name", "", "template name")
-	fs.StringVar(&b.class, "class", "", "sandbox class: gvisor or microvm (required)")
+	fs.StringVar(&b.class, "class", "", "sandbox class: gvisor or microvm (implied by --cgroup-path or --sentry-pid: gvisor; --agent-address: microvm)")
 	fs.StringVar(&b.ref.CgroupPath, "cgroup-path", "", "gvisor: sandbox cgroup, relative to the cgroup mount")
 	fs.IntVar(&b.sentry, "sentry-pid", 0, "gvisor: the sentry's pid (cgroup found through /proc/<pid>/cgroup)")
 	fs.StringVar(&b.ref.AgentAddress, "agent-address", "", "microvm: hvsock://<unix path>:<port> or vsock://<cid>:<port>")
@@ -44,17 +46,14 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 	fs.StringVar(&b.ref.VmmPidFile, "vmm-pid-file", "", "file holding the VMM's pid (host view)")
 	fs.StringVar(&b.ref.QmpSocket, "qmp-socket", "", "QEMU QMP socket (KVM counters)")
 	return b, func(args []string) error {
-		if err := parse(fs, args); err != nil {
+		if err := e.parse(fs, args); err != nil {
 			return err
 		}
-		switch b.class {
-		case "gvisor":
-			b.ref.SandboxClass = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR
-		case "microvm":
-			b.ref.SandboxClass = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
-		default:
-			return usageError{fmt.Errorf("--class must be gvisor or microvm, not %q", b.class)}
+		class, err := b.sandboxClass()
+		if err != nil {
+			return usageError{err}
 		}
+		b.ref.SandboxClass = class
 		for _, p := range []struct {
 			name string
 			v    int
@@ -67,6 +66,46 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 		b.ref.SentryPid = int32(b.sentry)
 		b.ref.VmmPid = int32(b.vmmPID)
 		return nil
+	}
+}
+
+// sandboxClass is --class, or the class the ref flags imply when it is not
+// given: --cgroup-path and --sentry-pid name a gVisor sandbox,
+// --agent-address a micro-VM. An explicit class must agree with them.
+func (b *bindFlags) sandboxClass() (sandboxstatsv1.SandboxClass, error) {
+	var gvisorRef, microvmRef string
+	switch {
+	case b.ref.CgroupPath != "":
+		gvisorRef = "--cgroup-path"
+	case b.sentry != 0:
+		gvisorRef = "--sentry-pid"
+	}
+	if b.ref.AgentAddress != "" {
+		microvmRef = "--agent-address"
+	}
+	if gvisorRef != "" && microvmRef != "" {
+		return 0, fmt.Errorf("%s (a gvisor sandbox) and %s (a microvm) name different classes: give one", gvisorRef, microvmRef)
+	}
+	class := b.class
+	switch {
+	case class == "" && gvisorRef != "":
+		class = "gvisor"
+	case class == "" && microvmRef != "":
+		class = "microvm"
+	case class == "":
+		return 0, errors.New("--class is required when no sandbox flag implies it (--cgroup-path or --sentry-pid: gvisor; --agent-address: microvm)")
+	}
+	switch {
+	case class != "gvisor" && class != "microvm":
+		return 0, fmt.Errorf("--class must be gvisor or microvm, not %q", class)
+	case class == "microvm" && gvisorRef != "":
+		return 0, fmt.Errorf("--class microvm contradicts %s, which names a gvisor sandbox", gvisorRef)
+	case class == "gvisor" && microvmRef != "":
+		return 0, fmt.Errorf("--class gvisor contradicts %s, which names a microvm", microvmRef)
+	case class == "gvisor":
+		return sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, nil
+	default:
+		return sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, nil
 	}
 }
 
@@ -118,9 +157,9 @@ func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
 		actorUID string
 	)
 	conn.register(fs, defaultLifecycleSocket, "lifecycle")
-	fs.StringVar(&conn.socket, "lifecycle-socket", defaultLifecycleSocket, "Unix socket of statsd's lifecycle service (same as --socket)")
+	fs.Var(sockaddr.Flag{Path: &conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
 	fs.StringVar(&actorUID, "actor-uid", "", "the bound actor (required)")
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	ctx, cc, done, err := conn.open(ctx)

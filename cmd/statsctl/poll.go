@@ -12,6 +12,7 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
+	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -23,10 +24,11 @@ func runPoll(ctx context.Context, e *env, args []string) error {
 		concurrency int
 		timeout     time.Duration
 	)
-	fs.StringVar(&glob, "sockets", "/run/statsd/*.sock", "glob of statsd stats sockets")
+	glob = "/run/statsd/*.sock"
+	fs.Var(sockaddr.Flag{Path: &glob}, "sockets", "statsd stats sockets: a `glob`, unix:GLOB or unix:///GLOB")
 	fs.IntVar(&concurrency, "concurrency", 8, "daemons polled at once")
 	fs.DurationVar(&timeout, "timeout", 10*time.Second, "deadline of each daemon's call")
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if concurrency < 1 || timeout <= 0 {

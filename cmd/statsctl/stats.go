@@ -23,7 +23,7 @@ func runStats(ctx context.Context, e *env, args []string) error {
 	out.register(fs)
 	fs.StringVar(&actorUID, "actor-uid", "", "the actor you believe runs there (required)")
 	fs.BoolVar(&includeHost, "include-host", false, "also read the runner-layer (host) counters")
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if err := out.validate(); err != nil {

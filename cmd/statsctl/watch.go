@@ -26,7 +26,7 @@ func runWatch(ctx context.Context, e *env, args []string) error {
 	fs.StringVar(&actorUID, "actor-uid", "", "the actor you believe runs there (empty: whatever the discovery read returns)")
 	fs.DurationVar(&interval, "interval", 5*time.Second, "time between samples")
 	fs.IntVar(&count, "count", 0, "stop after this many samples (0: until interrupted)")
-	if err := parse(fs, args); err != nil {
+	if err := e.parse(fs, args); err != nil {
 		return err
 	}
 	if err := out.validate(); err != nil {

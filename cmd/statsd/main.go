@@ -29,7 +29,9 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/microvm"
 	"github.com/sandboxstats/sandboxstats/internal/server"
+	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/version"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -49,12 +51,31 @@ type config struct {
 	logLevel        slog.Level
 }
 
+// usageError is a command-line mistake: exit status 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// errVersion is what run returns for --version: main prints the version.
+var errVersion = errors.New("version requested")
+
+// parseFlags parses the command line; every error it returns is a
+// usageError, flag.ErrHelp or errVersion.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
-	var c config
+	c, err := parseFlagsOnly(args, stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errVersion) {
+		return c, usageError{err}
+	}
+	return c, err
+}
+
+func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
+	c := config{listen: "/run/statsd/statsd.sock", lifecycleListen: "/run/statsd/lifecycle/statsd.sock"}
+	var showVersion bool
 	fs := flag.NewFlagSet("statsd", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&c.listen, "listen", "/run/statsd/statsd.sock", "Unix socket for the read-only stats service (mode 0660)")
-	fs.StringVar(&c.lifecycleListen, "lifecycle-listen", "/run/statsd/lifecycle/statsd.sock", "Unix socket for the launcher's lifecycle service (mode 0600); kept out of the stats sockets' directory so a node agent's glob never matches it")
+	fs.Var(sockaddr.Flag{Path: &c.listen}, "listen", "Unix socket for the read-only stats service (mode 0660): a `path`, unix:PATH or unix:///PATH")
+	fs.Var(sockaddr.Flag{Path: &c.lifecycleListen}, "lifecycle-listen", "Unix socket for the launcher's lifecycle service (mode 0600), spelled as --listen; kept out of the stats sockets' directory so a node agent's glob never matches it")
 	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/statsd", "directory holding the bound workload across restarts")
 	fs.StringVar(&c.procRoot, "proc-root", "/proc", "mount point of procfs")
 	fs.StringVar(&c.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "mount point of the cgroup file system(s)")
@@ -66,12 +87,17 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.endedRetention, "ended-retention", identity.DefaultEndedRetention, "how long an ended activation's record (its final sample) is kept for pollers")
 	fs.IntVar(&c.endedMax, "ended-max", identity.DefaultEndedMax, "most ended-activation records kept (the oldest go first)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	fs.BoolVar(&showVersion, "version", false, "print the version (module, VCS revision and time, Go) and exit")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: statsd [flags]\n\nServes one sandbox's workload stats over gRPC on Unix sockets.\n\nFlags:\n")
 		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), exitStatusHelp)
 	}
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	if showVersion {
+		return c, errVersion
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %q", fs.Args())
@@ -88,10 +114,24 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	return c, nil
 }
 
+const exitStatusHelp = `
+Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), --help or --version;
+1 when serving failed; 2 for a usage error (unknown flag, bad value).
+`
+
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	defer stop()
-	if err := run(ctx, os.Args[1:], os.Stderr); err != nil && !errors.Is(err, flag.ErrHelp) {
+	err := run(ctx, os.Args[1:], os.Stderr)
+	stop()
+	var ue usageError
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errVersion):
+		fmt.Print(version.Get().Text("statsd"))
+	case errors.As(err, &ue):
+		fmt.Fprintln(os.Stderr, "statsd:", err)
+		os.Exit(2)
+	default:
 		fmt.Fprintln(os.Stderr, "statsd:", err)
 		os.Exit(1)
 	}

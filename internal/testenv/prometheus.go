@@ -138,7 +138,22 @@ func (p *Prometheus) Query(t testing.TB, query string) []PromSample {
 
 // QueryErr is Query returning the error.
 func (p *Prometheus) QueryErr(query string) ([]PromSample, error) {
-	resp, err := http.Get(p.URL + "/api/v1/query?query=" + url.QueryEscape(query))
+	return p.query(url.Values{"query": {query}})
+}
+
+// QueryAt evaluates a PromQL instant query at the given time; an evaluation
+// error fails the test.
+func (p *Prometheus) QueryAt(t testing.TB, query string, at time.Time) []PromSample {
+	t.Helper()
+	v, err := p.query(url.Values{"query": {query}, "time": {strconv.FormatFloat(float64(at.UnixNano())/1e9, 'f', 3, 64)}})
+	if err != nil {
+		t.Fatalf("query %q at %s: %v", query, at.Format(time.RFC3339Nano), err)
+	}
+	return v
+}
+
+func (p *Prometheus) query(params url.Values) ([]PromSample, error) {
+	resp, err := http.Get(p.URL + "/api/v1/query?" + params.Encode())
 	if err != nil {
 		return nil, err
 	}
@@ -188,6 +203,103 @@ func (p *Prometheus) QueryErr(query string) ([]PromSample, error) {
 		return []PromSample{{Value: f}}, err
 	}
 	return nil, fmt.Errorf("result type %q", body.Data.ResultType)
+}
+
+// WaitScraped waits (up to 30 s) until every target has been scraped once:
+// Prometheus applies its targets a few seconds after it is ready, so a rate
+// over a window that starts before then covers less than the window.
+func (p *Prometheus) WaitScraped(t testing.TB) {
+	t.Helper()
+	var targets int
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		var body struct {
+			Data struct {
+				ActiveTargets []struct {
+					LastScrape time.Time `json:"lastScrape"`
+				} `json:"activeTargets"`
+			} `json:"data"`
+		}
+		p.getJSON(t, "/api/v1/targets", &body)
+		scraped := 0
+		for _, tg := range body.Data.ActiveTargets {
+			if tg.LastScrape.Year() > 2000 {
+				scraped++
+			}
+		}
+		targets = len(body.Data.ActiveTargets)
+		if targets > 0 && scraped == targets {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("prometheus scraped %d of %d targets within 30 s", scraped, targets)
+		}
+	}
+}
+
+// PromRule is one rule as the server loaded and last evaluated it.
+type PromRule struct {
+	Group, Name, Type, Query, Health, LastError string
+	Evaluated                                   bool // evaluated at least once
+}
+
+// Rules returns the server's loaded rules (GET /api/v1/rules).
+func (p *Prometheus) Rules(t testing.TB) []PromRule {
+	t.Helper()
+	var body struct {
+		Data struct {
+			Groups []struct {
+				Name  string `json:"name"`
+				Rules []struct {
+					Name, Type, Query, Health, LastError string
+					LastEvaluation                       time.Time `json:"lastEvaluation"`
+				} `json:"rules"`
+			} `json:"groups"`
+		} `json:"data"`
+	}
+	p.getJSON(t, "/api/v1/rules", &body)
+	var out []PromRule
+	for _, g := range body.Data.Groups {
+		for _, r := range g.Rules {
+			out = append(out, PromRule{Group: g.Name, Name: r.Name, Type: r.Type, Query: r.Query, Health: r.Health,
+				LastError: r.LastError, Evaluated: r.LastEvaluation.Year() > 2000})
+		}
+	}
+	return out
+}
+
+// Alerts returns the pending and firing alerts (GET /api/v1/alerts): name
+// and state.
+func (p *Prometheus) Alerts(t testing.TB) map[string]string {
+	t.Helper()
+	var body struct {
+		Data struct {
+			Alerts []struct {
+				Labels map[string]string `json:"labels"`
+				State  string            `json:"state"`
+			} `json:"alerts"`
+		} `json:"data"`
+	}
+	p.getJSON(t, "/api/v1/alerts", &body)
+	out := map[string]string{}
+	for _, a := range body.Data.Alerts {
+		out[a.Labels["alertname"]] = a.State
+	}
+	return out
+}
+
+func (p *Prometheus) getJSON(t testing.TB, path string, v any) {
+	t.Helper()
+	resp, err := http.Get(p.URL + path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("GET %s: %s", path, resp.Status)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		t.Fatalf("GET %s: %v", path, err)
+	}
 }
 
 // PromtoolCheckMetrics runs `promtool check metrics` on text and returns

@@ -1,0 +1,339 @@
+package kubernetes_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+
+	monitoringv1 "github.com/prometheus-operator/prometheus-operator/pkg/apis/monitoring/v1"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	kjson "sigs.k8s.io/json"
+	"sigs.k8s.io/kustomize/api/krusty"
+	kustypes "sigs.k8s.io/kustomize/api/types"
+	"sigs.k8s.io/kustomize/kyaml/filesys"
+	"sigs.k8s.io/yaml"
+)
+
+// decodeStrict decodes one YAML document into its API type by apiVersion
+// and kind as the API server does: case-sensitive field names, unknown and
+// duplicate fields rejected (sigs.k8s.io/json; encoding/json alone, and so
+// yaml.UnmarshalStrict, would take "readonly" for "readOnly").
+func decodeStrict(doc []byte) (any, error) {
+	var meta struct {
+		APIVersion string `json:"apiVersion"`
+		Kind       string `json:"kind"`
+	}
+	if err := yaml.Unmarshal(doc, &meta); err != nil {
+		return nil, err
+	}
+	var obj any
+	switch meta.APIVersion + " " + meta.Kind {
+	case "v1 Namespace":
+		obj = &corev1.Namespace{}
+	case "v1 Service":
+		obj = &corev1.Service{}
+	case "apps/v1 DaemonSet":
+		obj = &appsv1.DaemonSet{}
+	case "monitoring.coreos.com/v1 PodMonitor":
+		obj = &monitoringv1.PodMonitor{}
+	case "kustomize.config.k8s.io/v1beta1 Kustomization":
+		obj = &kustypes.Kustomization{}
+	default:
+		return nil, fmt.Errorf("no API type for apiVersion %q kind %q", meta.APIVersion, meta.Kind)
+	}
+	js, err := yaml.YAMLToJSONStrict(doc) // duplicate keys are an error
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
+	}
+	strict, err := kjson.UnmarshalStrict(js, obj, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
+	if err == nil {
+		err = errors.Join(strict...)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
+	}
+	return obj, nil
+}
+
+// documents splits a YAML stream on "---" lines, dropping empty documents.
+func documents(b []byte) [][]byte {
+	var out [][]byte
+	for _, d := range regexp.MustCompile(`(?m)^---\s*$`).Split(string(b), -1) {
+		if strings.TrimSpace(regexp.MustCompile(`(?m)^\s*#.*$`).ReplaceAllString(d, "")) != "" {
+			out = append(out, []byte(d))
+		}
+	}
+	return out
+}
+
+// objects decodes every manifest in this directory, by file name.
+func objects(t *testing.T) map[string][]any {
+	t.Helper()
+	files, err := filepath.Glob("*.yaml")
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no manifests: %v", err)
+	}
+	out := map[string][]any{}
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, doc := range documents(b) {
+			obj, err := decodeStrict(doc)
+			if err != nil {
+				t.Errorf("%s: %v", f, err)
+				continue
+			}
+			out[f] = append(out[f], obj)
+		}
+	}
+	return out
+}
+
+func only[T any](t *testing.T, objs map[string][]any, file string) T {
+	t.Helper()
+	if len(objs[file]) != 1 {
+		t.Fatalf("%s: %d objects, want 1", file, len(objs[file]))
+	}
+	o, ok := objs[file][0].(T)
+	if !ok {
+		t.Fatalf("%s holds a %T", file, objs[file][0])
+	}
+	return o
+}
+
+// TestManifestsDecodeStrictly: every manifest is one of the API types and
+// has no field those types lack.
+func TestManifestsDecodeStrictly(t *testing.T) {
+	objs := objects(t)
+	for _, f := range []string{"namespace.yaml", "daemonset.yaml", "service.yaml", "podmonitor.yaml", "kustomization.yaml"} {
+		if len(objs[f]) == 0 {
+			t.Errorf("%s missing or empty", f)
+		}
+	}
+}
+
+// TestStrictDecodingRejectsUnknownFields: the decoding above would notice a
+// misspelt or misplaced field.
+func TestStrictDecodingRejectsUnknownFields(t *testing.T) {
+	b, err := os.ReadFile("daemonset.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, edit := range map[string][2]string{
+		"misspelt field":  {"readOnly: true", "readonly: true"},
+		"misplaced field": {"      automountServiceAccountToken: false", "      automountServiceAccountToken: false\n      readOnlyRootFilesystem: true"},
+		"duplicate field": {"      enableServiceLinks: false", "      enableServiceLinks: false\n      enableServiceLinks: true"},
+	} {
+		bad := strings.Replace(string(b), edit[0], edit[1], 1)
+		if bad == string(b) {
+			t.Fatalf("%s: the edit did not apply", name)
+		}
+		if _, err := decodeStrict([]byte(bad)); err == nil {
+			t.Errorf("%s: decoded without an error", name)
+		}
+	}
+	pm := "apiVersion: monitoring.coreos.com/v1\nkind: PodMonitor\nspec:\n  podMetricsEndpoints:\n    - port: metrics\n      scrapeInterval: 60s\n"
+	if _, err := decodeStrict([]byte(pm)); err == nil {
+		t.Error("a PodMonitor with an unknown endpoint field decoded without an error")
+	}
+}
+
+// socketGID is the sandboxstats group of deploy/systemd/sandboxstats.sysusers.conf.
+func socketGID(t *testing.T) int64 {
+	t.Helper()
+	b, err := os.ReadFile("../systemd/sandboxstats.sysusers.conf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile(`(?m)^g\s+sandboxstats\s+(\d+)\s*$`).FindSubmatch(b)
+	if m == nil {
+		t.Fatalf("no fixed GID for the sandboxstats group in sandboxstats.sysusers.conf:\n%s", b)
+	}
+	gid, _ := strconv.ParseInt(string(m[1]), 10, 64)
+	return gid
+}
+
+// TestDaemonSet: the agent gets the socket directory read-only, the socket
+// group, and no privilege it does not need; it is probed on /healthz and
+// asks for resources.
+func TestDaemonSet(t *testing.T) {
+	ds := only[*appsv1.DaemonSet](t, objects(t), "daemonset.yaml")
+	pod := ds.Spec.Template.Spec
+	if !labelsMatch(ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels) {
+		t.Errorf("selector %v does not match the pod labels %v", ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels)
+	}
+	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
+		t.Error("host namespaces shared")
+	}
+	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
+		t.Error("the service account token is mounted; the agent calls no Kubernetes API")
+	}
+	psc := pod.SecurityContext
+	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
+		t.Errorf("pod security context %+v: want a non-root user", psc)
+	}
+	if !slices.Contains(psc.SupplementalGroups, socketGID(t)) {
+		t.Errorf("supplemental groups %v lack the socket group %d", psc.SupplementalGroups, socketGID(t))
+	}
+	if psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+		t.Error("no RuntimeDefault seccomp profile")
+	}
+	var hostPath *corev1.HostPathVolumeSource
+	for _, v := range pod.Volumes {
+		if v.HostPath != nil {
+			if hostPath != nil {
+				t.Errorf("more than one hostPath volume")
+			}
+			hostPath = v.HostPath
+			if v.Name != "statsd-sockets" {
+				t.Errorf("hostPath volume %q", v.Name)
+			}
+		}
+	}
+	if hostPath == nil || hostPath.Path != "/run/statsd" {
+		t.Fatalf("hostPath %+v: want /run/statsd", hostPath)
+	}
+	if len(pod.Containers) != 1 {
+		t.Fatalf("%d containers", len(pod.Containers))
+	}
+	c := pod.Containers[0]
+	sc := c.SecurityContext
+	switch {
+	case sc == nil:
+		t.Fatal("no container security context")
+	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+		t.Error("privilege escalation allowed")
+	case sc.Privileged != nil && *sc.Privileged:
+		t.Error("privileged")
+	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+		t.Error("writable root file system")
+	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
+		t.Errorf("capabilities %+v: want all dropped, none added", sc.Capabilities)
+	}
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "statsd-sockets" || !c.VolumeMounts[0].ReadOnly || c.VolumeMounts[0].MountPath != "/run/statsd" {
+		t.Errorf("volume mounts %+v: want statsd-sockets read-only at /run/statsd", c.VolumeMounts)
+	}
+	if !slices.Contains(c.Args, "--sockets=/run/statsd/*.sock") {
+		t.Errorf("args %q do not poll /run/statsd/*.sock", c.Args)
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9477 || !slices.Contains(c.Args, "--metrics-listen=0.0.0.0:9477") {
+		t.Errorf("ports %+v, args %q: want metrics on 9477", c.Ports, c.Args)
+	}
+	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
+		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.String() != "metrics" {
+			t.Errorf("%s probe %+v: want GET /healthz on metrics", name, p)
+		}
+	}
+	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", c.Resources)
+	}
+}
+
+func labelsMatch(selector, labels map[string]string) bool {
+	for k, v := range selector {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return len(selector) > 0
+}
+
+// TestServiceAndPodMonitor: both select the agent pods and scrape the
+// port they serve on; the PodMonitor names the job "statsagent".
+func TestServiceAndPodMonitor(t *testing.T) {
+	objs := objects(t)
+	ds := only[*appsv1.DaemonSet](t, objs, "daemonset.yaml")
+	podLabels := ds.Spec.Template.Labels
+	svc := only[*corev1.Service](t, objs, "service.yaml")
+	if !labelsMatch(svc.Spec.Selector, podLabels) {
+		t.Errorf("service selector %v does not match the pods %v", svc.Spec.Selector, podLabels)
+	}
+	a := svc.Annotations
+	if a["prometheus.io/scrape"] != "true" || a["prometheus.io/port"] != "9477" || a["prometheus.io/path"] != "/metrics" {
+		t.Errorf("scrape annotations %v", a)
+	}
+	if len(svc.Spec.Ports) != 1 || svc.Spec.Ports[0].Port != 9477 || svc.Spec.Ports[0].TargetPort.String() != "metrics" {
+		t.Errorf("service ports %+v", svc.Spec.Ports)
+	}
+	pm := only[*monitoringv1.PodMonitor](t, objs, "podmonitor.yaml")
+	if !labelsMatch(pm.Spec.Selector.MatchLabels, podLabels) {
+		t.Errorf("PodMonitor selector %v does not match the pods %v", pm.Spec.Selector.MatchLabels, podLabels)
+	}
+	if podLabels[pm.Spec.JobLabel] != "statsagent" {
+		t.Errorf("PodMonitor jobLabel %q gives job %q, want statsagent (the alerting rules select up{job=\"statsagent\"})", pm.Spec.JobLabel, podLabels[pm.Spec.JobLabel])
+	}
+	if len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port == nil || *pm.Spec.PodMetricsEndpoints[0].Port != "metrics" {
+		t.Errorf("PodMonitor endpoints %+v: want the metrics port", pm.Spec.PodMetricsEndpoints)
+	}
+}
+
+// TestKustomizationBuilds: the kustomization lists every manifest, and
+// kustomize (its library, as kubectl apply -k uses it) builds it into
+// objects that again decode strictly, in the namespace, with the image set.
+func TestKustomizationBuilds(t *testing.T) {
+	objs := objects(t)
+	k := only[*kustypes.Kustomization](t, objs, "kustomization.yaml")
+	var manifests []string
+	for f := range objs {
+		if f != "kustomization.yaml" {
+			manifests = append(manifests, f)
+		}
+	}
+	slices.Sort(manifests)
+	listed := slices.Sorted(slices.Values(k.Resources))
+	if !slices.Equal(listed, manifests) {
+		t.Errorf("kustomization resources %v, manifests here %v", listed, manifests)
+	}
+	dir, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rm, err := krusty.MakeKustomizer(krusty.MakeDefaultOptions()).Run(filesys.MakeFsOnDisk(), dir)
+	if err != nil {
+		t.Fatalf("kustomize build: %v", err)
+	}
+	out, err := rm.AsYaml()
+	if err != nil {
+		t.Fatal(err)
+	}
+	kinds := map[string]int{}
+	for _, doc := range documents(out) {
+		obj, err := decodeStrict(doc)
+		if err != nil {
+			t.Errorf("built: %v", err)
+			continue
+		}
+		switch o := obj.(type) {
+		case *corev1.Namespace:
+			kinds["Namespace"]++
+		case *appsv1.DaemonSet:
+			kinds["DaemonSet"]++
+			if o.Namespace != k.Namespace {
+				t.Errorf("DaemonSet in namespace %q", o.Namespace)
+			}
+			if img := o.Spec.Template.Spec.Containers[0].Image; !strings.HasSuffix(img, "/statsagent:"+k.Images[0].NewTag) {
+				t.Errorf("image %q not set by the kustomization", img)
+			}
+		case *corev1.Service:
+			kinds["Service"]++
+		case *monitoringv1.PodMonitor:
+			kinds["PodMonitor"]++
+		}
+	}
+	if want := map[string]int{"Namespace": 1, "DaemonSet": 1, "Service": 1, "PodMonitor": 1}; fmt.Sprint(kinds) != fmt.Sprint(want) {
+		t.Errorf("built %v, want %v", kinds, want)
+	}
+	if !bytes.Contains(out, []byte("namespace: sandboxstats")) {
+		t.Error("built objects are not in the sandboxstats namespace")
+	}
+}

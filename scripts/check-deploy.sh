@@ -1,0 +1,49 @@
+#!/bin/sh
+# check-deploy.sh: the checks of deploy/ that make test runs (make deploy-check):
+#   promtool check rules / test rules   deploy/prometheus
+#   systemd-analyze verify              deploy/systemd, as make install lays them out (must print nothing)
+#   go vet, staticcheck, go test        the deploy module: strict Kubernetes manifests, the dashboard
+# A missing tool (apt-get install prometheus systemd) skips its check with a
+# hint, except under CI=true, where it fails. Run from the repository root
+# after make build.
+set -eu
+GO=${GO:-go}
+BIN=${BIN:-$(pwd)/bin}
+fail=0
+
+need() { # need TOOL PACKAGE
+	command -v "$1" >/dev/null 2>&1 && return 0
+	if [ "${CI:-}" = true ]; then
+		echo "check-deploy: $1 is missing (apt-get install $2)" >&2; fail=1
+	else
+		echo "check-deploy: SKIP: $1 is missing (apt-get install $2)" >&2
+	fi
+	return 1
+}
+
+if need promtool prometheus; then
+	promtool check rules deploy/prometheus/*.rules.yml
+	(cd deploy/prometheus && promtool test rules ./*.test.yml)
+fi
+
+if need systemd-analyze systemd; then
+	tmp=$(mktemp -d)
+	trap 'rm -rf "$tmp"' EXIT
+	# Installed under a temporary prefix, so that the units' ExecStart name
+	# binaries that exist (verify checks them).
+	${MAKE:-make} -s install PREFIX="$tmp" DESTDIR= BIN="$BIN" >/dev/null
+	units="$tmp/lib/systemd/system/statsd@.service $tmp/lib/systemd/system/statsagent.service"
+	# shellcheck disable=SC2086 # two paths
+	out=$(cd "$tmp" && systemd-analyze verify $units 2>&1) || { echo "$out" >&2; echo "check-deploy: systemd-analyze verify failed" >&2; fail=1; }
+	if [ -n "$out" ]; then
+		echo "$out" >&2; echo "check-deploy: systemd-analyze verify printed the above (want nothing)" >&2; fail=1
+	else
+		echo "systemd-analyze verify: statsd@.service statsagent.service: clean"
+	fi
+fi
+
+# The deploy module: its own go.mod (k8s.io/api, prometheus-operator's types,
+# kustomize), fetched through the Go module proxy.
+(cd deploy && $GO vet ./... && "$BIN/staticcheck" ./... && $GO test -count=1 ./...)
+
+exit $fail
