@@ -26,8 +26,8 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
-	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	"github.com/sandboxstats/sandboxstats/internal/version"
 )
 

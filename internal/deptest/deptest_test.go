@@ -28,6 +28,8 @@ var daemonPackages = []string{
 var statsctlAllowed = []string{
 	"proto/sandboxstats/v1", "internal/api", "internal/rate", "internal/sweep",
 	"internal/sockaddr", "internal/version",
+	// peercred: the sweep checks the uid of the statsd it dialled.
+	"internal/peercred",
 }
 
 // Test-only packages: fakes and end-to-end helpers.
