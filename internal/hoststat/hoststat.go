@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -61,6 +62,10 @@ type sampler struct {
 	g   *bounded.Group
 	log *slog.Logger
 
+	// pin holds the VMM's (or sentry's) pid, start time and executable
+	// from its first sample.
+	pin *process.Tracker
+
 	mu       sync.Mutex
 	prevTids map[int32]uint64 // tid -> start time ticks, from the previous sample
 
@@ -105,6 +110,7 @@ func newSampler(ref source.SandboxRef, cfg Config) (*sampler, error) {
 		fs:  fs,
 		g:   bounded.New(cfg.ReadTimeout),
 		log: cfg.Logger.With("component", "hoststat"),
+		pin: process.NewTracker(cfg.ProcRoot),
 	}, nil
 }
 
@@ -142,8 +148,11 @@ func (s *sampler) SampleHost(ctx context.Context) (*source.HostStats, error) {
 		}
 		debugfs = s.debugfsView(ctx, procs[0])
 	})
-	threads, name, nameSource := s.threadsView(ctx, procs, how, perr)
+	threads, name, nameSource, reused := s.threadsView(ctx, procs, how, perr)
 	wg.Wait()
+	if reused != nil && debugfs.State != source.KVMSourceStateNotConfigured {
+		debugfs = unavailableView(source.KVMSourceDebugfs, "", "VMM process unknown: "+reused.Error())
+	}
 
 	hs.VMMThreads = threads
 	hs.KVM.Debugfs = debugfs

@@ -55,6 +55,13 @@ func (t *Tracker) Check(pid int) (Pin, error) {
 	return t.pin, nil
 }
 
+// Pinned returns the pin, if a process is pinned.
+func (t *Tracker) Pinned() (Pin, bool) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.pin, t.pinned
+}
+
 // Reset forgets the pin (a new epoch: the launcher names the VMM anew).
 func (t *Tracker) Reset() {
 	t.mu.Lock()
