@@ -168,11 +168,3 @@ func (s *sampler) Close() error { return nil }
 func unavailableView(src source.KVMSource, origin, reason string) *source.KVMSourceView {
 	return &source.KVMSourceView{Source: src, State: source.KVMSourceStateUnavailable, Origin: origin, Reason: reason}
 }
-
-// truncate shortens kernel or QMP text quoted in an error.
-func truncate(b []byte) []byte {
-	if len(b) > 80 {
-		return b[:80]
-	}
-	return b
-}

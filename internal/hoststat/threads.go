@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -82,6 +83,7 @@ func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline boo
 		if c, err := t.Comm(); err == nil {
 			name = c
 		}
+		name = foreign.Bound(name, 64) // comm is 16 bytes, any of them a process chose
 		class, idx, isVCPU := classifyThread(name)
 		th := source.VMMThread{
 			PID:            pid,
