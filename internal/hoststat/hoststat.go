@@ -23,6 +23,9 @@ const (
 	DefaultProcRoot    = "/proc"
 	DefaultDebugfsRoot = "/sys/kernel/debug"
 	DefaultReadTimeout = 2 * time.Second
+	// DefaultMinInterval is how long a host sample is served to every
+	// caller before another is taken.
+	DefaultMinInterval = time.Second
 )
 
 // Sentinel errors, wrapped together with the source sentinels.
@@ -44,6 +47,12 @@ type Config struct {
 	// private mount namespace of a locked thread that is discarded after the
 	// read, so no mount is ever visible outside that thread.
 	DisableDebugfsMount bool
+	// MinInterval is how long a host sample is served from a cache before
+	// another is taken (statsd --host-min-interval): readers, however many
+	// and fast, never set the rate of samples (each may unshare a mount
+	// namespace and mount debugfs). 0 means DefaultMinInterval; negative
+	// turns the cache off.
+	MinInterval time.Duration
 	// Now is the clock for observed_at; nil means time.Now.
 	Now func() time.Time
 	// SandboxProcesses lists a gVisor sandbox's host processes for a
@@ -79,9 +88,23 @@ var _ source.HostSampler = (*sampler)(nil)
 
 // Open returns a HostSampler for the sandbox ref names. It reads nothing: a
 // VMM that is not running yet shows up as a shortfall of the first sample.
-// Close releases nothing today but must be called.
+// A sample is served to every caller for Config.MinInterval (observed_at
+// says when it was taken). Close releases nothing today but must be called.
 func Open(ref source.SandboxRef, cfg Config) (source.HostSampler, error) {
-	return newSampler(ref, cfg)
+	s, err := newSampler(ref, cfg)
+	if err != nil {
+		return nil, err
+	}
+	interval := cfg.MinInterval
+	if interval == 0 {
+		interval = DefaultMinInterval
+	}
+	if interval < 0 {
+		return s, nil
+	}
+	// Bounded by ReadTimeout per view, several views in turn: a waiting
+	// caller gives up at its own deadline, the sample goes on.
+	return &cachedSampler{s: s, interval: interval, g: bounded.New(0), now: time.Now}, nil
 }
 
 func newSampler(ref source.SandboxRef, cfg Config) (*sampler, error) {
