@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
@@ -225,17 +224,11 @@ func (s *Store) lastEndedOf(actorUID string) *Ended {
 // sweepTemps removes the temp files a crash left beside the state files
 // (atomicfile writes <name>.tmp-*).
 func sweepTemps(dir string, logger *slog.Logger) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return
+	removed, err := atomicfile.SweepTemps(dir, stateFileName, endedFileName)
+	for _, p := range removed {
+		logger.Info("removed a temp file an interrupted write left", "path", p)
 	}
-	for _, e := range ents {
-		n := e.Name()
-		if !e.Type().IsRegular() || !(strings.HasPrefix(n, stateFileName+".tmp-") || strings.HasPrefix(n, endedFileName+".tmp-")) {
-			continue
-		}
-		if err := os.Remove(filepath.Join(dir, n)); err == nil {
-			logger.Info("removed a temp file an interrupted write left", "path", filepath.Join(dir, n))
-		}
+	if err != nil {
+		logger.Warn("could not sweep temp files", "err", err)
 	}
 }
