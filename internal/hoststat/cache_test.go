@@ -62,7 +62,7 @@ func TestHostViewCacheExpires(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			var samples atomic.Int32
 			h, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 300}, Config{ProcRoot: root, DebugfsRoot: t.TempDir(),
-				DisableDebugfsMount: true, MinInterval: tc.interval,  SandboxProcesses: func(string, int32) ([]int32, error) {
+				DisableDebugfsMount: true, MinInterval: tc.interval, SandboxProcesses: func(string, int32) ([]int32, error) {
 					samples.Add(1)
 					return []int32{300}, nil
 				}})
