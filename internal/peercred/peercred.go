@@ -89,10 +89,10 @@ type Listener struct {
 	cfg     Config
 	refused atomic.Int64
 
-	mu        sync.Mutex
-	lastLog   time.Time
-	unlogged  int64
-	groups func(pid int32) ([]uint32, error) // supplementary groups; replaceable in tests
+	mu       sync.Mutex
+	lastLog  time.Time
+	unlogged int64
+	groups   func(pid int32) ([]uint32, error) // supplementary groups; replaceable in tests
 }
 
 // Listen wraps l.
