@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"net"
 	"sync"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
 // maxAgentFrameBytes bounds one ttrpc frame from the agent. A StatsContainer
@@ -29,7 +31,8 @@ const (
 	frameTypeResponse = 0x2
 )
 
-// errHostileFrame marks a connection cut because of what the agent sent.
+// errHostileFrame marks a connection cut because of what the agent sent;
+// its errors also wrap source.ErrMalformed: the agent answered, wrongly.
 var errHostileFrame = errors.New("microvm: the agent sent a frame statsd refuses")
 
 // frameGuard wraps the agent connection. It notes the stream id of every
@@ -94,14 +97,14 @@ func (g *frameGuard) Read(p []byte) (int, error) {
 func (g *frameGuard) checkIncoming(h frameHeader) error {
 	switch {
 	case h.length > g.maxFrame:
-		return fmt.Errorf("%w: a frame of %d bytes on stream %d (at most %d accepted)", errHostileFrame, h.length, h.stream, g.maxFrame)
+		return fmt.Errorf("%w: %w: a frame of %d bytes on stream %d (at most %d accepted)", source.ErrMalformed, errHostileFrame, h.length, h.stream, g.maxFrame)
 	case h.typ != frameTypeResponse:
-		return fmt.Errorf("%w: a frame of type %d on stream %d (only responses to unary calls are expected)", errHostileFrame, h.typ, h.stream)
+		return fmt.Errorf("%w: %w: a frame of type %d on stream %d (only responses to unary calls are expected)", source.ErrMalformed, errHostileFrame, h.typ, h.stream)
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if !g.outstanding[h.stream] {
-		return fmt.Errorf("%w: a response on stream %d, which has no request outstanding", errHostileFrame, h.stream)
+		return fmt.Errorf("%w: %w: a response on stream %d, which has no request outstanding", source.ErrMalformed, errHostileFrame, h.stream)
 	}
 	delete(g.outstanding, h.stream)
 	return nil

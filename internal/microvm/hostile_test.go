@@ -47,8 +47,8 @@ func TestHostileAgentFloodsInactiveStreams(t *testing.T) {
 	s := mustOpen(t, h.Address(), cfg, "a")
 
 	err, _ := pollUntil(t, s, 5*time.Second, func(err error) bool { return err != nil && strings.Contains(err.Error(), "no request outstanding") })
-	if !errors.Is(err, source.ErrNotMeasurable) {
-		t.Fatalf("err = %v, want ErrNotMeasurable", err)
+	if !errors.Is(err, source.ErrMalformed) {
+		t.Fatalf("err = %v, want ErrMalformed (the agent answered, wrongly)", err)
 	}
 	// Keep polling hard for a second: redials are paced by the backoff.
 	dials0, flooded0 := h.Dials(), h.Flooded()
@@ -158,7 +158,7 @@ func TestReplyOverDefaultFrameCap(t *testing.T) {
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("a", big))
 	s := mustOpen(t, agent.Address(), testConfig(), "a")
 	_, err := s.Sample(context.Background())
-	if !errors.Is(err, source.ErrNotMeasurable) || !strings.Contains(err.Error(), "at most 262144 accepted") {
+	if !errors.Is(err, source.ErrMalformed) || !strings.Contains(err.Error(), "at most 262144 accepted") {
 		t.Fatalf("err = %v, want the connection cut at the 256 KiB frame cap", err)
 	}
 	agent.SetContainer("a", kataagentfake.V2(v2b))

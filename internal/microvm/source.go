@@ -159,10 +159,14 @@ func (c *agentConn) cutReason() error {
 	return nil
 }
 
-// sentinelOf classifies a cut: for unanswered calls it is a timeout.
+// sentinelOf classifies a cut: for unanswered calls it is a timeout, for
+// frames the guard refused a malformed answer.
 func sentinelOf(why error) error {
-	if errors.Is(why, source.ErrTimeout) {
+	switch {
+	case errors.Is(why, source.ErrTimeout):
 		return source.ErrTimeout
+	case errors.Is(why, source.ErrMalformed):
+		return source.ErrMalformed
 	}
 	return source.ErrNotMeasurable
 }
