@@ -152,7 +152,7 @@ func (s *Store) save(name string, v any) error {
 	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: encode %s: %w", ErrNotPersisted, name, err)
 	}
 	err = atomicfile.Write(s.cfg.StateDir, name, append(b, '\n'), 0o600)
 	switch {
@@ -160,7 +160,7 @@ func (s *Store) save(name string, v any) error {
 		s.logger.Warn("state saved but not known to be durable", "file", name, "err", err)
 		return nil
 	case err != nil:
-		return fmt.Errorf("identity: save %s: %w", name, err)
+		return fmt.Errorf("%w: save %s in %s: %w", ErrNotPersisted, name, s.cfg.StateDir, err)
 	}
 	return nil
 }

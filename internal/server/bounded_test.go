@@ -4,11 +4,14 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -36,6 +39,31 @@ func TestErrorTextIsBounded(t *testing.T) {
 			}
 			if size > 2*maxStatusMessage || strings.ContainsRune(resp.GetNoSampleDetail()+status.Convert(err).Message(), 0x1b) {
 				t.Errorf("StatsActiveWorkloads answer is %d bytes", size)
+			}
+		})
+	}
+}
+
+// TestLifecycleErrorNotPersisted: a state file that cannot be written is
+// UNAVAILABLE STATE_NOT_PERSISTED when the disk is full, quota-bound or
+// read-only (retry once writable), INTERNAL with the same reason otherwise:
+// never a bare INTERNAL.
+func TestLifecycleErrorNotPersisted(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cause error
+		code  codes.Code
+	}{
+		{"disk full", syscall.ENOSPC, codes.Unavailable},
+		{"quota", syscall.EDQUOT, codes.Unavailable},
+		{"read-only", syscall.EROFS, codes.Unavailable},
+		{"I/O error", syscall.EIO, codes.Internal},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := lifecycleError(fmt.Errorf("%w: save ended.json in /var/lib/statsd: atomicfile: write: %w", identity.ErrNotPersisted, tc.cause))
+			wantStatus(t, err, tc.code, sandboxstatsv1.ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED)
+			if !strings.Contains(status.Convert(err).Message(), tc.cause.Error()) {
+				t.Errorf("message %q does not say why", status.Convert(err).Message())
 			}
 		})
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
@@ -60,6 +61,12 @@ func lifecycleError(err error) error {
 		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH, "%v", err)
 	case errors.Is(err, identity.ErrNoWorkload):
 		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD, "%v", err)
+	case errors.Is(err, identity.ErrNotPersisted) && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EROFS)):
+		// The disk is full or read-only: nothing changed, and a retry once
+		// it is writable succeeds.
+		return statusError(codes.Unavailable, sandboxstatsv1.ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED, "%v", err)
+	case errors.Is(err, identity.ErrNotPersisted):
+		return statusError(codes.Internal, sandboxstatsv1.ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED, "%v", err)
 	default:
 		return status.Error(codes.Internal, foreign.Bound(err.Error(), maxStatusMessage))
 	}
