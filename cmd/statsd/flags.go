@@ -30,6 +30,7 @@ type config struct {
 	endedRetention  time.Duration
 	endedMax        int
 	hostMinInterval time.Duration
+	memoryLimit     int64
 	logLevel        slog.Level
 
 	// Who is served (SO_PEERCRED), and the read socket's group.
@@ -93,6 +94,7 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 	fs.Var(idsFlag{ids: &c.readGIDs, set: &c.readGIDsSet}, "read-allow-gids", "comma-separated gids (primary or supplementary) served on the read socket; default: the read socket's group")
 	fs.StringVar(&c.socketGroup, "socket-group", "", "group (name or gid) of the read socket; default: the group it is created with")
 	fs.IntVar(&c.maxReadConns, "max-read-connections", 128, "most connections served at once on the read socket (lowered to keep a quarter of RLIMIT_NOFILE, at least 64 descriptors, for the lifecycle socket and state files); more are closed on accept")
+	fs.Int64Var(&c.memoryLimit, "memory-limit", 48<<20, "soft limit of the Go heap in bytes (runtime/debug.SetMemoryLimit; GOMEMLIMIT, if set, wins); the collector works harder near it; 0 sets none")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "Usage: statsd [flags]\n\nServes one sandbox's workload stats over gRPC on Unix sockets.\n\nFlags:\n")

@@ -13,6 +13,8 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime"
+	"runtime/debug"
 	"sync"
 	"syscall"
 	"time"
@@ -49,6 +51,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger := newLogger(stderr, cfg.logLevel)
 	quietContainerdLog(logger)
+	if cfg.memoryLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
+		debug.SetMemoryLimit(cfg.memoryLimit)
+	}
 
 	store, err := identity.NewStore(identity.Config{
 		StateDir:       cfg.stateDir,
@@ -104,6 +109,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		healthSrv.SetServingStatus(svc, healthpb.HealthCheckResponse_SERVING)
 	}
 	logger.Info("statsd serving", "listen", cfg.listen, "lifecycle_listen", cfg.lifecycleListen, "state_dir", cfg.stateDir, "drift_interval", cfg.driftInterval)
+	stopCounters := logCountersOnSignal(logger, statsLis, lifeLis)
+	defer stopCounters()
 
 	var serveErr error
 	select {
@@ -124,6 +131,37 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	logger.Info("connections refused while serving", "read_peers_refused", statsLis.peers.Refused(),
 		"lifecycle_peers_refused", lifeLis.peers.Refused(), "read_over_cap", statsLis.cap.refused.Load())
 	return serveErr
+}
+
+// logCountersOnSignal logs statsd's counters on every SIGUSR1, after
+// collections that empty the pools and return free memory to the system (so
+// that what stays resident is what is in use): goroutines, heap in use, the peers refused on each
+// socket, the read connections refused over the cap and those open now.
+// The returned func stops it.
+func logCountersOnSignal(logger *slog.Logger, stats, life *guardedListener) func() {
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, syscall.SIGUSR1)
+	done := make(chan struct{})
+	go func() {
+		for {
+			select {
+			case <-done:
+				return
+			case <-sig:
+			}
+			// Two collections empty the sync.Pools (gRPC's buffer pools
+			// among them: a pool keeps its items through one), then the
+			// free memory goes back to the system.
+			runtime.GC()
+			debug.FreeOSMemory()
+			var ms runtime.MemStats
+			runtime.ReadMemStats(&ms)
+			logger.Info("statsd counters", "goroutines", runtime.NumGoroutine(), "heap_inuse_bytes", ms.HeapInuse,
+				"read_peers_refused", stats.peers.Refused(), "lifecycle_peers_refused", life.peers.Refused(),
+				"read_over_cap", stats.cap.refused.Load(), "read_connections_open", len(stats.cap.slots))
+		}
+	}()
+	return func() { signal.Stop(sig); close(done) }
 }
 
 // guardedListener is a socket with its peer check (and, for the read
