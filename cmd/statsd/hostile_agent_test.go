@@ -68,6 +68,13 @@ func TestHostileAgentHugeErrors(t *testing.T) {
 			})
 			elapsed := time.Since(start)
 			time.Sleep(500 * time.Millisecond) // a few more drift cycles
+			// The end of the activation: its final read fails with the
+			// agent's errors, and the record travels in every discovery
+			// answer.
+			e, err := life.CheckpointWorkload(ctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: "actor-vm"})
+			a.note("CheckpointWorkload", e, err, strings.Repeat("E", 1024))
+			r, err := stats.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+			a.note("StatsActiveWorkloads after the end", r, err, strings.Repeat("E", 1024))
 			rss := peakRSS(t, d)
 			a.check(t)
 			if rss > maxRSSBytes {
