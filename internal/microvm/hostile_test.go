@@ -18,8 +18,8 @@ import (
 )
 
 // pollUntil samples every 5 ms until ok(err) or the deadline, and returns
-// the last error and how many samples it took.
-func pollUntil(t *testing.T, s *guestSource, within time.Duration, ok func(error) bool) (error, int) {
+// how many samples it took and the last error.
+func pollUntil(t *testing.T, s *guestSource, within time.Duration, ok func(error) bool) (int, error) {
 	t.Helper()
 	var err error
 	n := 0
@@ -29,11 +29,11 @@ func pollUntil(t *testing.T, s *guestSource, within time.Duration, ok func(error
 		cancel()
 		n++
 		if ok(err) {
-			return err, n
+			return n, err
 		}
 	}
 	t.Fatalf("after %v and %d samples: last err %v", within, n, err)
-	return err, n
+	return n, err
 }
 
 // An agent streaming frames on stream ids no call opened (ttrpc logs and
@@ -46,7 +46,7 @@ func TestHostileAgentFloodsInactiveStreams(t *testing.T) {
 	cfg.MinBackoff, cfg.MaxBackoff = 50*time.Millisecond, 200*time.Millisecond
 	s := mustOpen(t, h.Address(), cfg, "a")
 
-	err, _ := pollUntil(t, s, 5*time.Second, func(err error) bool { return err != nil && strings.Contains(err.Error(), "no request outstanding") })
+	_, err := pollUntil(t, s, 5*time.Second, func(err error) bool { return err != nil && strings.Contains(err.Error(), "no request outstanding") })
 	if !errors.Is(err, source.ErrMalformed) {
 		t.Fatalf("err = %v, want ErrMalformed (the agent answered, wrongly)", err)
 	}
@@ -83,7 +83,7 @@ func TestHostileAgentHugeFrameHeaderThenSilence(t *testing.T) {
 		t.Errorf("took %v: the header alone should cut the connection, not the call timeout (%v)", took, cfg.CallTimeout)
 	}
 	h.SetMode(kataagentfake.Behave)
-	_, n := pollUntil(t, s, 3*time.Second, func(err error) bool { return err == nil })
+	n, _ := pollUntil(t, s, 3*time.Second, func(err error) bool { return err == nil })
 	if h.Dials() < 2 {
 		t.Errorf("%d dials: the wedged connection was not replaced", h.Dials())
 	}
