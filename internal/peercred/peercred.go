@@ -126,8 +126,8 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err == nil && l.admits(cred) {
 			return c, nil
 		}
+		l.refuse(cred, err) // counted before the peer sees the close
 		c.Close()
-		l.refuse(cred, err)
 	}
 }
 
