@@ -26,7 +26,7 @@ const (
 	maxQMPMessage       = 4 << 20
 	maxQMPGreeting      = 64 << 10
 	maxQMPEventsPerCall = 16
-	maxQMPSessionBytes  = 16 << 20
+	maxQMPSessionBytes  = 8 << 20
 )
 
 // qmpConn is one QMP session over a Unix socket.
