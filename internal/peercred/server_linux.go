@@ -11,11 +11,12 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Of returns the credentials of the peer of a Unix connection.
+// Of returns the credentials of the peer of a Unix connection, with its
+// pid (PeerUID gives the ids alone).
 func Of(c net.Conn) (Cred, error) {
 	uc, ok := c.(syscall.Conn)
 	if !ok {
-		return Cred{}, fmt.Errorf("peercred: %T is not a Unix connection", c)
+		return Cred{}, fmt.Errorf("%w: %T", ErrNotUnix, c)
 	}
 	raw, err := uc.SyscallConn()
 	if err != nil {
