@@ -12,7 +12,7 @@ BINARIES    := statsd statsagent statsctl
 TOOLS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/staticcheck
 PROTO_GO := $(shell find proto internal -name '*.pb.go' 2>/dev/null)
 
-.PHONY: all build install uninstall test test-unit lint deploy-check proto proto-check bench demo tools clean
+.PHONY: all build install uninstall test test-unit lint deploy-check proto proto-check fuzz bench demo tools clean
 
 all: build
 
@@ -77,9 +77,21 @@ deploy-check: build $(BIN)/staticcheck
 
 # The whole suite: unit, contract and end-to-end tests (end-to-end tests need
 # root, runsc, qemu and prometheus; with CI=true a missing prerequisite fails
-# them), and the deploy/ checks.
-test: lint proto-check deploy-check
+# them), the deploy/ checks, and every fuzz target for a short budget.
+test: lint proto-check deploy-check fuzz
 	$(GO) test -count=1 -timeout 15m ./...
+
+# Every Fuzz* target of every package, one at a time, FUZZTIME each (the
+# seeds also run as unit tests under go test). The list comes from
+# `go test -list`: a new target is fuzzed without touching this file.
+FUZZTIME ?= 3s
+fuzz:
+	@targets=$$($(GO) test -list '^Fuzz' ./... | awk '/^Fuzz/ {f[n++]=$$1; next} /^ok/ {for (i = 0; i < n; i++) print $$2 " " f[i]; n = 0}'); \
+	test -n "$$targets" || { echo "no fuzz targets found" >&2; exit 1; }; \
+	echo "$$targets" | while read -r pkg target; do \
+		echo "fuzz $$pkg $$target ($(FUZZTIME))"; \
+		$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) "$$pkg" >/tmp/sandboxstats-fuzz.log 2>&1 || { cat /tmp/sandboxstats-fuzz.log; exit 1; }; \
+	done
 
 test-unit:
 	$(GO) test -short ./...

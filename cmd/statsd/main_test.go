@@ -195,16 +195,16 @@ func TestStatsdKeepsWorkloadAcrossRestart(t *testing.T) {
 func TestListenUnixRefusesLiveSocketAndReplacesStale(t *testing.T) {
 	dir := t.TempDir()
 	p := filepath.Join(dir, "s.sock")
-	lis, cleanup, err := listenUnix(p, 0o700, 0o600)
+	lis, cleanup, err := listenUnix(p, 0o700, 0o600, -1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := listenUnix(p, 0o700, 0o600); err == nil {
+	if _, _, err := listenUnix(p, 0o700, 0o600, -1); err == nil {
 		t.Fatal("listened over a live socket")
 	}
 	// A stale socket (its listener closed without unlinking) is replaced.
 	lis.Close()
-	lis2, cleanup2, err := listenUnix(p, 0o700, 0o600)
+	lis2, cleanup2, err := listenUnix(p, 0o700, 0o600, -1)
 	if err != nil {
 		t.Fatalf("stale socket not replaced: %v", err)
 	}
@@ -220,7 +220,7 @@ func TestListenUnixRefusesLiveSocketAndReplacesStale(t *testing.T) {
 	// A regular file is never removed.
 	f := filepath.Join(dir, "file")
 	os.WriteFile(f, nil, 0o600)
-	if _, _, err := listenUnix(f, 0o700, 0o600); err == nil {
+	if _, _, err := listenUnix(f, 0o700, 0o600, -1); err == nil {
 		t.Fatal("listened over a regular file")
 	}
 }

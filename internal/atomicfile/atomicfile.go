@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strings"
 )
 
 // ErrNotDurable wraps a failure after the rename: the new content is in
@@ -16,10 +17,14 @@ import (
 // written.
 var ErrNotDurable = errors.New("atomicfile: written but not known to be durable")
 
+// tempPattern is the temp file of a Write of name: <name>.tmp-<random>.
+func tempPattern(name string) string { return name + ".tmp-*" }
+
 // Write replaces dir/name with data: a temp file in the same directory,
-// fsync, rename over the old file, fsync the directory.
+// fsync, rename over the old file, fsync the directory. A crash (kill -9,
+// power loss) may leave the temp file behind: SweepTemps removes it.
 func Write(dir, name string, data []byte, perm os.FileMode) error {
-	tmp, err := os.CreateTemp(dir, name+".tmp-*")
+	tmp, err := os.CreateTemp(dir, tempPattern(name))
 	if err != nil {
 		return fmt.Errorf("atomicfile: %w", err)
 	}
@@ -61,4 +66,31 @@ func MoveAside(path string, suffix int64) (string, error) {
 		return "", err
 	}
 	return aside, nil
+}
+
+// SweepTemps removes the temp files that interrupted Writes of the named
+// files left in dir (regular files named <name>.tmp-*, nothing else) and
+// returns their paths. Call it at start, before any Write of those names.
+func SweepTemps(dir string, names ...string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, fmt.Errorf("atomicfile: sweep %s: %w", dir, err)
+	}
+	var removed []string
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		for _, name := range names {
+			if strings.HasPrefix(e.Name(), strings.TrimSuffix(tempPattern(name), "*")) {
+				p := filepath.Join(dir, e.Name())
+				if err := os.Remove(p); err != nil {
+					return removed, fmt.Errorf("atomicfile: sweep: %w", err)
+				}
+				removed = append(removed, p)
+				break
+			}
+		}
+	}
+	return removed, nil
 }

@@ -4,6 +4,8 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
 )
 
 func TestWriteReplacesAndLeavesNoTemp(t *testing.T) {
@@ -35,5 +37,28 @@ func TestMoveAside(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(aside); string(b) != "garbage" || filepath.Base(aside) != "state.json.corrupt-42" {
 		t.Fatalf("moved to %s with %q", aside, b)
+	}
+}
+
+func TestSweepTemps(t *testing.T) {
+	dir := t.TempDir()
+	for _, n := range []string{"binding.json.tmp-1", "drift.json.tmp-22", "binding.json", "drift.json.corrupt-5", "other.tmp-3", "binding.jsonx.tmp-4"} {
+		os.WriteFile(filepath.Join(dir, n), nil, 0o600)
+	}
+	os.Mkdir(filepath.Join(dir, "drift.json.tmp-dir"), 0o700) // not a regular file: kept
+	removed, err := SweepTemps(dir, "binding.json", "drift.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, p := range removed {
+		got = append(got, filepath.Base(p))
+	}
+	if diff := cmp.Diff([]string{"binding.json.tmp-1", "drift.json.tmp-22"}, got); diff != "" {
+		t.Errorf("removed (-want +got):\n%s", diff)
+	}
+	left, _ := os.ReadDir(dir)
+	if len(left) != 5 {
+		t.Errorf("%d entries left, want 5", len(left))
 	}
 }

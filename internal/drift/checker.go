@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -14,7 +15,10 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
 // comparison is one thing the check compares; each Kind belongs to one. When
@@ -123,6 +127,17 @@ type Config struct {
 // stateFileName is the file under the state directory holding the findings.
 const stateFileName = "drift.json"
 
+// Bounds of what the check keeps: a detail or a skipped reason may carry a
+// guest's or a file's words (each source cuts them; this is the backstop),
+// and a comparison may see many subjects (STRAY_VMM: any local user can
+// start processes claiming a guest name).
+const (
+	maxDetailBytes    = 512
+	maxSubjectBytes   = 256
+	maxOpenFindings   = 64
+	maxStateFileBytes = 64 << 10
+)
+
 const stateVersion = 1
 
 type stateFile struct {
@@ -172,12 +187,24 @@ func New(cfg Config) (*Checker, error) {
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("drift: state dir: %w", err)
 	}
+	removed, err := atomicfile.SweepTemps(cfg.StateDir, stateFileName)
+	for _, p := range removed {
+		cfg.Logger.Info("drift: removed a temp file an interrupted write left", "path", p)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("drift: %w", err)
+	}
 	p := filepath.Join(cfg.StateDir, stateFileName)
-	b, err := os.ReadFile(p)
+	// A regular file only (never a FIFO, a device or a symlink), opened
+	// non-blocking, at most maxStateFileBytes: over that it is corrupt.
+	b, err := bounded.ReadRegularFile(p, maxStateFileBytes)
 	switch {
 	case errors.Is(err, os.ErrNotExist):
 		return c, nil
-	case err == nil:
+	case errors.Is(err, source.ErrMalformed): // over the size cap: move it aside
+	case err != nil:
+		return nil, fmt.Errorf("drift: read state: %w", err)
+	default:
 		var st stateFile
 		if err = json.Unmarshal(b, &st); err == nil && st.Version != stateVersion {
 			err = fmt.Errorf("unknown state version %d", st.Version)
@@ -280,6 +307,7 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 	seen := map[string]Finding{}
 	for _, f := range obs.Findings {
 		f.ActorUID, f.Epoch = b.Identity.ActorUID, b.EpochUnixNano
+		f.Subject, f.Detail = foreign.Bound(f.Subject, maxSubjectBytes), foreign.Bound(f.Detail, maxDetailBytes)
 		seen[f.key()] = f
 	}
 	for k, f := range c.open {
@@ -288,8 +316,14 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 			c.event(now, EventCleared, f, "%s %s matches again", f.Kind, f.Subject)
 		}
 	}
-	for k, f := range seen {
+	var overCap int
+	for _, k := range slices.Sorted(maps.Keys(seen)) {
+		f := seen[k]
 		if _, already := c.open[k]; already {
+			continue
+		}
+		if len(c.open) >= maxOpenFindings {
+			overCap++
 			continue
 		}
 		f.FirstSeen = now
@@ -297,8 +331,11 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 		c.event(now, EventOpened, f, "%s %s: %s", f.Kind, f.Subject, f.Detail)
 	}
 	c.status.Outcome = "checked"
+	if overCap > 0 {
+		c.status.Outcome = fmt.Sprintf("checked; %d more findings not recorded (at most %d are open)", overCap, maxOpenFindings)
+	}
 	for cmp, why := range obs.Skipped {
-		c.status.Skipped = append(c.status.Skipped, fmt.Sprintf("%s: %s", cmp, why))
+		c.status.Skipped = append(c.status.Skipped, fmt.Sprintf("%s: %s", cmp, foreign.Bound(why, maxDetailBytes)))
 	}
 	sort.Strings(c.status.Skipped)
 	// Say so when the set of skipped comparisons changes, not every cycle.
@@ -310,7 +347,7 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 
 // event records and logs one change: WARN for a new finding, INFO otherwise.
 func (c *Checker) event(now time.Time, t EventType, f Finding, format string, args ...any) {
-	e := Event{At: now, Type: t, Finding: f, Message: fmt.Sprintf(format, args...)}
+	e := Event{At: now, Type: t, Finding: f, Message: foreign.Bound(fmt.Sprintf(format, args...), 2*maxDetailBytes)}
 	c.events = append(c.events, e)
 	if over := len(c.events) - c.cfg.MaxEvents; over > 0 {
 		c.events = slices.Delete(c.events, 0, over)
@@ -331,7 +368,14 @@ func (c *Checker) save() {
 	}
 	st := stateFile{Version: stateVersion, Findings: c.sortedLocked(), Events: c.events}
 	b, err := json.MarshalIndent(st, "", "  ")
+	// Over the cap, the oldest events go first (the file is read back
+	// under the same cap).
+	for err == nil && len(b)+1 > maxStateFileBytes && len(st.Events) > 0 {
+		st.Events = st.Events[max(1, len(st.Events)/8):]
+		b, err = json.MarshalIndent(st, "", "  ")
+	}
 	if err == nil {
+		c.events = st.Events
 		err = atomicfile.Write(c.cfg.StateDir, stateFileName, append(b, '\n'), 0o600)
 	}
 	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {

@@ -36,6 +36,9 @@ type SystemObserver struct {
 	lastAnswer   time.Time
 	sentryCgroup []byte
 	oomBase      *uint64
+	// vmm pins the VMM at the epoch's first look (start time, executable):
+	// a pid another process has since is a VMM gone, never a VMM running.
+	vmm *process.Tracker
 }
 
 // NewSystemObserver reads /proc under procRoot with every read bounded by
@@ -45,7 +48,7 @@ func NewSystemObserver(procRoot string, readTimeout, agentGrace time.Duration, n
 	if now == nil {
 		now = time.Now
 	}
-	return &SystemObserver{procRoot: procRoot, reads: bounded.New(readTimeout), agentGrace: agentGrace, now: now}
+	return &SystemObserver{procRoot: procRoot, reads: bounded.New(readTimeout), agentGrace: agentGrace, now: now, vmm: process.NewTracker(procRoot)}
 }
 
 // Observe implements Observer.
@@ -54,6 +57,7 @@ func (o *SystemObserver) Observe(ctx context.Context, b *identity.Binding) Obser
 	o.mu.Lock()
 	if o.epoch != b.EpochUnixNano {
 		o.epoch, o.lastAnswer, o.sentryCgroup, o.oomBase = b.EpochUnixNano, time.Time{}, nil, nil
+		o.vmm.Reset()
 	}
 	o.mu.Unlock()
 
@@ -160,7 +164,8 @@ func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r s
 		r, err = source.Reading{UnreadContainers: unread.Containers}, nil
 	}
 	o.mu.Lock()
-	answered := err == nil || errors.Is(err, source.ErrMalformed)
+	// An agent that answers with errors answered too: silence is no answer.
+	answered := err == nil || errors.Is(err, source.ErrMalformed) || errors.Is(err, source.ErrAnswered)
 	if answered {
 		o.lastAnswer = now
 	}
@@ -200,7 +205,9 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 	subject := fmt.Sprintf("pid %d", pid)
 	if ref.VMMPIDFile != "" {
 		guest, subject = hoststat.GuestNameFromPIDFile(ref.VMMPIDFile), ref.VMMPIDFile
-		b, err := o.reads.ReadRegularFile(ctx, ref.VMMPIDFile, bounded.MaxPIDFileBytes)
+		// A regular file only, never its content in an error (the launcher
+		// may name any file).
+		n, err := bounded.Do(ctx, o.reads, "pidfile\x00"+ref.VMMPIDFile, func() (int, error) { return process.ReadPIDFile(ref.VMMPIDFile) })
 		switch {
 		case errors.Is(err, os.ErrNotExist):
 			obs.find(cmpVMM, KindVMMGone, subject, "the VMM pid file is gone (the VMM removes it on exit)")
@@ -209,15 +216,22 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 			obs.skip(cmpVMM, err.Error())
 			return 0, guest, false
 		}
-		n, perr := process.ParsePIDFile(b)
-		if perr != nil {
-			obs.skip(cmpVMM, fmt.Sprintf("pid file %s: %v", ref.VMMPIDFile, perr))
-			return 0, guest, false
-		}
 		pid = n
 	}
 	if pid == 0 {
 		return 0, guest, true // no VMM named: nothing is bound, any claimant is a stray
+	}
+	_, err := bounded.Do(ctx, o.reads, "pin\x00"+strconv.Itoa(pid), func() (process.Pin, error) { return o.vmm.Check(pid) })
+	switch {
+	case errors.Is(err, process.ErrReused):
+		obs.find(cmpVMM, KindVMMGone, subject, fmt.Sprintf("the VMM process (pid %d) exited and its pid now names another process: %v", pid, err))
+		return pid, guest, true
+	case process.IsGone(err):
+		obs.find(cmpVMM, KindVMMGone, subject, fmt.Sprintf("the VMM process (pid %d) no longer exists", pid))
+		return pid, guest, true
+	case err != nil:
+		obs.skip(cmpVMM, err.Error())
+		return pid, guest, false
 	}
 	cmdline, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cmdline"))
 	switch {

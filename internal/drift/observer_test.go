@@ -35,8 +35,19 @@ func procTree(t *testing.T, procs map[int]string) string {
 		}
 		os.WriteFile(filepath.Join(dir, "cmdline"), []byte(cmdline), 0o644)
 		os.WriteFile(filepath.Join(dir, "cgroup"), []byte("4:memory:/statstest\n0::/\n"), 0o644)
+		writeStat(t, root, pid, 86000)
 	}
 	return root
+}
+
+// writeStat writes <root>/<pid>/stat with the given start time, as /proc
+// has one for every process.
+func writeStat(t *testing.T, root string, pid int, start uint64) {
+	t.Helper()
+	line := fmt.Sprintf("%d (proc) S 1 %d %d 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0 %d 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 9 0 0 0 0 0 0 0 0 0\n", pid, pid, pid, start)
+	if err := os.WriteFile(filepath.Join(root, fmt.Sprint(pid), "stat"), []byte(line), 0o644); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func summary(o Observation) []string {

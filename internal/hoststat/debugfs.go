@@ -16,6 +16,7 @@ import (
 	"syscall"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -113,7 +114,7 @@ func parseDebugfsValue(b []byte) (uint64, error) {
 	t := strings.TrimSuffix(string(b), "\n")
 	v, err := strconv.ParseUint(t, 10, 64)
 	if err != nil {
-		return 0, fmt.Errorf("%w: kvm debugfs value %q: %w", source.ErrMalformed, truncate(b), err)
+		return 0, fmt.Errorf("%w: kvm debugfs value %s: %w", source.ErrMalformed, foreign.QuoteBytes(b), err)
 	}
 	return v, nil
 }

@@ -8,9 +8,12 @@
 //   - KVM counters from the VMM's debugfs per-VM directory and from QEMU QMP
 //     query-stats, each tagged cumulative, gauge or peak.
 //
-// A sample is a source.HostStats. Each view carries a legend that keeps it
-// from being misread and its own shortfall, so one failing view never loses
-// the others. Every read runs under internal/bounded with Config.ReadTimeout;
+// A sample is a source.HostStats, served to every caller for
+// Config.MinInterval (cache.go). The VMM (or sentry) is pinned at its first
+// sample, so a reused pid is never read as it; a QMP session is bounded in
+// bytes, events and time (qmpconn.go). Each view carries a legend that keeps
+// it from being misread and its own shortfall, so one failing view never
+// loses the others. Every read runs under internal/bounded with Config.ReadTimeout;
 // /proc is parsed by prometheus/procfs (re-rooted at <pid>/task for threads).
 //
 //	s, err := hoststat.Open(ref, hoststat.Config{ProcRoot: "/proc", DebugfsRoot: "/sys/kernel/debug"})

@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -22,6 +23,9 @@ const (
 	DefaultProcRoot    = "/proc"
 	DefaultDebugfsRoot = "/sys/kernel/debug"
 	DefaultReadTimeout = 2 * time.Second
+	// DefaultMinInterval is how long a host sample is served to every
+	// caller before another is taken.
+	DefaultMinInterval = time.Second
 )
 
 // Sentinel errors, wrapped together with the source sentinels.
@@ -43,6 +47,12 @@ type Config struct {
 	// private mount namespace of a locked thread that is discarded after the
 	// read, so no mount is ever visible outside that thread.
 	DisableDebugfsMount bool
+	// MinInterval is how long a host sample is served from a cache before
+	// another is taken (statsd --host-min-interval): readers, however many
+	// and fast, never set the rate of samples (each may unshare a mount
+	// namespace and mount debugfs). 0 means DefaultMinInterval; negative
+	// turns the cache off.
+	MinInterval time.Duration
 	// Now is the clock for observed_at; nil means time.Now.
 	Now func() time.Time
 	// SandboxProcesses lists a gVisor sandbox's host processes for a
@@ -61,6 +71,10 @@ type sampler struct {
 	g   *bounded.Group
 	log *slog.Logger
 
+	// pin holds the VMM's (or sentry's) pid, start time and executable
+	// from its first sample.
+	pin *process.Tracker
+
 	mu       sync.Mutex
 	prevTids map[int32]uint64 // tid -> start time ticks, from the previous sample
 
@@ -74,9 +88,23 @@ var _ source.HostSampler = (*sampler)(nil)
 
 // Open returns a HostSampler for the sandbox ref names. It reads nothing: a
 // VMM that is not running yet shows up as a shortfall of the first sample.
-// Close releases nothing today but must be called.
+// A sample is served to every caller for Config.MinInterval (observed_at
+// says when it was taken). Close releases nothing today but must be called.
 func Open(ref source.SandboxRef, cfg Config) (source.HostSampler, error) {
-	return newSampler(ref, cfg)
+	s, err := newSampler(ref, cfg)
+	if err != nil {
+		return nil, err
+	}
+	interval := cfg.MinInterval
+	if interval == 0 {
+		interval = DefaultMinInterval
+	}
+	if interval < 0 {
+		return s, nil
+	}
+	// Bounded by ReadTimeout per view, several views in turn: a waiting
+	// caller gives up at its own deadline, the sample goes on.
+	return &cachedSampler{s: s, interval: interval, g: bounded.New(0), now: time.Now}, nil
 }
 
 func newSampler(ref source.SandboxRef, cfg Config) (*sampler, error) {
@@ -105,6 +133,7 @@ func newSampler(ref source.SandboxRef, cfg Config) (*sampler, error) {
 		fs:  fs,
 		g:   bounded.New(cfg.ReadTimeout),
 		log: cfg.Logger.With("component", "hoststat"),
+		pin: process.NewTracker(cfg.ProcRoot),
 	}, nil
 }
 
@@ -142,8 +171,11 @@ func (s *sampler) SampleHost(ctx context.Context) (*source.HostStats, error) {
 		}
 		debugfs = s.debugfsView(ctx, procs[0])
 	})
-	threads, name, nameSource := s.threadsView(ctx, procs, how, perr)
+	threads, name, nameSource, reused := s.threadsView(ctx, procs, how, perr)
 	wg.Wait()
+	if reused != nil && debugfs.State != source.KVMSourceStateNotConfigured {
+		debugfs = unavailableView(source.KVMSourceDebugfs, "", "VMM process unknown: "+reused.Error())
+	}
 
 	hs.VMMThreads = threads
 	hs.KVM.Debugfs = debugfs
@@ -158,12 +190,4 @@ func (s *sampler) Close() error { return nil }
 // unavailableView is a KVM source that could not be read, with why.
 func unavailableView(src source.KVMSource, origin, reason string) *source.KVMSourceView {
 	return &source.KVMSourceView{Source: src, State: source.KVMSourceStateUnavailable, Origin: origin, Reason: reason}
-}
-
-// truncate shortens kernel or QMP text quoted in an error.
-func truncate(b []byte) []byte {
-	if len(b) > 80 {
-		return b[:80]
-	}
-	return b
 }

@@ -2,7 +2,9 @@ package hoststat
 
 // This file decides which host processes the VMM thread view reads: the VMM
 // named by the ref (its pid, or its pid file read at every sample), or a
-// gVisor sandbox's processes as Config.SandboxProcesses lists them.
+// gVisor sandbox's processes as Config.SandboxProcesses lists them. The VMM
+// or sentry is pinned at its first sample (start time and executable): a pid
+// that another process has since is refused.
 
 import (
 	"context"
@@ -18,6 +20,34 @@ import (
 // (from VMMPID or VMMPIDFile), or for gVisor the sentry and its sandbox's
 // processes. procs[0] is the VMM or sentry.
 func (s *sampler) processes(ctx context.Context) (procs []int32, how string, err error) {
+	procs, how, err = s.namedProcesses(ctx)
+	if err != nil {
+		return nil, how, err
+	}
+	if err := s.checkPin(ctx, procs[0]); err != nil {
+		return nil, how, err
+	}
+	return procs, how, nil
+}
+
+// checkPin refuses a VMM or sentry pid that no longer names the process
+// pinned behind it.
+func (s *sampler) checkPin(ctx context.Context, pid int32) error {
+	key := fmt.Sprintf("hoststat:pin:%s/%d", s.cfg.ProcRoot, pid)
+	_, err := bounded.Do(ctx, s.g, key, func() (process.Pin, error) { return s.pin.Check(int(pid)) })
+	switch {
+	case errors.Is(err, process.ErrReused):
+		return fmt.Errorf("%w: %w: %w", source.ErrNotMeasurable, source.ErrSandboxGone, err)
+	case process.IsGone(err):
+		return fmt.Errorf("%w: process %d is gone: %w", source.ErrNotMeasurable, pid, err)
+	case errors.Is(err, process.ErrMalformedStat):
+		return fmt.Errorf("%w: %w", source.ErrMalformed, err)
+	}
+	return err
+}
+
+// namedProcesses is what the ref names, before pinning.
+func (s *sampler) namedProcesses(ctx context.Context) (procs []int32, how string, err error) {
 	switch {
 	case s.ref.VMMPID > 0:
 		return []int32{int32(s.ref.VMMPID)}, fmt.Sprintf("vmm_pid %d", s.ref.VMMPID), nil

@@ -4,7 +4,6 @@ package hoststat
 // targets vm and vcpu, kinds and units from query-stats-schemas).
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -16,12 +15,9 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
-
-// maxQMPLine bounds one QMP message (query-stats for many vCPUs with
-// histograms stays far below).
-const maxQMPLine = 4 << 20
 
 // qmpView reads KVM statistics through QEMU's QMP query-stats when the ref
 // names a QMP socket.
@@ -64,12 +60,6 @@ func (s *sampler) cachedSchemas(key string) map[string]qmpSchema {
 	return s.qmpSchemas[key]
 }
 
-// qmpConn is one QMP session: line-delimited JSON over a Unix socket.
-type qmpConn struct {
-	c  net.Conn
-	rd *bufio.Reader
-}
-
 // queryQMPStats connects, negotiates capabilities and reads the KVM stats
 // schemas (unless given), the vCPU list and query-stats for targets vcpu and
 // vm, all before deadline. The connection is closed before it returns: a
@@ -84,12 +74,12 @@ func queryQMPStats(sock string, deadline time.Time, schemas map[string]qmpSchema
 	if err := c.SetDeadline(deadline); err != nil {
 		return nil, nil, err
 	}
-	q := &qmpConn{c: c, rd: bufio.NewReaderSize(c, 64<<10)}
-	greeting, err := q.readMessage()
+	q := newQMPConn(c)
+	greeting, err := q.readMessage(maxQMPGreeting)
 	if err != nil {
 		return nil, nil, fmt.Errorf("qmp %s greeting: %w", sock, err)
 	}
-	if _, ok := greeting["QMP"]; !ok {
+	if greeting.QMP == nil {
 		return nil, nil, fmt.Errorf("%w: qmp %s: first message is not a QMP greeting", source.ErrMalformed, sock)
 	}
 	if _, err := q.execute("qmp_capabilities", nil); err != nil {
@@ -130,61 +120,6 @@ func queryQMPStats(sock string, deadline time.Time, schemas map[string]qmpSchema
 		v.Reason = "query-stats returned no kvm statistics (QEMU not using KVM?)"
 	}
 	return v, schemas, nil
-}
-
-// readMessage reads one JSON line.
-func (q *qmpConn) readMessage() (map[string]json.RawMessage, error) {
-	var line []byte
-	for {
-		chunk, isPrefix, err := q.rd.ReadLine()
-		if err != nil {
-			return nil, err
-		}
-		line = append(line, chunk...)
-		if len(line) > maxQMPLine {
-			return nil, fmt.Errorf("%w: qmp message longer than %d bytes", source.ErrMalformed, maxQMPLine)
-		}
-		if !isPrefix {
-			break
-		}
-	}
-	var m map[string]json.RawMessage
-	if err := json.Unmarshal(line, &m); err != nil {
-		return nil, fmt.Errorf("%w: qmp message %q: %w", source.ErrMalformed, truncate(line), err)
-	}
-	return m, nil
-}
-
-// execute sends a command and returns its "return" value, skipping the
-// asynchronous events that may arrive first.
-func (q *qmpConn) execute(cmd string, args any) (json.RawMessage, error) {
-	req := map[string]any{"execute": cmd}
-	if args != nil {
-		req["arguments"] = args
-	}
-	b, err := json.Marshal(req)
-	if err != nil {
-		return nil, err
-	}
-	if _, err := q.c.Write(append(b, '\n')); err != nil {
-		return nil, fmt.Errorf("send %s: %w", cmd, err)
-	}
-	for {
-		m, err := q.readMessage()
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", cmd, err)
-		}
-		if _, ok := m["event"]; ok {
-			continue
-		}
-		if e, ok := m["error"]; ok {
-			return nil, fmt.Errorf("%s: qmp error %s", cmd, truncate(e))
-		}
-		if r, ok := m["return"]; ok {
-			return r, nil
-		}
-		return nil, fmt.Errorf("%w: %s: reply has neither return nor error", source.ErrMalformed, cmd)
-	}
 }
 
 // qmpSchema is one statistic's type from query-stats-schemas.
@@ -236,6 +171,15 @@ func parseQMPCPUs(raw []byte) (map[string]int32, error) {
 	return out, nil
 }
 
+// Bounds of what a query-stats reply may put in an answer: QEMU's names
+// are short (KVM statistic names, QOM paths such as
+// /machine/unattached/device[0]), and a VM has at most a few thousand
+// counters (about 40 per vCPU).
+const (
+	maxQMPName     = 128
+	maxQMPCounters = 8192
+)
+
 // parseQMPStats turns a query-stats reply into counters. Histograms (arrays)
 // are left out; booleans become 0/1; kind and unit come from the schema
 // (cumulative -> cumulative, instant -> gauge, peak -> peak).
@@ -264,10 +208,11 @@ func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus
 			if idx, ok := cpus[r.QOMPath]; ok {
 				scope = "vcpu" + strconv.Itoa(int(idx))
 			} else {
-				scope = "qom:" + r.QOMPath
+				scope = "qom:" + foreign.Bound(r.QOMPath, maxQMPName)
 			}
 		}
 		for _, st := range r.Stats {
+			st.Name = foreign.Bound(st.Name, maxQMPName)
 			val, ok, err := qmpValue(st.Value)
 			if err != nil {
 				return nil, fmt.Errorf("%s %s: %w", scope, st.Name, err)
@@ -286,6 +231,9 @@ func parseQMPStats(raw []byte, target string, schemas map[string]qmpSchema, cpus
 			unit := qmpUnit(sch)
 			if !known {
 				unit = kvmUnit(st.Name)
+			}
+			if len(out) == maxQMPCounters {
+				return nil, fmt.Errorf("%w: more than %d statistics", source.ErrMalformed, maxQMPCounters)
 			}
 			out = append(out, source.KVMCounter{Name: st.Name, Kind: kind, Scope: scope, Value: val, Unit: unit})
 		}
@@ -325,7 +273,7 @@ func qmpValue(raw json.RawMessage) (uint64, bool, error) {
 	}
 	v, err := strconv.ParseUint(string(t), 10, 64)
 	if err != nil {
-		return 0, false, fmt.Errorf("%w: value %q: %w", source.ErrMalformed, truncate(t), err)
+		return 0, false, fmt.Errorf("%w: value %s: %w", source.ErrMalformed, foreign.QuoteBytes(t), err)
 	}
 	return v, true, nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -82,6 +83,7 @@ func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline boo
 		if c, err := t.Comm(); err == nil {
 			name = c
 		}
+		name = foreign.Bound(name, 64) // comm is 16 bytes, any of them a process chose
 		class, idx, isVCPU := classifyThread(name)
 		th := source.VMMThread{
 			PID:            pid,
@@ -116,16 +118,18 @@ func threadErr(tid int, taskDir, file, what string, err error) string {
 	return fmt.Sprintf("%d: %s/%d/%s: %v", tid, taskDir, tid, file, err)
 }
 
-// threadsView reads every process's threads and names the guest.
-func (s *sampler) threadsView(ctx context.Context, procs []int32, how string, perr error) (*source.VMMThreadsView, string, string) {
-	v := &source.VMMThreadsView{Legend: legendThreads, ProcessSource: how, UserHZ: userHZ}
-	name, nameSrc := guestNameFromPIDFile(s.ref.VMMPIDFile), "pid-file-dir"
+// threadsView reads every process's threads and names the guest. reused is
+// set when the first process's threads turned out not to be the pinned
+// process's (the other views of that pid are then refused too).
+func (s *sampler) threadsView(ctx context.Context, procs []int32, how string, perr error) (v *source.VMMThreadsView, name, nameSrc string, reused error) {
+	v = &source.VMMThreadsView{Legend: legendThreads, ProcessSource: how, UserHZ: userHZ}
+	name, nameSrc = guestNameFromPIDFile(s.ref.VMMPIDFile), "pid-file-dir"
 	if perr != nil {
 		v.Error = perr.Error()
 		if name == "" {
-			return v, "anonymous", "none"
+			return v, "anonymous", "none", nil
 		}
-		return v, name, nameSrc
+		return v, name, nameSrc, nil
 	}
 	// One bound for the whole view, not one per process: N stuck processes
 	// must not make a host sample take N times the read timeout.
@@ -145,6 +149,10 @@ func (s *sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 		first := i == 0
 		key := fmt.Sprintf("hoststat:threads:%s/%d:cmdline=%t", s.cfg.ProcRoot, pid, first)
 		pt, err := bounded.Do(ctx, s.g, key, func() (*procThreads, error) { return readProcThreads(s.fs, s.cfg.ProcRoot, pid, first) })
+		if err == nil && first {
+			err = s.samePinned(pid, pt.threads)
+			reused = err
+		}
 		if err != nil {
 			if firstErr == nil {
 				firstErr = fmt.Errorf("%s/%d/task: %w", s.cfg.ProcRoot, pid, err)
@@ -172,7 +180,24 @@ func (s *sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 	if name == "" {
 		name, nameSrc = "anonymous", "none"
 	}
-	return v, name, nameSrc
+	return v, name, nameSrc, reused
+}
+
+// samePinned checks, after the read, that the threads read are the pinned
+// process's: its main thread (tid = pid) started when the process did. A
+// pid reused between the pin check and the read is refused.
+func (s *sampler) samePinned(pid int32, ths []source.VMMThread) error {
+	pin, ok := s.pin.Pinned()
+	if !ok || pin.PID != int(pid) {
+		return nil
+	}
+	for _, th := range ths {
+		if th.TID == pid && th.StartTimeTicks != pin.StartTicks {
+			return fmt.Errorf("%w: %w: %w: its main thread started at tick %d, the pinned process at %d",
+				source.ErrNotMeasurable, source.ErrSandboxGone, process.ErrReused, th.StartTimeTicks, pin.StartTicks)
+		}
+	}
+	return nil
 }
 
 // threadTotals sums each class over the threads present in this sample

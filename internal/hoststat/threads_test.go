@@ -34,11 +34,15 @@ func taskStatLine(tid, ppid int32, comm string, start uint64) string {
 		tid, comm, ppid, start)
 }
 
-// writeThread writes task/<tid>/{stat,schedstat,comm} of process pid.
+// writeThread writes task/<tid>/{stat,schedstat,comm} of process pid, and
+// for the main thread (tid = pid) the process's own stat, as /proc has.
 func writeThread(t *testing.T, root string, pid, tid int32, comm string) {
 	t.Helper()
 	dir := filepath.Join(strconv.Itoa(int(pid)), "task", strconv.Itoa(int(tid)))
 	writeProcFile(t, root, filepath.Join(dir, "stat"), taskStatLine(tid, 1, comm, 85000))
+	if tid == pid {
+		writeProcFile(t, root, filepath.Join(strconv.Itoa(int(pid)), "stat"), taskStatLine(tid, 1, comm, 85000))
+	}
 	writeProcFile(t, root, filepath.Join(dir, "schedstat"), "1000 20 3\n")
 	writeProcFile(t, root, filepath.Join(dir, "comm"), comm+"\n")
 }
@@ -83,7 +87,7 @@ func TestThreadsViewOneBound(t *testing.T) {
 	const bound = 300 * time.Millisecond
 	s := tempSampler(t, root, bound)
 	start := time.Now()
-	v, _, _ := s.threadsView(context.Background(), procs, "test", nil)
+	v, _, _, _ := s.threadsView(context.Background(), procs, "test", nil)
 	took := time.Since(start)
 	if took > 3*bound {
 		t.Errorf("thread view took %v for 5 hung processes with a %v bound; want about one bound", took, bound)
@@ -107,7 +111,7 @@ func TestThreadsViewCmdlineOnlyOfVMM(t *testing.T) {
 	writeThread(t, root, 200, 200, "gofer")
 	hungFile(t, root, "200/cmdline")
 	s := tempSampler(t, root, 300*time.Millisecond)
-	v, name, nameSrc := s.threadsView(context.Background(), []int32{100, 200}, "test", nil)
+	v, name, nameSrc, _ := s.threadsView(context.Background(), []int32{100, 200}, "test", nil)
 	if len(v.PIDs) != 2 || len(v.Threads) != 2 || len(v.ThreadErrors) != 0 {
 		t.Errorf("pids %v, %d threads, errors %q; want both processes' threads", v.PIDs, len(v.Threads), v.ThreadErrors)
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -71,6 +72,11 @@ type Ended struct {
 	Absent             []source.Absent `json:"absent,omitempty"`
 }
 
+// maxFinalReasonBytes bounds FinalReason: a source's error may quote what
+// a guest said, and up to EndedMax records travel in every discovery
+// answer.
+const maxFinalReasonBytes = 1 << 10
+
 // key names an activation: an actor's epoch.
 func (e *Ended) key() string { return fmt.Sprintf("%s\x00%d", e.Identity.ActorUID, e.EpochUnixNano) }
 
@@ -99,12 +105,12 @@ func endActivation(ctx context.Context, b *Binding, outcome Outcome, now func() 
 			maxCurrent, seen = r.MemoryCurrentBytes, true
 		}
 	case last != nil:
-		e.Provenance, e.FinalReason = ProvenanceLastGoodPoll, err.Error()
+		e.Provenance, e.FinalReason = ProvenanceLastGoodPoll, foreign.Bound(err.Error(), maxFinalReasonBytes)
 		fr := last.Reading
 		e.Final, e.FinalAtUnixNano = &fr, last.AtUnixNano
 		e.FinalAgeNanos = max(e.EndUnixNano-last.AtUnixNano, 0)
 	default:
-		e.Provenance, e.FinalReason = ProvenanceNone, err.Error()
+		e.Provenance, e.FinalReason = ProvenanceNone, foreign.Bound(err.Error(), maxFinalReasonBytes)
 	}
 	e.Baseline = b.Activation.Baseline()
 	if e.Baseline != nil && e.Baseline.Kind == BaselineFirstRead {

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 
 	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
@@ -153,7 +152,7 @@ func (s *Store) save(name string, v any) error {
 	}
 	b, err := json.MarshalIndent(v, "", "  ")
 	if err != nil {
-		return err
+		return fmt.Errorf("%w: encode %s: %w", ErrNotPersisted, name, err)
 	}
 	err = atomicfile.Write(s.cfg.StateDir, name, append(b, '\n'), 0o600)
 	switch {
@@ -161,7 +160,7 @@ func (s *Store) save(name string, v any) error {
 		s.logger.Warn("state saved but not known to be durable", "file", name, "err", err)
 		return nil
 	case err != nil:
-		return fmt.Errorf("identity: save %s: %w", name, err)
+		return fmt.Errorf("%w: save %s in %s: %w", ErrNotPersisted, name, s.cfg.StateDir, err)
 	}
 	return nil
 }
@@ -225,17 +224,11 @@ func (s *Store) lastEndedOf(actorUID string) *Ended {
 // sweepTemps removes the temp files a crash left beside the state files
 // (atomicfile writes <name>.tmp-*).
 func sweepTemps(dir string, logger *slog.Logger) {
-	ents, err := os.ReadDir(dir)
-	if err != nil {
-		return
+	removed, err := atomicfile.SweepTemps(dir, stateFileName, endedFileName)
+	for _, p := range removed {
+		logger.Info("removed a temp file an interrupted write left", "path", p)
 	}
-	for _, e := range ents {
-		n := e.Name()
-		if !e.Type().IsRegular() || !(strings.HasPrefix(n, stateFileName+".tmp-") || strings.HasPrefix(n, endedFileName+".tmp-")) {
-			continue
-		}
-		if err := os.Remove(filepath.Join(dir, n)); err == nil {
-			logger.Info("removed a temp file an interrupted write left", "path", filepath.Join(dir, n))
-		}
+	if err != nil {
+		logger.Warn("could not sweep temp files", "err", err)
 	}
 }

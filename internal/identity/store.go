@@ -21,6 +21,9 @@ var (
 	ErrOtherWorkload = errors.New("identity: a different workload is bound")
 	// ErrActorMismatch: the call names an actor that is not the bound one.
 	ErrActorMismatch = errors.New("identity: actor is not the bound one")
+	// ErrNotPersisted: a state file could not be written (the cause, e.g.
+	// ENOSPC, is wrapped too); the call changed nothing.
+	ErrNotPersisted = errors.New("identity: state not persisted")
 )
 
 // Op is the lifecycle call that made a binding.

@@ -10,6 +10,10 @@
 // signals (limit, throttling, pids, network_stats, per-device block IO) laid
 // out as the Rust agent sends them for each guest cgroup version. Calls
 // counts every request read from the wire by method, served or not.
+//
+// Hostile (hostile.go) is the agent a guest controls: raw ttrpc frames on
+// streams no call opened, a frame header announcing 100 MiB and then
+// silence, no answer at all, or an error status for every call.
 package kataagentfake
 
 import (

@@ -42,6 +42,8 @@ type signalSums struct {
 	noPids        []string
 	// network, block_io
 	network []source.InterfaceCounters // by name, once each
+	netBad  []string                   // containers whose network_stats was not read
+	netWhy  string
 	blk     source.BlockIO
 	blkRows bool     // some container sent entries
 	blkBad  []string // containers whose entries are malformed
@@ -82,8 +84,15 @@ func (s *signalSums) add(id string, c containerSignals) {
 	}
 	// One guest, one network: every container reports the same
 	// interfaces, so each is taken once by name, never summed.
+	if c.NetworkWhy != "" {
+		s.netBad, s.netWhy = append(s.netBad, id), c.NetworkWhy
+	}
 	for _, n := range c.Network {
 		s.network = mergeInterface(s.network, n)
+	}
+	if len(s.network) > maxInterfaces {
+		s.network = nil
+		s.netBad, s.netWhy = append(s.netBad, id), fmt.Sprintf("the containers name more than %d interfaces together: not read", maxInterfaces)
 	}
 	switch b := c.BlockIO; {
 	case b.Why != "":
@@ -92,6 +101,9 @@ func (s *signalSums) add(id string, c containerSignals) {
 		s.blkRows = true
 		for _, d := range b.IO.Devices {
 			addDevice(&s.blk, d)
+		}
+		if len(s.blk.Devices) > maxDevices {
+			s.blkBad, s.blkWhy = append(s.blkBad, id), fmt.Sprintf("the containers name more than %d devices together: not read", maxDevices)
 		}
 	}
 	if b := c.BlockIO; b.Layout != "" && !slices.Contains(s.layouts, b.Layout) {
@@ -153,6 +165,8 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 	switch {
 	case partial != "":
 		absent("network", partial)
+	case len(s.netBad) > 0:
+		absent("network", fmt.Sprintf("container(s) %s: %s", ids(s.netBad), s.netWhy))
 	case len(s.network) == 0:
 		absent("network", whyNoNetwork)
 	default:

@@ -260,11 +260,15 @@ func allFailed(addr string, results []containerResult) error {
 		sentinel = source.ErrNotMeasurable
 	}
 	unread := make([]source.ContainerError, 0, len(results))
+	answered := false
 	for _, c := range results {
 		unread = append(unread, source.ContainerError{ID: c.ID, Reason: c.Why})
+		answered = answered || errors.Is(c.Err, source.ErrAnswered)
 	}
-	return &source.UnreadError{
-		Containers: unread,
-		Err:        fmt.Errorf("microvm: %w: agent %s: no container could be read: %s", sentinel, addr, strings.Join(parts, "; ")),
+	err := fmt.Errorf("microvm: %w: agent %s: no container could be read: %s", sentinel, addr, strings.Join(parts, "; "))
+	if answered {
+		// The agent answered, if only with errors: it is not silent.
+		err = fmt.Errorf("microvm: %w: %w: agent %s: no container could be read: %s", sentinel, source.ErrAnswered, addr, strings.Join(parts, "; "))
 	}
+	return &source.UnreadError{Containers: unread, Err: err}
 }

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
 )
@@ -27,10 +28,20 @@ type containerSignals struct {
 	Throttling  *containerThrottling // nil: the reply has no throttling_data
 	Pids        *source.Pids         // nil: the reply has no pids_stats
 	// Network is network_stats by interface name, sorted; empty when the
-	// agent sent none (the Rust agent never does).
-	Network []source.InterfaceCounters
-	BlockIO blockIOResult
+	// agent sent none (the Rust agent never does) or too many (NetworkWhy).
+	Network    []source.InterfaceCounters
+	NetworkWhy string
+	BlockIO    blockIOResult
 }
+
+// Caps on what one reading carries from the guest: the guest chooses how
+// many interfaces and devices it names, and every one of them is in the
+// answer.
+const (
+	maxInterfaces     = 64
+	maxInterfaceBytes = 64 // IFNAMSIZ is 16
+	maxDevices        = 64
+)
 
 // containerThrottling is throttling_data with the time in microseconds.
 type containerThrottling struct {
@@ -61,7 +72,7 @@ func convertSignals(r *katagrpc.StatsContainerResponse, g guestCgroup, v agentVe
 			s.Pids.Limit = &source.Limit{Value: l}
 		}
 	}
-	s.Network = interfaces(r.GetNetworkStats())
+	s.Network, s.NetworkWhy = interfaces(r.GetNetworkStats())
 	s.BlockIO = blockIO(cg.GetBlkioStats())
 	return s
 }
@@ -100,22 +111,30 @@ func throttling(td *katagrpc.ThrottlingData, g guestCgroup, v agentVersion) *con
 	return t
 }
 
-// interfaces turns network_stats into counters by name. Nameless entries
-// are dropped (nothing to key them by); a name listed twice keeps the
-// larger value of each counter.
-func interfaces(ns []*katagrpc.NetworkStats) []source.InterfaceCounters {
+// interfaces turns network_stats into counters by name (cut and cleaned:
+// the guest names them). Nameless entries are dropped (nothing to key them
+// by); a name listed twice keeps the larger value of each counter. More than
+// maxInterfaces names is not read at all (a partial list would make a false
+// total), with why.
+func interfaces(ns []*katagrpc.NetworkStats) ([]source.InterfaceCounters, string) {
+	if len(ns) > 4*maxInterfaces {
+		return nil, fmt.Sprintf("network_stats lists %d entries, more than %d interfaces: not read", len(ns), maxInterfaces)
+	}
 	var out []source.InterfaceCounters
 	for _, n := range ns {
 		if n.GetName() == "" {
 			continue
 		}
 		out = mergeInterface(out, source.InterfaceCounters{
-			Name:    n.GetName(),
+			Name:    foreign.Bound(n.GetName(), maxInterfaceBytes),
 			RxBytes: n.GetRxBytes(), RxPackets: n.GetRxPackets(), RxErrors: n.GetRxErrors(), RxDropped: n.GetRxDropped(),
 			TxBytes: n.GetTxBytes(), TxPackets: n.GetTxPackets(), TxErrors: n.GetTxErrors(), TxDropped: n.GetTxDropped(),
 		})
+		if len(out) > maxInterfaces {
+			return nil, fmt.Sprintf("network_stats names more than %d interfaces: not read", maxInterfaces)
+		}
 	}
-	return out
+	return out, ""
 }
 
 // mergeInterface adds c to the name-sorted list, or, when the name is
@@ -149,6 +168,9 @@ func blockIO(b *katagrpc.BlkioStats) blockIOResult {
 	if len(bytes) == 0 && len(ios) == 0 {
 		return blockIOResult{}
 	}
+	if n := len(bytes) + len(ios); n > 16*maxDevices {
+		return blockIOResult{Layout: "v1", Why: fmt.Sprintf("blkio_stats has %d entries, more than %d devices can make: not read", n, maxDevices)}
+	}
 	res := blockIOResult{Layout: "v1"}
 	for _, e := range bytes {
 		switch strings.ToLower(e.GetOp()) {
@@ -167,6 +189,9 @@ func blockIO(b *katagrpc.BlkioStats) blockIOResult {
 					Why: fmt.Sprintf("blkio_stats %s names device %d:%d, out of range", l.name, e.GetMajor(), e.GetMinor())}
 			}
 			d := deviceEntry(&devs, uint32(e.GetMajor()), uint32(e.GetMinor()))
+			if len(devs) > maxDevices {
+				return blockIOResult{Layout: res.Layout, Why: fmt.Sprintf("blkio_stats names more than %d devices: not read", maxDevices)}
+			}
 			if f := blkioField(d, l.name, strings.ToLower(e.GetOp()), res.Layout); f != nil {
 				*f = source.AddSat(*f, e.GetValue())
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/mdlayher/vsock"
 
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -87,12 +88,12 @@ func handshake(ctx context.Context, conn net.Conn, port uint32) error {
 	if err != nil {
 		switch {
 		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-			return fmt.Errorf("%w: %w: the VMM closed the connection after CONNECT (read %q): nothing listens on the guest port (agent not up yet?)",
-				source.ErrNotMeasurable, ErrHandshake, line)
+			return fmt.Errorf("%w: %w: the VMM closed the connection after CONNECT (read %s): nothing listens on the guest port (agent not up yet?)",
+				source.ErrNotMeasurable, ErrHandshake, foreign.QuoteBytes(line))
 		case errors.Is(err, errLineTooLong):
-			return fmt.Errorf("%w: %w: reply %q...: %w", source.ErrMalformed, ErrHandshake, line, err)
+			return fmt.Errorf("%w: %w: reply %s...: %w", source.ErrMalformed, ErrHandshake, foreign.QuoteBytes(line), err)
 		default:
-			return fmt.Errorf("%w: %w: read reply (got %q): %w", dialSentinel(ctx, err), ErrHandshake, line, err)
+			return fmt.Errorf("%w: %w: read reply (got %s): %w", dialSentinel(ctx, err), ErrHandshake, foreign.QuoteBytes(line), err)
 		}
 	}
 	if _, err := parseHandshakeLine(line); err != nil {
@@ -146,15 +147,15 @@ func readLine(r io.Reader, max int) ([]byte, error) {
 func parseHandshakeLine(line []byte) (uint32, error) {
 	rest, ok := bytes.CutPrefix(line, []byte("OK "))
 	if !ok {
-		return 0, fmt.Errorf("%w: reply %q does not start with \"OK \"", ErrHandshake, line)
+		return 0, fmt.Errorf("%w: reply %s does not start with \"OK \"", ErrHandshake, foreign.QuoteBytes(line))
 	}
 	rest, ok = bytes.CutSuffix(rest, []byte("\n"))
 	if !ok {
-		return 0, fmt.Errorf("%w: reply %q does not end with a newline", ErrHandshake, line)
+		return 0, fmt.Errorf("%w: reply %s does not end with a newline", ErrHandshake, foreign.QuoteBytes(line))
 	}
 	hostPort, err := parseDecimalUint32(string(rest))
 	if err != nil {
-		return 0, fmt.Errorf("%w: reply %q: host port %q: %w", ErrHandshake, line, rest, err)
+		return 0, fmt.Errorf("%w: reply %s: host port %s: %w", ErrHandshake, foreign.QuoteBytes(line), foreign.QuoteBytes(rest), err)
 	}
 	return hostPort, nil
 }

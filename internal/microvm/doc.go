@@ -5,7 +5,10 @@
 //
 // Open returns a source.Source that keeps one ttrpc connection to the agent
 // across polls, reconnects with a capped backoff after a failure, bounds every
-// call, and converts the agent's payload (nanoseconds, raw memory.stat of a
+// call, guards the connection frame by frame (guard.go: a frame over 256 KiB
+// or for a stream with no request outstanding cuts it, and so do three
+// unanswered calls in a row), cuts and quotes whatever text the guest sends
+// where it enters, and converts the agent's payload (nanoseconds, raw memory.stat of a
 // cgroup v1 or v2 guest) into the units of the API: CPU in microseconds,
 // working set without inactive file pages, unlimited limits recognised. It
 // corrects the CPU unit of agents older than 3.9.0 on cgroup v2 guests.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/ttrpc"
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
 )
@@ -25,6 +27,10 @@ const (
 	healthService = "grpc.Health"
 	versionMethod = "Version"
 )
+
+// maxTimeoutsInARow is how many calls on one connection may time out in a
+// row before the connection is taken for wedged and replaced.
+const maxTimeoutsInARow = 3
 
 // Defaults of Config.
 const (
@@ -42,10 +48,17 @@ type Config struct {
 	// DialVsock opens vsock://cid:port addresses. Nil means
 	// github.com/mdlayher/vsock. Tests inject a fake.
 	DialVsock VsockDialFunc
-	// After a failed dial, the source does not redial for MinBackoff,
-	// doubling per consecutive failure up to MaxBackoff; meanwhile Sample
-	// fails fast with ErrNotMeasurable. Defaults 250 ms and 10 s.
+	// After a failed dial, or a connection cut for misbehaving (frames no
+	// call asked for, maxTimeoutsInARow calls in a row unanswered), the
+	// source does not redial for MinBackoff, doubling per consecutive
+	// failure up to MaxBackoff; meanwhile Sample fails fast with
+	// ErrNotMeasurable (ErrTimeout after a cut for unanswered calls).
+	// Defaults 250 ms and 10 s.
 	MinBackoff, MaxBackoff time.Duration
+	// MaxFrameBytes bounds one ttrpc frame from the agent; a larger one
+	// cuts the connection. Default maxAgentFrameBytes (256 KiB), at most
+	// ttrpc's own 4 MiB.
+	MaxFrameBytes int
 }
 
 func (c Config) withDefaults() Config {
@@ -61,6 +74,10 @@ func (c Config) withDefaults() Config {
 	if c.MaxBackoff < c.MinBackoff {
 		c.MaxBackoff = max(DefaultMaxBackoff, c.MinBackoff)
 	}
+	if c.MaxFrameBytes <= 0 {
+		c.MaxFrameBytes = maxAgentFrameBytes
+	}
+	c.MaxFrameBytes = min(c.MaxFrameBytes, ttrpcMaxMessage)
 	return c
 }
 
@@ -108,8 +125,11 @@ type guestSource struct {
 	conn     *agentConn // nil: not connected
 	closed   bool
 	failures int       // consecutive failed dials
+	strikes  int       // consecutive connections cut for misbehaving (reset by an answer)
 	retryAt  time.Time // no dial before this
-	lastErr  error     // the last dial failure
+	lastErr  error     // the last dial failure, or why the last connection was cut
+	// lastWasCut: lastErr is why a connection was cut, not a dial failure.
+	lastWasCut bool
 }
 
 var _ source.Source = (*guestSource)(nil)
@@ -117,8 +137,38 @@ var _ source.Source = (*guestSource)(nil)
 // agentConn is one ttrpc connection and what it learned at setup.
 type agentConn struct {
 	client  *ttrpc.Client
+	guard   *frameGuard
 	version agentVersion
+	born    time.Time     // when it was dialled
 	gone    chan struct{} // closed when the connection has ended
+	// timeouts counts the calls in a row that got no answer in time.
+	timeouts atomic.Int32
+	// cutFor is why the source cut it for unanswered calls (nil: not cut).
+	cutFor atomic.Pointer[error]
+}
+
+// cutReason is why the connection was cut for misbehaving: a frame the
+// guard refused, or calls unanswered in a row; nil if it was not.
+func (c *agentConn) cutReason() error {
+	if v := c.guard.Violation(); v != nil {
+		return v
+	}
+	if p := c.cutFor.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// sentinelOf classifies a cut: for unanswered calls it is a timeout, for
+// frames the guard refused a malformed answer.
+func sentinelOf(why error) error {
+	switch {
+	case errors.Is(why, source.ErrTimeout):
+		return source.ErrTimeout
+	case errors.Is(why, source.ErrMalformed):
+		return source.ErrMalformed
+	}
+	return source.ErrNotMeasurable
 }
 
 func (c *agentConn) dead() bool {
@@ -161,6 +211,7 @@ func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string
 		if err != nil {
 			return nil, s.callError(c, "StatsContainer", id, err)
 		}
+		s.answered(c)
 		return &resp, nil
 	})
 	if err != nil {
@@ -177,40 +228,63 @@ func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string
 var errUnknownContainer = errors.New(source.ReasonUnknownContainer)
 
 // callError classifies a failed ttrpc call and, when the connection itself
-// broke, drops it so the next Sample redials.
+// broke or has stopped answering, drops it so the next Sample redials. The
+// agent's words (a status message) are quoted and cut: the guest writes
+// them.
 func (s *guestSource) callError(c *agentConn, method, id string, err error) error {
 	where := fmt.Sprintf("%s %q at %s", method, id, s.addr)
 	if st, ok := status.FromError(err); ok {
+		if st.Code() != codes.ResourceExhausted { // that one is ttrpc's own, client side
+			s.answered(c)
+		}
+		msg := foreign.Quote(st.Message())
 		switch st.Code() {
 		case codes.InvalidArgument:
 			if st.Message() == "invalid container id" {
-				return fmt.Errorf("microvm: %w: %s: %w (agent: %s)", source.ErrNotMeasurable, where, errUnknownContainer, st.Message())
+				return fmt.Errorf("microvm: %w: %w: %s: %w (agent: %s)", source.ErrNotMeasurable, source.ErrAnswered, where, errUnknownContainer, msg)
 			}
 		case codes.DeadlineExceeded:
-			return fmt.Errorf("microvm: %w: %s: agent: %s", source.ErrTimeout, where, st.Message())
+			return fmt.Errorf("microvm: %w: %w: %s: agent: %s", source.ErrTimeout, source.ErrAnswered, where, msg)
 		case codes.ResourceExhausted:
-			return fmt.Errorf("microvm: %w: %s: reply over ttrpc's 4 MiB limit: %s", source.ErrMalformed, where, st.Message())
+			return fmt.Errorf("microvm: %w: %s: reply over ttrpc's 4 MiB limit: %s", source.ErrMalformed, where, msg)
 		}
-		return fmt.Errorf("microvm: %w: %s: agent answered %s: %s", source.ErrNotMeasurable, where, st.Code(), st.Message())
+		return fmt.Errorf("microvm: %w: %w: %s: agent answered %s: %s", source.ErrNotMeasurable, source.ErrAnswered, where, st.Code(), msg)
 	}
 	switch {
 	case errors.Is(err, context.DeadlineExceeded):
+		if n := c.timeouts.Add(1); n >= maxTimeoutsInARow {
+			s.cut(c, fmt.Errorf("%w: %d calls in a row got no answer within %s", source.ErrTimeout, n, s.cfg.CallTimeout))
+		}
 		return fmt.Errorf("microvm: %w: %s: no answer within %s", source.ErrTimeout, where, s.cfg.CallTimeout)
 	case errors.Is(err, proto.Error):
 		return fmt.Errorf("microvm: %w: %s: undecodable reply: %w", source.ErrMalformed, where, err)
+	}
+	if why := c.cutReason(); why != nil {
+		// Cut for what the agent sent or did not answer (this call was
+		// pending on it): redial only after a backoff.
+		s.cut(c, why)
+		return fmt.Errorf("microvm: %w: %s: connection cut: %w", sentinelOf(why), where, why)
 	}
 	// The transport broke (closed, reset, oversized frame): start over.
 	s.drop(c, err)
 	return fmt.Errorf("microvm: %w: %s: connection lost: %w", source.ErrNotMeasurable, where, err)
 }
 
+// maxReasonBytes bounds one UnreadContainers reason: 25 of them go in an
+// answer.
+const maxReasonBytes = 768
+
 // reason is the UnreadContainers text for a failed call.
 func reason(err error) string {
 	if errors.Is(err, errUnknownContainer) {
 		return source.ReasonUnknownContainer
 	}
-	return err.Error()
+	return foreign.Bound(err.Error(), maxReasonBytes)
 }
+
+// answered notes that the agent answered on c: the timeouts in a row start
+// over.
+func (s *guestSource) answered(c *agentConn) { c.timeouts.Store(0) }
 
 // connection returns the live connection, dialling one (shared by
 // concurrent callers, bounded) unless a recent dial failed.
@@ -225,14 +299,22 @@ func (s *guestSource) connection(ctx context.Context) (*agentConn, error) {
 		s.mu.Unlock()
 		return c, nil
 	case s.conn != nil:
+		if v := s.conn.guard.Violation(); v != nil {
+			s.strikeLocked(s.conn, v) // cut by the guard outside any call
+		}
 		s.log.Debug("agent connection ended; redialling")
 		s.conn = nil
 	}
 	if wait := s.retryAt.Sub(s.now()); wait > 0 {
-		err, failures := s.lastErr, s.failures
+		err, failures, strikes, wasCut := s.lastErr, s.failures, s.strikes, s.lastWasCut
 		s.mu.Unlock()
-		return nil, fmt.Errorf("microvm: %w: agent %s: next dial in %s after %d failure(s); last: %v",
-			source.ErrNotMeasurable, s.addr, wait.Round(time.Millisecond), failures, err)
+		// An agent cut for not answering is still timing out.
+		sentinel := source.ErrNotMeasurable
+		if wasCut {
+			sentinel = sentinelOf(err)
+		}
+		return nil, fmt.Errorf("microvm: %w: agent %s: next dial in %s after %d failed dial(s), %d connection(s) cut; last: %v",
+			sentinel, s.addr, wait.Round(time.Millisecond), failures, strikes, err)
 	}
 	s.mu.Unlock()
 	return bounded.Do(ctx, s.dials, "dial "+s.addr.String(), s.dial)
@@ -249,7 +331,7 @@ func (s *guestSource) dial() (*agentConn, error) {
 		if backoff > s.cfg.MaxBackoff || backoff <= 0 {
 			backoff = s.cfg.MaxBackoff
 		}
-		s.retryAt, s.lastErr = s.now().Add(backoff), err
+		s.retryAt, s.lastErr, s.lastWasCut = s.now().Add(backoff), err, false
 		s.log.Debug("agent dial failed", "err", err, "failures", s.failures, "backoff", backoff)
 		return nil, err
 	}
@@ -270,8 +352,8 @@ func (s *guestSource) connect() (*agentConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("microvm: %w", err)
 	}
-	c := &agentConn{gone: make(chan struct{})}
-	c.client = ttrpc.NewClient(conn, ttrpc.WithOnClose(func() { close(c.gone) }))
+	c := &agentConn{guard: newFrameGuard(conn, s.cfg.MaxFrameBytes), born: s.now(), gone: make(chan struct{})}
+	c.client = ttrpc.NewClient(c.guard, ttrpc.WithOnClose(func() { close(c.gone) }))
 
 	vctx, vcancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 	defer vcancel()
@@ -283,6 +365,9 @@ func (s *guestSource) connect() (*agentConn, error) {
 			if errors.Is(err, context.DeadlineExceeded) {
 				sentinel = source.ErrTimeout
 			}
+			if v := c.guard.Violation(); v != nil {
+				err = v
+			}
 			return nil, fmt.Errorf("microvm: %w: Version at %s: %w", sentinel, s.addr, err)
 		}
 		// The agent answered but would not say (policy, old agent): its
@@ -292,7 +377,8 @@ func (s *guestSource) connect() (*agentConn, error) {
 		c.version = parseAgentVersion(fmt.Sprintf("unavailable: Version answered %s", st.Code()), "")
 		return c, nil
 	}
-	c.version = parseAgentVersion(vr.GetAgentVersion(), vr.GetGrpcVersion())
+	// The guest writes these: cut and cleaned where they enter.
+	c.version = parseAgentVersion(foreign.Text(vr.GetAgentVersion()), foreign.Text(vr.GetGrpcVersion()))
 	return c, nil
 }
 
@@ -305,6 +391,39 @@ func (s *guestSource) drop(c *agentConn, cause error) {
 		s.conn = nil
 		s.log.Debug("agent connection dropped", "err", cause)
 	}
+}
+
+// cut closes c because the agent misbehaved on it (frames no call asked
+// for, calls that time out in a row) and, if c is still the current
+// connection, delays the next dial by a backoff that grows with each such
+// connection in a row: a hostile agent cannot make the source redial in a
+// loop.
+func (s *guestSource) cut(c *agentConn, why error) {
+	c.cutFor.CompareAndSwap(nil, &why)
+	c.client.Close()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.conn == c {
+		s.conn = nil
+		s.strikeLocked(c, why)
+	}
+}
+
+// strikeLocked counts c as a misbehaving connection and sets the backoff:
+// doubling per connection cut in a row, starting over when c had lived
+// longer than the longest backoff (an agent healthy for a while that then
+// misbehaves once). Called with mu held.
+func (s *guestSource) strikeLocked(c *agentConn, why error) {
+	if s.now().Sub(c.born) > s.cfg.MaxBackoff {
+		s.strikes = 0
+	}
+	s.strikes++
+	backoff := s.cfg.MinBackoff << min(s.strikes-1, 20)
+	if backoff > s.cfg.MaxBackoff || backoff <= 0 {
+		backoff = s.cfg.MaxBackoff
+	}
+	s.retryAt, s.lastErr, s.lastWasCut = s.now().Add(backoff), why, true
+	s.log.Warn("agent connection cut", "why", why, "strikes", s.strikes, "backoff", backoff)
 }
 
 // Close closes the agent connection; later Samples fail with

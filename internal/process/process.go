@@ -2,7 +2,9 @@
 // sandbox's helper is and whether it is still that process: the pid a pid
 // file names, a process's start time (which, with the pid, names one
 // process for the life of the machine), and whether a read failed because
-// the process is gone.
+// the process is gone. A Pin (pid, start time, executable) names one
+// process; a Tracker pins the process behind a pid and refuses the pid once
+// another process has it.
 //
 // gvisor (the sentry), hoststat (the VMM and its threads) and drift (the
 // VMM, strays) share these, so that a pid file is parsed and a reused pid
@@ -14,6 +16,8 @@ import (
 	"fmt"
 	"io/fs"
 	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -110,9 +114,12 @@ func StartTime(procRoot string, pid int) (start uint64, err error) {
 
 // Pin names one process for the life of the machine: a pid and its start
 // time. A pid alone may be reused by another process after the first exits.
+// Exe, the target of /proc/<pid>/exe when it could be read ("" when not),
+// also tells another program apart.
 type Pin struct {
 	PID        int
 	StartTicks uint64
+	Exe        string
 }
 
 // PinOf pins the process running as pid now.
@@ -121,11 +128,24 @@ func PinOf(procRoot string, pid int) (Pin, error) {
 	if err != nil {
 		return Pin{}, err
 	}
-	return Pin{PID: pid, StartTicks: start}, nil
+	return Pin{PID: pid, StartTicks: start, Exe: Exe(procRoot, pid)}, nil
+}
+
+// Exe is the executable of pid (the target of <procRoot>/<pid>/exe without
+// the " (deleted)" the kernel appends when the file was replaced), or ""
+// when it cannot be read (another user's process without privilege, a
+// kernel thread, a process gone).
+func Exe(procRoot string, pid int) string {
+	target, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "exe"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSuffix(target, " (deleted)")
 }
 
 // Running reports whether the pinned process still runs: false (with a nil
-// error) when its pid is gone or now belongs to another process.
+// error) when its pid is gone or now belongs to another process (another
+// start time, or another executable when both are known).
 func (p Pin) Running(procRoot string) (bool, error) {
 	start, err := StartTime(procRoot, p.PID)
 	switch {
@@ -134,5 +154,11 @@ func (p Pin) Running(procRoot string) (bool, error) {
 	case err != nil:
 		return false, err
 	}
-	return start == p.StartTicks, nil
+	if start != p.StartTicks {
+		return false, nil
+	}
+	if exe := Exe(procRoot, p.PID); exe != "" && p.Exe != "" && exe != p.Exe {
+		return false, nil
+	}
+	return true, nil
 }

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/sandboxstats/sandboxstats/internal/drift"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -103,7 +104,7 @@ func (s *StatsService) host(ctx context.Context, b *identity.Binding) *sandboxst
 	}
 	h, err := b.Host.SampleHost(ctx)
 	if err != nil {
-		return &sandboxstatsv1.HostStats{ObservedAtUnixNano: s.now().UnixNano(), UnavailableReason: err.Error()}
+		return &sandboxstatsv1.HostStats{ObservedAtUnixNano: s.now().UnixNano(), UnavailableReason: foreign.Bound(err.Error(), maxStatusMessage)}
 	}
 	return hostToProto(h)
 }
@@ -146,7 +147,7 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return nil, readError(err)
 	case err != nil:
-		return notMeasurableYet(err.Error(), ended), nil
+		return notMeasurableYet(foreign.Bound(err.Error(), maxStatusMessage), ended), nil
 	}
 	return &sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: []*sandboxstatsv1.WorkloadStatsSample{sample}, Ended: ended}, nil
 }

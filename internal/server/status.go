@@ -4,20 +4,28 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"syscall"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// statusError builds a status with an ErrorInfo detail.
+// maxStatusMessage bounds the message of every status statsd returns: the
+// sources cut foreign text where it enters, and this is the backstop (a
+// message travels in an HTTP/2 header; a 4 MB one broke it).
+const maxStatusMessage = 8 << 10
+
+// statusError builds a status with an ErrorInfo detail and a bounded
+// message.
 func statusError(code codes.Code, reason sandboxstatsv1.ErrorReason, format string, args ...any) error {
-	st := status.New(code, fmt.Sprintf(format, args...))
+	st := status.New(code, foreign.Bound(fmt.Sprintf(format, args...), maxStatusMessage))
 	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: api.Reason(reason), Domain: api.ErrorDomain})
 	if err != nil {
 		return st.Err()
@@ -33,7 +41,7 @@ func readError(err error) error {
 	case errors.Is(err, source.ErrMalformed):
 		return statusError(codes.Internal, sandboxstatsv1.ErrorReason_ERROR_REASON_MALFORMED_SOURCE, "%v", err)
 	case errors.Is(err, context.Canceled):
-		return status.Error(codes.Canceled, err.Error())
+		return status.Error(codes.Canceled, foreign.Bound(err.Error(), maxStatusMessage))
 	default:
 		// ErrNotMeasurable, and anything a source could not classify (a
 		// permission error, a vanished file): the workload is here but
@@ -53,7 +61,13 @@ func lifecycleError(err error) error {
 		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH, "%v", err)
 	case errors.Is(err, identity.ErrNoWorkload):
 		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD, "%v", err)
+	case errors.Is(err, identity.ErrNotPersisted) && (errors.Is(err, syscall.ENOSPC) || errors.Is(err, syscall.EDQUOT) || errors.Is(err, syscall.EROFS)):
+		// The disk is full or read-only: nothing changed, and a retry once
+		// it is writable succeeds.
+		return statusError(codes.Unavailable, sandboxstatsv1.ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED, "%v", err)
+	case errors.Is(err, identity.ErrNotPersisted):
+		return statusError(codes.Internal, sandboxstatsv1.ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED, "%v", err)
 	default:
-		return status.Errorf(codes.Internal, "%v", err)
+		return status.Error(codes.Internal, foreign.Bound(err.Error(), maxStatusMessage))
 	}
 }

@@ -28,6 +28,10 @@ var (
 	// ErrNotMeasurable, so the server still answers UNAVAILABLE; the drift
 	// check tells it apart from "not there yet".
 	ErrSandboxGone = errors.New("sandbox gone")
+	// ErrAnswered: the peer (a guest agent) answered, with an error. Always
+	// wrapped together with another sentinel; the drift check tells an
+	// agent that answers errors from a silent one by it.
+	ErrAnswered = errors.New("the peer answered with an error")
 )
 
 // ReasonUnknownContainer is the ContainerError reason for a container id the

@@ -57,33 +57,39 @@ const (
 	ErrorReason_ERROR_REASON_INVALID_REQUEST ErrorReason = 8
 	// Run/Restore while a different workload is bound.
 	ErrorReason_ERROR_REASON_WORKLOAD_BOUND ErrorReason = 9
+	// A lifecycle call could not write its state file (disk full, quota,
+	// read-only file system: UNAVAILABLE, retry once writable; any other
+	// write error: INTERNAL). Nothing changed: the call may be retried.
+	ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED ErrorReason = 10
 )
 
 // Enum value maps for ErrorReason.
 var (
 	ErrorReason_name = map[int32]string{
-		0: "ERROR_REASON_UNSPECIFIED",
-		1: "ERROR_REASON_INVALID_ACTOR_UID",
-		2: "ERROR_REASON_NO_WORKLOAD",
-		3: "ERROR_REASON_ACTOR_MISMATCH",
-		4: "ERROR_REASON_ACTOR_CHANGED",
-		5: "ERROR_REASON_NOT_MEASURABLE",
-		6: "ERROR_REASON_READ_TIMEOUT",
-		7: "ERROR_REASON_MALFORMED_SOURCE",
-		8: "ERROR_REASON_INVALID_REQUEST",
-		9: "ERROR_REASON_WORKLOAD_BOUND",
+		0:  "ERROR_REASON_UNSPECIFIED",
+		1:  "ERROR_REASON_INVALID_ACTOR_UID",
+		2:  "ERROR_REASON_NO_WORKLOAD",
+		3:  "ERROR_REASON_ACTOR_MISMATCH",
+		4:  "ERROR_REASON_ACTOR_CHANGED",
+		5:  "ERROR_REASON_NOT_MEASURABLE",
+		6:  "ERROR_REASON_READ_TIMEOUT",
+		7:  "ERROR_REASON_MALFORMED_SOURCE",
+		8:  "ERROR_REASON_INVALID_REQUEST",
+		9:  "ERROR_REASON_WORKLOAD_BOUND",
+		10: "ERROR_REASON_STATE_NOT_PERSISTED",
 	}
 	ErrorReason_value = map[string]int32{
-		"ERROR_REASON_UNSPECIFIED":       0,
-		"ERROR_REASON_INVALID_ACTOR_UID": 1,
-		"ERROR_REASON_NO_WORKLOAD":       2,
-		"ERROR_REASON_ACTOR_MISMATCH":    3,
-		"ERROR_REASON_ACTOR_CHANGED":     4,
-		"ERROR_REASON_NOT_MEASURABLE":    5,
-		"ERROR_REASON_READ_TIMEOUT":      6,
-		"ERROR_REASON_MALFORMED_SOURCE":  7,
-		"ERROR_REASON_INVALID_REQUEST":   8,
-		"ERROR_REASON_WORKLOAD_BOUND":    9,
+		"ERROR_REASON_UNSPECIFIED":         0,
+		"ERROR_REASON_INVALID_ACTOR_UID":   1,
+		"ERROR_REASON_NO_WORKLOAD":         2,
+		"ERROR_REASON_ACTOR_MISMATCH":      3,
+		"ERROR_REASON_ACTOR_CHANGED":       4,
+		"ERROR_REASON_NOT_MEASURABLE":      5,
+		"ERROR_REASON_READ_TIMEOUT":        6,
+		"ERROR_REASON_MALFORMED_SOURCE":    7,
+		"ERROR_REASON_INVALID_REQUEST":     8,
+		"ERROR_REASON_WORKLOAD_BOUND":      9,
+		"ERROR_REASON_STATE_NOT_PERSISTED": 10,
 	}
 )
 
@@ -2625,7 +2631,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x19ListDriftFindingsResponse\x129\n" +
 	"\bfindings\x18\x01 \x03(\v2\x1d.sandboxstats.v1.DriftFindingR\bfindings\x123\n" +
 	"\x06events\x18\x02 \x03(\v2\x1b.sandboxstats.v1.DriftEventR\x06events\x129\n" +
-	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\xd4\x02\n" +
+	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\xfa\x02\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eERROR_REASON_INVALID_ACTOR_UID\x10\x01\x12\x1c\n" +
@@ -2636,7 +2642,9 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x19ERROR_REASON_READ_TIMEOUT\x10\x06\x12!\n" +
 	"\x1dERROR_REASON_MALFORMED_SOURCE\x10\a\x12 \n" +
 	"\x1cERROR_REASON_INVALID_REQUEST\x10\b\x12\x1f\n" +
-	"\x1bERROR_REASON_WORKLOAD_BOUND\x10\t*b\n" +
+	"\x1bERROR_REASON_WORKLOAD_BOUND\x10\t\x12$\n" +
+	" ERROR_REASON_STATE_NOT_PERSISTED\x10\n" +
+	"*b\n" +
 	"\fSandboxClass\x12\x1d\n" +
 	"\x19SANDBOX_CLASS_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SANDBOX_CLASS_GVISOR\x10\x01\x12\x19\n" +

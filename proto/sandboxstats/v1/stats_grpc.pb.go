@@ -381,7 +381,10 @@ const (
 // For semantics around ctx use and closing/ending streaming RPCs, please refer to https://pkg.go.dev/google.golang.org/grpc/?tab=doc#ClientConn.NewStream.
 //
 // WorkloadLifecycleService is the launcher's side: restricted (served on its
-// own socket, mode 0600). Calls are serialized; reads never wait for them.
+// own socket, mode 0600, to the uids of --lifecycle-allow-uids). Calls are
+// serialized; reads never wait for them. A call whose state file cannot be
+// written answers UNAVAILABLE STATE_NOT_PERSISTED (disk full, quota,
+// read-only) and changes nothing.
 type WorkloadLifecycleServiceClient interface {
 	// RunWorkload binds a workload to this daemon before its sandbox is
 	// measurable, so a workload that dies while booting is still attributable.
@@ -448,7 +451,10 @@ func (c *workloadLifecycleServiceClient) CheckpointWorkload(ctx context.Context,
 // for forward compatibility.
 //
 // WorkloadLifecycleService is the launcher's side: restricted (served on its
-// own socket, mode 0600). Calls are serialized; reads never wait for them.
+// own socket, mode 0600, to the uids of --lifecycle-allow-uids). Calls are
+// serialized; reads never wait for them. A call whose state file cannot be
+// written answers UNAVAILABLE STATE_NOT_PERSISTED (disk full, quota,
+// read-only) and changes nothing.
 type WorkloadLifecycleServiceServer interface {
 	// RunWorkload binds a workload to this daemon before its sandbox is
 	// measurable, so a workload that dies while booting is still attributable.

@@ -1,0 +1,155 @@
+package main
+
+// This file is statsd's command line: flags into a config.
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/hoststat"
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/peercred"
+	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
+)
+
+type config struct {
+	listen          string
+	lifecycleListen string
+	stateDir        string
+	procRoot        string
+	cgroupRoot      string
+	debugfsRoot     string
+	readTimeout     time.Duration
+	shutdownTimeout time.Duration
+	driftInterval   time.Duration
+	driftGrace      time.Duration
+	endedRetention  time.Duration
+	endedMax        int
+	hostMinInterval time.Duration
+	memoryLimit     int64
+	logLevel        slog.Level
+
+	// Who is served (SO_PEERCRED), and the read socket's group.
+	lifecycleUIDs      []uint32
+	readUIDs, readGIDs []uint32
+	readGIDsSet        bool   // --read-allow-gids given: else the socket's group
+	socketGroup        string // "" keeps the group the socket is created with
+	maxReadConns       int
+}
+
+// idsFlag is a comma-separated list of numeric ids.
+type idsFlag struct {
+	ids *[]uint32
+	set *bool
+}
+
+func (f idsFlag) String() string {
+	if f.ids == nil {
+		return ""
+	}
+	return peercred.Policy{UIDs: *f.ids}.String()
+}
+
+func (f idsFlag) Set(s string) error {
+	ids, err := peercred.ParseIDs(s)
+	if err != nil {
+		return err
+	}
+	*f.ids = ids
+	if f.set != nil {
+		*f.set = true
+	}
+	return nil
+}
+
+// usageError is a command-line mistake: exit status 2.
+type usageError struct{ error }
+
+func (e usageError) Unwrap() error { return e.error }
+
+// errVersion is what run returns for --version: main prints the version.
+var errVersion = errors.New("version requested")
+
+const exitStatusHelp = `
+Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), --help or --version;
+1 when serving failed; 2 for a usage error (unknown flag, bad value).
+`
+
+// parseFlags parses the command line; every error it returns is a
+// usageError, flag.ErrHelp or errVersion.
+func parseFlags(args []string, stderr io.Writer) (config, error) {
+	c, err := parseFlagsOnly(args, stderr)
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errVersion) {
+		return c, usageError{err}
+	}
+	return c, err
+}
+
+func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
+	c := config{listen: "/run/statsd/statsd.sock", lifecycleListen: "/run/statsd/lifecycle/statsd.sock"}
+	var showVersion bool
+	me := uint32(os.Geteuid())
+	c.lifecycleUIDs = []uint32{me}
+	c.readUIDs = []uint32{0}
+	if me != 0 {
+		c.readUIDs = append(c.readUIDs, me)
+	}
+	fs := flag.NewFlagSet("statsd", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Var(sockaddr.Flag{Path: &c.listen}, "listen", "Unix socket for the read-only stats service (mode 0660): a `path`, unix:PATH or unix:///PATH")
+	fs.Var(sockaddr.Flag{Path: &c.lifecycleListen}, "lifecycle-listen", "Unix socket for the launcher's lifecycle service (mode 0600), spelled as --listen; kept out of the stats sockets' directory so a node agent's glob never matches it")
+	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/statsd", "directory holding the bound workload across restarts")
+	fs.StringVar(&c.procRoot, "proc-root", "/proc", "mount point of procfs")
+	fs.StringVar(&c.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "mount point of the cgroup file system(s)")
+	fs.StringVar(&c.debugfsRoot, "debugfs-root", "/sys/kernel/debug", "mount point of debugfs (KVM counters)")
+	fs.DurationVar(&c.readTimeout, "read-timeout", 2*time.Second, "bound of every read (file, agent call, pid file)")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long graceful shutdown may take before a hard stop")
+	fs.DurationVar(&c.driftInterval, "drift-interval", 5*time.Minute, "how often to check that the bound sandbox still matches what runs; 0 turns the check off")
+	fs.DurationVar(&c.driftGrace, "drift-grace", 15*time.Minute, "after a Run/Restore, how long before the drift check looks (also how long an agent may stay silent)")
+	fs.DurationVar(&c.endedRetention, "ended-retention", identity.DefaultEndedRetention, "how long an ended activation's record (its final sample) is kept for pollers")
+	fs.IntVar(&c.endedMax, "ended-max", identity.DefaultEndedMax, "most ended-activation records kept (the oldest go first)")
+	fs.DurationVar(&c.hostMinInterval, "host-min-interval", hoststat.DefaultMinInterval, "a host view (StatsHost, include_host) is sampled at most once per this interval and served to every reader meanwhile; 0 samples on every read")
+	fs.Var(idsFlag{ids: &c.lifecycleUIDs}, "lifecycle-allow-uids", "comma-separated uids served on the lifecycle socket (checked with SO_PEERCRED, whatever the socket's mode); default: statsd's own euid")
+	fs.Var(idsFlag{ids: &c.readUIDs}, "read-allow-uids", "comma-separated uids served on the read socket (SO_PEERCRED); default: root and statsd's own euid")
+	fs.Var(idsFlag{ids: &c.readGIDs, set: &c.readGIDsSet}, "read-allow-gids", "comma-separated gids (primary or supplementary) served on the read socket; default: the read socket's group")
+	fs.StringVar(&c.socketGroup, "socket-group", "", "group (name or gid) of the read socket; default: the group it is created with")
+	fs.IntVar(&c.maxReadConns, "max-read-connections", 128, "most connections served at once on the read socket (lowered to keep a quarter of RLIMIT_NOFILE, at least 64 descriptors, for the lifecycle socket and state files); more are closed on accept")
+	fs.Int64Var(&c.memoryLimit, "memory-limit", 48<<20, "soft limit of the Go heap in bytes (runtime/debug.SetMemoryLimit; GOMEMLIMIT, if set, wins); the collector works harder near it; 0 sets none")
+	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	fs.BoolVar(&showVersion, "version", false, "print the version (module, VCS revision and time, Go) and exit")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: statsd [flags]\n\nServes one sandbox's workload stats over gRPC on Unix sockets.\n\nFlags:\n")
+		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), exitStatusHelp)
+	}
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if showVersion {
+		return c, errVersion
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments: %q", fs.Args())
+	}
+	if c.readTimeout <= 0 {
+		return c, errors.New("--read-timeout must be positive")
+	}
+	if c.endedRetention <= 0 || c.endedMax <= 0 {
+		return c, errors.New("--ended-retention and --ended-max must be positive")
+	}
+	if c.listen == c.lifecycleListen {
+		return c, errors.New("--listen and --lifecycle-listen must differ")
+	}
+	if len(c.lifecycleUIDs) == 0 {
+		return c, errors.New("--lifecycle-allow-uids must name at least one uid")
+	}
+	if c.maxReadConns <= 0 {
+		return c, errors.New("--max-read-connections must be positive")
+	}
+	return c, nil
+}

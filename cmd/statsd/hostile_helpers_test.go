@@ -1,0 +1,205 @@
+package main
+
+// Helpers of the hostile-peer tests: a real statsd binary (so that its
+// memory is its own, not the test's), its peak RSS, and the size of every
+// answer and log line.
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// Bounds every hostile-peer test holds statsd to.
+const (
+	maxRSSBytes      = 64 << 20
+	maxAnswerBytes   = 64 << 10
+	maxLogLineBytes  = 64 << 10
+	maxDriftFileSize = 64 << 10
+)
+
+// procStatusKB returns a field of /proc/<pid>/status in kB (VmRSS, VmHWM).
+func procStatusKB(t testing.TB, pid int, field string) int64 {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.Lines(string(b)) {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
+			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
+			if err != nil {
+				t.Fatalf("%s %q: %v", field, v, err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("/proc/%d/status has no %s", pid, field)
+	return 0
+}
+
+// peakRSS is statsd's peak resident set (VmHWM), in bytes.
+func peakRSS(t testing.TB, d *testenv.Statsd) int64 {
+	return procStatusKB(t, d.Cmd.Process.Pid, "VmHWM") << 10
+}
+
+// answerSize is the wire size of an answer: the message, or the status
+// (message and details) of an error.
+func answerSize(resp proto.Message, err error) int {
+	if err != nil {
+		st, _ := status.FromError(err)
+		return proto.Size(st.Proto())
+	}
+	return proto.Size(resp)
+}
+
+// answerText is everything an answer says, for searching it.
+func answerText(resp proto.Message, err error) string {
+	if err != nil {
+		st, _ := status.FromError(err)
+		return st.Proto().String()
+	}
+	return fmt.Sprint(resp)
+}
+
+// checkLog fails the test for a log line over maxLogLineBytes or a raw
+// ESC, and returns the log's size and line count.
+func checkLog(t testing.TB, path string) (size int64, lines int) {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	r := bufio.NewReaderSize(f, 1<<20)
+	longest := 0
+	for {
+		line, err := r.ReadSlice('\n')
+		n := len(line)
+		for err == bufio.ErrBufferFull {
+			var more []byte
+			more, err = r.ReadSlice('\n')
+			n += len(more)
+		}
+		if n == 0 && err != nil {
+			break
+		}
+		lines++
+		size += int64(n)
+		longest = max(longest, n)
+		if bytes.IndexByte(line, 0x1b) >= 0 {
+			t.Errorf("log line %d holds a raw ESC: %.200q", lines, line)
+		}
+		if err != nil {
+			break
+		}
+	}
+	if longest > maxLogLineBytes {
+		t.Errorf("longest log line %d bytes, want under %d", longest, maxLogLineBytes)
+	}
+	return size, lines
+}
+
+// clients dials statsd's two sockets.
+func clients(t testing.TB, d *testenv.Statsd) (sandboxstatsv1.WorkloadStatsServiceClient, sandboxstatsv1.WorkloadLifecycleServiceClient) {
+	t.Helper()
+	dialOne := func(p string) *grpc.ClientConn {
+		cc, err := grpc.NewClient("unix://"+p, grpc.WithTransportCredentials(insecure.NewCredentials()),
+			grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(64<<20)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cc.Close() })
+		return cc
+	}
+	return sandboxstatsv1.NewWorkloadStatsServiceClient(dialOne(d.Stats)), sandboxstatsv1.NewWorkloadLifecycleServiceClient(dialOne(d.Lifecycle))
+}
+
+// answers records every answer's size and whether one held forbidden text.
+type answers struct {
+	mu      sync.Mutex
+	n, errs int
+	largest int
+	bad     []string
+}
+
+func (a *answers) note(what string, resp proto.Message, err error, forbidden ...string) {
+	size := answerSize(resp, err)
+	text := answerText(resp, err)
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.n++
+	if err != nil {
+		a.errs++
+	}
+	a.largest = max(a.largest, size)
+	if strings.ContainsRune(text, 0x1b) {
+		a.bad = append(a.bad, what+": a raw ESC")
+	}
+	for _, f := range forbidden {
+		if strings.Contains(text, f) {
+			a.bad = append(a.bad, fmt.Sprintf("%s: holds %q", what, f))
+		}
+	}
+}
+
+func (a *answers) check(t testing.TB) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.largest > maxAnswerBytes {
+		t.Errorf("largest answer %d bytes, want under %d", a.largest, maxAnswerBytes)
+	}
+	for i, b := range a.bad {
+		if i == 5 {
+			t.Errorf("... and %d more", len(a.bad)-5)
+			break
+		}
+		t.Error(b)
+	}
+}
+
+// pollConcurrently runs n pollers, each calling poll rounds times.
+func pollConcurrently(n, rounds int, poll func(ctx context.Context)) {
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			for range rounds {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				poll(ctx)
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// cpuTime is statsd's user plus system CPU so far (/proc/<pid>/stat fields
+// 14 and 15, USER_HZ ticks).
+func cpuTime(t testing.TB, d *testenv.Statsd) time.Duration {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(d.Cmd.Process.Pid), "stat"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
+}

@@ -1,0 +1,5 @@
+//go:build !race
+
+package hoststat
+
+const raceEnabled = false

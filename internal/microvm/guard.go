@@ -1,0 +1,156 @@
+package microvm
+
+// This file is the agent connection as the ttrpc client sees it: a net.Conn
+// that follows ttrpc's framing in both directions and cuts the connection
+// at the first frame no well-behaved agent sends.
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// maxAgentFrameBytes bounds one ttrpc frame from the agent. A StatsContainer
+// reply is a few KiB (memory.stat, a few devices); ttrpc's own cap is 4 MiB
+// per message, and it discards a larger one by reading it to the end, so a
+// header announcing 100 MiB followed by silence would wedge the connection
+// and 25 replies of 4 MiB would cost 100s of MiB.
+const maxAgentFrameBytes = 256 << 10
+
+// ttrpcMaxMessage is ttrpc's own cap on a message (channel.go).
+const ttrpcMaxMessage = 4 << 20
+
+// ttrpc framing (github.com/containerd/ttrpc channel.go, PROTOCOL.md).
+const (
+	frameHeaderBytes  = 10
+	frameTypeRequest  = 0x1
+	frameTypeResponse = 0x2
+)
+
+// errHostileFrame marks a connection cut because of what the agent sent;
+// its errors also wrap source.ErrMalformed: the agent answered, wrongly.
+var errHostileFrame = errors.New("microvm: the agent sent a frame statsd refuses")
+
+// frameGuard wraps the agent connection. It notes the stream id of every
+// request the client writes and checks every frame header the agent sends:
+// a frame longer than its cap (Config.MaxFrameBytes), a frame for a stream with no
+// request outstanding (ttrpc would log each one and drop it: an agent
+// streaming them made 85 MB of logs in 10 s), or any frame but a response
+// fails the read and closes the connection, so the ttrpc client ends and
+// the source redials with backoff.
+type frameGuard struct {
+	net.Conn
+
+	maxFrame uint32
+
+	mu          sync.Mutex
+	outstanding map[uint32]bool // requests written, no response read yet
+	violation   error
+
+	rd, wr frameParser // each used by one goroutine: ttrpc's reader, and its writer under its send lock
+}
+
+func newFrameGuard(c net.Conn, maxFrame int) *frameGuard {
+	return &frameGuard{Conn: c, maxFrame: uint32(maxFrame), outstanding: make(map[uint32]bool)}
+}
+
+// Violation is why the guard cut the connection, or nil.
+func (g *frameGuard) Violation() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.violation
+}
+
+func (g *frameGuard) Write(p []byte) (int, error) {
+	// Note the requests before their bytes leave: the reply may race back.
+	g.wr.feed(p, func(h frameHeader) error {
+		if h.typ == frameTypeRequest {
+			g.mu.Lock()
+			g.outstanding[h.stream] = true
+			g.mu.Unlock()
+		}
+		return nil
+	})
+	return g.Conn.Write(p)
+}
+
+func (g *frameGuard) Read(p []byte) (int, error) {
+	n, err := g.Conn.Read(p)
+	if n > 0 {
+		if verr := g.rd.feed(p[:n], g.checkIncoming); verr != nil {
+			g.mu.Lock()
+			if g.violation == nil {
+				g.violation = verr
+			}
+			g.mu.Unlock()
+			g.Conn.Close()
+			return 0, verr
+		}
+	}
+	return n, err
+}
+
+func (g *frameGuard) checkIncoming(h frameHeader) error {
+	switch {
+	case h.length > g.maxFrame:
+		return fmt.Errorf("%w: %w: a frame of %d bytes on stream %d (at most %d accepted)", source.ErrMalformed, errHostileFrame, h.length, h.stream, g.maxFrame)
+	case h.typ != frameTypeResponse:
+		return fmt.Errorf("%w: %w: a frame of type %d on stream %d (only responses to unary calls are expected)", source.ErrMalformed, errHostileFrame, h.typ, h.stream)
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !g.outstanding[h.stream] {
+		return fmt.Errorf("%w: %w: a response on stream %d, which has no request outstanding", source.ErrMalformed, errHostileFrame, h.stream)
+	}
+	delete(g.outstanding, h.stream)
+	return nil
+}
+
+// frameHeader is ttrpc's 10-byte frame header.
+type frameHeader struct {
+	length, stream uint32
+	typ, flags     byte
+}
+
+// frameParser follows frame boundaries across arbitrary chunks of a byte
+// stream: it assembles each header and skips each payload.
+type frameParser struct {
+	hdr  [frameHeaderBytes]byte
+	have int    // header bytes assembled
+	skip uint32 // payload bytes still to pass
+}
+
+// feed consumes a chunk, calling onHeader for every complete header; it
+// stops at the first error onHeader returns.
+func (f *frameParser) feed(p []byte, onHeader func(frameHeader) error) error {
+	for len(p) > 0 {
+		if f.skip > 0 {
+			n := min(uint32(len(p)), f.skip)
+			f.skip -= n
+			p = p[n:]
+			continue
+		}
+		n := copy(f.hdr[f.have:], p)
+		f.have += n
+		p = p[n:]
+		if f.have < frameHeaderBytes {
+			return nil
+		}
+		f.have = 0
+		h := frameHeader{
+			length: binary.BigEndian.Uint32(f.hdr[0:4]),
+			stream: binary.BigEndian.Uint32(f.hdr[4:8]),
+			typ:    f.hdr[8],
+			flags:  f.hdr[9],
+		}
+		if err := onHeader(h); err != nil {
+			return err
+		}
+		f.skip = h.length
+	}
+	return nil
+}
