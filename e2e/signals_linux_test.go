@@ -175,8 +175,11 @@ func TestIntegrationSignalsPrometheus(t *testing.T) {
 	}
 	v, _ := promValue(t, prom, "sandboxstats_workload_cpu_throttled_seconds_total"+sel, func(v float64) bool { return within(v, throttledTruth, 0.20) })
 	t.Logf("PromQL cpu_throttled_seconds_total = %.3f s, the cgroup's throttled_time %.3f s", v, throttledTruth)
-	if throttledTruth < 1 || !within(v, throttledTruth, 0.20) {
-		t.Errorf("throttled seconds %.3f, want the cgroup's %.3f ± 20%% (and at least 1 s under the quota)", v, throttledTruth)
+	// 500 ms of CPU at 20 ms per 100 ms is throttled about 2 s on an idle
+	// runner; on a loaded one the loop also waits for a CPU (not
+	// throttling), so only "clearly throttled" is asserted of the truth.
+	if throttledTruth < 0.3 || !within(v, throttledTruth, 0.20) {
+		t.Errorf("throttled seconds %.3f, want the cgroup's %.3f ± 20%% (and at least 0.3 s under the quota)", v, throttledTruth)
 	}
 	if v, _ := promValue(t, prom, "sandboxstats_workload_memory_limit_bytes"+sel, func(v float64) bool { return v == 64<<20 }); v != 64<<20 {
 		t.Errorf("PromQL memory_limit_bytes = %v, want 64 MiB", v)

@@ -174,7 +174,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		logger: logger,
 		acct: rate.NewAccountant(rate.AccountantConfig{
 			Started: cfg.Started, CPUs: cmp.Or(cfg.CPUs, runtime.NumCPU()), Horizon: cfg.EndedHorizon,
-			PerInterface: cfg.LabelInterface,
+			PerInterface: cfg.LabelInterface, HeadSlack: rate.DefaultHeadSlack,
 		}),
 		totals:       make(map[labelSet]*counterTotals),
 		owners:       make(map[rate.ActivationKey]owner),

@@ -44,7 +44,18 @@ type AccountantConfig struct {
 	// PerInterface accounts the network counters per interface (by name, at
 	// most MaxInterfaces of a sample, loopback never) instead of their total.
 	PerInterface bool
+	// HeadSlack widens the window a head is bounded by to begin this long
+	// before the epoch (0: none; the node agent uses DefaultHeadSlack): a
+	// sandbox's cgroup is made, and its sandbox boots, before the
+	// launcher's Run binds it, and that boot is the activation's usage too.
+	// A cgroup reused across epochs carries far more history than that and
+	// is still refused.
+	HeadSlack time.Duration
 }
+
+// DefaultHeadSlack is the HeadSlack the node agent uses: 10 s of boot
+// before the Run.
+const DefaultHeadSlack = 10 * time.Second
 
 // Accountant charges each activation's counters exactly once, from its
 // first to its last microsecond (or byte, packet, kill), to counters that
@@ -267,12 +278,14 @@ func (a *Accountant) head(acc *account, c Counter, own uint64, sinceUnixNano, at
 		}
 		return own
 	}
-	if !a.fits(c, own, sinceUnixNano, atUnixNano) {
+	if !a.fits(c, own, sinceUnixNano-a.headSlack().Nanoseconds(), atUnixNano) {
 		acc.history = true
 		return 0
 	}
 	return own
 }
+
+func (a *Accountant) headSlack() time.Duration { return max(a.cfg.HeadSlack, 0) }
 
 // fits reports whether counter c could have grown by v between
 // sinceUnixNano and atUnixNano on CPUs processors.

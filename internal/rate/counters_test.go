@@ -366,3 +366,29 @@ func sortCharges() cmp.Option {
 		return out
 	})
 }
+
+// TestAccountantHeadSlack: a sandbox that booted before its Run (runsc made
+// its cgroup first) has CPU from before the epoch: within the slack the
+// head is charged, a longer history (a reused cgroup) is not.
+func TestAccountantHeadSlack(t *testing.T) {
+	e := base.Add(time.Minute) // the samples at 70 s are 10 s into the epoch
+	for _, tc := range []struct {
+		name  string
+		cpu   uint64
+		slack time.Duration
+		want  uint64
+	}{
+		{"without slack, 2 CPUs x 10 s at most", 20_000_002, 0, 0},
+		{"10 s of slack: 2 CPUs x 20 s", 40_000_000, 10 * time.Second, 40_000_000},
+		{"a history beyond the slack is still refused", 40_000_002, 10 * time.Second, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: time.Hour, HeadSlack: tc.slack})
+			s := smp(70, tc.cpu, epoch(e), baselineAt(e))
+			charges, _ := a.Sample(s, base)
+			if c, _ := charges.Of(CounterID{Counter: CounterCPU}); c.Value != tc.want {
+				t.Errorf("head = %d, want %d", c.Value, tc.want)
+			}
+		})
+	}
+}

@@ -82,7 +82,7 @@ func (a *Accountant) endCPU(c *counterAccount, e *sandboxstatsv1.EndedActivation
 	case !fresh:
 		return 0, EndUnseenOld
 	}
-	since := e.GetEpochUnixNano() + e.GetBaselineDelayNanos()
+	since := e.GetEpochUnixNano() + e.GetBaselineDelayNanos() - a.headSlack().Nanoseconds()
 	if v := e.GetCpuUsec(); a.fits(CounterCPU, v, since, e.GetEndUnixNano()) {
 		return v, EndWhole
 	}
