@@ -56,6 +56,7 @@ type Agent struct {
 	logger  *slog.Logger
 	reg     *prometheus.Registry
 	metrics *metrics
+	pool    *sweep.Pool // one connection per daemon, kept across sweeps
 
 	started  time.Time
 	lastDone atomic.Int64 // unix nanos of the last completed sweep; 0 if none
@@ -80,8 +81,14 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
-	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, started: started}, nil
+	pool := sweep.Config{Concurrency: cfg.Concurrency, Timeout: cfg.Timeout, SweepTimeout: cmp.Or(cfg.SweepTimeout, max(cfg.Interval, cfg.Timeout)),
+		Limits: cfg.Limits, AllowUIDs: cfg.AllowUIDs}.NewPool()
+	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, pool: pool, started: started}, nil
 }
+
+// Close closes the connections the agent keeps to its daemons (Run does
+// when it returns). A later sweep dials them afresh.
+func (a *Agent) Close() error { return a.pool.Close() }
 
 // SweepOnce runs one sweep and makes it the exported snapshot. The daemons
 // that answered in the previous sweep are polled first, the others in a
@@ -102,9 +109,7 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 		a.logger.Warn("sockets in the glob refused (symlink, owner not allowed, or a duplicate)", "refused", n)
 		a.lastRefused = n
 	}
-	cfg := sweep.Config{Concurrency: a.cfg.Concurrency, Timeout: a.cfg.Timeout, SweepTimeout: cmp.Or(a.cfg.SweepTimeout, max(a.cfg.Interval, a.cfg.Timeout)),
-		Limits: a.cfg.Limits, AllowUIDs: a.cfg.AllowUIDs}
-	results := cfg.PollAll(ctx, a.order(d.Sockets))
+	results := a.pool.PollAll(ctx, a.order(d.Sockets))
 	slices.SortFunc(results, func(x, y sweep.DaemonResult) int { return strings.Compare(x.Socket, y.Socket) })
 	a.answered = map[string]bool{}
 	for _, r := range results {
@@ -155,8 +160,10 @@ func (a *Agent) order(sockets []string) []string {
 }
 
 // Run sweeps every Interval (the first sweep at once) until ctx is done,
-// then returns nil. With Interval 0 it only waits for ctx.
+// then closes the agent's connections (Close) and returns nil. With
+// Interval 0 it only waits for ctx.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.Close()
 	if a.cfg.Interval == 0 {
 		a.logger.Info("sweeping disabled (interval 0)")
 		<-ctx.Done()
