@@ -54,7 +54,8 @@ type Config struct {
 type Agent struct {
 	cfg     Config
 	logger  *slog.Logger
-	reg     *prometheus.Registry
+	reg     *prometheus.Registry // the agent's metrics: they change with a sweep
+	live    *prometheus.Registry // the Go and process collectors, promhttp's
 	metrics *metrics
 	pool    *sweep.Pool // one connection per daemon, kept across sweeps
 
@@ -73,8 +74,8 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if _, err := sweep.Discover(cfg.Sockets); err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg, live := prometheus.NewRegistry(), prometheus.NewRegistry()
+	live.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
 	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
 		Started: started, EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog}, logger)
@@ -83,7 +84,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	pool := sweep.Config{Concurrency: cfg.Concurrency, Timeout: cfg.Timeout, SweepTimeout: cmp.Or(cfg.SweepTimeout, max(cfg.Interval, cfg.Timeout)),
 		Limits: cfg.Limits, AllowUIDs: cfg.AllowUIDs}.NewPool()
-	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, pool: pool, started: started}, nil
+	return &Agent{cfg: cfg, logger: logger, reg: reg, live: live, metrics: m, pool: pool, started: started}, nil
 }
 
 // Close closes the connections the agent keeps to its daemons (Run does
@@ -186,8 +187,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // timeout (or since start), which means sweeps are stuck or far too slow.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
-		Registry:      a.reg,
+	mux.Handle("/metrics", promhttp.HandlerFor(&sweepGatherer{sweep: a.reg, live: a.live, metrics: a.metrics}, promhttp.HandlerOpts{
+		Registry:      a.live,
 		ErrorHandling: promhttp.ContinueOnError,
 	}))
 	mux.HandleFunc("/healthz", a.healthz)

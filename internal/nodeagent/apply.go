@@ -70,12 +70,13 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 		}
 		snap.counters[l] = t.values.clone()
 	}
-	m.snap.Store(snap)
-
 	m.sweepDuration.Observe(took.Seconds())
 	m.lastSweep.Set(took.Seconds())
 	m.lastSweepTime.Set(float64(now.UnixNano()) / 1e9)
 	m.sweeps.Inc()
+	// Last: a new snapshot is a new sweep for the Handler's gatherer
+	// (sweepGatherer), which gathers each sweep's metrics once.
+	m.snap.Store(snap)
 }
 
 // conflicting returns the actors none of whose samples or records this
