@@ -54,8 +54,10 @@ type Config struct {
 type Agent struct {
 	cfg     Config
 	logger  *slog.Logger
-	reg     *prometheus.Registry
+	reg     *prometheus.Registry // the agent's metrics: they change with a sweep
+	live    *prometheus.Registry // the Go and process collectors, promhttp's
 	metrics *metrics
+	pool    *sweep.Pool // one connection per daemon, kept across sweeps
 
 	started  time.Time
 	lastDone atomic.Int64 // unix nanos of the last completed sweep; 0 if none
@@ -72,16 +74,22 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	if _, err := sweep.Discover(cfg.Sockets); err != nil {
 		return nil, err
 	}
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg, live := prometheus.NewRegistry(), prometheus.NewRegistry()
+	live.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
 	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
 		Started: started, EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
-	return &Agent{cfg: cfg, logger: logger, reg: reg, metrics: m, started: started}, nil
+	pool := sweep.Config{Concurrency: cfg.Concurrency, Timeout: cfg.Timeout, SweepTimeout: cmp.Or(cfg.SweepTimeout, max(cfg.Interval, cfg.Timeout)),
+		Limits: cfg.Limits, AllowUIDs: cfg.AllowUIDs}.NewPool()
+	return &Agent{cfg: cfg, logger: logger, reg: reg, live: live, metrics: m, pool: pool, started: started}, nil
 }
+
+// Close closes the connections the agent keeps to its daemons (Run does
+// when it returns). A later sweep dials them afresh.
+func (a *Agent) Close() error { return a.pool.Close() }
 
 // SweepOnce runs one sweep and makes it the exported snapshot. The daemons
 // that answered in the previous sweep are polled first, the others in a
@@ -102,9 +110,7 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 		a.logger.Warn("sockets in the glob refused (symlink, owner not allowed, or a duplicate)", "refused", n)
 		a.lastRefused = n
 	}
-	cfg := sweep.Config{Concurrency: a.cfg.Concurrency, Timeout: a.cfg.Timeout, SweepTimeout: cmp.Or(a.cfg.SweepTimeout, max(a.cfg.Interval, a.cfg.Timeout)),
-		Limits: a.cfg.Limits, AllowUIDs: a.cfg.AllowUIDs}
-	results := cfg.PollAll(ctx, a.order(d.Sockets))
+	results := a.pool.PollAll(ctx, a.order(d.Sockets))
 	slices.SortFunc(results, func(x, y sweep.DaemonResult) int { return strings.Compare(x.Socket, y.Socket) })
 	a.answered = map[string]bool{}
 	for _, r := range results {
@@ -155,8 +161,10 @@ func (a *Agent) order(sockets []string) []string {
 }
 
 // Run sweeps every Interval (the first sweep at once) until ctx is done,
-// then returns nil. With Interval 0 it only waits for ctx.
+// then closes the agent's connections (Close) and returns nil. With
+// Interval 0 it only waits for ctx.
 func (a *Agent) Run(ctx context.Context) error {
+	defer a.Close()
 	if a.cfg.Interval == 0 {
 		a.logger.Info("sweeping disabled (interval 0)")
 		<-ctx.Done()
@@ -179,8 +187,8 @@ func (a *Agent) Run(ctx context.Context) error {
 // timeout (or since start), which means sweeps are stuck or far too slow.
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(a.reg, promhttp.HandlerOpts{
-		Registry:      a.reg,
+	mux.Handle("/metrics", promhttp.HandlerFor(&sweepGatherer{sweep: a.reg, live: a.live, metrics: a.metrics}, promhttp.HandlerOpts{
+		Registry:      a.live,
 		ErrorHandling: promhttp.ContinueOnError,
 	}))
 	mux.HandleFunc("/healthz", a.healthz)

@@ -20,8 +20,8 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 
 	snap := &snapshot{
 		drift:    make(map[driftKey]int),
-		series:   make(map[labelSet]*seriesValues),
-		counters: make(map[labelSet]map[rate.CounterID]uint64),
+		series:   make(map[labelSet]*seriesValues, len(m.snap.Load().series)),
+		counters: make(map[labelSet]*counterValues, len(m.totals)),
 		daemons:  make(map[sweep.Status]int),
 	}
 	// Forget first, so an activation back after the grace period is seen
@@ -68,18 +68,15 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 			delete(m.totals, l)
 			continue
 		}
-		values := make(map[rate.CounterID]uint64, len(t.values))
-		for id, v := range t.values {
-			values[id] = v
-		}
-		snap.counters[l] = values
+		snap.counters[l] = t.values.clone()
 	}
-	m.snap.Store(snap)
-
 	m.sweepDuration.Observe(took.Seconds())
 	m.lastSweep.Set(took.Seconds())
 	m.lastSweepTime.Set(float64(now.UnixNano()) / 1e9)
 	m.sweeps.Inc()
+	// Last: a new snapshot is a new sweep for the Handler's gatherer
+	// (sweepGatherer), which gathers each sweep's metrics once.
+	m.snap.Store(snap)
 }
 
 // conflicting returns the actors none of whose samples or records this
@@ -90,41 +87,48 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 // the first socket never wins. Nothing is lost by it: the activation's
 // counters are charged at its next believed sample or record.
 func (m *metrics) conflicting(results []sweep.DaemonResult) map[string]bool {
-	samples := map[string][]string{}                      // actor -> sockets of its samples
-	reporters := map[rate.ActivationKey]map[string]bool{} // activation -> sockets reporting it
+	samples := make(map[string]int, len(results))                 // actor -> its samples
+	reporter := make(map[rate.ActivationKey]string, len(results)) // activation -> its owner's socket, or the first reporting it
+	suspect := map[string]bool{}
 	report := func(k rate.ActivationKey, socket string) {
-		if reporters[k] == nil {
-			reporters[k] = map[string]bool{}
-			if o, ok := m.owners[k]; ok {
-				reporters[k][o.socket] = true
+		first, ok := reporter[k]
+		if !ok {
+			first = socket
+			if o, known := m.owners[k]; known {
+				first = o.socket
 			}
+			reporter[k] = first
 		}
-		reporters[k][socket] = true
+		if first != socket {
+			suspect[k.ActorUID] = true
+		}
 	}
 	for _, r := range results {
 		for _, s := range r.Samples {
-			samples[s.GetActorUid()] = append(samples[s.GetActorUid()], r.Socket)
+			if samples[s.GetActorUid()]++; samples[s.GetActorUid()] > 1 {
+				suspect[s.GetActorUid()] = true
+			}
 			report(rate.KeyOf(s), r.Socket)
 		}
 		for _, e := range r.Ended {
 			report(rate.EndedKeyOf(e), r.Socket)
 		}
 	}
-	suspect := map[string]bool{}
-	for actor, sockets := range samples {
-		if len(sockets) > 1 {
-			suspect[actor] = true
-		}
+	if len(suspect) == 0 {
+		return suspect
 	}
-	for k, sockets := range reporters {
-		if len(sockets) > 1 {
-			suspect[k.ActorUID] = true
+	sockets := make(map[string][]string, len(suspect)) // suspect actor -> the sockets of its samples
+	for _, r := range results {
+		for _, s := range r.Samples {
+			if suspect[s.GetActorUid()] {
+				sockets[s.GetActorUid()] = append(sockets[s.GetActorUid()], r.Socket)
+			}
 		}
 	}
 	for actor := range suspect {
 		m.conflicts.Inc()
 		m.logger.Warn("one actor reported by more than one daemon: none of its samples or records believed",
-			"actor_uid", cut(actor), "sockets", samples[actor])
+			"actor_uid", cut(actor), "sockets", sockets[actor])
 	}
 	return suspect
 }
@@ -203,11 +207,12 @@ func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.Wor
 func (m *metrics) charge(l labelSet, charges rate.Charges, now time.Time) {
 	t := m.totals[l]
 	if t == nil {
-		t = &counterTotals{values: map[rate.CounterID]uint64{{Counter: rate.CounterCPU}: 0}}
+		t = &counterTotals{}
+		t.values.has[rate.CounterCPU] = true
 		m.totals[l] = t
 	}
 	for _, c := range charges {
-		t.values[c.ID] = addSat(t.values[c.ID], c.Value)
+		t.values.add(c.ID, c.Value)
 	}
 	t.lastSeen = now
 }

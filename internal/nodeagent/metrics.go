@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"log/slog"
+	"maps"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -87,8 +88,9 @@ type metricsConfig struct {
 // gauges are those of the last sweep only, so a workload that vanished
 // disappears from them. Apply feeds it; it is safe for concurrent use.
 type metrics struct {
-	cfg    metricsConfig
-	logger *slog.Logger
+	cfg        metricsConfig
+	logger     *slog.Logger
+	labelNames []string // of the workload metrics, in their Descs' order
 
 	mu     sync.Mutex // serializes Apply
 	acct   *rate.Accountant
@@ -120,12 +122,44 @@ type metrics struct {
 	actDuration *prometheus.HistogramVec // seconds
 }
 
-// counterTotals are one label set's counters, in each counter's unit: the
-// sum of its activations' charges. CPU is there from the first measured
-// sample on; another counter once some activation carried it.
+// counterTotals are one label set's counters and when one of its
+// workloads was last seen.
 type counterTotals struct {
-	values   map[rate.CounterID]uint64
+	values   counterValues
 	lastSeen time.Time
+}
+
+// counterValues are one label set's counters, in each counter's unit: the
+// sum of its activations' charges. CPU is there from the first measured
+// sample on; another counter once some activation carried it. An array
+// indexed by counter, not a map: Apply charges and copies every label
+// set's counters at every sweep.
+type counterValues struct {
+	has   [rate.NumCounters]bool
+	total [rate.NumCounters]uint64
+	// perInterface are the network counters per interface
+	// (LabelInterface), apart from the totals (not kept then).
+	perInterface map[rate.CounterID]uint64
+}
+
+// add charges v to counter id.
+func (cv *counterValues) add(id rate.CounterID, v uint64) {
+	if id.Interface != "" {
+		if cv.perInterface == nil {
+			cv.perInterface = make(map[rate.CounterID]uint64)
+		}
+		cv.perInterface[id] = addSat(cv.perInterface[id], v)
+		return
+	}
+	cv.has[id.Counter] = true
+	cv.total[id.Counter] = addSat(cv.total[id.Counter], v)
+}
+
+// clone returns a copy of cv that later charges to cv leave alone.
+func (cv *counterValues) clone() *counterValues {
+	c := *cv
+	c.perInterface = maps.Clone(cv.perInterface)
+	return &c
 }
 
 type owner struct {
@@ -153,7 +187,7 @@ type driftKey struct {
 type snapshot struct {
 	drift    map[driftKey]int
 	series   map[labelSet]*seriesValues
-	counters map[labelSet]map[rate.CounterID]uint64 // charged, in each counter's unit
+	counters map[labelSet]*counterValues // charged, in each counter's unit
 	daemons  map[sweep.Status]int
 }
 
@@ -170,8 +204,9 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 	cfg.EndedHorizon = cmp.Or(cfg.EndedHorizon, time.Hour)
 	templateLabels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
 	m := &metrics{
-		cfg:    cfg,
-		logger: logger,
+		cfg:        cfg,
+		logger:     logger,
+		labelNames: labels,
 		acct: rate.NewAccountant(rate.AccountantConfig{
 			Started: cfg.Started, CPUs: cmp.Or(cfg.CPUs, runtime.NumCPU()), Horizon: cfg.EndedHorizon,
 			PerInterface: cfg.LabelInterface, HeadSlack: rate.DefaultHeadSlack,

@@ -196,7 +196,7 @@ func readings(s *sandboxstatsv1.WorkloadStatsSample, perInterface bool) []readin
 	if s == nil {
 		return nil
 	}
-	var out []reading
+	out := make([]reading, 0, NumCounters)
 	for c := range NumCounters {
 		spec := counterSpecs[c]
 		if perInterface && spec.iface != nil {

@@ -1,87 +1,28 @@
 package sweep
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"os"
-	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-const (
-	benchDaemons  = 200
-	envFakesDir   = "SWEEP_BENCH_FAKES_DIR"
-	envFakesCount = "SWEEP_BENCH_FAKES_COUNT"
-)
+// benchConcurrency is the agent's default --concurrency.
+const benchConcurrency = 8
 
-// TestFakeDaemonsHelper is not a test: BenchmarkSweep re-runs the test
-// binary with it to serve the fake daemons from another process, so that
-// the benchmark's CPU figure is the agent's alone.
-func TestFakeDaemonsHelper(t *testing.T) {
-	dir := os.Getenv(envFakesDir)
-	if dir == "" {
-		t.Skip("helper process for BenchmarkSweep")
-	}
-	n, err := strconv.Atoi(os.Getenv(envFakesCount))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for i := range n {
-		d := statsdfake.Start(t, filepath.Join(dir, fmt.Sprintf("d%03d.sock", i)))
-		d.Set(sample(fmt.Sprintf("actor-%03d", i), uint64(i)*1000, 64<<20))
-	}
-	fmt.Println("ready")
-	_, _ = io.Copy(io.Discard, os.Stdin) // serve until the benchmark closes stdin
-}
-
-// startFakes serves n fake daemons in a child process and returns the glob
-// of their sockets.
-func startFakes(b *testing.B, n int) (glob string, sockets []string) {
-	b.Helper()
-	dir := b.TempDir()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFakeDaemonsHelper$", "-test.bench=^$", "-test.count=1")
-	cmd.Env = append(os.Environ(), envFakesDir+"="+dir, envFakesCount+"="+strconv.Itoa(n))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		b.Fatal(err)
-	}
-	cmd.Stderr = os.Stderr
-	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
+// TestFleetHelper is not a test: the sweep benchmarks re-run the test
+// binary with it to serve their fake daemons from another process, so that
+// a benchmark's CPU figure is the poller's alone.
+func TestFleetHelper(t *testing.T) {
+	statsdfake.ServeFleet(t, func(i int) *sandboxstatsv1.StatsActiveWorkloadsResponse {
+		return &sandboxstatsv1.StatsActiveWorkloadsResponse{
+			Samples: []*sandboxstatsv1.WorkloadStatsSample{sample(fmt.Sprintf("actor-%04d", i), uint64(i)*1000, 64<<20)}}
 	})
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || line != "ready\n" {
-		b.Fatalf("fake daemons did not start: %q %v", line, err)
-	}
-	glob = filepath.Join(dir, "*.sock")
-	sockets, err = Discover(glob)
-	if err != nil || len(sockets) != n {
-		b.Fatalf("found %d sockets, want %d (%v)", len(sockets), n, err)
-	}
-	return glob, sockets
 }
 
 func cpuTime(b *testing.B) time.Duration {
@@ -92,48 +33,103 @@ func cpuTime(b *testing.B) time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-// BenchmarkSweep: one sweep over 200 daemons at concurrency 8 (the agent's
-// default) against 200 sequential single polls (baseline). Both reuse
-// nothing between polls: every poll dials its daemon afresh, as the agent
-// does. cpu-ms/op is the benchmark process's user+system CPU per op: the
-// agent's alone, since the daemons run in a child process.
-func BenchmarkSweep(b *testing.B) {
-	glob, sockets := startFakes(b, benchDaemons)
+// BenchmarkSweep200 and BenchmarkSweep1000: one sweep over 200 or 1000
+// fake daemons (served by a child process) at concurrency 8, the agent's
+// default, against its floor measured in the same run: n/8 sequential
+// single polls on the same fakes (baseline), that is n/8 times one poll's
+// latency, so each variant's ratio is its ratio to the floor.
+//
+//   - baseline: n/8 polls one after the other, each as the agent makes it
+//     (on its kept connection).
+//   - pool: one sweep as the agent makes it (sweep.Pool: connections kept
+//     across sweeps).
+//   - pool-concurrency-1: the same sweep one poll at a time: n times one
+//     poll, so 8x the floor if concurrency gained nothing. On this 2-core
+//     machine (agent and daemons on the same cores) at most 2 polls run at
+//     once, which bounds the gain of concurrency: a sweep at concurrency 8
+//     cannot come below about 4x the floor here.
+//   - dial-per-poll: one sweep dialing every daemon afresh (Config.Sweep,
+//     as statsctl poll does, and the agent did before the Pool).
+//
+// cpu-us/daemon is the benchmark process's user+system CPU
+// (getrusage(RUSAGE_SELF)) per daemon polled: the poller's alone.
+func BenchmarkSweep200(b *testing.B)  { benchSweep(b, 200) }
+func BenchmarkSweep1000(b *testing.B) { benchSweep(b, 1000) }
+
+func benchSweep(b *testing.B, n int) {
+	// The poller holds a socket per daemon; the fleet (another process)
+	// raises its own limit.
+	statsdfake.EnsureNoFile(b, n+64)
+	glob := filepath.Join(statsdfake.StartFleet(b, "TestFleetHelper", n), "d*.sock")
+	sockets, err := Discover(glob)
+	if err != nil || len(sockets) != n {
+		b.Fatalf("found %d sockets, want %d (%v)", len(sockets), n, err)
+	}
 	ctx := context.Background()
-	run := func(b *testing.B, op func() int) {
-		c0 := cpuTime(b)
-		for b.Loop() {
-			if ok := op(); ok != benchDaemons {
-				b.Fatalf("%d of %d daemons answered", ok, benchDaemons)
+	cfg := Config{Concurrency: benchConcurrency, Timeout: 5 * time.Second}
+	allOK := func(b *testing.B, results []DaemonResult) {
+		for _, r := range results {
+			if r.Status != StatusOK {
+				b.Fatalf("%s: %s %v", r.Socket, r.Status, r.Err)
 			}
 		}
-		b.ReportMetric(float64(cpuTime(b)-c0)/float64(time.Millisecond)/float64(b.N), "cpu-ms/op")
+	}
+	// run times op, which polls daemons daemons, and reports the CPU per
+	// daemon.
+	run := func(b *testing.B, daemons int, op func()) {
+		c0 := cpuTime(b)
+		for b.Loop() {
+			op()
+		}
+		b.ReportMetric(float64(cpuTime(b)-c0)/float64(time.Microsecond)/float64(b.N*daemons), "cpu-us/daemon")
 	}
 	b.Run("baseline", func(b *testing.B) {
-		p := poller{limits: DefaultLimits, allow: uidSet(nil), timeout: 5 * time.Second}
-		run(b, func() int {
-			ok := 0
-			for _, s := range sockets {
-				if p.pollDaemon(ctx, s).Status == StatusOK {
-					ok++
+		pool := cfg.NewPool()
+		defer pool.Close()
+		allOK(b, pool.PollAll(ctx, sockets)) // connect them all first
+		polls, i := n/benchConcurrency, 0
+		run(b, polls, func() {
+			for range polls {
+				if r := pool.p.pollDaemon(ctx, sockets[i%n], pool.poll); r.Status != StatusOK {
+					b.Fatalf("%s: %s %v", r.Socket, r.Status, r.Err)
 				}
+				i++
 			}
-			return ok
 		})
 	})
-	b.Run("concurrency-8", func(b *testing.B) {
-		run(b, func() int {
-			results, err := Sweep(ctx, glob, 8, 5*time.Second)
+	b.Run("pool", func(b *testing.B) {
+		pool := cfg.NewPool()
+		defer pool.Close()
+		allOK(b, pool.PollAll(ctx, sockets)) // connect them all first, as the agent's first sweep
+		run(b, n, func() {
+			results, err := pool.Sweep(ctx, glob)
 			if err != nil {
 				b.Fatal(err)
 			}
-			ok := 0
-			for _, r := range results {
-				if r.Status == StatusOK {
-					ok++
-				}
+			allOK(b, results)
+		})
+	})
+	b.Run("pool-concurrency-1", func(b *testing.B) {
+		c := cfg
+		c.Concurrency = 1
+		pool := c.NewPool()
+		defer pool.Close()
+		allOK(b, pool.PollAll(ctx, sockets))
+		run(b, n, func() {
+			results, err := pool.Sweep(ctx, glob)
+			if err != nil {
+				b.Fatal(err)
 			}
-			return ok
+			allOK(b, results)
+		})
+	})
+	b.Run("dial-per-poll", func(b *testing.B) {
+		run(b, n, func() {
+			results, err := cfg.Sweep(ctx, glob)
+			if err != nil {
+				b.Fatal(err)
+			}
+			allOK(b, results)
 		})
 	})
 }

@@ -10,5 +10,7 @@
 //
 // Discovery is stateless: every sweep globs again, so a daemon that appears
 // is polled at the next sweep and one that vanished is simply not found. A
-// daemon that does not answer costs only its own timeout.
+// daemon that does not answer costs only its own timeout. Config's polls
+// dial each daemon afresh (statsctl poll); a Pool keeps one connection per
+// daemon across sweeps (the node agent), under the same checks and bounds.
 package sweep

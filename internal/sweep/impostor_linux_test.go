@@ -114,4 +114,17 @@ func TestImpostorRefused(t *testing.T) {
 			r.Status, r.Code, len(r.Samples), r.Err)
 	}
 	t.Logf("refused: %v", r.Err)
+
+	// The node agent's polls, on connections it keeps: refused alike, and
+	// nothing kept.
+	pool := Config{Concurrency: 1, Timeout: 5 * time.Second}.NewPool()
+	defer pool.Close()
+	r = pool.PollAll(context.Background(), []string{socket})[0]
+	if r.Status != StatusError || r.Code != codes.PermissionDenied || !r.PeerRefused || len(r.Samples) != 0 {
+		t.Fatalf("impostor polled by a Pool: status %s code %s, peer refused %v, %d samples (err %v); want refused: PermissionDenied, no sample",
+			r.Status, r.Code, r.PeerRefused, len(r.Samples), r.Err)
+	}
+	if n := len(pool.conns); n != 0 {
+		t.Errorf("the Pool keeps %d connections to the impostor", n)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"net"
 	"os"
 	"path/filepath"
@@ -21,6 +22,10 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
+// grpcFrameHeader is the length-prefixed message header gRPC puts before
+// each message (a flag byte and a 4-byte length).
+const grpcFrameHeader = 5
+
 // poller polls one daemon at a time under a Config's rules.
 type poller struct {
 	limits  Limits
@@ -28,20 +33,40 @@ type poller struct {
 	timeout time.Duration
 }
 
-// pollDaemon calls StatsActiveWorkloads once on the daemon at socket, with a
-// fresh connection closed afterwards, under p.timeout (0: only ctx bounds
-// it).
-func (p poller) pollDaemon(ctx context.Context, socket string) DaemonResult {
+func (c Config) poller() poller {
+	return poller{limits: c.Limits.orDefault(), allow: uidSet(c.AllowUIDs), timeout: c.Timeout}
+}
+
+// daemonConn is a gRPC connection to one daemon's socket.
+type daemonConn struct {
+	// id is the socket file it was made for (Pool).
+	id     socketFile
+	cc     *grpc.ClientConn
+	client sandboxstatsv1.WorkloadStatsServiceClient
+	// refused is set when a dial was refused: the server's uid is not
+	// allowed. A connection once refused is not kept.
+	refused atomic.Pointer[error]
+}
+
+// pollDaemon polls the daemon at socket with poll under p.timeout (0: only
+// ctx bounds it), dial included, and times it.
+func (p poller) pollDaemon(ctx context.Context, socket string, poll func(context.Context, string) DaemonResult) DaemonResult {
 	start := time.Now()
-	r := p.poll(ctx, socket)
+	if p.timeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.timeout)
+		defer cancel()
+	}
+	r := poll(ctx, socket)
 	r.Socket = socket
 	r.Took = time.Since(start)
 	return r
 }
 
 // dialer connects to socket and checks the server's credentials before
-// gRPC says a word: a server whose uid is not allowed (an impostor behind a
-// socket file it could not own) is refused, and refused is set.
+// gRPC says a word, for every connection the ClientConn makes (the first
+// and each reconnect): a server whose uid is not allowed (an impostor
+// behind a socket file it could not own) is refused, and refused is set.
 func (p poller) dialer(socket string, refused *atomic.Pointer[error]) func(context.Context, string) (net.Conn, error) {
 	return func(ctx context.Context, _ string) (net.Conn, error) {
 		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", socket)
@@ -62,28 +87,50 @@ func (p poller) dialer(socket string, refused *atomic.Pointer[error]) func(conte
 	}
 }
 
-func (p poller) poll(ctx context.Context, socket string) DaemonResult {
-	if p.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.timeout)
-		defer cancel()
+// dial returns a connection to the socket at the absolute path abs, whose
+// file is id. It connects at its first call.
+//
+// Its flow-control windows are fixed, as large as the largest reply
+// accepted (at least HTTP/2's 64 KiB): a fixed window turns off gRPC's
+// bandwidth estimation, which otherwise pings the daemon with each reply (a
+// round trip more per poll, for windows a bounded reply never needs).
+func (p poller) dial(abs string, id socketFile) (*daemonConn, error) {
+	dc := &daemonConn{id: id}
+	window := int32(min(max(p.limits.MaxReplyBytes+grpcFrameHeader, 64<<10), math.MaxInt32))
+	cc, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(p.dialer(abs, &dc.refused)),
+		grpc.WithInitialWindowSize(window), grpc.WithInitialConnWindowSize(window),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(p.limits.MaxReplyBytes)))
+	if err != nil {
+		return nil, err
 	}
+	dc.cc, dc.client = cc, sandboxstatsv1.NewWorkloadStatsServiceClient(cc)
+	return dc, nil
+}
+
+// pollOnce polls the daemon at socket on a fresh connection, closed
+// afterwards.
+func (p poller) pollOnce(ctx context.Context, socket string) DaemonResult {
 	abs, err := filepath.Abs(socket) // "unix://" needs an absolute path
 	if err != nil {
 		return failed(socket, err)
 	}
-	var refused atomic.Pointer[error]
-	conn, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithContextDialer(p.dialer(abs, &refused)),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(p.limits.MaxReplyBytes)))
+	dc, err := p.dial(abs, socketFile{})
 	if err != nil {
 		return failed(socket, err)
 	}
-	defer conn.Close()
-	client := sandboxstatsv1.NewWorkloadStatsServiceClient(conn)
+	defer dc.cc.Close()
+	return p.poll(ctx, socket, dc)
+}
+
+// poll calls StatsActiveWorkloads on dc, and ListDriftFindings and
+// ListEndedActivations when its answer (or failure) calls for them, all
+// under ctx.
+func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonResult {
+	client := dc.client
 	resp, err := client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
 	if err != nil {
-		if rerr := refused.Load(); rerr != nil {
+		if rerr := dc.refused.Load(); rerr != nil {
 			return DaemonResult{Status: StatusError, Code: codes.PermissionDenied, Err: *rerr, PeerRefused: true}
 		}
 		r := failed(socket, err)

@@ -3,9 +3,10 @@ package sweep
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"time"
 
-	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc/codes"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -158,31 +159,45 @@ func (c Config) Sweep(ctx context.Context, glob string) ([]DaemonResult, error) 
 }
 
 // PollAll polls the given sockets, in their order, at most c.Concurrency at
-// a time, and returns one result per socket (results[i] is sockets[i]'s).
-// Past c.SweepTimeout the polls in flight are cut and the daemons not yet
-// polled are StatusSkipped.
+// a time, each on a fresh connection closed after its poll, and returns one
+// result per socket (results[i] is sockets[i]'s). Past c.SweepTimeout the
+// polls in flight are cut and the daemons not yet polled are StatusSkipped.
+// A Pool polls the same way on connections it keeps.
 func (c Config) PollAll(ctx context.Context, sockets []string) []DaemonResult {
+	return c.pollAll(ctx, sockets, c.poller().pollOnce)
+}
+
+// pollAll polls each socket with poll under c's bounds (see PollAll).
+func (c Config) pollAll(ctx context.Context, sockets []string, poll func(context.Context, string) DaemonResult) []DaemonResult {
 	sctx := ctx
 	if c.SweepTimeout > 0 {
 		var cancel context.CancelFunc
 		sctx, cancel = context.WithTimeout(ctx, c.SweepTimeout)
 		defer cancel()
 	}
-	p := poller{limits: c.Limits.orDefault(), allow: uidSet(c.AllowUIDs), timeout: c.Timeout}
+	p := c.poller()
 	results := make([]DaemonResult, len(sockets))
-	var g errgroup.Group
-	g.SetLimit(max(c.Concurrency, 1))
-	for i, sock := range sockets {
-		g.Go(func() error {
-			if ctx.Err() == nil && sctx.Err() != nil {
-				results[i] = DaemonResult{Socket: sock, Status: StatusSkipped,
-					Err: fmt.Errorf("sweep: %s not polled: the sweep's bound of %v ran out", sock, c.SweepTimeout)}
-				return nil
+	// A fixed set of workers rather than a goroutine per daemon: each
+	// grows its stack to a poll's depth once, not once per daemon.
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for range min(max(c.Concurrency, 1), len(sockets)) {
+		wg.Go(func() {
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= len(sockets) {
+					return
+				}
+				sock := sockets[i]
+				if ctx.Err() == nil && sctx.Err() != nil {
+					results[i] = DaemonResult{Socket: sock, Status: StatusSkipped,
+						Err: fmt.Errorf("sweep: %s not polled: the sweep's bound of %v ran out", sock, c.SweepTimeout)}
+					continue
+				}
+				results[i] = p.pollDaemon(sctx, sock, poll)
 			}
-			results[i] = p.pollDaemon(sctx, sock)
-			return nil
 		})
 	}
-	_ = g.Wait() // the goroutines never fail: errors are in the results
+	wg.Wait()
 	return results
 }
