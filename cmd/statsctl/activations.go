@@ -14,31 +14,12 @@ import (
 
 func runActivations(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "activations", "Print the activations that ended here recently, each with its final sample, CPU and peak memory")
-	var (
-		conn connFlags
-		out  outputFlag
-	)
-	conn.register(fs, defaultSocket, "stats")
-	out.register(fs)
-	if err := e.parse(fs, args); err != nil {
-		return err
-	}
-	if err := out.validate(); err != nil {
-		return err
-	}
-	ctx, cc, done, err := conn.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
-	if err != nil {
-		return err
-	}
-	if out.format == "json" {
-		return writeJSON(e.stdout, resp)
-	}
-	return writeActivationsTable(e.stdout, resp.GetEnded())
+	return runRead(ctx, e, fs, args, nil,
+		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
+			return c.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
+		}, func(w io.Writer, r *sandboxstatsv1.ListEndedActivationsResponse) error {
+			return writeActivationsTable(w, r.GetEnded())
+		})
 }
 
 // writeActivationsTable prints one line per ended activation, oldest first:

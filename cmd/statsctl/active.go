@@ -13,34 +13,11 @@ import (
 
 func runActive(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "active", "Print whatever workload statsd measures (the discovery read)")
-	var (
-		conn        connFlags
-		out         outputFlag
-		includeHost bool
-	)
-	conn.register(fs, defaultSocket, "stats")
-	out.register(fs)
-	fs.BoolVar(&includeHost, "include-host", false, "also read the runner-layer (host) counters")
-	if err := e.parse(fs, args); err != nil {
-		return err
-	}
-	if err := out.validate(); err != nil {
-		return err
-	}
-	ctx, cc, done, err := conn.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).StatsActiveWorkloads(ctx,
-		&sandboxstatsv1.StatsActiveWorkloadsRequest{IncludeHost: includeHost})
-	if err != nil {
-		return err
-	}
-	if out.format == "json" {
-		return writeJSON(e.stdout, resp)
-	}
-	return writeActiveTable(e.stdout, resp)
+	includeHost := fs.Bool("include-host", false, "also read the runner-layer (host) counters")
+	return runRead(ctx, e, fs, args, nil,
+		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
+			return c.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{IncludeHost: *includeHost})
+		}, writeActiveTable)
 }
 
 func writeActiveTable(w io.Writer, resp *sandboxstatsv1.StatsActiveWorkloadsResponse) error {

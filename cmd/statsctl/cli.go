@@ -19,6 +19,7 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // Exit codes.
@@ -274,4 +275,44 @@ func writeJSON(w io.Writer, m proto.Message) error {
 	out.WriteByte('\n')
 	_, err = w.Write(jsonSafe(out.Bytes()))
 	return err
+}
+
+// readCall is one call on statsd's read service.
+type readCall[R proto.Message] func(context.Context, sandboxstatsv1.WorkloadStatsServiceClient) (R, error)
+
+// runRead is the body of a read command: it adds the stats socket and -o to
+// fs (which holds the command's own flags), parses args, runs check (nil:
+// nothing to check) and call, and prints the answer as JSON or with table.
+func runRead[R proto.Message](ctx context.Context, e *env, fs *flag.FlagSet, args []string, check func() error,
+	call readCall[R], table func(io.Writer, R) error) error {
+	var (
+		conn connFlags
+		out  outputFlag
+	)
+	conn.register(fs, defaultSocket, "stats")
+	out.register(fs)
+	if err := e.parse(fs, args); err != nil {
+		return err
+	}
+	if err := out.validate(); err != nil {
+		return err
+	}
+	if check != nil {
+		if err := check(); err != nil {
+			return err
+		}
+	}
+	ctx, cc, done, err := conn.open(ctx)
+	if err != nil {
+		return err
+	}
+	defer done()
+	resp, err := call(ctx, sandboxstatsv1.NewWorkloadStatsServiceClient(cc))
+	if err != nil {
+		return err
+	}
+	if out.format == "json" {
+		return writeJSON(e.stdout, resp)
+	}
+	return table(e.stdout, resp)
 }

@@ -12,31 +12,10 @@ import (
 
 func runDrift(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "drift", "Print the drift check's open findings and recent events")
-	var (
-		conn connFlags
-		out  outputFlag
-	)
-	conn.register(fs, defaultSocket, "stats")
-	out.register(fs)
-	if err := e.parse(fs, args); err != nil {
-		return err
-	}
-	if err := out.validate(); err != nil {
-		return err
-	}
-	ctx, cc, done, err := conn.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
-	if err != nil {
-		return err
-	}
-	if out.format == "json" {
-		return writeJSON(e.stdout, resp)
-	}
-	return writeDriftTable(e.stdout, resp)
+	return runRead(ctx, e, fs, args, nil,
+		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.ListDriftFindingsResponse, error) {
+			return c.ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
+		}, writeDriftTable)
 }
 
 func writeDriftTable(w io.Writer, resp *sandboxstatsv1.ListDriftFindingsResponse) error {

@@ -13,39 +13,19 @@ import (
 
 func runStats(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "stats", "Print one sample of the workload statsd measures, if it is the one named")
-	var (
-		conn        connFlags
-		out         outputFlag
-		actorUID    string
-		includeHost bool
-	)
-	conn.register(fs, defaultSocket, "stats")
-	out.register(fs)
-	fs.StringVar(&actorUID, "actor-uid", "", "the actor you believe runs there (required)")
-	fs.BoolVar(&includeHost, "include-host", false, "also read the runner-layer (host) counters")
-	if err := e.parse(fs, args); err != nil {
-		return err
+	actorUID := fs.String("actor-uid", "", "the actor you believe runs there (required)")
+	includeHost := fs.Bool("include-host", false, "also read the runner-layer (host) counters")
+	required := func() error {
+		if *actorUID == "" {
+			return usageError{fmt.Errorf("--actor-uid is required")}
+		}
+		return nil
 	}
-	if err := out.validate(); err != nil {
-		return err
-	}
-	if actorUID == "" {
-		return usageError{fmt.Errorf("--actor-uid is required")}
-	}
-	ctx, cc, done, err := conn.open(ctx)
-	if err != nil {
-		return err
-	}
-	defer done()
-	resp, err := sandboxstatsv1.NewWorkloadStatsServiceClient(cc).StatsWorkload(ctx,
-		&sandboxstatsv1.StatsWorkloadRequest{ActorUid: actorUID, IncludeHost: includeHost})
-	if err != nil {
-		return err
-	}
-	if out.format == "json" {
-		return writeJSON(e.stdout, resp.GetSample())
-	}
-	return writeSampleTable(e.stdout, resp.GetSample())
+	return runRead(ctx, e, fs, args, required,
+		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.WorkloadStatsSample, error) {
+			resp, err := c.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: *actorUID, IncludeHost: *includeHost})
+			return resp.GetSample(), err
+		}, writeSampleTable)
 }
 
 // writeSampleTable prints one sample, one figure a line, each with its unit
