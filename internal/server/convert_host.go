@@ -129,52 +129,20 @@ func kvmSourceToProto(v *source.KVMSourceView) *sandboxstatsv1.KvmSourceView {
 	return out
 }
 
+// The domain's host enums are numbered like the wire's (TestHostEnumsToProto
+// holds it), so they convert by number.
 func threadClassToProto(c source.VMMThreadClass) sandboxstatsv1.VmmThreadClass {
-	switch c {
-	case source.VMMThreadClassVCPU:
-		return sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_VCPU
-	case source.VMMThreadClassOther:
-		return sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_OTHER
-	default:
-		return sandboxstatsv1.VmmThreadClass_VMM_THREAD_CLASS_UNSPECIFIED
-	}
+	return sandboxstatsv1.VmmThreadClass(c)
 }
 
 func counterKindToProto(k source.KVMCounterKind) sandboxstatsv1.KvmCounterKind {
-	switch k {
-	case source.KVMCounterKindCumulative:
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_CUMULATIVE
-	case source.KVMCounterKindGauge:
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_GAUGE
-	case source.KVMCounterKindPeak:
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_PEAK
-	default:
-		return sandboxstatsv1.KvmCounterKind_KVM_COUNTER_KIND_UNSPECIFIED
-	}
+	return sandboxstatsv1.KvmCounterKind(k)
 }
 
 func kvmSourceKindToProto(s source.KVMSource) sandboxstatsv1.KvmSource {
-	switch s {
-	case source.KVMSourceDebugfs:
-		return sandboxstatsv1.KvmSource_KVM_SOURCE_DEBUGFS
-	case source.KVMSourceQMP:
-		return sandboxstatsv1.KvmSource_KVM_SOURCE_QMP
-	default:
-		return sandboxstatsv1.KvmSource_KVM_SOURCE_UNSPECIFIED
-	}
+	return sandboxstatsv1.KvmSource(s)
 }
 
 func kvmStateToProto(s source.KVMSourceState) sandboxstatsv1.KvmSourceState {
-	switch s {
-	case source.KVMSourceStateAvailable:
-		return sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_AVAILABLE
-	case source.KVMSourceStatePartial:
-		return sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_PARTIAL
-	case source.KVMSourceStateUnavailable:
-		return sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNAVAILABLE
-	case source.KVMSourceStateNotConfigured:
-		return sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_NOT_CONFIGURED
-	default:
-		return sandboxstatsv1.KvmSourceState_KVM_SOURCE_STATE_UNSPECIFIED
-	}
+	return sandboxstatsv1.KvmSourceState(s)
 }

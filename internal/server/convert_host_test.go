@@ -9,6 +9,7 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // fillDomain sets every field reachable from v: each string and number to a
@@ -117,31 +118,40 @@ func TestHostToProtoLosesNothing(t *testing.T) {
 	sameAsDomain(t, "HostStats", hostToProto(&h).ProtoReflect(), reflect.ValueOf(h))
 }
 
-// TestHostEnumsToProto: every domain enum value maps to the wire value of
-// the same name; an unknown value is UNSPECIFIED.
+// TestHostEnumsToProto: every domain enum value converts (by number) to the
+// wire value of the same name, and the wire has no value the domain lacks.
 func TestHostEnumsToProto(t *testing.T) {
 	type enum interface{ String() string }
-	wireName := func(e protoreflect.Enum, prefix string) string {
-		name := string(e.Descriptor().Values().ByNumber(e.Number()).Name())
-		return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(name, prefix)), "_", " ")
-	}
-	for i := range 6 {
-		for _, c := range []struct {
-			domain enum
-			wire   protoreflect.Enum
-			prefix string
-		}{
-			{source.VMMThreadClass(i), threadClassToProto(source.VMMThreadClass(i)), "VMM_THREAD_CLASS_"},
-			{source.KVMCounterKind(i), counterKindToProto(source.KVMCounterKind(i)), "KVM_COUNTER_KIND_"},
-			{source.KVMSource(i), kvmSourceKindToProto(source.KVMSource(i)), "KVM_SOURCE_"},
-			{source.KVMSourceState(i), kvmStateToProto(source.KVMSourceState(i)), "KVM_SOURCE_STATE_"},
-		} {
-			want := c.domain.String()
+	for _, c := range []struct {
+		values protoreflect.EnumValueDescriptors
+		prefix string
+		domain func(n int32) (enum, protoreflect.Enum)
+	}{
+		{sandboxstatsv1.VmmThreadClass(0).Descriptor().Values(), "VMM_THREAD_CLASS_", func(n int32) (enum, protoreflect.Enum) {
+			return source.VMMThreadClass(n), threadClassToProto(source.VMMThreadClass(n))
+		}},
+		{sandboxstatsv1.KvmCounterKind(0).Descriptor().Values(), "KVM_COUNTER_KIND_", func(n int32) (enum, protoreflect.Enum) {
+			return source.KVMCounterKind(n), counterKindToProto(source.KVMCounterKind(n))
+		}},
+		{sandboxstatsv1.KvmSource(0).Descriptor().Values(), "KVM_SOURCE_", func(n int32) (enum, protoreflect.Enum) {
+			return source.KVMSource(n), kvmSourceKindToProto(source.KVMSource(n))
+		}},
+		{sandboxstatsv1.KvmSourceState(0).Descriptor().Values(), "KVM_SOURCE_STATE_", func(n int32) (enum, protoreflect.Enum) {
+			return source.KVMSourceState(n), kvmStateToProto(source.KVMSourceState(n))
+		}},
+	} {
+		for i := range c.values.Len() + 1 { // one past the wire's last value: unknown to both
+			d, w := c.domain(int32(i))
+			want := d.String()
 			if want == "unknown" {
 				want = "unspecified"
 			}
-			if got := wireName(c.wire, c.prefix); got != want {
-				t.Errorf("%T(%d) = %s on the wire, want %s", c.domain, i, got, want)
+			got := "unspecified"
+			if v := c.values.ByNumber(w.Number()); v != nil {
+				got = strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(string(v.Name()), c.prefix)), "_", " ")
+			}
+			if got != want {
+				t.Errorf("%T(%d) = %s on the wire, want %s", d, i, got, want)
 			}
 		}
 	}

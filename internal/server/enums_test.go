@@ -80,3 +80,32 @@ func TestActivationEnumsMatchTheWire(t *testing.T) {
 		t.Errorf("the wire has %d values of these enums; add the new ones to identity and to this test", n)
 	}
 }
+
+// TestEnumsConvertByNumber: the sandbox class and the source kind convert
+// by number both ways.
+func TestEnumsConvertByNumber(t *testing.T) {
+	for d, w := range map[source.Class]sandboxstatsv1.SandboxClass{
+		source.ClassUnspecified: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_UNSPECIFIED,
+		source.ClassGVisor:      sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR,
+		source.ClassMicroVM:     sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
+	} {
+		if classToProto(d) != w || classFromProto(w) != d {
+			t.Errorf("class %v <-> %v", d, w)
+		}
+	}
+	for d, w := range map[source.Kind]sandboxstatsv1.StatsSource{
+		source.KindUnspecified: sandboxstatsv1.StatsSource_STATS_SOURCE_UNSPECIFIED,
+		source.KindCgroup:      sandboxstatsv1.StatsSource_STATS_SOURCE_CGROUP,
+		source.KindGuestAgent:  sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT,
+	} {
+		if kindToProto(d) != w {
+			t.Errorf("kind %v -> %v, want %v", d, kindToProto(d), w)
+		}
+	}
+	if n := len(sandboxstatsv1.SandboxClass_name) + len(sandboxstatsv1.StatsSource_name); n != 6 {
+		t.Errorf("the wire has %d classes and sources; add the new ones to source and to this test", n)
+	}
+	if got := classFromProto(sandboxstatsv1.SandboxClass(7)); identity.ValidateRef(source.SandboxRef{Class: got, CgroupPath: "/x"}) == nil {
+		t.Error("a class this build does not know passed validation")
+	}
+}
