@@ -79,7 +79,8 @@ deploy-check: build $(BIN)/staticcheck
 # root, runsc, qemu and prometheus; with CI=true a missing prerequisite fails
 # them), the deploy/ checks, and every fuzz target for a short budget.
 test: lint proto-check deploy-check fuzz
-	$(GO) test -count=1 -timeout 15m ./...
+	$(GO) test -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
+	$(GO) test -count=1 -timeout 10m ./e2e
 
 # Every Fuzz* target of every package, one at a time, FUZZTIME each (the
 # seeds also run as unit tests under go test). The list comes from
