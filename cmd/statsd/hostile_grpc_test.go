@@ -61,6 +61,7 @@ type h2Conn struct {
 	refused int    // RST_STREAM REFUSED_STREAM
 	resets  int    // other RST_STREAM
 	goaway  bool
+	answer  map[uint32]int // bytes of HEADERS, CONTINUATION and DATA per stream
 	done    chan struct{}
 }
 
@@ -77,7 +78,7 @@ func dialH2(t *testing.T, sock, path string) *h2Conn {
 		{"content-type", "application/grpc"}, {"te", "trailers"}} {
 		enc.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
 	}
-	h := &h2Conn{c: c, w: http2.NewFramer(c, nil), block: hb.Bytes(), done: make(chan struct{})}
+	h := &h2Conn{c: c, w: http2.NewFramer(c, nil), block: hb.Bytes(), answer: map[uint32]int{}, done: make(chan struct{})}
 	c.Write([]byte(http2.ClientPreface))
 	h.w.WriteSettings()
 	go h.read()
@@ -110,6 +111,8 @@ func (h *h2Conn) read() {
 			}
 		case *http2.GoAwayFrame:
 			h.goaway = true
+		case *http2.HeadersFrame, *http2.ContinuationFrame, *http2.DataFrame:
+			h.answer[f.Header().StreamID] += int(f.Header().Length)
 		}
 		h.mu.Unlock()
 	}
@@ -144,11 +147,25 @@ func (h *h2Conn) counts() (refused, resets int, goaway bool) {
 	return h.refused, h.resets, h.goaway
 }
 
+// largestAnswer is the most bytes (headers, trailers and messages) the
+// server sent on one stream.
+func (h *h2Conn) largestAnswer() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	largest := 0
+	for _, n := range h.answer {
+		largest = max(largest, n)
+	}
+	return largest
+}
+
 // TestHostileReadClients: without gRPC resource limits one connection with
 // 300 streams of 4 MiB messages took statsd from 226 MB to 1.27 GB, 5,000
 // header-only streams were accepted, and with 512 descriptors 600 idle
 // connections made the lifecycle socket hang. statsd (RLIMIT_NOFILE 256)
-// must stay under 64 MiB and its lifecycle socket must answer throughout.
+// must stay under 64 MiB, its lifecycle socket must answer throughout,
+// every answer (gRPC or on a raw stream) and every log line must stay
+// under 64 KiB.
 func TestHostileReadClients(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary against hostile clients")
@@ -156,6 +173,8 @@ func TestHostileReadClients(t *testing.T) {
 	bin := limitedBin(t, testenv.BuildBinaries(t), 256)
 	d := testenv.StartStatsd(t, bin, "--drift-interval", "0")
 	path := "/" + sandboxstatsv1.WorkloadStatsService_ServiceDesc.ServiceName + "/StatsWorkload"
+	var a answers // the gRPC calls' answers
+	var raw []*h2Conn
 
 	t.Run("300 streams of 4 MiB messages", func(t *testing.T) {
 		// A client that keeps to the protocol: 300 concurrent calls on one
@@ -173,11 +192,13 @@ func TestHostileReadClients(t *testing.T) {
 			wg.Go(func() {
 				ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 				defer cancel()
-				client.StatsWorkload(ctx, req)
+				r, err := client.StatsWorkload(ctx, req)
+				a.note("StatsWorkload with a 4 MiB request", r, err)
 			})
 		}
 		// Raw frames too: 100 streams that ignore flow control.
 		h := dialH2(t, d.Stats, path)
+		raw = append(raw, h)
 		for i := range 100 {
 			id := uint32(2*i + 1)
 			if h.headers(id) != nil || h.message(id, 4<<20-64) != nil {
@@ -192,6 +213,7 @@ func TestHostileReadClients(t *testing.T) {
 	})
 	t.Run("5000 header-only streams", func(t *testing.T) {
 		h := dialH2(t, d.Stats, path)
+		raw = append(raw, h)
 		for i := range 5000 {
 			if err := h.headers(uint32(2*i + 1)); err != nil {
 				break
@@ -237,7 +259,19 @@ func TestHostileReadClients(t *testing.T) {
 			t.Errorf("read socket after the idle connections closed: %v", rerr)
 		}
 	})
-	if rss := peakRSS(t, d); rss > maxRSSBytes {
+	rss := peakRSS(t, d)
+	if rss > maxRSSBytes {
 		t.Errorf("statsd peak RSS %d MiB, want under %d MiB", rss>>20, maxRSSBytes>>20)
 	}
+	a.check(t)
+	largestRaw := 0
+	for _, h := range raw {
+		largestRaw = max(largestRaw, h.largestAnswer())
+	}
+	if largestRaw > maxAnswerBytes {
+		t.Errorf("largest answer on a raw stream %d bytes, want under %d", largestRaw, maxAnswerBytes)
+	}
+	logSize, lines := checkLog(t, d.Log)
+	t.Logf("measured: peak RSS %.1f MiB; %d gRPC answers (%d errors), largest %d bytes; largest raw-stream answer %d bytes; log %d bytes in %d lines",
+		float64(rss)/(1<<20), a.n, a.errs, a.largest, largestRaw, logSize, lines)
 }
