@@ -18,7 +18,8 @@ import (
 // --vmm-pid-file /etc/shadow or /proc/self/environ would. Before, statsctl
 // host printed the file in its "not a positive integer" error, and so did
 // statsctl drift and the log. No byte of it may reach StatsHost,
-// StatsWorkload with include_host, ListDriftFindings or the log.
+// StatsWorkload with include_host, ListDriftFindings or the log, and
+// statsd's peak RSS stays under 64 MiB.
 func TestPidFileSecretsNeverEchoed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary")
@@ -69,7 +70,11 @@ func TestPidFileSecretsNeverEchoed(t *testing.T) {
 			if strings.Contains(string(logs), secret) {
 				t.Errorf("the log holds the secret")
 			}
-			t.Logf("observed: the thread view says %q", reasons[0])
+			rss := peakRSS(t, d)
+			if rss > maxRSSBytes {
+				t.Errorf("statsd peak RSS %d MiB, want under %d MiB", rss>>20, maxRSSBytes>>20)
+			}
+			t.Logf("observed: the thread view says %q; statsd peak RSS %.1f MiB", reasons[0], float64(rss)/(1<<20))
 		})
 	}
 }
