@@ -99,42 +99,50 @@ func TestIntegrationKillLoop(t *testing.T) {
 		epochs   = map[int64]string{} // epoch of each acknowledged Run/Restore -> actor
 		mustEnd  = map[int64]bool{}   // epochs whose Checkpoint was acknowledged
 		seq      int
-		// How often the in-flight call was found done, and how often the
-		// kill left a temp file that the restart swept.
-		foundInFlight, tempsLeft int
+		// How often the in-flight call was found done, how often the kill
+		// left a temp file that the restart swept, and how many restarts
+		// were checked.
+		foundInFlight, tempsLeft, checked int
 	)
+	// restartAndCheck restarts statsd after the kill-th kill (counted from
+	// 1) and checks what it found: one of the two allowed states, whole,
+	// every acknowledged end kept, no temp or corrupt file left.
+	restartAndCheck := func(kill int) {
+		t.Helper()
+		if m, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*")); len(m) > 0 {
+			tempsLeft++
+		}
+		restart(t, d)
+		got, ended := readStateFiles(t, d.StateDir)
+		switch {
+		case got == acked:
+		case inFlight != nil && got == *inFlight:
+			acked = got // the call in flight was done after all
+			foundInFlight++
+		default:
+			want := acked.String()
+			if inFlight != nil {
+				want += " or " + inFlight.String()
+			}
+			t.Fatalf("restart after kill %d: binding.json holds %s, want %s", kill, got, want)
+		}
+		for e := range mustEnd {
+			if !ended[e] {
+				t.Fatalf("restart after kill %d: the acknowledged end of epoch %d is not in ended.json", kill, e)
+			}
+		}
+		left, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*"))
+		corrupt, _ := filepath.Glob(filepath.Join(d.StateDir, "*.corrupt-*"))
+		if len(left) > 0 || len(corrupt) > 0 {
+			t.Fatalf("restart after kill %d: temp files %v, corrupt files %v", kill, left, corrupt)
+		}
+		checked++
+	}
 	const kills = 100
 	rng := rand.New(rand.NewPCG(1, uint64(time.Now().UnixNano())))
 	for kill := range kills {
-		// Restarted: the state is one of the two allowed, whole.
 		if kill > 0 {
-			if m, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*")); len(m) > 0 {
-				tempsLeft++
-			}
-			restart(t, d)
-			got, ended := readStateFiles(t, d.StateDir)
-			switch {
-			case got == acked:
-			case inFlight != nil && got == *inFlight:
-				acked = got // the call in flight was done after all
-				foundInFlight++
-			default:
-				want := acked.String()
-				if inFlight != nil {
-					want += " or " + inFlight.String()
-				}
-				t.Fatalf("restart %d: binding.json holds %s, want %s", kill, got, want)
-			}
-			for e := range mustEnd {
-				if !ended[e] {
-					t.Fatalf("restart %d: the acknowledged end of epoch %d is not in ended.json", kill, e)
-				}
-			}
-			left, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*"))
-			corrupt, _ := filepath.Glob(filepath.Join(d.StateDir, "*.corrupt-*"))
-			if len(left) > 0 || len(corrupt) > 0 {
-				t.Fatalf("restart %d: temp files %v, corrupt files %v", kill, left, corrupt)
-			}
+			restartAndCheck(kill)
 		}
 		inFlight = nil
 		// A fresh connection: the last one may still be backing off from
@@ -201,10 +209,13 @@ func TestIntegrationKillLoop(t *testing.T) {
 		d.Cmd.Wait()
 		cc.Close()
 	}
-	restart(t, d)
-	got, _ := readStateFiles(t, d.StateDir)
-	t.Logf("measured: %d SIGKILLs among %d lifecycle calls; every restart found the acknowledged or the in-flight state (the in-flight one %d times), "+
-		"%d kills left a temp file, all swept; %d acknowledged ends all kept; last %s", kills, seq, foundInFlight, tempsLeft, len(mustEnd), got)
+	// The last kill's restart is checked as every other.
+	restartAndCheck(kills)
+	if checked != kills {
+		t.Fatalf("%d restarts checked after %d kills", checked, kills)
+	}
+	t.Logf("measured: %d SIGKILLs among %d lifecycle calls; all %d restarts found the acknowledged or the in-flight state (the in-flight one %d times), "+
+		"%d kills left a temp file, all swept; %d acknowledged ends all kept; last %s", kills, seq, checked, foundInFlight, tempsLeft, len(mustEnd), acked)
 	if logs, _ := os.ReadFile(d.Log); strings.Contains(string(logs), "unreadable") {
 		t.Errorf("a state file was found unreadable:\n%s", logs)
 	}
