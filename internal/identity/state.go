@@ -167,14 +167,15 @@ func (s *Store) save(name string, v any) error {
 
 func (s *Store) saveBinding(st stateFile) error { return s.save(stateFileName, st) }
 
-// recordEnded adds e to the ended activations (replacing a record of the same
-// activation), drops what is past the retention, the count cap or the byte
-// cap (oldest first), and persists the list. Called under the lifecycle
-// lock; the list is published only once saved.
-func (s *Store) recordEnded(e *Ended) error {
+// saveEnded persists the ended activations with e added (replacing a record
+// of the same activation), less what is past the retention, the count cap
+// or the byte cap (oldest first), and returns that list. Called under the
+// lifecycle lock; the caller publishes the list (with the binding it goes
+// with) once it is saved.
+func (s *Store) saveEnded(e *Ended) ([]*Ended, error) {
 	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
 	var next []*Ended
-	for _, o := range *s.ended.Load() {
+	for _, o := range s.view.Load().ended {
 		if o.EndUnixNano >= cutoff && o.key() != e.key() {
 			next = append(next, o)
 		}
@@ -186,7 +187,7 @@ func (s *Store) recordEnded(e *Ended) error {
 	for len(next) > 1 {
 		b, err := json.Marshal(endedFile{Version: stateVersion, Ended: next})
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if len(b) <= maxEndedBytes {
 			break
@@ -194,15 +195,14 @@ func (s *Store) recordEnded(e *Ended) error {
 		next = next[1:]
 	}
 	if err := s.save(endedFileName, endedFile{Version: stateVersion, Ended: next}); err != nil {
-		return err
+		return nil, err
 	}
-	s.ended.Store(&next)
-	return nil
+	return next, nil
 }
 
 // endedOf returns the record of an actor's epoch, or nil.
 func (s *Store) endedOf(actorUID string, epoch int64) *Ended {
-	for _, e := range *s.ended.Load() {
+	for _, e := range s.view.Load().ended {
 		if e.Identity.ActorUID == actorUID && e.EpochUnixNano == epoch {
 			return e
 		}
@@ -212,7 +212,7 @@ func (s *Store) endedOf(actorUID string, epoch int64) *Ended {
 
 // lastEndedOf returns the newest record of an actor, or nil.
 func (s *Store) lastEndedOf(actorUID string) *Ended {
-	all := *s.ended.Load()
+	all := s.view.Load().ended
 	for i := len(all) - 1; i >= 0; i-- {
 		if all[i].Identity.ActorUID == actorUID {
 			return all[i]

@@ -89,11 +89,11 @@ type Store struct {
 	logger *slog.Logger
 
 	lifecycle   sync.Mutex // serializes Bind, Release and persistence; readers never take it
-	current     atomic.Pointer[Binding]
-	lastCleared string // actor uid of the last Release, for safe retries; under lifecycle
-	// ended is the current list of ended activations (oldest first),
-	// replaced whole under lifecycle, read without it.
-	ended atomic.Pointer[[]*Ended]
+	lastCleared string     // actor uid of the last Release, for safe retries; under lifecycle
+	// view is what readers see: the bound workload and the ended
+	// activations, replaced whole (under lifecycle) in one store, so a
+	// reader never sees an activation both bound and ended, nor neither.
+	view atomic.Pointer[view]
 
 	// The baseline takers: one goroutine per binding that needs one, ended
 	// by Close.
@@ -132,7 +132,7 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	s := &Store{cfg: cfg, logger: cfg.Logger}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
-	s.ended.Store(&[]*Ended{})
+	s.publish(nil, nil)
 	if cfg.StateDir == "" {
 		return s, nil
 	}
@@ -148,7 +148,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if err != nil {
 		return nil, err
 	}
-	s.ended.Store(&ended)
+	s.publish(nil, ended)
 	s.lastCleared = st.LastCleared
 	b := st.Binding
 	if b != nil && s.endedOf(b.Identity.ActorUID, b.EpochUnixNano) != nil {
@@ -163,7 +163,7 @@ func NewStore(cfg Config) (*Store, error) {
 		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
 			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline)}
 		binding.Source, binding.Host = s.openSources(b.Ref)
-		s.current.Store(binding)
+		s.publish(binding, ended)
 		s.logger.Info("restored binding from state", "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
 		s.startBaseline(binding)
 	}
@@ -180,20 +180,42 @@ func (s *Store) openSources(ref source.SandboxRef) (source.Source, source.HostSa
 	return src, host
 }
 
+// view is one published state of the store: what is bound and what ended.
+// Neither it nor the list it holds is modified once published.
+type view struct {
+	current *Binding
+	ended   []*Ended // oldest first
+}
+
+// publish makes current and ended what readers see, together.
+func (s *Store) publish(current *Binding, ended []*Ended) {
+	s.view.Store(&view{current: current, ended: ended})
+}
+
 // Current returns the bound workload, or nil. It never blocks.
-func (s *Store) Current() *Binding { return s.current.Load() }
+func (s *Store) Current() *Binding { return s.view.Load().current }
 
 // Ended returns the ended activations still retained (none older than the
 // retention), oldest first. It never blocks and never writes.
 func (s *Store) Ended() []*Ended {
-	all := *s.ended.Load()
+	_, ended := s.Snapshot()
+	return ended
+}
+
+// Snapshot returns the bound workload (or nil) and the ended activations
+// still retained, oldest first, as one state: an activation is either still
+// bound or among the ended ones, never both and never neither (a Checkpoint
+// publishes its record and forgets the workload in one step). It never
+// blocks and never writes.
+func (s *Store) Snapshot() (*Binding, []*Ended) {
+	v := s.view.Load()
 	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
-	for i, e := range all {
+	for i, e := range v.ended {
 		if e.EndUnixNano >= cutoff {
-			return all[i:]
+			return v.current, v.ended[i:]
 		}
 	}
-	return nil
+	return v.current, nil
 }
 
 // Bind binds a workload (Run or Restore). The same call repeated (same op,
@@ -214,7 +236,7 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	}
 	s.lifecycle.Lock()
 	defer s.lifecycle.Unlock()
-	old := s.current.Load()
+	old := s.Current()
 	if old != nil {
 		if old.Identity.ActorUID != id.ActorUID {
 			return nil, nil, fmt.Errorf("%w: actor %q is bound; checkpoint it before binding %q", ErrOtherWorkload, old.Identity.ActorUID, id.ActorUID)
@@ -228,9 +250,11 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 		epoch = old.EpochUnixNano + 1 // epochs only move forward
 	}
 	var replaced *Ended
+	ended := s.view.Load().ended
 	if old != nil {
 		replaced = endActivation(ctx, old, OutcomeReplaced, s.cfg.Now, s.cfg.ReadTimeout)
-		if err := s.recordEnded(replaced); err != nil {
+		var err error
+		if ended, err = s.saveEnded(replaced); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -242,13 +266,13 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 			// The old activation's end is recorded: forget it too, so memory
 			// matches what a restart would find (NewStore clears a binding
 			// whose end is recorded).
-			s.current.Store(nil)
+			s.publish(nil, ended)
 			s.lastCleared = old.Identity.ActorUID
 			closeBinding(old, s.logger)
 		}
 		return nil, replaced, err
 	}
-	s.current.Store(b)
+	s.publish(b, ended)
 	s.lastCleared = ""
 	if old != nil {
 		closeBinding(old, s.logger)
@@ -268,7 +292,7 @@ func (s *Store) Release(ctx context.Context, actorUID string) (*Ended, error) {
 	}
 	s.lifecycle.Lock()
 	defer s.lifecycle.Unlock()
-	old := s.current.Load()
+	old := s.Current()
 	switch {
 	case old == nil && actorUID == s.lastCleared:
 		return s.lastEndedOf(actorUID), nil
@@ -278,14 +302,15 @@ func (s *Store) Release(ctx context.Context, actorUID string) (*Ended, error) {
 		return nil, fmt.Errorf("%w: actor %q is bound, not %q", ErrActorMismatch, old.Identity.ActorUID, actorUID)
 	}
 	e := endActivation(ctx, old, OutcomeCheckpointed, s.cfg.Now, s.cfg.ReadTimeout)
-	if err := s.recordEnded(e); err != nil {
+	ended, err := s.saveEnded(e)
+	if err != nil {
 		return nil, err
 	}
 	if err := s.saveBinding(stateFile{Version: stateVersion, LastCleared: actorUID}); err != nil {
 		// The end is recorded, so a restart clears the binding: do it now.
 		s.logger.Warn("checkpoint: the end is recorded but the cleared binding was not saved; a restart clears it", "err", err)
 	}
-	s.current.Store(nil)
+	s.publish(nil, ended) // the record and the forgetting, seen together
 	s.lastCleared = actorUID
 	closeBinding(old, s.logger)
 	return e, nil
@@ -313,7 +338,7 @@ func (s *Store) HoldLifecycle() (release func()) {
 func (s *Store) Close() {
 	s.bgStop()
 	s.bg.Wait()
-	if b := s.current.Load(); b != nil {
+	if b := s.Current(); b != nil {
 		closeBinding(b, s.logger)
 	}
 }
@@ -341,12 +366,12 @@ func (s *Store) startBaseline(b *Binding) {
 	}
 	s.bg.Go(func() {
 		pause := s.cfg.BaselineRetry
-		for s.current.Load() == b && b.Activation.Baseline() == nil {
+		for s.Current() == b && b.Activation.Baseline() == nil {
 			ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.ReadTimeout)
 			observed := s.cfg.Now().UnixNano()
 			r, err := b.Source.Sample(ctx)
 			cancel()
-			if err == nil && s.current.Load() == b {
+			if err == nil && s.Current() == b {
 				b.Activation.Observe(r, observed)
 				break
 			}
@@ -369,7 +394,7 @@ func (s *Store) persistBaseline(b *Binding) {
 	}
 	s.lifecycle.Lock()
 	defer s.lifecycle.Unlock()
-	if s.current.Load() != b {
+	if s.Current() != b {
 		return
 	}
 	st := stateFile{Version: stateVersion, Binding: &bindingState{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano, Baseline: base}}

@@ -3,6 +3,8 @@ package server
 import (
 	"context"
 	"fmt"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -154,5 +157,76 @@ func TestPollDuringCheckpoint(t *testing.T) {
 	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestPollsDuringLifecycleChurn: pollers racing back-to-back Run and
+// Checkpoint calls (with state on disk, so each end spends an fsync between
+// writing its record and forgetting the workload) always get one state:
+// never a sample of an activation together with its own ended record (the
+// old and the new state mixed), and every activation's record is in some
+// answer after it ended.
+func TestPollsDuringLifecycleChurn(t *testing.T) {
+	h := newHarness(t, func(c *identity.Config) {
+		c.StateDir = t.TempDir()
+		c.EndedRetention = 1 << 62 // the harness clock moves a second a call
+	})
+	const rounds = 40
+	var (
+		stop     = make(chan struct{})
+		wg       sync.WaitGroup
+		polls    atomic.Int64
+		mixed    atomic.Int64
+		mixedMsg atomic.Value
+	)
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				resp, err := h.client.StatsActiveWorkloads(context.Background(), &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+				if err != nil {
+					t.Errorf("poll: %v", err)
+					return
+				}
+				polls.Add(1)
+				for _, s := range resp.GetSamples() {
+					for _, e := range resp.GetEnded() {
+						if e.GetIdentity().GetActorUid() == s.GetActorUid() && e.GetEpochUnixNano() == s.GetEpochUnixNano() {
+							mixed.Add(1)
+							mixedMsg.Store(fmt.Sprintf("sample of epoch %d beside its own ended record", s.GetEpochUnixNano()))
+						}
+					}
+				}
+			}
+		}()
+	}
+	epochs := map[int64]bool{}
+	for range rounds {
+		epochs[h.run(t, identA, gvRef)] = true
+		if _, err := h.lifecycle.CheckpointWorkload(context.Background(), &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: "actor-a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	close(stop)
+	wg.Wait()
+	t.Logf("%d polls over %d activations", polls.Load(), rounds)
+	if n := mixed.Load(); n > 0 {
+		t.Errorf("%d answers mixed the old and the new state, e.g. %v", n, mixedMsg.Load())
+	}
+	final, err := h.client.StatsActiveWorkloads(context.Background(), &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range final.GetEnded() {
+		delete(epochs, e.GetEpochUnixNano())
+	}
+	if len(epochs) != 0 {
+		t.Errorf("%d activations have no ended record: %v", len(epochs), epochs)
 	}
 }

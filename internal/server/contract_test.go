@@ -86,13 +86,14 @@ type harness struct {
 	lifecycle sandboxstatsv1.WorkloadLifecycleServiceClient
 }
 
-// newHarness serves both services over bufconn with the real interceptors.
-func newHarness(t testing.TB) *harness {
+// newHarness serves both services over bufconn with the real interceptors;
+// each of with changes the store's config before the store is made.
+func newHarness(t testing.TB, with ...func(*identity.Config)) *harness {
 	t.Helper()
 	h := &harness{src: &fakeSource{reading: cgroupRdg}}
 	epochClock := fixedNow
 	var clockMu sync.Mutex
-	store, err := identity.NewStore(identity.Config{
+	cfg := identity.Config{
 		Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
 			h.opens.Add(1)
 			if h.open != nil {
@@ -106,7 +107,11 @@ func newHarness(t testing.TB) *harness {
 			epochClock = epochClock.Add(time.Second)
 			return epochClock
 		},
-	})
+	}
+	for _, f := range with {
+		f(&cfg)
+	}
+	store, err := identity.NewStore(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -295,7 +300,26 @@ func TestStatsActiveWorkloadsStates(t *testing.T) {
 			t.Fatalf("resp = %v, want empty with NOT_MEASURABLE_YET", resp)
 		}
 	})
+	// A lifecycle call that lands during the read: the answer is the state
+	// it left (the read's sample dropped), never the old sample beside the
+	// new state.
 	t.Run("binding changed under the read", func(t *testing.T) {
+		h := newHarness(t)
+		h.run(t, identA, gvRef)
+		h.stats.afterRead = func() {
+			h.stats.afterRead = nil
+			_, _ = h.store.Release(context.Background(), "actor-a")
+			h.run(t, identA, gvRef)
+		}
+		resp, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(resp.GetSamples()) != 0 || resp.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET || len(resp.GetEnded()) != 1 {
+			t.Fatalf("resp = %v, want empty with NOT_MEASURABLE_YET and the ended activation", resp)
+		}
+	})
+	t.Run("checkpointed under the read", func(t *testing.T) {
 		h := newHarness(t)
 		h.run(t, identA, gvRef)
 		h.stats.afterRead = func() {
@@ -306,8 +330,8 @@ func TestStatsActiveWorkloadsStates(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(resp.GetSamples()) != 0 || resp.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
-			t.Fatalf("resp = %v, want empty with NOT_MEASURABLE_YET", resp)
+		if len(resp.GetSamples()) != 0 || resp.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD || len(resp.GetEnded()) != 1 {
+			t.Fatalf("resp = %v, want empty with NO_WORKLOAD and the ended activation", resp)
 		}
 	})
 	t.Run("one sample", func(t *testing.T) {

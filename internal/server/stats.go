@@ -128,21 +128,24 @@ func (s *StatsService) StatsWorkload(ctx context.Context, req *sandboxstatsv1.St
 
 // StatsActiveWorkloads is the discovery read: every normal state is an answer.
 func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
-	// The ended activations are taken before the read: one that ends during
-	// the read is in the next answer, never lost between the two.
-	ended := endedListToProto(s.store.Ended())
-	b := s.store.Current()
+	// The binding and the ended activations are one state (an activation
+	// is either bound or ended in it, never both nor neither): the answer is
+	// the state before a concurrent Checkpoint or the one after, never a mix.
+	b, endedRecs := s.store.Snapshot()
+	ended := endedListToProto(endedRecs)
 	if b == nil {
-		return &sandboxstatsv1.StatsActiveWorkloadsResponse{
-			NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD,
-			NoSampleDetail: "no workload is bound to this statsd",
-			Ended:          ended,
-		}, nil
+		return noWorkload(ended), nil
 	}
 	sample, err := s.sample(ctx, b, req.GetIncludeHost())
 	switch {
 	case errors.Is(err, errBindingChanged):
-		return notMeasurableYet("the binding changed while the sample was being read", ended), nil
+		// A lifecycle call moved on during the read: answer the state it
+		// left, with no sample of the old binding.
+		now, endedNow := s.store.Snapshot()
+		if now == nil {
+			return noWorkload(endedListToProto(endedNow)), nil
+		}
+		return notMeasurableYet("the binding changed while the sample was being read", endedListToProto(endedNow)), nil
 	case errors.Is(err, source.ErrTimeout), errors.Is(err, source.ErrMalformed),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return nil, readError(err)
@@ -150,6 +153,14 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 		return notMeasurableYet(foreign.Bound(err.Error(), maxStatusMessage), ended), nil
 	}
 	return &sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: []*sandboxstatsv1.WorkloadStatsSample{sample}, Ended: ended}, nil
+}
+
+func noWorkload(ended []*sandboxstatsv1.EndedActivation) *sandboxstatsv1.StatsActiveWorkloadsResponse {
+	return &sandboxstatsv1.StatsActiveWorkloadsResponse{
+		NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD,
+		NoSampleDetail: "no workload is bound to this statsd",
+		Ended:          ended,
+	}
 }
 
 func notMeasurableYet(detail string, ended []*sandboxstatsv1.EndedActivation) *sandboxstatsv1.StatsActiveWorkloadsResponse {
