@@ -40,17 +40,25 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()
+	os.Exit(exitStatus(err, os.Stdout, os.Stderr))
+}
+
+// exitStatus prints what run's err asks for (the version, or the error
+// once, a usage error with a pointer to --help) and returns the exit status.
+func exitStatus(err error, stdout, stderr io.Writer) int {
 	var ue usageError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
 	case errors.Is(err, errVersion):
-		fmt.Print(version.Get().Text("statsagent"))
+		fmt.Fprint(stdout, version.Get().Text("statsagent"))
+		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintln(os.Stderr, "statsagent:", err)
-		os.Exit(2)
+		fmt.Fprintf(stderr, "statsagent: %v\nRun statsagent --help for the flags.\n", err)
+		return 2
 	default:
-		fmt.Fprintln(os.Stderr, "statsagent:", err)
-		os.Exit(1)
+		fmt.Fprintln(stderr, "statsagent:", err)
+		return 1
 	}
 }
 
@@ -87,7 +95,10 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	o := options{agent: nodeagent.Config{Sockets: "/run/statsd/*.sock"}}
 	var showVersion bool
 	fs := flag.NewFlagSet("statsagent", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The flag package would print a usage error and the whole usage; main
+	// prints the error once, and --help prints the usage below.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.Var(sockaddr.Flag{Path: &o.agent.Sockets}, "sockets", "glob of the statsd stats sockets to poll, re-read at every sweep: a `glob`, unix:GLOB or unix:///GLOB")
 	fs.DurationVar(&o.agent.Interval, "interval", time.Minute, "time between sweeps; 0 disables sweeping")
 	fs.DurationVar(&o.minInterval, "min-interval", 15*time.Second, "floor of --interval; a lower non-zero --interval is raised to it with a warning")
@@ -97,7 +108,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	fs.BoolVar(&o.agent.LabelActor, "label-actor", false, "add actor_uid, actor_name, actor_namespace labels (one series per workload: high cardinality)")
 	fs.BoolVar(&o.agent.LabelInterface, "label-interface", false, "export the network counters per interface (an interface label, at most 16 interfaces a workload) instead of their total")
 	fs.DurationVar(&o.agent.SweepTimeout, "sweep-timeout", 0, "bound of a whole sweep; daemons not polled within it are skipped (0: the larger of --interval and --timeout)")
-	fs.StringVar(&o.allowUIDs, "allow-socket-uids", "", "comma-separated uids a socket's owner and its server may have (default: root and the agent's own uid)")
+	fs.StringVar(&o.allowUIDs, "allow-socket-uids", "", "comma-separated `uids` a socket's owner and its server may have (default: root and the agent's own uid)")
 	fs.IntVar(&o.agent.Limits.MaxSamples, "max-samples", sweep.DefaultLimits.MaxSamples, "most samples one daemon may answer; a longer answer is dropped")
 	fs.IntVar(&o.agent.Limits.MaxFindings, "max-findings", sweep.DefaultLimits.MaxFindings, "most drift findings one daemon may list; more are dropped")
 	fs.IntVar(&o.agent.Limits.MaxEnded, "max-ended", sweep.DefaultLimits.MaxEnded, "most ended activations one daemon may answer; more are dropped")
@@ -105,15 +116,16 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen; raised to at least 2 x --interval + --timeout")
 	fs.StringVar(&o.activationLog, "activation-log", "", "append one JSON line per ended activation (identity, epoch, end, CPU, peak, outcome, final provenance) to this file, or - for stdout")
 	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once; must exceed statsd's --ended-retention")
-	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
 	fs.BoolVar(&showVersion, "version", false, "print the version (module, VCS revision and time, Go) and exit")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: statsagent [flags]\n\nPolls every statsd on the node and serves Prometheus metrics (/metrics, /healthz).\n\nFlags:\n")
-		fs.PrintDefaults()
-		fmt.Fprint(fs.Output(), exitStatusHelp)
-	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintf(stderr, "Usage: statsagent [flags]\n\nPolls every statsd on the node and serves Prometheus metrics (/metrics, /healthz).\n\nFlags:\n")
+			fs.PrintDefaults()
+			fmt.Fprint(stderr, exitStatusHelp)
+		}
 		return o, nil, err
 	}
 	if showVersion {

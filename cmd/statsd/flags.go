@@ -9,6 +9,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
@@ -42,7 +44,9 @@ type config struct {
 	maxReadConns       int
 }
 
-// idsFlag is a comma-separated list of numeric ids.
+// idsFlag is a comma-separated list of numeric ids (uids or gids). String
+// is the list given, "" before one is: a default that depends on who runs
+// statsd is set after parsing and stated in the flag's usage.
 type idsFlag struct {
 	ids *[]uint32
 	set *bool
@@ -52,7 +56,11 @@ func (f idsFlag) String() string {
 	if f.ids == nil {
 		return ""
 	}
-	return peercred.Policy{UIDs: *f.ids}.String()
+	s := make([]string, len(*f.ids))
+	for i, id := range *f.ids {
+		s[i] = strconv.FormatUint(uint64(id), 10)
+	}
+	return strings.Join(s, ",")
 }
 
 func (f idsFlag) Set(s string) error {
@@ -92,17 +100,14 @@ func parseFlags(args []string, stderr io.Writer) (config, error) {
 
 func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	c := config{listen: "/run/statsd/statsd.sock", lifecycleListen: "/run/statsd/lifecycle/statsd.sock"}
-	var showVersion bool
-	me := uint32(os.Geteuid())
-	c.lifecycleUIDs = []uint32{me}
-	c.readUIDs = []uint32{0}
-	if me != 0 {
-		c.readUIDs = append(c.readUIDs, me)
-	}
+	var showVersion, lifecycleUIDsSet, readUIDsSet bool
 	fs := flag.NewFlagSet("statsd", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+	// The flag package would print a usage error and the whole usage; main
+	// prints the error once, and --help prints the usage below.
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
 	fs.Var(sockaddr.Flag{Path: &c.listen}, "listen", "Unix socket for the read-only stats service (mode 0660): a `path`, unix:PATH or unix:///PATH")
-	fs.Var(sockaddr.Flag{Path: &c.lifecycleListen}, "lifecycle-listen", "Unix socket for the launcher's lifecycle service (mode 0600), spelled as --listen; kept out of the stats sockets' directory so a node agent's glob never matches it")
+	fs.Var(sockaddr.Flag{Path: &c.lifecycleListen}, "lifecycle-listen", "Unix socket for the launcher's lifecycle service (mode 0600): a `path`, unix:PATH or unix:///PATH; kept out of the stats sockets' directory so a node agent's glob never matches it")
 	fs.StringVar(&c.stateDir, "state-dir", "/var/lib/statsd", "directory holding the bound workload across restarts")
 	fs.StringVar(&c.procRoot, "proc-root", "/proc", "mount point of procfs")
 	fs.StringVar(&c.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "mount point of the cgroup file system(s)")
@@ -114,20 +119,21 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.endedRetention, "ended-retention", identity.DefaultEndedRetention, "how long an ended activation's record (its final sample) is kept for pollers")
 	fs.IntVar(&c.endedMax, "ended-max", identity.DefaultEndedMax, "most ended-activation records kept (the oldest go first)")
 	fs.DurationVar(&c.hostMinInterval, "host-min-interval", hoststat.DefaultMinInterval, "a host view (StatsHost, include_host) is sampled at most once per this interval and served to every reader meanwhile; 0 samples on every read")
-	fs.Var(idsFlag{ids: &c.lifecycleUIDs}, "lifecycle-allow-uids", "comma-separated uids served on the lifecycle socket (checked with SO_PEERCRED, whatever the socket's mode); default: statsd's own euid")
-	fs.Var(idsFlag{ids: &c.readUIDs}, "read-allow-uids", "comma-separated uids served on the read socket (SO_PEERCRED); default: root and statsd's own euid")
-	fs.Var(idsFlag{ids: &c.readGIDs, set: &c.readGIDsSet}, "read-allow-gids", "comma-separated gids (primary or supplementary) served on the read socket; default: the read socket's group")
+	fs.Var(idsFlag{ids: &c.lifecycleUIDs, set: &lifecycleUIDsSet}, "lifecycle-allow-uids", "comma-separated `uids` served on the lifecycle socket (checked with SO_PEERCRED, whatever the socket's mode); default: statsd's own euid")
+	fs.Var(idsFlag{ids: &c.readUIDs, set: &readUIDsSet}, "read-allow-uids", "comma-separated `uids` served on the read socket (SO_PEERCRED); default: root and statsd's own euid")
+	fs.Var(idsFlag{ids: &c.readGIDs, set: &c.readGIDsSet}, "read-allow-gids", "comma-separated `gids` (primary or supplementary) served on the read socket; default: the read socket's group")
 	fs.StringVar(&c.socketGroup, "socket-group", "", "group (name or gid) of the read socket; default: the group it is created with")
 	fs.IntVar(&c.maxReadConns, "max-read-connections", 128, "most connections served at once on the read socket (lowered to keep a quarter of RLIMIT_NOFILE, at least 64 descriptors, for the lifecycle socket and state files); more are closed on accept")
 	fs.Int64Var(&c.memoryLimit, "memory-limit", 48<<20, "soft limit of the Go heap in bytes (runtime/debug.SetMemoryLimit; GOMEMLIMIT, if set, wins); the collector works harder near it; 0 sets none")
-	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log level: debug, info, warn, error")
+	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
 	fs.BoolVar(&showVersion, "version", false, "print the version (module, VCS revision and time, Go) and exit")
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: statsd [flags]\n\nServes one sandbox's workload stats over gRPC on Unix sockets.\n\nFlags:\n")
-		fs.PrintDefaults()
-		fmt.Fprint(fs.Output(), exitStatusHelp)
-	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(stderr)
+			fmt.Fprintf(stderr, "Usage: statsd [flags]\n\nServes one sandbox's workload stats over gRPC on Unix sockets.\n\nFlags:\n")
+			fs.PrintDefaults()
+			fmt.Fprint(stderr, exitStatusHelp)
+		}
 		return c, err
 	}
 	if showVersion {
@@ -144,6 +150,16 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.listen == c.lifecycleListen {
 		return c, errors.New("--listen and --lifecycle-listen must differ")
+	}
+	me := uint32(os.Geteuid())
+	if !lifecycleUIDsSet {
+		c.lifecycleUIDs = []uint32{me}
+	}
+	if !readUIDsSet {
+		c.readUIDs = []uint32{0}
+		if me != 0 {
+			c.readUIDs = append(c.readUIDs, me)
+		}
 	}
 	if len(c.lifecycleUIDs) == 0 {
 		return c, errors.New("--lifecycle-allow-uids must name at least one uid")

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -91,5 +92,29 @@ func TestListenUnixURL(t *testing.T) {
 	}
 	if err := stop(); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestParseFlagsAllowedIDs: the peer lists default to who runs statsd when
+// not given, and a given list replaces the default.
+func TestParseFlagsAllowedIDs(t *testing.T) {
+	me := uint32(os.Geteuid())
+	wantRead := []uint32{0}
+	if me != 0 {
+		wantRead = append(wantRead, me)
+	}
+	c, err := parseFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(c.lifecycleUIDs, []uint32{me}) || !slices.Equal(c.readUIDs, wantRead) || c.readGIDsSet {
+		t.Errorf("defaults: lifecycle %v, read uids %v, gids set %v; want %v, %v, false", c.lifecycleUIDs, c.readUIDs, c.readGIDsSet, []uint32{me}, wantRead)
+	}
+	c, err = parseFlags([]string{"--lifecycle-allow-uids", "7", "--read-allow-uids", "", "--read-allow-gids", "8,9"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(c.lifecycleUIDs, []uint32{7}) || len(c.readUIDs) != 0 || !slices.Equal(c.readGIDs, []uint32{8, 9}) || !c.readGIDsSet {
+		t.Errorf("given: lifecycle %v, read uids %v, gids %v (set %v); want [7], [], [8 9] (set)", c.lifecycleUIDs, c.readUIDs, c.readGIDs, c.readGIDsSet)
 	}
 }

@@ -40,17 +40,25 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()
+	os.Exit(exitStatus(err, os.Stdout, os.Stderr))
+}
+
+// exitStatus prints what run's err asks for (the version, or the error
+// once, a usage error with a pointer to --help) and returns the exit status.
+func exitStatus(err error, stdout, stderr io.Writer) int {
 	var ue usageError
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
 	case errors.Is(err, errVersion):
-		fmt.Print(version.Get().Text("statsd"))
+		fmt.Fprint(stdout, version.Get().Text("statsd"))
+		return 0
 	case errors.As(err, &ue):
-		fmt.Fprintln(os.Stderr, "statsd:", err)
-		os.Exit(2)
+		fmt.Fprintf(stderr, "statsd: %v\nRun statsd --help for the flags.\n", err)
+		return 2
 	default:
-		fmt.Fprintln(os.Stderr, "statsd:", err)
-		os.Exit(1)
+		fmt.Fprintln(stderr, "statsd:", err)
+		return 1
 	}
 }
 
