@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -21,9 +22,7 @@ import (
 // process's uid), and seen once (a hard link to a socket already found is
 // the same daemon).
 func TestDiscoverRefuses(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to give a socket another owner")
-	}
+	testenv.Need(t, os.Geteuid() == 0, "needs root to give a socket another owner (run the tests as root)")
 	dir := t.TempDir()
 	other := t.TempDir()
 	statsdfake.Start(t, filepath.Join(dir, "a-real.sock"))

@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc/codes"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 const impostorEnv = "SWEEP_TEST_IMPOSTOR"
@@ -48,9 +49,7 @@ func TestImpostorChild(t *testing.T) {
 // poller checks the server's credentials after connecting (SO_PEERCRED)
 // and refuses it, never reading its answer.
 func TestImpostorRefused(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs root to run the impostor as another user")
-	}
+	testenv.Need(t, os.Geteuid() == 0, "needs root to run the impostor as another user (run the tests as root)")
 	socket := filepath.Join(t.TempDir(), "statsd.sock")
 	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
 	if err != nil {
