@@ -152,3 +152,26 @@ func (c *Child) Kill() {
 	_ = c.Cmd.Process.Kill()
 	_ = c.Cmd.Wait()
 }
+
+// Favor gives every thread of the child the highest CFS priority (nice -20;
+// root only), so a busy loop in it runs whenever it is runnable even while
+// other tests load the machine: a test that measures what a CFS quota did
+// to the loop (throttled time against wall time) is then not measuring the
+// time it waited for a CPU. Threads the child makes later inherit it from
+// the thread that makes them.
+func (c *Child) Favor(t testing.TB) {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", c.Cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, -20); err != nil {
+			t.Fatalf("setpriority thread %d of the child: %v", tid, err)
+		}
+	}
+}
