@@ -150,11 +150,11 @@ func (s *Store) save(name string, v any) error {
 	if s.cfg.StateDir == "" {
 		return nil
 	}
-	b, err := json.MarshalIndent(v, "", "  ")
+	b, err := encodeState(v)
 	if err != nil {
 		return fmt.Errorf("%w: encode %s: %w", ErrNotPersisted, name, err)
 	}
-	err = atomicfile.Write(s.cfg.StateDir, name, append(b, '\n'), 0o600)
+	err = atomicfile.Write(s.cfg.StateDir, name, b, 0o600)
 	switch {
 	case errors.Is(err, atomicfile.ErrNotDurable):
 		s.logger.Warn("state saved but not known to be durable", "file", name, "err", err)
@@ -163,6 +163,16 @@ func (s *Store) save(name string, v any) error {
 		return fmt.Errorf("%w: save %s in %s: %w", ErrNotPersisted, name, s.cfg.StateDir, err)
 	}
 	return nil
+}
+
+// encodeState is a state file's bytes as save writes them: the byte caps
+// measure this, not another encoding of the same records.
+func encodeState(v any) ([]byte, error) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '\n'), nil
 }
 
 func (s *Store) saveBinding(st stateFile) error { return s.save(stateFileName, st) }
@@ -185,7 +195,7 @@ func (s *Store) saveEnded(e *Ended) ([]*Ended, error) {
 		next = next[over:]
 	}
 	for len(next) > 1 {
-		b, err := json.Marshal(endedFile{Version: stateVersion, Ended: next})
+		b, err := encodeState(endedFile{Version: stateVersion, Ended: next})
 		if err != nil {
 			return nil, err
 		}
