@@ -26,9 +26,8 @@ import (
 // RLIMIT_NOFILE set to nofile (prlimit execs it: the pid is statsd's).
 func limitedBin(t *testing.T, bin string, nofile int) string {
 	t.Helper()
-	if _, err := os.Stat("/usr/bin/prlimit"); err != nil {
-		t.Skip("needs prlimit (util-linux)")
-	}
+	_, err := os.Stat("/usr/bin/prlimit")
+	testenv.Need(t, err == nil, "needs prlimit (util-linux)")
 	dir := t.TempDir()
 	script := fmt.Sprintf("#!/bin/sh\nexec /usr/bin/prlimit --nofile=%d:%d -- %s \"$@\"\n", nofile, nofile, filepath.Join(bin, "statsd"))
 	if err := os.WriteFile(filepath.Join(dir, "statsd"), []byte(script), 0o755); err != nil {
