@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/url"
 	"os"
@@ -18,14 +19,16 @@ import (
 )
 
 // signalCgroup makes the cgroup rel in the v1 memory, cpuacct, cpu, blkio
-// and pids hierarchies (removed at the end of the test, after the processes
-// registered later) and returns the directories by hierarchy.
+// and pids hierarchies and in the hybrid host's unified (v2) one, whose
+// cgroups carry the pressure files (removed at the end of the test, after
+// the processes registered later), and returns the directories by
+// hierarchy ("unified" for the v2 one).
 func signalCgroup(t *testing.T, rel string) map[string]string {
 	t.Helper()
 	dirs := map[string]string{}
-	for _, c := range []string{"memory", "cpuacct", "cpu", "blkio", "pids"} {
+	for _, c := range []string{"memory", "cpuacct", "cpu", "blkio", "pids", "unified"} {
 		_, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, "cgroup.procs"))
-		testenv.Need(t, err == nil, "needs the cgroup v1 "+c+" hierarchy under /sys/fs/cgroup")
+		testenv.Need(t, err == nil, "needs the cgroup v1 "+c+" hierarchy under /sys/fs/cgroup (and the hybrid host's unified one at /sys/fs/cgroup/unified)")
 		dirs[c] = filepath.Join("/sys/fs/cgroup", c, rel)
 		if err := os.MkdirAll(dirs[c], 0o755); err != nil {
 			t.Fatal(err)
@@ -45,6 +48,95 @@ func joinAll(t *testing.T, dirs map[string]string, pid int) {
 		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
 			t.Fatalf("move %d into %s: %v", pid, d, err)
 		}
+	}
+}
+
+// pinAll restricts every thread of pid to CPU cpu: testenv.Pin sets one
+// thread's mask, and a Go child already runs several threads, any of which
+// may run its busy loop. Threads made later inherit the mask.
+func pinAll(t *testing.T, pid, cpu int) {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, task := range tasks {
+		tid, err := strconv.Atoi(task.Name())
+		if err != nil {
+			continue
+		}
+		if err := testenv.Pin(tid, cpu); err != nil {
+			t.Fatalf("sched_setaffinity thread %d of %d: %v", tid, pid, err)
+		}
+	}
+}
+
+// pressureSome returns the some total (µs) of the PSI file at path.
+func pressureSome(t *testing.T, path string) uint64 {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		f := strings.Fields(l)
+		if len(f) == 0 || f[0] != "some" {
+			continue
+		}
+		for _, kv := range f[1:] {
+			if v, ok := strings.CutPrefix(kv, "total="); ok {
+				n, err := strconv.ParseUint(v, 10, 64)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return n
+			}
+		}
+	}
+	t.Fatalf("no some total in %s: %q", path, b)
+	return 0
+}
+
+// blkioWrites returns the Write bytes by MAJ:MIN of a v1
+// blkio.throttle.io_service_bytes file (the hierarchy root's lists the
+// devices blk-throttle counts, each with its lines).
+func blkioWrites(t *testing.T, file string) map[string]uint64 {
+	t.Helper()
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]uint64{}
+	for _, l := range strings.Split(string(b), "\n") {
+		if f := strings.Fields(l); len(f) == 3 && strings.Contains(f[0], ":") {
+			v, err := strconv.ParseUint(f[2], 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", file, l, err)
+			}
+			if _, listed := out[f[0]]; !listed {
+				out[f[0]] = 0
+			}
+			if f[1] == "Write" {
+				out[f[0]] = v
+			}
+		}
+	}
+	return out
+}
+
+// ddLoop writes 64 MiB with dd oflag=direct to a file on the loop disk dev,
+// from a shell that joined the cgroups dirs first, with dev mounted on mnt
+// in a private mount namespace that ends with the shell.
+func ddLoop(t *testing.T, dirs map[string]string, dev, mnt string) {
+	t.Helper()
+	script := ""
+	for _, d := range dirs {
+		script += "echo $$ > " + filepath.Join(d, "cgroup.procs") + " && "
+	}
+	script += "mount " + dev + " " + mnt + " && dd if=/dev/zero of=" + filepath.Join(mnt, "f") + " bs=1M count=64 oflag=direct 2>&1 | tail -1"
+	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script).CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "copied") {
+		t.Fatalf("dd: %v: %s", err, out)
 	}
 }
 
@@ -68,14 +160,14 @@ func cgroupKey(t *testing.T, file, key string) uint64 {
 	return 0
 }
 
-// promValue returns the value of query's only sample, waiting up to 15 s
+// promValue returns the value of query's only sample, waiting up to 30 s
 // for want(value) to hold (Prometheus scrapes on its own schedule); it
 // returns the last value seen and whether there was one.
 func promValue(t *testing.T, p *testenv.Prometheus, query string, want func(float64) bool) (float64, bool) {
 	t.Helper()
 	var v float64
 	var ok bool
-	for deadline := time.Now().Add(15 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(250 * time.Millisecond) {
 		res := p.Query(t, query)
 		if ok = len(res) == 1; ok {
 			v = res[0].Value
@@ -87,15 +179,29 @@ func promValue(t *testing.T, p *testenv.Prometheus, query string, want func(floa
 	return v, ok
 }
 
-// TestIntegrationSignalsPrometheus: the signals and traffic of a real v1
-// cgroup, polled by the statsagent binary and scraped by a real Prometheus.
-// The cgroup has a 64 MiB memory limit and a 20 ms / 100 ms CFS quota: a
-// child burns 500 ms of CPU under the quota (throttled), a 64 MiB O_DIRECT
-// write goes to /var/tmp from inside it, and a child allocating 200 MiB is
-// OOM-killed. PromQL then answers one OOM kill, the throttled seconds within
-// 20 % of the cgroup's own throttled_time, a 64 MiB memory limit, and the
-// 64 MiB written ± 10 % when the kernel counts that disk (else no IO series
-// at all: absent, not 0); promtool check metrics is clean on the live scrape.
+// TestIntegrationSignalsPrometheus: the signals and traffic of a real
+// cgroup of this hybrid host (v1 hierarchies and the unified one), bound by
+// path, polled by the statsagent binary and scraped by a real Prometheus;
+// every figure is held to the kernel's own file for that cgroup, read raw by
+// the test.
+//   - Pressure: two busy children pinned to CPU 0 contend for it; PromQL
+//     pressure_cpu_waiting_seconds_total rises clearly (at least a quarter
+//     of the wall time) and by the cgroup's unified cpu.pressure some total's
+//     rise ± 20 %.
+//   - Throttling: under a 20 ms / 100 ms CFS quota a child burns 500 ms of
+//     CPU; PromQL cpu_throttled_seconds_total is the cgroup's throttled_time
+//     ± 20 %.
+//   - Block IO: 64 MiB O_DIRECT from inside the cgroup to a fresh loop disk.
+//     Before any throttle rule exists for it the kernel counts nothing: no IO
+//     series in any scrape (absent, never 0) while the host's blkio root
+//     lists no device. With a 10 GB/s rule for the disk in the test's own
+//     blkio cgroup the same write is counted: PromQL io_write_bytes_total is
+//     64 MiB ± 10 % and the cgroup's blkio.throttle.io_service_bytes.
+//   - Memory: a child allocating 200 MiB under the 64 MiB limit is
+//     OOM-killed: PromQL oom_kills_total 1 (the cgroup's oom_kill) and
+//     memory_limit_bytes 64 MiB.
+//
+// promtool check metrics is clean on the live scrape.
 func TestIntegrationSignalsPrometheus(t *testing.T) {
 	needV1(t)
 	bin := testenv.BuildBinaries(t, "statsagent")
@@ -105,16 +211,16 @@ func TestIntegrationSignalsPrometheus(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	dev, majMin := testenv.NewLoopDisk(t)
+	mnt := t.TempDir()
 	cg := fmt.Sprintf("/statsagent-signals-%d", os.Getpid())
 	dirs := signalCgroup(t, cg)
 	if err := os.WriteFile(filepath.Join(dirs["memory"], "memory.limit_in_bytes"), []byte(strconv.Itoa(64<<20)), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	os.WriteFile(filepath.Join(dirs["memory"], "memory.swappiness"), []byte("0"), 0o644) // the allocation cannot escape to swap
-	if err := os.WriteFile(filepath.Join(dirs["cpu"], "cpu.cfs_quota_us"), []byte("20000"), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	burner := testenv.StartChild(t, "TestWorkloadChild") // after the cgroups: killed before their removal
+	// After the cgroups: killed before their removal.
+	burners := []*testenv.Child{testenv.StartChild(t, "TestWorkloadChild"), testenv.StartChild(t, "TestWorkloadChild")}
 	hog := testenv.StartChild(t, "TestWorkloadChild")
 
 	d := startStatsdIn(t, bin, dir, "sig")
@@ -122,39 +228,59 @@ func TestIntegrationSignalsPrometheus(t *testing.T) {
 		"--interval", "500ms", "--min-interval", "100ms", "--timeout", "2s", "--label-actor", "--grace", "5m")
 	u, _ := url.Parse(agentURL)
 	prom := testenv.StartPrometheus(t, []string{u.Host}, 500*time.Millisecond)
-	// Bound after the agent started: the activation's head is charged.
+	// Bound after the agent started: the activation's head is charged. By
+	// path, statsd reads the same path in every hierarchy, the unified one
+	// (pressure) included.
 	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", "sig", "--actor-name", "sig",
 		"--actor-namespace", "team", "--template-namespace", "tmpl", "--template-name", "py", "--class", "gvisor", "--cgroup-path", cg)
-	joinAll(t, dirs, burner.Cmd.Process.Pid)
+	bound := time.Now()
+	rootBlkio := "/sys/fs/cgroup/blkio/blkio.throttle.io_service_bytes"
+	countedAtBind := blkioWrites(t, rootBlkio)
+	for _, b := range burners {
+		joinAll(t, dirs, b.Cmd.Process.Pid)
+		pinAll(t, b.Cmd.Process.Pid, 0)
+	}
 	testenv.WaitNewSweeps(t, agentURL)
+	sel := `{actor_uid="sig"}`
 
+	// Pressure: two loops on one CPU wait for each other.
+	psiFile := filepath.Join(dirs["unified"], "cpu.pressure")
+	psi0 := float64(pressureSome(t, psiFile)) / 1e6
+	const psiQuery = "sandboxstats_workload_pressure_cpu_waiting_seconds_total"
+	p0, ok := promValue(t, prom, psiQuery+sel, func(v float64) bool { return math.Abs(v-psi0) <= 0.02+0.05*psi0 })
+	if !ok {
+		t.Fatalf("PromQL %s: no series (the cgroup's cpu.pressure some total %.3f s)", psiQuery, psi0)
+	}
 	start := time.Now()
-	burner.Do(t, "burn 500")
-	t.Logf("500 ms of CPU under 20 ms/100 ms took %v", time.Since(start).Round(time.Millisecond))
-	burner.Kill()
+	for _, b := range burners {
+		b.Send(t, "burn 1000")
+	}
+	for _, b := range burners {
+		b.Answer(t, "burn 1000")
+	}
+	wall := time.Since(start)
+	psi1 := float64(pressureSome(t, psiFile)) / 1e6
+	p1, _ := promValue(t, prom, psiQuery+sel, func(v float64) bool { return within(v-p0, psi1-psi0, 0.05) })
+	t.Logf("pressure: two 1 s loops pinned to CPU 0 took %v; PromQL %s %.3f -> %.3f s (+%.3f s), the cgroup's cpu.pressure some total %.3f -> %.3f s (+%.3f s)",
+		wall.Round(time.Millisecond), psiQuery, p0, p1, p1-p0, psi0, psi1, psi1-psi0)
+	if psi1-psi0 < wall.Seconds()/4 || !within(p1-p0, psi1-psi0, 0.20) {
+		t.Errorf("PromQL cpu waiting rose by %.3f s, want the cgroup's cpu.pressure some rise %.3f s ± 20 %% (and at least a quarter of the %v of contention)",
+			p1-p0, psi1-psi0, wall.Round(time.Millisecond))
+	}
+	burners[1].Kill()
 
-	// 64 MiB written with O_DIRECT from inside the cgroup.
-	ioDir, err := os.MkdirTemp("/var/tmp", "statsagent-signals-")
-	if err != nil {
+	// Throttling: 500 ms of CPU under a 20 ms / 100 ms quota.
+	if err := os.WriteFile(filepath.Join(dirs["cpu"], "cpu.cfs_quota_us"), []byte("20000"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { os.RemoveAll(ioDir) })
-	script := ""
-	for _, dd := range dirs {
-		script += "echo $$ > " + filepath.Join(dd, "cgroup.procs") + " && "
-	}
-	script += "dd if=/dev/zero of=" + filepath.Join(ioDir, "f") + " bs=1M count=64 oflag=direct 2>&1 | tail -1"
-	if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil || !strings.Contains(string(out), "copied") {
-		t.Fatalf("dd: %v: %s", err, out)
-	}
+	start = time.Now()
+	burners[0].Do(t, "burn 500")
+	t.Logf("500 ms of CPU under 20 ms/100 ms took %v", time.Since(start).Round(time.Millisecond))
+	burners[0].Kill()
 
-	joinAll(t, dirs, hog.Cmd.Process.Pid)
-	hog.Send(t, "alloc 200")
-	state, _ := hog.Wait()
-	t.Logf("a child allocating 200 MiB under the 64 MiB limit: %v", state)
-
-	throttledTruth := float64(cgroupKey(t, filepath.Join(dirs["cpu"], "cpu.stat"), "throttled_time")) / 1e9
-	oomTruth := cgroupKey(t, filepath.Join(dirs["memory"], "memory.oom_control"), "oom_kill")
+	// Block IO, first to the loop disk no rule names: not counted.
+	ddLoop(t, dirs, dev, mnt)
+	testenv.WaitNewSweeps(t, agentURL)
 	var js struct {
 		BlockIO *struct {
 			WriteBytes string `json:"write_bytes"`
@@ -162,14 +288,46 @@ func TestIntegrationSignalsPrometheus(t *testing.T) {
 		} `json:"block_io"`
 		Absent []struct{ Field, Reason string } `json:"absent"`
 	}
-	out := statsctl(t, bin, "stats", "--socket", d.Stats, "--actor-uid", "sig", "-o", "json")
-	if err := json.Unmarshal(out, &js); err != nil {
-		t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
+	sample := func() {
+		t.Helper()
+		out := statsctl(t, bin, "stats", "--socket", d.Stats, "--actor-uid", "sig", "-o", "json")
+		js.BlockIO, js.Absent = nil, nil
+		if err := json.Unmarshal(out, &js); err != nil {
+			t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
+		}
 	}
-	t.Logf("cgroup truth: throttled_time %.3f s, oom_kill %d", throttledTruth, oomTruth)
+	sample()
+	countedBeforeRule := blkioWrites(t, rootBlkio)
+	noRuleSample := js.BlockIO == nil
+	if len(countedAtBind) == 0 && len(countedBeforeRule) == 0 && js.BlockIO != nil {
+		t.Errorf("no device counted by the kernel, yet block IO in the sample: %+v", js.BlockIO)
+	}
+	ruled := time.Now()
+
+	// Then with a 10 GB/s rule for the loop disk in the test's own cgroup.
+	rule := filepath.Join(dirs["blkio"], "blkio.throttle.write_bps_device")
+	if err := os.WriteFile(rule, []byte(majMin+" 10000000000"), 0o644); err != nil {
+		t.Fatalf("set a 10 GB/s rule for %s in the test's own cgroup: %v", majMin, err)
+	}
+	t.Cleanup(func() { os.WriteFile(rule, []byte(majMin+" 0"), 0o644) })
+	testenv.WaitNewSweeps(t, agentURL) // the series starts at 0, before the write
+	ddLoop(t, dirs, dev, mnt)
+	ioTruth := 0.0
+	for _, v := range blkioWrites(t, filepath.Join(dirs["blkio"], "blkio.throttle.io_service_bytes")) {
+		ioTruth += float64(v)
+	}
+
+	// Memory: OOM-killed under the limit.
+	joinAll(t, dirs, hog.Cmd.Process.Pid)
+	hog.Send(t, "alloc 200")
+	state, _ := hog.Wait()
+	t.Logf("a child allocating 200 MiB under the 64 MiB limit: %v", state)
+
+	throttledTruth := float64(cgroupKey(t, filepath.Join(dirs["cpu"], "cpu.stat"), "throttled_time")) / 1e9
+	oomTruth := cgroupKey(t, filepath.Join(dirs["memory"], "memory.oom_control"), "oom_kill")
+	t.Logf("cgroup truth: throttled_time %.3f s, oom_kill %d, blkio write bytes %.0f", throttledTruth, oomTruth, ioTruth)
 	testenv.WaitNewSweeps(t, agentURL)
 
-	sel := `{actor_uid="sig"}`
 	if v, _ := promValue(t, prom, "sandboxstats_workload_oom_kills_total"+sel, func(v float64) bool { return v == 1 }); v != 1 || oomTruth != 1 {
 		t.Errorf("PromQL oom_kills_total = %v (cgroup oom_kill %d), want 1", v, oomTruth)
 	}
@@ -191,17 +349,41 @@ func TestIntegrationSignalsPrometheus(t *testing.T) {
 			t.Logf("PromQL %s = %v", q, v)
 		}
 	}
-	if js.BlockIO != nil {
-		v, _ := promValue(t, prom, "sandboxstats_workload_io_write_bytes_total"+sel, func(v float64) bool { return within(v, 64<<20, 0.10) })
-		t.Logf("disk counted (%s): PromQL io_write_bytes_total = %.1f MiB", js.BlockIO.Origin, v/(1<<20))
-		if !within(v, 64<<20, 0.10) {
-			t.Errorf("io_write_bytes_total = %.1f MiB, want 64 MiB ± 10%%", v/(1<<20))
+
+	// Block IO in PromQL: 64 MiB after the rule; before it, no series.
+	const ioQuery = "sandboxstats_workload_io_write_bytes_total"
+	v, _ = promValue(t, prom, ioQuery+sel, func(v float64) bool { return v == ioTruth })
+	sample()
+	t.Logf("with the rule: PromQL %s = %.0f bytes (%.2f MiB), the cgroup's blkio write bytes %.0f; sample's origin: %s",
+		ioQuery, v, v/(1<<20), ioTruth, func() string {
+			if js.BlockIO == nil {
+				return "block_io absent"
+			}
+			return js.BlockIO.Origin
+		}())
+	if !within(v, 64<<20, 0.10) || v != ioTruth {
+		t.Errorf("PromQL %s = %.0f bytes, want 64 MiB ± 10%% and the cgroup's %.0f", ioQuery, v, ioTruth)
+	}
+	window := fmt.Sprintf("[%dms]", ruled.Sub(bound).Milliseconds())
+	scrapes := prom.QueryAt(t, "count_over_time(sandboxstats_workload_pids"+sel+window+")", ruled)
+	ioBefore := prom.QueryAt(t, "max_over_time("+ioQuery+sel+window+")", ruled)
+	if len(scrapes) != 1 || scrapes[0].Value < 2 {
+		t.Fatalf("scrapes of the workload between the binding and the rule: %v, want at least 2", scrapes)
+	}
+	switch {
+	case len(countedAtBind) == 0 && len(countedBeforeRule) == 0:
+		t.Logf("before the rule (the host's blkio root listing no device): %v scrapes of the workload, IO series %v; sample's block_io absent %v", scrapes[0].Value, ioBefore, noRuleSample)
+		if len(ioBefore) != 0 || !noRuleSample {
+			t.Errorf("no device counted by the kernel, yet an IO series %v (sample's block_io absent: %v): want absent, never 0", ioBefore, noRuleSample)
 		}
-	} else {
-		if res := prom.Query(t, "sandboxstats_workload_io_write_bytes_total"+sel); len(res) != 0 {
-			t.Errorf("block IO absent from the sample %v, yet a series: %v", js.Absent, res)
+	default:
+		// Another test's rule made some device count meanwhile: block IO is
+		// then offered for every cgroup, and this one's is its own 0 (the
+		// write went to the loop disk no rule named).
+		t.Logf("the kernel counted %v at the binding, %v before the rule (another test's rule): IO series before the rule %v", countedAtBind, countedBeforeRule, ioBefore)
+		if len(ioBefore) > 0 && ioBefore[0].Value != 0 {
+			t.Errorf("before the rule the cgroup's counted IO was 0, yet PromQL %s reached %v", ioQuery, ioBefore[0].Value)
 		}
-		t.Logf("disk not counted by the kernel: no IO series (absent: %v)", js.Absent)
 	}
 
 	resp, err := http.Get(agentURL + "/metrics")
