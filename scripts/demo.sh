@@ -8,7 +8,8 @@
 # from the flag), and prints `bin/statsctl stats` a few times so the figures
 # can be seen moving. It ends with the node view: one sweep as the node agent
 # sees it (`statsctl poll`), then bin/statsagent polling the same statsd and
-# the workload's lines of its Prometheus /metrics.
+# the workload's lines of its Prometheus /metrics (read with curl, or with
+# `busybox wget` where curl is not installed).
 #
 # Where runsc cannot run (not installed, no static busybox, the sandbox does
 # not start), it says why and measures a plain cgroup workload instead: a
@@ -112,7 +113,9 @@ start_gvisor() {
 	sed -i "s|\"linux\": {|\"linux\": {\n        \"cgroupsPath\": \"/$NAME/pause\",|" "$bundle/config.json"
 	grep -q "\"cgroupsPath\": \"/$NAME/pause\"" "$bundle/config.json" || { echo "could not set cgroupsPath in the OCI spec"; return 1; }
 	SANDBOX_ID=$NAME
-	if ! (cd "$bundle" && timeout 60 runsc --root "$RUNSC_ROOT" --platform=ptrace --network=none \
+	# runsc run -detach returns once the sandbox runs, a few seconds even on
+	# a loaded machine: 30 s is ample and keeps a hung runsc within bounds.
+	if ! (cd "$bundle" && timeout 30 runsc --root "$RUNSC_ROOT" --platform=ptrace --network=none \
 		run -detach "$SANDBOX_ID" </dev/null >"$TMP/sandbox.out" 2>"$TMP/sandbox.err"); then
 		echo "runsc could not start the sandbox here:"; sed 's/^/    /' "$TMP/sandbox.err" | tail -5
 		runsc --root "$RUNSC_ROOT" delete -force "$SANDBOX_ID" >/dev/null 2>&1 || true
@@ -191,7 +194,18 @@ say "the node view: statsctl poll --sockets '$TMP/stats/*.sock' (one sweep, as t
 "$BIN/statsctl" poll --sockets "$TMP/stats/*.sock" --timeout 5s || true
 
 [ -x "$BIN/statsagent" ] || { echo "no $BIN/statsagent: make build"; exit 0; }
-command -v curl >/dev/null || { echo "no curl to read the agent's /metrics (apt-get install curl)"; exit 0; }
+# fetch URL prints a page of the agent within 5 s: with curl, else with
+# busybox's wget (busybox-static is installed for the sandbox's rootfs).
+# Debian's busybox wget has no -T (given it, 1.35 crashes): timeout bounds it.
+if command -v curl >/dev/null; then
+	FETCH="curl -fsS -m 5"
+elif command -v busybox >/dev/null && busybox --list 2>/dev/null | grep -qx wget; then
+	FETCH="timeout 5 busybox wget -qO-"
+else
+	echo "no curl and no busybox wget to read the agent's /metrics (apt-get install curl or busybox-static)"; exit 0
+fi
+# shellcheck disable=SC2086 # FETCH is a command and its options
+fetch() { $FETCH "$1"; }
 say "the node agent: statsagent --sockets '$TMP/stats/*.sock' --interval 1s, and the workload's lines of its /metrics"
 "$BIN/statsagent" --sockets "unix://$TMP/stats/*.sock" --interval 1s --min-interval 1s --timeout 500ms \
 	--label-actor --metrics-listen 127.0.0.1:0 >"$TMP/statsagent.log" 2>&1 &
@@ -205,13 +219,13 @@ while [ -z "$ADDR" ]; do
 done
 # Two sweeps: the first sight of a workload charges no CPU, the next one does.
 i=0
-until curl -fsS "http://$ADDR/metrics" 2>/dev/null | grep -Eq '^sandboxstats_agent_sweeps_total [2-9]'; do
+until fetch "http://$ADDR/metrics" 2>/dev/null | grep -Eq '^sandboxstats_agent_sweeps_total [2-9]'; do
 	i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsagent.log" >&2; die "statsagent did not sweep"; }
 	sleep 0.1
 done
-echo "statsagent pid $AGENT_PID on http://$ADDR (/metrics, /healthz: $(curl -fsS "http://$ADDR/healthz"))"
-echo "\$ curl -s http://$ADDR/metrics | grep 'actor_uid=\"$ACTOR\"'"
-curl -fsS "http://$ADDR/metrics" | grep "actor_uid=\"$ACTOR\""
+echo "statsagent pid $AGENT_PID on http://$ADDR (/metrics, /healthz: $(fetch "http://$ADDR/healthz"))"
+echo "\$ $FETCH http://$ADDR/metrics | grep 'actor_uid=\"$ACTOR\"'"
+fetch "http://$ADDR/metrics" | grep "actor_uid=\"$ACTOR\""
 echo "(sandboxstats_workload_cpu_seconds_total is a counter for rate(): an activation begun before this agent"
 echo " started is charged from the agent's first sight of it on, not its whole CPU; see docs/statsagent.md)"
 exit 0
