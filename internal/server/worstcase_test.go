@@ -1,0 +1,228 @@
+package server
+
+// The largest answers statsd can be made to give (issue 16): a micro-VM
+// whose guest agent answers at every cap the micro-VM source lets through,
+// a host view at every cap hoststat lets through, and the ended activations
+// at identity's caps. Each response type is measured with proto.Size.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
+	"github.com/sandboxstats/sandboxstats/internal/microvm"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// The caps of the edges the worst case is built at.
+const (
+	worstContainers   = identity.MaxContainerIDs // 25 container ids
+	worstContainerID  = 256                      // bytes, identity's cut
+	worstInterfaces   = 64                       // microvm's cap of interfaces
+	worstIfaceName    = 64                       // bytes, microvm's cut
+	worstDevices      = 64                       // microvm's cap of devices
+	worstQMPCounters  = 8192                     // hoststat's cap of QMP statistics
+	worstQMPName      = 128                      // bytes, hoststat's cut of names and QOM paths
+	worstHostCPUs     = 256                      // a large host's /proc/stat
+	worstVMMThreads   = 1024                     // a VMM's threads: no cap (the VMM chooses)
+	worstAgentMessage = 4 << 10                  // an agent error message (cut to 256 where it enters)
+)
+
+// worstID is the i-th container id: 256 bytes of printable ASCII.
+func worstID(i int) string {
+	p := fmt.Sprintf("c%02d-", i)
+	return p + strings.Repeat("x", worstContainerID-len(p))
+}
+
+// hostileReply is one container's reply with every list the guest chooses
+// at its cap and every figure missing that can be: no memory peak, a
+// memory limit of 0 (unreadable), no throttling, no pids.
+func hostileReply() *katagrpc.StatsContainerResponse {
+	c := kataagentfake.Container{UsageBytes: math.MaxUint64 / 64, NoThrottling: true, NoPids: true}
+	for i := range worstInterfaces {
+		name := fmt.Sprintf("eth%02d-", i)
+		c.Network = append(c.Network, &katagrpc.NetworkStats{
+			Name:    name + strings.Repeat("n", worstIfaceName-len(name)),
+			RxBytes: math.MaxUint64, RxPackets: math.MaxUint64, RxErrors: math.MaxUint64, RxDropped: math.MaxUint64,
+			TxBytes: math.MaxUint64, TxPackets: math.MaxUint64, TxErrors: math.MaxUint64, TxDropped: math.MaxUint64,
+		})
+	}
+	for i := range worstDevices {
+		c.Devices = append(c.Devices, kataagentfake.Device{Major: math.MaxUint32, Minor: uint64(math.MaxUint32 - i),
+			ReadBytes: math.MaxUint64 / 2, WriteBytes: math.MaxUint64 / 2, ReadIOs: math.MaxUint64 / 2, WriteIOs: math.MaxUint64 / 2})
+	}
+	r := kataagentfake.V2(c)
+	r.CgroupStats.MemoryStats.Usage.Limit = 0
+	return r
+}
+
+// hostileGuest starts a fake agent for 25 containers of 256-byte ids, whose
+// version is 256 quote characters (not a release number: the CPU unit is
+// unknown, and every reason naming it quotes it). With partial, all but the
+// first container fail with a 4 KiB message.
+func hostileGuest(t testing.TB, partial bool) (*kataagentfake.Agent, []string) {
+	t.Helper()
+	opts := []kataagentfake.Option{kataagentfake.WithVersion(strings.Repeat(`"`, 256))}
+	var ids []string
+	for i := range worstContainers {
+		id := worstID(i)
+		ids = append(ids, id)
+		if partial && i > 0 {
+			opts = append(opts, kataagentfake.WithContainerError(id, errors.New(strings.Repeat("e", worstAgentMessage))))
+			continue
+		}
+		opts = append(opts, kataagentfake.WithContainer(id, hostileReply()))
+	}
+	return kataagentfake.New(t, t.TempDir(), opts...), ids
+}
+
+// hostileHostView is a host view at hoststat's caps: a large host's CPUs, a
+// VMM with 1,024 threads, the debugfs counters, and 8,192 QMP statistics
+// (the cap) named by 128-byte names and QOM paths, each with a 128-byte unit
+// (hoststat does not cut a schema's unit: up to its 4 MiB message cap).
+func hostileHostView() *source.HostStats {
+	big := uint64(1) << 60
+	h := &source.HostStats{ObservedAtUnixNano: fixedNow.UnixNano(), GuestName: strings.Repeat("g", 255), GuestNameSource: "qemu-cmdline",
+		RunnerKernel: &source.RunnerKernelView{Legend: strings.Repeat("L", 300)},
+		VMMThreads: &source.VMMThreadsView{Legend: strings.Repeat("L", 300), ProcessSource: "vmm_pid_file /run/vc/" + strings.Repeat("p", 100), PIDs: []int32{math.MaxInt32},
+			VCPUTotals:  &source.VMMThreadTotals{Class: source.VMMThreadClassVCPU, Threads: worstVMMThreads, UtimeUsec: big, StimeUsec: big, GuestTimeUsec: big, RunNs: big, RunDelayNs: big},
+			OtherTotals: &source.VMMThreadTotals{Class: source.VMMThreadClassOther, UtimeUsec: big}, UserHZ: 100},
+		KVM: &source.KVMView{Legend: strings.Repeat("L", 300),
+			Debugfs: &source.KVMSourceView{Source: source.KVMSourceDebugfs, State: source.KVMSourceStateAvailable, Origin: "kvm/2147483647-11"},
+			QMP:     &source.KVMSourceView{Source: source.KVMSourceQMP, State: source.KVMSourceStateAvailable, Origin: "/run/vc/" + strings.Repeat("q", 100)}},
+	}
+	times := func(name string) source.CPUTimes {
+		return source.CPUTimes{CPU: name, UserUsec: big, NiceUsec: big, SystemUsec: big, IdleUsec: big, IowaitUsec: big, IRQUsec: big,
+			SoftIRQUsec: big, StealUsec: big, GuestUsec: big, GuestNiceUsec: big}
+	}
+	total := times("cpu")
+	h.RunnerKernel.Total = &total
+	for i := range worstHostCPUs {
+		h.RunnerKernel.PerCPU = append(h.RunnerKernel.PerCPU, times(fmt.Sprintf("cpu%d", i)))
+	}
+	for i := range worstVMMThreads {
+		idx := int32(i)
+		h.VMMThreads.Threads = append(h.VMMThreads.Threads, source.VMMThread{PID: math.MaxInt32, TID: math.MaxInt32 - int32(i),
+			Name: fmt.Sprintf("CPU %d/KVM", i), StartTimeTicks: big, Class: source.VMMThreadClassVCPU, VCPUIndex: &idx,
+			UtimeUsec: big, StimeUsec: big, GuestTimeUsec: big, RunNs: &big, RunDelayNs: &big, RunCount: &big})
+	}
+	for i := range 60 {
+		h.KVM.Debugfs.Counters = append(h.KVM.Debugfs.Counters, source.KVMCounter{Name: fmt.Sprintf("debugfs_counter_%02d", i),
+			Kind: source.KVMCounterKindCumulative, Scope: "vcpu-sum", Value: big, Unit: "count"})
+	}
+	unit := strings.Repeat("u", worstQMPName)
+	for i := range worstQMPCounters {
+		scope := "vm"
+		if i >= 64 {
+			path := fmt.Sprintf("qom:/machine/peripheral/%d/", i/64)
+			scope = path + strings.Repeat("p", 4+worstQMPName-len(path))
+		}
+		name := fmt.Sprintf("s%d-", i)
+		h.KVM.QMP.Counters = append(h.KVM.QMP.Counters, source.KVMCounter{Name: name + strings.Repeat("s", worstQMPName-len(name)),
+			Kind: source.KVMCounterKindCumulative, Scope: scope, Value: big, Unit: unit})
+	}
+	return h
+}
+
+// worstHarness is a harness whose Run opens a real micro-VM source on
+// the hostile guest, and whose host sampler answers the hostile host view.
+func worstHarness(t testing.TB, partial bool) (*harness, *sandboxstatsv1.SandboxRef) {
+	t.Helper()
+	agent, ids := hostileGuest(t, partial)
+	host := &fakeHost{view: hostileHostView()}
+	h := newHarness(t, func(c *identity.Config) {
+		c.EndedRetention = 1 << 62 // the harness clock moves a second a call
+		c.BaselineRetry = time.Millisecond
+		c.Open = func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
+			src, err := microvm.Open(ref, microvm.Config{})
+			return src, host, err
+		}
+	})
+	ref := &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
+		AgentAddress: agent.Address(), ContainerIds: ids}
+	return h, ref
+}
+
+// runWithBaseline runs identA and waits for its epoch's baseline (the
+// guest agent's first read).
+func (h *harness) runWithBaseline(t testing.TB, ref *sandboxstatsv1.SandboxRef) {
+	t.Helper()
+	h.run(t, identA, ref)
+	deadline := time.Now().Add(10 * time.Second)
+	for h.store.Current().Activation.Baseline() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("no baseline within 10 s")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// worstSizes measures each response type at the worst case: with the
+// workload bound, and with the most ended activations identity keeps.
+func worstSizes(t *testing.T, partial bool) map[string]int {
+	t.Helper()
+	ctx := context.Background()
+	h, ref := worstHarness(t, partial)
+	sizes := map[string]int{}
+	measure := func(name string, m proto.Message, err error) {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		sizes[name] = proto.Size(m)
+	}
+	// 64 activations ended (identity keeps at most 64, and at most 1 MiB
+	// of them as JSON), then one bound.
+	for range identity.DefaultEndedMax {
+		h.runWithBaseline(t, ref)
+		resp, err := h.lifecycle.CheckpointWorkload(ctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: identA.GetActorUid()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		measure("CheckpointWorkload", resp, nil)
+	}
+	h.runWithBaseline(t, ref)
+	w, err := h.stats.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: identA.GetActorUid(), IncludeHost: true})
+	measure("StatsWorkload", w, err)
+	sizes["one sample"] = proto.Size(w.GetSample())
+	nh, err := h.stats.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: identA.GetActorUid()})
+	measure("StatsWorkload, no host", nh, err)
+	a, err := h.stats.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{IncludeHost: true})
+	measure("StatsActiveWorkloads", a, err)
+	sizes["ended records"] = len(a.GetEnded())
+	hs, err := h.stats.StatsHost(ctx, &sandboxstatsv1.StatsHostRequest{ActorUid: identA.GetActorUid()})
+	measure("StatsHost", hs, err)
+	l, err := h.stats.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
+	measure("ListEndedActivations", l, err)
+	return sizes
+}
+
+// TestWorstCaseResponseSizes measures every response type at the worst case
+// the edges allow: a full read of a hostile guest, and a partial one.
+func TestWorstCaseResponseSizes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("-short: 130 activations of a 25-container fake agent")
+	}
+	for _, tc := range []struct {
+		name    string
+		partial bool
+	}{{"full read", false}, {"partial read", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			sizes := worstSizes(t, tc.partial)
+			for _, k := range []string{"one sample", "StatsWorkload", "StatsWorkload, no host", "StatsActiveWorkloads", "StatsHost", "ListEndedActivations", "CheckpointWorkload"} {
+				t.Logf("%-22s %10d bytes", k, sizes[k])
+			}
+			t.Logf("%-22s %10d", "ended records", sizes["ended records"])
+		})
+	}
+}
