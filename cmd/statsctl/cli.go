@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		case errors.Is(err, flag.ErrHelp):
 			return exitOK
 		case errors.As(err, &ue):
-			fmt.Fprintf(stderr, "statsctl %s: %v\n", c.name, err)
+			fmt.Fprintf(stderr, "statsctl %s: %v\nRun 'statsctl %s --help' for its flags.\n", c.name, err, c.name)
 			return exitUsage
 		default:
 			fmt.Fprintf(stderr, "statsctl %s: %s\n", c.name, describeError(err))
@@ -245,8 +245,15 @@ func (e *env) parse(fs *flag.FlagSet, args []string) error {
 			own = append(own, g)
 		}
 	}
-	if err := fs.Parse(append(own, args...)); err != nil {
+	// The flag package would print the error and the whole usage; the
+	// caller prints the error once, with a pointer to --help.
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(append(own, args...))
+	fs.SetOutput(e.stderr)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			fs.SetOutput(e.stdout)
+			fs.Usage()
 			return err
 		}
 		return usageError{err}
