@@ -87,9 +87,11 @@ func series(actor, class, src string) string {
 		actor, actor, class, src)
 }
 
-// TestEndToEnd runs statsagent against five fake statsd daemons on Unix
-// sockets (one hung, one killed mid-test) and checks what it exports.
-func TestEndToEnd(t *testing.T) {
+// TestAgentAgainstFakes runs statsagent in process (run) against five fake
+// statsd daemons on Unix sockets (one hung, one killed mid-test) and checks
+// what it exports. A component test; the binary against a real statsd is
+// e2e's TestIntegrationRealStatsd.
+func TestAgentAgainstFakes(t *testing.T) {
 	const (
 		gv = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR
 		mv = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM
