@@ -90,6 +90,20 @@ type procCgroup struct {
 	HasUnified bool
 }
 
+// inRootOnly reports whether every hierarchy of the process is at its root
+// ("/"), as for a process whose cgroups say nothing about what it belongs to.
+func (pc procCgroup) inRootOnly() bool {
+	if pc.HasUnified && pc.Unified != "/" {
+		return false
+	}
+	for _, p := range pc.V1 {
+		if p != "/" {
+			return false
+		}
+	}
+	return true
+}
+
 // parseProcCgroup parses /proc/<pid>/cgroup ("hierarchy-id:controllers:path"
 // per line; a path may itself contain ':').
 func parseProcCgroup(b []byte) (procCgroup, error) {

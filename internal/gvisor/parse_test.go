@@ -133,6 +133,30 @@ func TestParseProcCgroup(t *testing.T) {
 	}
 }
 
+// TestInRootOnly: a process is "in the root only" when no hierarchy, v1 or
+// v2, places it below "/" (SandboxProcesses then needs descent alone).
+func TestInRootOnly(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want bool
+	}{
+		{"0::/\n", true},
+		{"", true},
+		{"4:memory:/\n2:cpuacct:/\n1:name=systemd:/\n0::/\n", true},
+		{"0::/user.slice/user-0.slice/session-1.scope\n", false},
+		{"4:memory:/\n1:name=systemd:/user.slice\n0::/\n", false},
+		{"4:memory:/statstest/pause\n0::/\n", false},
+	} {
+		pc, err := parseProcCgroup([]byte(tc.in))
+		if err != nil {
+			t.Fatalf("%q: %v", tc.in, err)
+		}
+		if got := pc.inRootOnly(); got != tc.want {
+			t.Errorf("inRootOnly(%q) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
 func TestSelectLocation(t *testing.T) {
 	for _, tc := range []struct {
 		name    string

@@ -31,20 +31,17 @@ import (
 // It reads every process's stat (through procfs) and, for processes in the
 // sentry's cgroups, cgroup and cmdline under procRoot. It blocks: callers
 // bound it. A sentry whose cgroup cannot be read is an error wrapping
-// source.ErrNotMeasurable.
+// source.ErrNotMeasurable, one that does not parse source.ErrMalformed.
 func SandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 	cg, err := bounded.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(sentry)), "cgroup"), bounded.MaxFileBytes)
 	if err != nil {
 		return nil, fmt.Errorf("%w: sentry %d: %w", source.ErrNotMeasurable, sentry, err)
 	}
-	rootOnly := true
-	for line := range strings.Lines(string(cg)) {
-		if _, p, ok := strings.Cut(strings.TrimSpace(line), "::"); ok && p != "/" {
-			rootOnly = false
-		} else if parts := strings.SplitN(strings.TrimSpace(line), ":", 3); len(parts) == 3 && parts[2] != "/" {
-			rootOnly = false
-		}
+	pc, err := parseProcCgroup(cg)
+	if err != nil {
+		return nil, fmt.Errorf("%w: sentry %d: %s: %w", source.ErrMalformed, sentry, filepath.Join(procRoot, strconv.Itoa(int(sentry)), "cgroup"), err)
 	}
+	rootOnly := pc.inRootOnly()
 	fsys, err := procfs.NewFS(procRoot)
 	if err != nil {
 		return nil, err

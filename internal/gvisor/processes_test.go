@@ -83,3 +83,15 @@ func TestSandboxProcessesSentryGone(t *testing.T) {
 		t.Errorf("err = %v, want ErrNotMeasurable wrapping ErrNotExist", err)
 	}
 }
+
+// TestSandboxProcessesSentryCgroupMalformed: a sentry cgroup file that does
+// not parse is a malformed source, not a sandbox in the root cgroup.
+func TestSandboxProcessesSentryCgroupMalformed(t *testing.T) {
+	root := t.TempDir()
+	writeProcTreeFile(t, root, "300/stat", procStatLine(300, 1, "runsc-sandbox", 1000))
+	writeProcTreeFile(t, root, "300/cgroup", "garbage\n")
+	_, err := gvisor.SandboxProcesses(root, 300)
+	if !errors.Is(err, source.ErrMalformed) {
+		t.Errorf("err = %v, want ErrMalformed", err)
+	}
+}
