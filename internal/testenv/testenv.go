@@ -14,11 +14,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/process"
 )
 
 // Need skips the test with hint when ok is false, or fails it under CI=true.
@@ -111,14 +112,11 @@ func StartQEMU(t testing.TB, dir, name, accel string) *QEMU {
 	if err := cmd.Run(); err != nil {
 		t.Fatalf("qemu -accel %s: %v: %s", accel, err, stderr.String())
 	}
-	b, err := os.ReadFile(vm.PIDFile)
-	if err != nil {
+	var err error
+	if vm.PID, err = process.ReadPIDFile(vm.PIDFile); err != nil {
 		t.Fatal(err)
 	}
-	if vm.PID, err = strconv.Atoi(strings.TrimSpace(string(b))); err != nil {
-		t.Fatal(err)
-	}
-	if vm.start, err = StartTime(vm.PID); err != nil {
+	if vm.start, err = process.StartTime("/proc", vm.PID); err != nil {
 		t.Fatalf("qemu pid %d: %v", vm.PID, err)
 	}
 	t.Cleanup(vm.Stop)
@@ -137,30 +135,10 @@ func (vm *QEMU) WaitReady(timeout time.Duration) {
 	}
 }
 
-// StartTime returns field 22 (starttime, clock ticks after boot) of
-// /proc/<pid>/stat, counted after the last ')' (the command name may hold
-// spaces and parentheses). With the pid it names one process: a reused pid
-// has another start time.
-func StartTime(pid int) (uint64, error) {
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return 0, err
-	}
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return 0, fmt.Errorf("/proc/%d/stat: no ')'", pid)
-	}
-	f := strings.Fields(string(b[i+1:]))
-	if len(f) < 20 {
-		return 0, fmt.Errorf("/proc/%d/stat: %d fields after the command name", pid, len(f))
-	}
-	return strconv.ParseUint(f[19], 10, 64)
-}
-
 // alive reports whether vm.PID is still the QEMU that was started (same
-// start time), not gone and not a reused pid.
+// start time), not gone (a zombie counts as gone) and not a reused pid.
 func (vm *QEMU) alive() bool {
-	st, err := StartTime(vm.PID)
+	st, err := process.StartTime("/proc", vm.PID)
 	return err == nil && st == vm.start
 }
 

@@ -7,23 +7,9 @@ import (
 	"syscall"
 	"testing"
 	"time"
-)
 
-func TestStartTime(t *testing.T) {
-	if _, err := os.Stat("/proc/self/stat"); err != nil {
-		t.Skip("no /proc")
-	}
-	st, err := StartTime(os.Getpid())
-	if err != nil || st == 0 {
-		t.Fatalf("StartTime(self) = %d, %v", st, err)
-	}
-	if again, _ := StartTime(os.Getpid()); again != st {
-		t.Errorf("start time changed: %d then %d", st, again)
-	}
-	if _, err := StartTime(1 << 30); err == nil {
-		t.Error("StartTime of a pid that cannot exist: want an error")
-	}
-}
+	"github.com/sandboxstats/sandboxstats/internal/process"
+)
 
 // TestQEMUStopChecksStartTime: Stop signals the pid only while it is still
 // the process that was started (same start time); a pid now held by another
@@ -40,7 +26,7 @@ func TestQEMUStopChecksStartTime(t *testing.T) {
 		done := make(chan struct{})
 		go func() { cmd.Wait(); close(done) }()
 		t.Cleanup(func() { cmd.Process.Kill(); <-done })
-		st, err := StartTime(cmd.Process.Pid)
+		st, err := process.StartTime("/proc", cmd.Process.Pid)
 		if err != nil {
 			t.Fatal(err)
 		}
