@@ -12,23 +12,23 @@ import (
 	"testing"
 )
 
-// ChildEnv is set to "1" in the environment of a workload child that
+// childEnv is set to "1" in the environment of a workload child that
 // StartChild starts.
-const ChildEnv = "SANDBOXSTATS_TEST_CHILD"
+const childEnv = "SANDBOXSTATS_TEST_CHILD"
 
 // RunChild is the body of a package's helper "test" that StartChild
 // re-executes the test binary to run, e.g.
 //
 //	func TestHelperChild(t *testing.T) { testenv.RunChild(t) }
 //
-// Run normally (ChildEnv unset) it skips. As the child it obeys one command
+// Run normally (childEnv unset) it skips. As the child it obeys one command
 // per stdin line, answers one line and exits when stdin closes:
 //
 //	alloc <MiB>  allocate and touch that much memory  -> "ok <allocations held>"
 //	free         drop it and return it to the kernel  -> "ok"
 //	burn <ms>    spin until this process used <ms> more CPU -> "ok <usec used>"
 func RunChild(t *testing.T) {
-	if os.Getenv(ChildEnv) != "1" {
+	if os.Getenv(childEnv) != "1" {
 		t.Skip("helper process: the workload child testenv.StartChild starts")
 	}
 	var hold [][]byte
@@ -78,13 +78,13 @@ type Child struct {
 }
 
 // StartChild re-executes the test binary to run only the helper test named
-// helper (whose body is RunChild) with ChildEnv=1. The test's cleanup kills
+// helper (whose body is RunChild) with childEnv=1. The test's cleanup kills
 // the child; register cgroups it will join before starting it, so that their
 // removal runs after.
 func StartChild(t testing.TB, helper string) *Child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
-	cmd.Env = append(os.Environ(), ChildEnv+"=1")
+	cmd.Env = append(os.Environ(), childEnv+"=1")
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)

@@ -11,9 +11,9 @@ import (
 	"time"
 )
 
-// NeedNetNS checks the prerequisites of network namespace tests: root and
+// needNetNS checks the prerequisites of network namespace tests: root and
 // the ip, nsenter and unshare tools.
-func NeedNetNS(t testing.TB) {
+func needNetNS(t testing.TB) {
 	t.Helper()
 	Need(t, os.Geteuid() == 0, "needs root to make network namespaces (run the tests as root)")
 	for _, tool := range []string{"ip", "nsenter", "unshare"} {
@@ -37,7 +37,7 @@ type NetNS struct {
 // in the first namespace).
 func NetNSPair(t testing.TB) (a, b NetNS) {
 	t.Helper()
-	NeedNetNS(t)
+	needNetNS(t)
 	tag := strconv.Itoa(os.Getpid()%100000) + strconv.Itoa(int(time.Now().UnixNano()%1000))
 	a = NetNS{Name: "sbstest-a" + tag, Addr: "169.254.77.1", Link: "sbsa" + tag}
 	b = NetNS{Name: "sbstest-b" + tag, Addr: "169.254.77.2", Link: "sbsb" + tag}

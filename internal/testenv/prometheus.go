@@ -29,7 +29,7 @@ func NeedPrometheus(t testing.TB) (prometheus, promtool string) {
 
 // Prometheus is a real Prometheus server on loopback.
 type Prometheus struct {
-	URL string // http://127.0.0.1:port
+	url string // http://127.0.0.1:port
 	dir string
 }
 
@@ -64,7 +64,7 @@ func StartPrometheus(t testing.TB, targets []string, scrapeInterval time.Duratio
 		t.Fatal(err)
 	}
 	port := freePort(t)
-	p.URL = "http://127.0.0.1:" + strconv.Itoa(port)
+	p.url = "http://127.0.0.1:" + strconv.Itoa(port)
 	logPath := filepath.Join(p.dir, "prometheus.log")
 	logf, err := os.Create(logPath)
 	if err != nil {
@@ -93,7 +93,7 @@ func StartPrometheus(t testing.TB, targets []string, scrapeInterval time.Duratio
 		}
 	})
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
-		if resp, err := http.Get(p.URL + "/-/ready"); err == nil {
+		if resp, err := http.Get(p.url + "/-/ready"); err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
 				return p
@@ -153,7 +153,7 @@ func (p *Prometheus) QueryAt(t testing.TB, query string, at time.Time) []PromSam
 }
 
 func (p *Prometheus) query(params url.Values) ([]PromSample, error) {
-	resp, err := http.Get(p.URL + "/api/v1/query?" + params.Encode())
+	resp, err := http.Get(p.url + "/api/v1/query?" + params.Encode())
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +289,7 @@ func (p *Prometheus) Alerts(t testing.TB) map[string]string {
 
 func (p *Prometheus) getJSON(t testing.TB, path string, v any) {
 	t.Helper()
-	resp, err := http.Get(p.URL + path)
+	resp, err := http.Get(p.url + path)
 	if err != nil {
 		t.Fatal(err)
 	}

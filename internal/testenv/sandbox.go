@@ -61,8 +61,8 @@ func NeedRunsc(t testing.TB) (runsc, busybox string) {
 	return runsc, busybox
 }
 
-// UniqueCgroupPath returns a fresh cgroupsPath for a sandbox.
-func UniqueCgroupPath() string {
+// uniqueCgroupPath returns a fresh cgroupsPath for a sandbox.
+func uniqueCgroupPath() string {
 	return fmt.Sprintf("/sbstest-%d-%d/pause", os.Getpid(), time.Now().UnixNano())
 }
 
@@ -80,12 +80,12 @@ func StartSandboxWith(t testing.TB, opts SandboxOptions, args ...string) *Sandbo
 	t.Helper()
 	runsc, busybox := NeedRunsc(t)
 	if opts.NetNS != "" {
-		NeedNetNS(t)
+		needNetNS(t)
 	}
 	cgroupPath := opts.CgroupPath
 	shared := cgroupPath != ""
 	if !shared {
-		cgroupPath = UniqueCgroupPath()
+		cgroupPath = uniqueCgroupPath()
 	}
 	sb := &Sandbox{
 		ID:         fmt.Sprintf("sbstest-%d-%d", os.Getpid(), time.Now().UnixNano()),
@@ -239,9 +239,9 @@ func cgroupProcsFile(root, cgroupPath string) (string, error) {
 	return filepath.Join(root, "memory", cgroupPath, "cgroup.procs"), nil
 }
 
-// CgroupProcs returns the pids in the sandbox's cgroup: the unified one on a
+// cgroupProcs returns the pids in the sandbox's cgroup: the unified one on a
 // cgroup2 host, else the v1 memory cgroup.
-func (sb *Sandbox) CgroupProcs(t testing.TB) []int {
+func (sb *Sandbox) cgroupProcs(t testing.TB) []int {
 	t.Helper()
 	p, err := cgroupProcsFile("/sys/fs/cgroup", sb.CgroupPath)
 	if err != nil {
@@ -265,7 +265,7 @@ func (sb *Sandbox) CgroupProcs(t testing.TB) []int {
 func (sb *Sandbox) KillProcesses(t testing.TB) {
 	t.Helper()
 	for range 50 {
-		pids := sb.CgroupProcs(t)
+		pids := sb.cgroupProcs(t)
 		if len(pids) == 0 {
 			return
 		}
