@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -17,13 +17,13 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// TestHostileAgentHugeErrors: a guest agent answering StatsContainer for
-// each of 25 containers with a huge error message (ending in a terminal
-// title escape). Before: one poll drove statsd to about 1 GB, drift.json to
-// 36 MB, log lines to 12 MB. statsd must stay under 64 MiB over 4
-// concurrent pollers, every answer and log line under 64 KiB, no raw ESC
-// anywhere, drift.json small.
-func TestHostileAgentHugeErrors(t *testing.T) {
+// TestIntegrationHostileAgentHugeErrors: a guest agent answering
+// StatsContainer for each of 25 containers with a huge error message (ending
+// in a terminal title escape). Before: one poll drove statsd to about 1 GB,
+// drift.json to 36 MB, log lines to 12 MB. statsd must stay under 64 MiB
+// over 4 concurrent pollers, every answer and log line under 64 KiB, no raw
+// ESC anywhere, drift.json small.
+func TestIntegrationHostileAgentHugeErrors(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary against a hostile agent")
 	}
@@ -95,12 +95,12 @@ func TestHostileAgentHugeErrors(t *testing.T) {
 	}
 }
 
-// TestHostileAgentFloodsInactiveStreams: an agent streaming frames on
-// stream ids no call opened. Before: 85 MB of "received message on inactive
-// stream" logs and 7.6 s of statsd CPU in 10 s. The connection is cut at
-// the first such frame and redialled after a growing backoff; the log and
-// the CPU stay small.
-func TestHostileAgentFloodsInactiveStreams(t *testing.T) {
+// TestIntegrationHostileAgentFloodsInactiveStreams: an agent streaming
+// frames on stream ids no call opened. Before: 85 MB of "received message on
+// inactive stream" logs and 7.6 s of statsd CPU in 10 s. The connection is
+// cut at the first such frame and redialled after a growing backoff; the log
+// and the CPU stay small.
+func TestIntegrationHostileAgentFloodsInactiveStreams(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary against a hostile agent")
 	}

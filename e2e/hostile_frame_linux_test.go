@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -12,16 +12,16 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// TestHostileAgentHugeFrameHeaderThenSilence: a guest agent answering
-// every StatsContainer, on every connection, with a ttrpc frame header
-// announcing a 100 MiB response and then nothing. Before, ttrpc waited for
-// the 100 MiB: the connection was never replaced and every poll timed out
-// (the read timeout) for as long as statsd ran. The header alone must cut
-// the connection (redialled after a backoff), every poll must be answered
-// within the read timeout, statsd must stay under 64 MiB with every answer
-// and log line under 64 KiB, and polls read the agent again once it
+// TestIntegrationHostileAgentHugeFrameHeaderThenSilence: a guest agent
+// answering every StatsContainer, on every connection, with a ttrpc frame
+// header announcing a 100 MiB response and then nothing. Before, ttrpc
+// waited for the 100 MiB: the connection was never replaced and every poll
+// timed out (the read timeout) for as long as statsd ran. The header alone
+// must cut the connection (redialled after a backoff), every poll must be
+// answered within the read timeout, statsd must stay under 64 MiB with every
+// answer and log line under 64 KiB, and polls read the agent again once it
 // behaves.
-func TestHostileAgentHugeFrameHeaderThenSilence(t *testing.T) {
+func TestIntegrationHostileAgentHugeFrameHeaderThenSilence(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary against a hostile agent")
 	}

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"bytes"
@@ -158,14 +158,14 @@ func (h *h2Conn) largestAnswer() int {
 	return largest
 }
 
-// TestHostileReadClients: without gRPC resource limits one connection with
-// 300 streams of 4 MiB messages took statsd from 226 MB to 1.27 GB, 5,000
-// header-only streams were accepted, and with 512 descriptors 600 idle
-// connections made the lifecycle socket hang. statsd (RLIMIT_NOFILE 256)
-// must stay under 64 MiB, its lifecycle socket must answer throughout,
-// every answer (gRPC or on a raw stream) and every log line must stay
-// under 64 KiB.
-func TestHostileReadClients(t *testing.T) {
+// TestIntegrationHostileReadClients: without gRPC resource limits one
+// connection with 300 streams of 4 MiB messages took statsd from 226 MB to
+// 1.27 GB, 5,000 header-only streams were accepted, and with 512 descriptors
+// 600 idle connections made the lifecycle socket hang. statsd (RLIMIT_NOFILE
+// 256) must stay under 64 MiB, its lifecycle socket must answer throughout,
+// every answer (gRPC or on a raw stream) and every log line must stay under
+// 64 KiB.
+func TestIntegrationHostileReadClients(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary against hostile clients")
 	}

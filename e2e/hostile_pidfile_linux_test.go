@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -13,14 +13,14 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// TestPidFileSecretsNeverEchoed: a launcher (or whoever holds the
+// TestIntegrationPidFileSecretsNeverEchoed: a launcher (or whoever holds the
 // lifecycle socket) names as the VMM pid file a file holding a secret, as
 // --vmm-pid-file /etc/shadow or /proc/self/environ would. Before, statsctl
 // host printed the file in its "not a positive integer" error, and so did
 // statsctl drift and the log. No byte of it may reach StatsHost,
 // StatsWorkload with include_host, ListDriftFindings or the log, and
 // statsd's peak RSS stays under 64 MiB.
-func TestPidFileSecretsNeverEchoed(t *testing.T) {
+func TestIntegrationPidFileSecretsNeverEchoed(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary")
 	}

@@ -1,8 +1,8 @@
-package main
+package e2e
 
-// Helpers of the hostile-peer tests: a real statsd binary (so that its
-// memory is its own, not the test's), its peak RSS, and the size of every
-// answer and log line.
+// Helpers of the hostile-peer tests of the statsd binary (so that its
+// memory is its own, not the test's): its peak RSS and CPU, and the size of
+// every answer and log line.
 
 import (
 	"bufio"
@@ -34,29 +34,9 @@ const (
 	maxDriftFileSize = 64 << 10
 )
 
-// procStatusKB returns a field of /proc/<pid>/status in kB (VmRSS, VmHWM).
-func procStatusKB(t testing.TB, pid int, field string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, field+":"); ok {
-			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				t.Fatalf("%s %q: %v", field, v, err)
-			}
-			return n
-		}
-	}
-	t.Fatalf("/proc/%d/status has no %s", pid, field)
-	return 0
-}
-
 // peakRSS is statsd's peak resident set (VmHWM), in bytes.
-func peakRSS(t testing.TB, d *testenv.Statsd) int64 {
-	return procStatusKB(t, d.Cmd.Process.Pid, "VmHWM") << 10
+func peakRSS(t *testing.T, d *testenv.Statsd) int64 {
+	return int64(procStatusKiB(t, d.Cmd.Process.Pid, "VmHWM")) << 10
 }
 
 // answerSize is the wire size of an answer: the message, or the status

@@ -1,4 +1,4 @@
-package main
+package e2e
 
 import (
 	"context"
@@ -101,12 +101,12 @@ func helperBinary(t *testing.T, dir string) string {
 	return exe
 }
 
-// TestPeerCredentials: file modes alone decide nothing. With both sockets
-// chmod 0666, a process running as nobody is refused on both (closed before
-// any byte is served, counted, logged), root is served; with
-// --socket-group nogroup the read socket's group (and so its allowlist)
-// is nogroup, which admits nobody there and nowhere else.
-func TestPeerCredentials(t *testing.T) {
+// TestIntegrationPeerCredentials: file modes alone decide nothing. With both
+// sockets chmod 0666, a process running as nobody is refused on both (closed
+// before any byte is served, counted, logged), root is served; with
+// --socket-group nogroup the read socket's group (and so its allowlist) is
+// nogroup, which admits nobody there and nowhere else.
+func TestIntegrationPeerCredentials(t *testing.T) {
 	testenv.Need(t, os.Geteuid() == 0, "needs root to run a helper as nobody")
 	if testing.Short() {
 		t.Skip("runs the statsd binary")
