@@ -120,7 +120,7 @@ func (l *Listener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		cred, err := Of(c)
+		cred, err := of(c)
 		if err == nil && l.admits(cred) {
 			return c, nil
 		}

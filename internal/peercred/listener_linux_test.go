@@ -123,6 +123,35 @@ func TestSupplementaryGroupAdmits(t *testing.T) {
 	}
 }
 
+// TestGroupsOfBounded: a status file is read up to maxStatusBytes; a longer
+// one is refused whole, never parsed from a cut Groups line (a cut id could
+// be another, allowed one).
+func TestGroupsOfBounded(t *testing.T) {
+	root := t.TempDir()
+	write := func(pid, content string) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Join(root, pid), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(root, pid, "status"), []byte(content), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("7", "Name:\tx\nGroups:\t4 24 27\n")
+	if got, err := groupsOf(root, 7); err != nil || !cmp.Equal([]uint32{4, 24, 27}, got) {
+		t.Errorf("groupsOf = %v, %v; want [4 24 27]", got, err)
+	}
+	// The cap falls inside the last id: 4242 would be read as 42.
+	long := "Groups:\t" + strings.Repeat("1 ", (maxStatusBytes-len("Groups:\t")-2)/2) + "4242\n"
+	write("8", long)
+	if got, err := groupsOf(root, 8); err == nil {
+		t.Errorf("groupsOf of a %d-byte status = %d groups, want an error (cap %d)", len(long), len(got), maxStatusBytes)
+	}
+	if _, err := groupsOf(root, 9); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("groupsOf of a gone pid = %v, want ErrNotExist", err)
+	}
+}
+
 func TestParseGroups(t *testing.T) {
 	for _, tc := range []struct {
 		name, in string

@@ -8,7 +8,7 @@ import (
 )
 
 func TestOthersUnsupported(t *testing.T) {
-	if _, err := Of(nil); !errors.Is(err, ErrUnsupported) {
-		t.Fatalf("Of = %v, want ErrUnsupported", err)
+	if _, err := of(nil); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("of = %v, want ErrUnsupported", err)
 	}
 }
