@@ -1,33 +1,17 @@
 package peercred
 
-import (
-	"fmt"
-	"net"
-
-	"golang.org/x/sys/unix"
-)
+import "net"
 
 // PeerUID returns the uid and gid of the process at the other end of conn,
 // a Unix socket connection, as the kernel recorded them when that process
 // called connect(2) or listen(2) (SO_PEERCRED: its effective ids then).
 func PeerUID(conn net.Conn) (uid, gid uint32, err error) {
-	uc, ok := conn.(*net.UnixConn)
-	if !ok {
+	if _, ok := conn.(*net.UnixConn); !ok {
 		return 0, 0, ErrNotUnix
 	}
-	raw, err := uc.SyscallConn()
+	c, err := of(conn)
 	if err != nil {
-		return 0, 0, fmt.Errorf("peercred: %w", err)
+		return 0, 0, err
 	}
-	var cred *unix.Ucred
-	var serr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, serr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return 0, 0, fmt.Errorf("peercred: %w", err)
-	}
-	if serr != nil {
-		return 0, 0, fmt.Errorf("peercred: SO_PEERCRED: %w", serr)
-	}
-	return cred.Uid, cred.Gid, nil
+	return c.UID, c.GID, nil
 }
