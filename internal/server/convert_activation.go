@@ -46,17 +46,10 @@ func endedToProto(e *identity.Ended) *sandboxstatsv1.EndedActivation {
 		out.Source = kindToProto(e.Final.Kind)
 		out.Final = readingToSample(e.Identity, e.Class, e.EpochUnixNano, *e.Final, e.FinalAtUnixNano)
 		out.Final.EpochBaseline = baselineToProto(e.Baseline, e.Identity, e.Class, e.EpochUnixNano)
+		capSample(out.Final)
 	}
 	for _, a := range e.Absent {
 		out.Absent = append(out.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
-	}
-	return out
-}
-
-func endedListToProto(es []*identity.Ended) []*sandboxstatsv1.EndedActivation {
-	out := make([]*sandboxstatsv1.EndedActivation, 0, len(es))
-	for _, e := range es {
-		out = append(out, endedToProto(e))
 	}
 	return out
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc/codes"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
@@ -93,6 +94,7 @@ func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeH
 	sample := sampleFromReading(b, reading, observed)
 	sample.Host = host
 	sample.OpenDriftFindings = s.openFindings(b.Identity.ActorUID)
+	capSample(sample)
 	return sample, nil
 }
 
@@ -131,10 +133,9 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 	// The binding and the ended activations are one state (an activation
 	// is either bound or ended in it, never both nor neither): the answer is
 	// the state before a concurrent Checkpoint or the one after, never a mix.
-	b, endedRecs := s.store.Snapshot()
-	ended := endedListToProto(endedRecs)
+	b, ended := s.store.Snapshot()
 	if b == nil {
-		return noWorkload(ended), nil
+		return withEnded(noWorkload(), ended), nil
 	}
 	sample, err := s.sample(ctx, b, req.GetIncludeHost())
 	switch {
@@ -143,38 +144,61 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 		// left, with no sample of the old binding.
 		now, endedNow := s.store.Snapshot()
 		if now == nil {
-			return noWorkload(endedListToProto(endedNow)), nil
+			return withEnded(noWorkload(), endedNow), nil
 		}
-		return notMeasurableYet("the binding changed while the sample was being read", endedListToProto(endedNow)), nil
+		return withEnded(notMeasurableYet("the binding changed while the sample was being read"), endedNow), nil
 	case errors.Is(err, source.ErrTimeout), errors.Is(err, source.ErrMalformed),
 		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
 		return nil, readError(err)
 	case err != nil:
-		return notMeasurableYet(foreign.Bound(err.Error(), maxStatusMessage), ended), nil
+		return withEnded(notMeasurableYet(foreign.Bound(err.Error(), maxStatusMessage)), ended), nil
 	}
-	return &sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: []*sandboxstatsv1.WorkloadStatsSample{sample}, Ended: ended}, nil
+	return withEnded(&sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: []*sandboxstatsv1.WorkloadStatsSample{sample}}, ended), nil
 }
 
-func noWorkload(ended []*sandboxstatsv1.EndedActivation) *sandboxstatsv1.StatsActiveWorkloadsResponse {
+// withEnded gives r the first page of ended (oldest first): as many records
+// as fit beside what r holds in pageBytes, and the token of the rest.
+func withEnded(r *sandboxstatsv1.StatsActiveWorkloadsResponse, ended []*identity.Ended) *sandboxstatsv1.StatsActiveWorkloadsResponse {
+	r.Ended, r.EndedNextPageToken = endedPage(ended, 0, pageBytes-maxTokenField-proto.Size(r), activeEndedField)
+	return r
+}
+
+// The numbers of the ended activations' fields in
+// StatsActiveWorkloadsResponse and ListEndedActivationsResponse.
+const (
+	activeEndedField = 4
+	listEndedField   = 1
+)
+
+func noWorkload() *sandboxstatsv1.StatsActiveWorkloadsResponse {
 	return &sandboxstatsv1.StatsActiveWorkloadsResponse{
 		NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD,
 		NoSampleDetail: "no workload is bound to this statsd",
-		Ended:          ended,
 	}
 }
 
-func notMeasurableYet(detail string, ended []*sandboxstatsv1.EndedActivation) *sandboxstatsv1.StatsActiveWorkloadsResponse {
+func notMeasurableYet(detail string) *sandboxstatsv1.StatsActiveWorkloadsResponse {
 	return &sandboxstatsv1.StatsActiveWorkloadsResponse{
 		NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET,
 		NoSampleDetail: detail,
-		Ended:          ended,
 	}
 }
 
-// ListEndedActivations lists the recently ended activations; it reads no
-// source.
-func (s *StatsService) ListEndedActivations(context.Context, *sandboxstatsv1.ListEndedActivationsRequest) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
-	return &sandboxstatsv1.ListEndedActivationsResponse{Ended: endedListToProto(s.store.Ended())}, nil
+// ListEndedActivations lists the recently ended activations a page at a
+// time (see pages.go); it reads no source.
+func (s *StatsService) ListEndedActivations(_ context.Context, req *sandboxstatsv1.ListEndedActivationsRequest) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
+	return listEndedPage(s.store.Ended(), req.GetPageToken())
+}
+
+// listEndedPage is the page of list (oldest first) that token asks for.
+func listEndedPage(list []*identity.Ended, token string) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
+	k, ok, err := parsePageToken(token)
+	if err != nil {
+		return nil, statusError(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_PAGE_TOKEN, "page_token: %v", err)
+	}
+	resp := &sandboxstatsv1.ListEndedActivationsResponse{}
+	resp.Ended, resp.NextPageToken = endedPage(list, pageStart(list, k, ok), pageBytes-maxTokenField, listEndedField)
+	return resp, nil
 }
 
 // StatsHost returns only the host views, even when the sandbox's own source
@@ -192,10 +216,12 @@ func (s *StatsService) StatsHost(ctx context.Context, req *sandboxstatsv1.StatsH
 		return nil, statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED,
 			"the binding of actor %q changed while the host view was being read", b.Identity.ActorUID)
 	}
-	return &sandboxstatsv1.StatsHostResponse{
+	resp := &sandboxstatsv1.StatsHostResponse{
 		Identity:      identityToProto(b.Identity),
 		SandboxClass:  classToProto(b.Ref.Class),
 		EpochUnixNano: b.EpochUnixNano,
 		Host:          host,
-	}, nil
+	}
+	capHostView(resp)
+	return resp, nil
 }

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/identity"
@@ -168,18 +169,29 @@ func (h *harness) runWithBaseline(t testing.TB, ref *sandboxstatsv1.SandboxRef) 
 }
 
 // worstSizes measures each response type at the worst case: with the
-// workload bound, and with the most ended activations identity keeps.
-func worstSizes(t *testing.T, partial bool) map[string]int {
+// workload bound, and with the most ended activations identity keeps; the
+// ended activations are read page by page ("ListEndedActivations" is the
+// largest page, "pages" how many, "records reached" the records they held).
+// cuts lists the fields the answers name as cut.
+func worstSizes(t *testing.T, partial bool) (sizes map[string]int, cuts map[string][]string) {
 	t.Helper()
 	ctx := context.Background()
 	h, ref := worstHarness(t, partial)
-	sizes := map[string]int{}
+	sizes, cuts = map[string]int{}, map[string][]string{}
 	measure := func(name string, m proto.Message, err error) {
 		t.Helper()
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		sizes[name] = proto.Size(m)
+		sizes[name] = max(sizes[name], proto.Size(m))
+	}
+	cutsOf := func(name string, as []*sandboxstatsv1.AbsentValue) {
+		cuts[name] = nil
+		for _, a := range as {
+			if strings.HasPrefix(a.GetReason(), cutPrefix) {
+				cuts[name] = append(cuts[name], a.GetField())
+			}
+		}
 	}
 	// 64 activations ended (identity keeps at most 64, and at most 1 MiB
 	// of them as JSON), then one bound.
@@ -190,25 +202,37 @@ func worstSizes(t *testing.T, partial bool) map[string]int {
 			t.Fatal(err)
 		}
 		measure("CheckpointWorkload", resp, nil)
+		cutsOf("the last ended record's final", resp.GetEnded().GetFinal().GetAbsent())
 	}
 	h.runWithBaseline(t, ref)
 	w, err := h.stats.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: identA.GetActorUid(), IncludeHost: true})
 	measure("StatsWorkload", w, err)
 	sizes["one sample"] = proto.Size(w.GetSample())
+	cutsOf("StatsWorkload", w.GetSample().GetAbsent())
 	nh, err := h.stats.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: identA.GetActorUid()})
 	measure("StatsWorkload, no host", nh, err)
 	a, err := h.stats.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{IncludeHost: true})
 	measure("StatsActiveWorkloads", a, err)
-	sizes["ended records"] = len(a.GetEnded())
+	sizes["ended records"] = len(h.store.Ended())
 	hs, err := h.stats.StatsHost(ctx, &sandboxstatsv1.StatsHostRequest{ActorUid: identA.GetActorUid()})
 	measure("StatsHost", hs, err)
-	l, err := h.stats.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
-	measure("ListEndedActivations", l, err)
-	return sizes
+	cutsOf("StatsHost", hs.GetAbsent())
+	for token := ""; ; {
+		l, err := h.stats.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{PageToken: token})
+		measure("ListEndedActivations", l, err)
+		sizes["pages"]++
+		sizes["records reached"] += len(l.GetEnded())
+		if token = l.GetNextPageToken(); token == "" {
+			break
+		}
+	}
+	return sizes, cuts
 }
 
 // TestWorstCaseResponseSizes measures every response type at the worst case
-// the edges allow: a full read of a hostile guest, and a partial one.
+// the edges allow, a full read of a hostile guest and a partial one: every
+// answer is under 64 KiB, a sample under its 24 KiB cap, each cut named,
+// and the ended activations' pages reach every record.
 func TestWorstCaseResponseSizes(t *testing.T) {
 	if testing.Short() {
 		t.Skip("-short: 130 activations of a 25-container fake agent")
@@ -218,11 +242,38 @@ func TestWorstCaseResponseSizes(t *testing.T) {
 		partial bool
 	}{{"full read", false}, {"partial read", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			sizes := worstSizes(t, tc.partial)
+			sizes, cuts := worstSizes(t, tc.partial)
 			for _, k := range []string{"one sample", "StatsWorkload", "StatsWorkload, no host", "StatsActiveWorkloads", "StatsHost", "ListEndedActivations", "CheckpointWorkload"} {
 				t.Logf("%-22s %10d bytes", k, sizes[k])
+				if sizes[k] >= maxResponseBytes {
+					t.Errorf("%s: %d bytes, not under %d", k, sizes[k], maxResponseBytes)
+				}
 			}
-			t.Logf("%-22s %10d", "ended records", sizes["ended records"])
+			if sizes["one sample"] > maxSampleBytes {
+				t.Errorf("one sample: %d bytes, over its cap of %d", sizes["one sample"], maxSampleBytes)
+			}
+			t.Logf("%d ended records kept, %d reached in %d pages", sizes["ended records"], sizes["records reached"], sizes["pages"])
+			if sizes["records reached"] != sizes["ended records"] {
+				t.Errorf("pages reached %d records of %d", sizes["records reached"], sizes["ended records"])
+			}
+			for k, fields := range cuts {
+				t.Logf("%s cut: %s", k, strings.Join(fields, ", "))
+			}
+			wantHost := []string{"host.kvm.qmp.counters", "host.kvm.qmp.counters", "host.vmm_threads.threads"}
+			if diff := cmp.Diff(wantHost, cuts["StatsHost"]); diff != "" {
+				t.Errorf("StatsHost cuts (-want +got):\n%s", diff)
+			}
+			wantSample := []string{"network.interfaces", "block_io.devices", "host.kvm.qmp.counters", "host.kvm.qmp.counters",
+				"host.vmm_threads.threads", "host.runner_kernel.per_cpu", "host", "text"}
+			if tc.partial { // a partial sample carries no network or block IO
+				wantSample = wantSample[2:]
+			}
+			if diff := cmp.Diff(wantSample, cuts["StatsWorkload"]); diff != "" {
+				t.Errorf("StatsWorkload cuts (-want +got):\n%s", diff)
+			}
+			if len(cuts["the last ended record's final"]) == 0 {
+				t.Error("no ended record's final names a cut")
+			}
 		})
 	}
 }

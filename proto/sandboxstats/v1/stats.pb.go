@@ -61,6 +61,8 @@ const (
 	// read-only file system: UNAVAILABLE, retry once writable; any other
 	// write error: INTERNAL). Nothing changed: the call may be retried.
 	ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED ErrorReason = 10
+	// ListEndedActivations got a page_token it did not make.
+	ErrorReason_ERROR_REASON_INVALID_PAGE_TOKEN ErrorReason = 11
 )
 
 // Enum value maps for ErrorReason.
@@ -77,6 +79,7 @@ var (
 		8:  "ERROR_REASON_INVALID_REQUEST",
 		9:  "ERROR_REASON_WORKLOAD_BOUND",
 		10: "ERROR_REASON_STATE_NOT_PERSISTED",
+		11: "ERROR_REASON_INVALID_PAGE_TOKEN",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":         0,
@@ -90,6 +93,7 @@ var (
 		"ERROR_REASON_INVALID_REQUEST":     8,
 		"ERROR_REASON_WORKLOAD_BOUND":      9,
 		"ERROR_REASON_STATE_NOT_PERSISTED": 10,
+		"ERROR_REASON_INVALID_PAGE_TOKEN":  11,
 	}
 )
 
@@ -952,13 +956,20 @@ type StatsActiveWorkloadsResponse struct {
 	NoSampleReason NoSampleReason `protobuf:"varint,2,opt,name=no_sample_reason,json=noSampleReason,proto3,enum=sandboxstats.v1.NoSampleReason" json:"no_sample_reason,omitempty"`
 	// Human-readable detail for no_sample_reason.
 	NoSampleDetail string `protobuf:"bytes,3,opt,name=no_sample_detail,json=noSampleDetail,proto3" json:"no_sample_detail,omitempty"`
-	// The activations that ended here recently, as ListEndedActivations lists
-	// them, so a poller charges each one's tail without a second call (once:
-	// dedupe by identity.actor_uid and epoch_unix_nano). Reading them reads no
-	// source.
-	Ended         []*EndedActivation `protobuf:"bytes,4,rep,name=ended,proto3" json:"ended,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	// The activations that ended here recently, oldest first, as
+	// ListEndedActivations lists them: its first page, as many records as fit
+	// beside the samples in 56 KiB (at least one), so a poller charges each
+	// one's tail without a second call (once: dedupe by identity.actor_uid and
+	// epoch_unix_nano). Reading them reads no source. The ended records and
+	// the samples are one state: never a sample beside its own record.
+	Ended []*EndedActivation `protobuf:"bytes,4,rep,name=ended,proto3" json:"ended,omitempty"`
+	// Set when more ended activations are kept than `ended` carries: the
+	// page_token of ListEndedActivations for the rest. The rest is read later
+	// than this answer, so it may hold the record of an activation sampled
+	// here (it ended meanwhile): that record is the later state.
+	EndedNextPageToken string `protobuf:"bytes,5,opt,name=ended_next_page_token,json=endedNextPageToken,proto3" json:"ended_next_page_token,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
 }
 
 func (x *StatsActiveWorkloadsResponse) Reset() {
@@ -1019,6 +1030,13 @@ func (x *StatsActiveWorkloadsResponse) GetEnded() []*EndedActivation {
 	return nil
 }
 
+func (x *StatsActiveWorkloadsResponse) GetEndedNextPageToken() string {
+	if x != nil {
+		return x.EndedNextPageToken
+	}
+	return ""
+}
+
 type StatsHostRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The actor the caller believes runs here. Required.
@@ -1070,8 +1088,16 @@ type StatsHostResponse struct {
 	Identity     *WorkloadIdentity `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
 	SandboxClass SandboxClass      `protobuf:"varint,2,opt,name=sandbox_class,json=sandboxClass,proto3,enum=sandboxstats.v1.SandboxClass" json:"sandbox_class,omitempty"`
 	// Start of the current epoch, unix nanoseconds.
-	EpochUnixNano int64      `protobuf:"varint,3,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
-	Host          *HostStats `protobuf:"bytes,4,opt,name=host,proto3" json:"host,omitempty"`
+	EpochUnixNano int64 `protobuf:"varint,3,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
+	// At most 48 KiB: over it, parts are cut in a fixed order (the per-vCPU
+	// QMP counters, all QMP counters, the per-thread list, the per-CPU list,
+	// then the whole view, left with unavailable_reason), each named in
+	// `absent`.
+	Host *HostStats `protobuf:"bytes,4,opt,name=host,proto3" json:"host,omitempty"`
+	// The parts of `host` cut to keep the answer bounded, each with the sizes
+	// (field "host.kvm.qmp.counters", "host.vmm_threads.threads",
+	// "host.runner_kernel.per_cpu" or "host").
+	Absent        []*AbsentValue `protobuf:"bytes,5,rep,name=absent,proto3" json:"absent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1134,10 +1160,20 @@ func (x *StatsHostResponse) GetHost() *HostStats {
 	return nil
 }
 
+func (x *StatsHostResponse) GetAbsent() []*AbsentValue {
+	if x != nil {
+		return x.Absent
+	}
+	return nil
+}
+
 // AbsentValue says why a measurement is absent. Absent is not zero.
 type AbsentValue struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The field name in WorkloadStatsSample, for example "memory_peak_bytes".
+	// The field name in WorkloadStatsSample, for example "memory_peak_bytes",
+	// or the path of a part inside it ("network.interfaces",
+	// "host.kvm.qmp.counters"). A part cut to keep the answer bounded is
+	// named so, with a reason that begins "cut:" and gives the sizes.
 	Field string `protobuf:"bytes,1,opt,name=field,proto3" json:"field,omitempty"`
 	// Why it is absent, for example "memory.peak not offered by this kernel
 	// (needs Linux 5.19)".
@@ -1191,6 +1227,19 @@ func (x *AbsentValue) GetReason() string {
 }
 
 // WorkloadStatsSample is one reading of one workload.
+//
+// A sample is at most 24 KiB on the wire, its host view and epoch_baseline
+// included. Over that, statsd cuts parts in a fixed order, each only while
+// the sample is still over: the per-interface network list
+// (network.interfaces; the total and loopback stay), the per-device block IO
+// list (block_io.devices; the sums stay), the per-vCPU QMP counters
+// (host.kvm.qmp.counters), all QMP counters, the per-thread list
+// (host.vmm_threads.threads; the totals stay), the per-CPU list
+// (host.runner_kernel.per_cpu; the total stays), the whole host view
+// (host, left with unavailable_reason), then long text: every absent and
+// unread-container reason to 128 bytes and source_detail and the origins to
+// 256 ("text"). A list is cut from epoch_baseline.first_read as well. Each
+// cut is named in `absent` ("cut: ..." with the sizes).
 type WorkloadStatsSample struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Identity, echoed from the Run/Restore that bound the workload. Attribute
@@ -1485,13 +1534,17 @@ func (x *WorkloadStatsSample) GetBlockIo() *BlockIo {
 // EpochBaseline is where one epoch's counters start.
 type EpochBaseline struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	Kind  BaselineKind           `protobuf:"varint,1,opt,name=kind,proto3,enum=sandboxstats.v1.BaselineKind" json:"kind,omitempty"`
-	// When the baseline holds: epoch_unix_nano for EPOCH_START, the first
-	// read's observed_at for FIRST_READ.
+	// Where the epoch's counters start. Kind: label. Layer: statsd.
+	Kind BaselineKind `protobuf:"varint,1,opt,name=kind,proto3,enum=sandboxstats.v1.BaselineKind" json:"kind,omitempty"`
+	// When the baseline holds, unix nanoseconds: epoch_unix_nano for
+	// EPOCH_START, the first read's observed_at for FIRST_READ. Kind: label (a
+	// timestamp). Layer: statsd (the daemon's wall clock).
 	ObservedAtUnixNano int64 `protobuf:"varint,2,opt,name=observed_at_unix_nano,json=observedAtUnixNano,proto3" json:"observed_at_unix_nano,omitempty"`
 	// FIRST_READ: the counters of that first read (cpu_usage_usec and the
-	// counters of memory_signals, cpu_throttling, network and block_io); its
-	// gauges mean nothing here. Absent for EPOCH_START (every counter was 0).
+	// counters of memory_signals, cpu_throttling, network and block_io), each
+	// in its unit and a counter as in any sample. Layer: source. Its gauges
+	// are not filled and mean nothing here. Absent for EPOCH_START (every
+	// counter was 0).
 	FirstRead     *WorkloadStatsSample `protobuf:"bytes,3,opt,name=first_read,json=firstRead,proto3" json:"first_read,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -1551,39 +1604,60 @@ func (x *EpochBaseline) GetFirstRead() *WorkloadStatsSample {
 // EndedActivation is the record of one activation (one Run/Restore to its
 // end), kept after the workload was forgotten so that its tail is accounted.
 type EndedActivation struct {
-	state        protoimpl.MessageState `protogen:"open.v1"`
-	Identity     *WorkloadIdentity      `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
-	SandboxClass SandboxClass           `protobuf:"varint,2,opt,name=sandbox_class,json=sandboxClass,proto3,enum=sandboxstats.v1.SandboxClass" json:"sandbox_class,omitempty"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The workload, as the Run/Restore that began the activation named it.
+	// Kind: label. Layer: statsd.
+	Identity *WorkloadIdentity `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
+	// Kind: label. Layer: statsd (from the Run/Restore).
+	SandboxClass SandboxClass `protobuf:"varint,2,opt,name=sandbox_class,json=sandboxClass,proto3,enum=sandboxstats.v1.SandboxClass" json:"sandbox_class,omitempty"`
 	// The source of the final sample; UNSPECIFIED with FINAL_PROVENANCE_NONE.
+	// Kind: label. Layer: statsd.
 	Source StatsSource `protobuf:"varint,3,opt,name=source,proto3,enum=sandboxstats.v1.StatsSource" json:"source,omitempty"`
-	// When the activation began (its epoch) and ended, unix nanoseconds.
-	EpochUnixNano   int64             `protobuf:"varint,4,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
-	EndUnixNano     int64             `protobuf:"varint,5,opt,name=end_unix_nano,json=endUnixNano,proto3" json:"end_unix_nano,omitempty"`
-	Outcome         ActivationOutcome `protobuf:"varint,6,opt,name=outcome,proto3,enum=sandboxstats.v1.ActivationOutcome" json:"outcome,omitempty"`
-	FinalProvenance FinalProvenance   `protobuf:"varint,7,opt,name=final_provenance,json=finalProvenance,proto3,enum=sandboxstats.v1.FinalProvenance" json:"final_provenance,omitempty"`
-	// How long before end_unix_nano the final sample was observed, ns.
+	// When the activation began (its epoch), unix nanoseconds. Kind: label (a
+	// timestamp). Layer: statsd (the daemon's wall clock at the Run/Restore).
+	EpochUnixNano int64 `protobuf:"varint,4,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
+	// When it ended, unix nanoseconds. Kind: label (a timestamp). Layer:
+	// statsd (the daemon's wall clock when the lifecycle call that ended it
+	// had taken its final read).
+	EndUnixNano int64 `protobuf:"varint,5,opt,name=end_unix_nano,json=endUnixNano,proto3" json:"end_unix_nano,omitempty"`
+	// How it ended. Kind: label. Layer: statsd.
+	Outcome ActivationOutcome `protobuf:"varint,6,opt,name=outcome,proto3,enum=sandboxstats.v1.ActivationOutcome" json:"outcome,omitempty"`
+	// How the final sample was obtained. Kind: label. Layer: statsd.
+	FinalProvenance FinalProvenance `protobuf:"varint,7,opt,name=final_provenance,json=finalProvenance,proto3,enum=sandboxstats.v1.FinalProvenance" json:"final_provenance,omitempty"`
+	// Duration (not a counter), ns, layer: statsd: how long before
+	// end_unix_nano the final sample was observed (0 for READ_AT_END).
 	FinalAgeNanos int64 `protobuf:"varint,8,opt,name=final_age_nanos,json=finalAgeNanos,proto3" json:"final_age_nanos,omitempty"`
-	// Why the read at the end failed (LAST_GOOD_POLL, NONE).
+	// Why the read at the end failed (LAST_GOOD_POLL, NONE), at most 1 KiB.
+	// Kind: label. Layer: source (the source's error, its foreign text cut and
+	// quoted).
 	FinalReason string `protobuf:"bytes,9,opt,name=final_reason,json=finalReason,proto3" json:"final_reason,omitempty"`
-	// The final sample (absent with FINAL_PROVENANCE_NONE). Its epoch_baseline
-	// is the epoch's.
+	// The final sample (absent with FINAL_PROVENANCE_NONE), at most 24 KiB
+	// like every sample (cuts named in its `absent`). Its epoch_baseline is
+	// the epoch's. Layer: source, as any sample.
 	Final *WorkloadStatsSample `protobuf:"bytes,10,opt,name=final,proto3" json:"final,omitempty"`
-	// Microseconds of CPU the activation used: the final's cpu_usage_usec
-	// minus the epoch baseline's. Absent (see `absent`) when the final has no
-	// CPU counter or the baseline was never taken.
+	// Total for the activation (not a counter), microseconds of CPU. Layer:
+	// source. The final's cpu_usage_usec minus the epoch baseline's. Absent
+	// (see `absent`) when the final has no CPU counter or the baseline was
+	// never taken.
 	CpuUsec *uint64 `protobuf:"varint,11,opt,name=cpu_usec,json=cpuUsec,proto3,oneof" json:"cpu_usec,omitempty"`
-	// Bytes: the activation's peak memory: the source's own peak
-	// (memory_peak_bytes of the final) where it offers one; otherwise the
-	// highest memory_current_bytes any read of the epoch saw, a lower bound
-	// (memory_peak_is_lower_bound).
-	MemoryPeakBytes        *uint64 `protobuf:"varint,12,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3,oneof" json:"memory_peak_bytes,omitempty"`
-	MemoryPeakIsLowerBound bool    `protobuf:"varint,13,opt,name=memory_peak_is_lower_bound,json=memoryPeakIsLowerBound,proto3" json:"memory_peak_is_lower_bound,omitempty"`
-	// When the baseline was taken after the epoch start, ns (0 for
-	// BASELINE_KIND_EPOCH_START): usage in that gap is not in cpu_usec.
-	BaselineDelayNanos int64          `protobuf:"varint,14,opt,name=baseline_delay_nanos,json=baselineDelayNanos,proto3" json:"baseline_delay_nanos,omitempty"`
-	Absent             []*AbsentValue `protobuf:"bytes,15,rep,name=absent,proto3" json:"absent,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// Peak for the activation (never differenced), bytes. Layer: source: the
+	// source's own peak (memory_peak_bytes of the final) where it offers one;
+	// otherwise the highest memory_current_bytes any read of the epoch saw, a
+	// lower bound (memory_peak_is_lower_bound). Absent (see `absent`) when no
+	// read of the activation succeeded.
+	MemoryPeakBytes *uint64 `protobuf:"varint,12,opt,name=memory_peak_bytes,json=memoryPeakBytes,proto3,oneof" json:"memory_peak_bytes,omitempty"`
+	// Kind: label. Layer: statsd. True when memory_peak_bytes is the highest
+	// current statsd's reads saw, a lower bound on the real peak.
+	MemoryPeakIsLowerBound bool `protobuf:"varint,13,opt,name=memory_peak_is_lower_bound,json=memoryPeakIsLowerBound,proto3" json:"memory_peak_is_lower_bound,omitempty"`
+	// Duration (not a counter), ns, layer: statsd: how long after the epoch
+	// start the baseline was taken (0 for BASELINE_KIND_EPOCH_START); usage in
+	// that gap is not in cpu_usec.
+	BaselineDelayNanos int64 `protobuf:"varint,14,opt,name=baseline_delay_nanos,json=baselineDelayNanos,proto3" json:"baseline_delay_nanos,omitempty"`
+	// The record's figures that are absent (cpu_usec, memory_peak_bytes), each
+	// with its reason. Kind: label. Layer: statsd.
+	Absent        []*AbsentValue `protobuf:"bytes,15,rep,name=absent,proto3" json:"absent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *EndedActivation) Reset() {
@@ -1722,7 +1796,11 @@ func (x *EndedActivation) GetAbsent() []*AbsentValue {
 }
 
 type ListEndedActivationsRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Empty for the first page (the oldest records); else the
+	// next_page_token of the previous page, or the ended_next_page_token of a
+	// StatsActiveWorkloads answer.
+	PageToken     string `protobuf:"bytes,1,opt,name=page_token,json=pageToken,proto3" json:"page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1757,10 +1835,20 @@ func (*ListEndedActivationsRequest) Descriptor() ([]byte, []int) {
 	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
 }
 
+func (x *ListEndedActivationsRequest) GetPageToken() string {
+	if x != nil {
+		return x.PageToken
+	}
+	return ""
+}
+
 type ListEndedActivationsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// Oldest first.
-	Ended         []*EndedActivation `protobuf:"bytes,1,rep,name=ended,proto3" json:"ended,omitempty"`
+	// Oldest first; at most 56 KiB of them, at least one while any is kept.
+	Ended []*EndedActivation `protobuf:"bytes,1,rep,name=ended,proto3" json:"ended,omitempty"`
+	// Set while records remain after this page: the page_token of the next.
+	// Empty on the last page.
+	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1800,6 +1888,13 @@ func (x *ListEndedActivationsResponse) GetEnded() []*EndedActivation {
 		return x.Ended
 	}
 	return nil
+}
+
+func (x *ListEndedActivationsResponse) GetNextPageToken() string {
+	if x != nil {
+		return x.NextPageToken
+	}
+	return ""
 }
 
 // ContainerReadError is one workload container the guest agent could not
@@ -2515,19 +2610,21 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x15StatsWorkloadResponse\x12<\n" +
 	"\x06sample\x18\x01 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\x06sample\"@\n" +
 	"\x1bStatsActiveWorkloadsRequest\x12!\n" +
-	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\x8b\x02\n" +
+	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\xbe\x02\n" +
 	"\x1cStatsActiveWorkloadsResponse\x12>\n" +
 	"\asamples\x18\x01 \x03(\v2$.sandboxstats.v1.WorkloadStatsSampleR\asamples\x12I\n" +
 	"\x10no_sample_reason\x18\x02 \x01(\x0e2\x1f.sandboxstats.v1.NoSampleReasonR\x0enoSampleReason\x12(\n" +
 	"\x10no_sample_detail\x18\x03 \x01(\tR\x0enoSampleDetail\x126\n" +
-	"\x05ended\x18\x04 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\"/\n" +
+	"\x05ended\x18\x04 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\x121\n" +
+	"\x15ended_next_page_token\x18\x05 \x01(\tR\x12endedNextPageToken\"/\n" +
 	"\x10StatsHostRequest\x12\x1b\n" +
-	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"\xee\x01\n" +
+	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"\xa4\x02\n" +
 	"\x11StatsHostResponse\x12=\n" +
 	"\bidentity\x18\x01 \x01(\v2!.sandboxstats.v1.WorkloadIdentityR\bidentity\x12B\n" +
 	"\rsandbox_class\x18\x02 \x01(\x0e2\x1d.sandboxstats.v1.SandboxClassR\fsandboxClass\x12&\n" +
 	"\x0fepoch_unix_nano\x18\x03 \x01(\x03R\repochUnixNano\x12.\n" +
-	"\x04host\x18\x04 \x01(\v2\x1a.sandboxstats.v1.HostStatsR\x04host\";\n" +
+	"\x04host\x18\x04 \x01(\v2\x1a.sandboxstats.v1.HostStatsR\x04host\x124\n" +
+	"\x06absent\x18\x05 \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\";\n" +
 	"\vAbsentValue\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8d\v\n" +
@@ -2586,10 +2683,13 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x14baseline_delay_nanos\x18\x0e \x01(\x03R\x12baselineDelayNanos\x124\n" +
 	"\x06absent\x18\x0f \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absentB\v\n" +
 	"\t_cpu_usecB\x14\n" +
-	"\x12_memory_peak_bytes\"\x1d\n" +
-	"\x1bListEndedActivationsRequest\"V\n" +
+	"\x12_memory_peak_bytes\"<\n" +
+	"\x1bListEndedActivationsRequest\x12\x1d\n" +
+	"\n" +
+	"page_token\x18\x01 \x01(\tR\tpageToken\"~\n" +
 	"\x1cListEndedActivationsResponse\x126\n" +
-	"\x05ended\x18\x01 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\"O\n" +
+	"\x05ended\x18\x01 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\x12&\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"O\n" +
 	"\x12ContainerReadError\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8a\x01\n" +
@@ -2631,7 +2731,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x19ListDriftFindingsResponse\x129\n" +
 	"\bfindings\x18\x01 \x03(\v2\x1d.sandboxstats.v1.DriftFindingR\bfindings\x123\n" +
 	"\x06events\x18\x02 \x03(\v2\x1b.sandboxstats.v1.DriftEventR\x06events\x129\n" +
-	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\xfa\x02\n" +
+	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\x9f\x03\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eERROR_REASON_INVALID_ACTOR_UID\x10\x01\x12\x1c\n" +
@@ -2644,7 +2744,8 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x1cERROR_REASON_INVALID_REQUEST\x10\b\x12\x1f\n" +
 	"\x1bERROR_REASON_WORKLOAD_BOUND\x10\t\x12$\n" +
 	" ERROR_REASON_STATE_NOT_PERSISTED\x10\n" +
-	"*b\n" +
+	"\x12#\n" +
+	"\x1fERROR_REASON_INVALID_PAGE_TOKEN\x10\v*b\n" +
 	"\fSandboxClass\x12\x1d\n" +
 	"\x19SANDBOX_CLASS_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SANDBOX_CLASS_GVISOR\x10\x01\x12\x19\n" +
@@ -2766,62 +2867,63 @@ var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	9,  // 5: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
 	1,  // 6: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
 	35, // 7: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
-	1,  // 8: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 9: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	35, // 10: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	23, // 11: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
-	17, // 12: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	19, // 13: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
-	36, // 14: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
-	37, // 15: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
-	38, // 16: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
-	39, // 17: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
-	40, // 18: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
-	41, // 19: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
-	4,  // 20: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
-	18, // 21: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
-	9,  // 22: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 23: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 24: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
-	5,  // 25: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
-	6,  // 26: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
-	18, // 27: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
-	17, // 28: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
-	20, // 29: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 30: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 31: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	20, // 32: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 33: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 34: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	20, // 35: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	20, // 36: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	7,  // 37: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
-	8,  // 38: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
-	30, // 39: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
-	30, // 40: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
-	31, // 41: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
-	32, // 42: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
-	11, // 43: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	13, // 44: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	15, // 45: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	33, // 46: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
-	21, // 47: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
-	24, // 48: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	26, // 49: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	28, // 50: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	12, // 51: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	14, // 52: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	16, // 53: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	34, // 54: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
-	22, // 55: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
-	25, // 56: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	27, // 57: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	29, // 58: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	51, // [51:59] is the sub-list for method output_type
-	43, // [43:51] is the sub-list for method input_type
-	43, // [43:43] is the sub-list for extension type_name
-	43, // [43:43] is the sub-list for extension extendee
-	0,  // [0:43] is the sub-list for field type_name
+	17, // 8: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
+	1,  // 9: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 10: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
+	35, // 11: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	23, // 12: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	17, // 13: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
+	19, // 14: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
+	36, // 15: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
+	37, // 16: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
+	38, // 17: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
+	39, // 18: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
+	40, // 19: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
+	41, // 20: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
+	4,  // 21: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
+	18, // 22: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
+	9,  // 23: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 24: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 25: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
+	5,  // 26: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
+	6,  // 27: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
+	18, // 28: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
+	17, // 29: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
+	20, // 30: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 31: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 32: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	20, // 33: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 34: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 35: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	20, // 36: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	20, // 37: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	7,  // 38: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	8,  // 39: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	30, // 40: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	30, // 41: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	31, // 42: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	32, // 43: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	11, // 44: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	13, // 45: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	15, // 46: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	33, // 47: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	21, // 48: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
+	24, // 49: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	26, // 50: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	28, // 51: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	12, // 52: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	14, // 53: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	16, // 54: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	34, // 55: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	22, // 56: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
+	25, // 57: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	27, // 58: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	29, // 59: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	52, // [52:60] is the sub-list for method output_type
+	44, // [44:52] is the sub-list for method input_type
+	44, // [44:44] is the sub-list for extension type_name
+	44, // [44:44] is the sub-list for extension extendee
+	0,  // [0:44] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }

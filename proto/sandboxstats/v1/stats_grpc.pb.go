@@ -87,8 +87,21 @@ type WorkloadStatsServiceClient interface {
 	ListDriftFindings(ctx context.Context, in *ListDriftFindingsRequest, opts ...grpc.CallOption) (*ListDriftFindingsResponse, error)
 	// ListEndedActivations lists the activations that ended here recently
 	// (at most --ended-max, none older than --ended-retention), oldest first,
-	// each with its final sample. It reads statsd's memory only; it never
-	// measures anything itself.
+	// each with its final sample, a page at a time: a page holds as many
+	// records as fit in 56 KiB (at least one; a record is at most about 28
+	// KiB, its final sample capped like every sample), and next_page_token,
+	// set while records remain, asks for the next page. A token stays valid
+	// while records are added and dropped: the next page starts after the
+	// record the token names or, when that record is no longer kept, at the
+	// oldest record kept (records leave oldest first, so every record before
+	// it left too). A reader that follows the tokens reaches every record kept
+	// meanwhile once. It reads statsd's memory only; it never measures
+	// anything itself.
+	//
+	// Codes:
+	//
+	//	INVALID_ARGUMENT    INVALID_PAGE_TOKEN: page_token is not one this
+	//	                    service made.
 	ListEndedActivations(ctx context.Context, in *ListEndedActivationsRequest, opts ...grpc.CallOption) (*ListEndedActivationsResponse, error)
 }
 
@@ -199,8 +212,21 @@ type WorkloadStatsServiceServer interface {
 	ListDriftFindings(context.Context, *ListDriftFindingsRequest) (*ListDriftFindingsResponse, error)
 	// ListEndedActivations lists the activations that ended here recently
 	// (at most --ended-max, none older than --ended-retention), oldest first,
-	// each with its final sample. It reads statsd's memory only; it never
-	// measures anything itself.
+	// each with its final sample, a page at a time: a page holds as many
+	// records as fit in 56 KiB (at least one; a record is at most about 28
+	// KiB, its final sample capped like every sample), and next_page_token,
+	// set while records remain, asks for the next page. A token stays valid
+	// while records are added and dropped: the next page starts after the
+	// record the token names or, when that record is no longer kept, at the
+	// oldest record kept (records leave oldest first, so every record before
+	// it left too). A reader that follows the tokens reaches every record kept
+	// meanwhile once. It reads statsd's memory only; it never measures
+	// anything itself.
+	//
+	// Codes:
+	//
+	//	INVALID_ARGUMENT    INVALID_PAGE_TOKEN: page_token is not one this
+	//	                    service made.
 	ListEndedActivations(context.Context, *ListEndedActivationsRequest) (*ListEndedActivationsResponse, error)
 	mustEmbedUnimplementedWorkloadStatsServiceServer()
 }
