@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,25 +62,52 @@ func startChurn(t *testing.T) *churn {
 	return c
 }
 
+// placement is where an activation falls against the agent's sweeps.
+type placement int
+
+const (
+	// anytime: wherever its lifetime puts it.
+	anytime placement = iota
+	// betweenSweeps: it starts right after a sweep completed and takes less
+	// than an interval, so that no sweep sees it alive.
+	betweenSweeps
+	// restartAfter: its Checkpoint is sent right after a sweep completed and
+	// its statsd is restarted as soon as the Checkpoint answered, so that the
+	// next sweep starts after the old statsd stopped: the record reaches the
+	// agent only from the restarted statsd.
+	restartAfter
+)
+
+// nextSweep waits for the agent to complete a sweep and returns the count of
+// sweeps completed then.
+func (c *churn) nextSweep(t *testing.T) float64 {
+	t.Helper()
+	n := testenv.Scrape(t, c.agentURL)["sandboxstats_agent_sweeps_total{}"]
+	sweeps := n
+	for ; sweeps == n; sweeps = testenv.Scrape(t, c.agentURL)["sandboxstats_agent_sweeps_total{}"] {
+		time.Sleep(10 * time.Millisecond)
+	}
+	return sweeps
+}
+
 // activation runs one activation of actor in a fresh v1 cgroup bound to d:
 // Run, a workload child burning CPU for most of lifetime, then the ground
 // truth (the cgroup's own cpuacct.usage, the workload idle), Checkpoint,
-// and the child killed. With betweenSweeps it starts right after a sweep
-// completed and takes less than an interval, so that no sweep sees it
-// alive; it reports whether that held: the next sweep started (its end
-// less its duration, from the agent's own metrics) after the Checkpoint
-// answered. On a loaded runner it may not, and the caller tries again.
-func (c *churn) activation(t *testing.T, d *testenv.Statsd, actor string, lifetime time.Duration, betweenSweeps bool) (unseen bool) {
+// and the child killed. With betweenSweeps or restartAfter it reports
+// whether the placement held, from the agent's own sweep times (a sweep's
+// start is its end less its duration): betweenSweeps, that the next sweep
+// started after the Checkpoint answered; restartAfter, that no sweep
+// completed between the sweep before the Checkpoint and the old statsd's
+// stop, the next one starting after that stop. On a loaded runner it may
+// not hold, and the caller tries again.
+func (c *churn) activation(t *testing.T, d *testenv.Statsd, actor string, lifetime time.Duration, place placement) (held bool) {
 	t.Helper()
 	cg := fmt.Sprintf("/churn-%d-%s", os.Getpid(), actor)
 	v1Cgroup(t, cg)
 	w := testenv.StartChild(t, "TestWorkloadChild")
 	var sweeps float64
-	if betweenSweeps {
-		n := testenv.Scrape(t, c.agentURL)["sandboxstats_agent_sweeps_total{}"]
-		for sweeps = n; sweeps == n; sweeps = testenv.Scrape(t, c.agentURL)["sandboxstats_agent_sweeps_total{}"] {
-			time.Sleep(10 * time.Millisecond)
-		}
+	if place == betweenSweeps {
+		sweeps = c.nextSweep(t)
 	}
 	lc := lifecycleClient(t, d.Lifecycle)
 	start := time.Now()
@@ -89,24 +117,39 @@ func (c *churn) activation(t *testing.T, d *testenv.Statsd, actor string, lifeti
 	if rest := lifetime - time.Since(start); rest > 0 {
 		time.Sleep(rest)
 	}
+	if place == restartAfter {
+		sweeps = c.nextSweep(t) // the workload idle: its truth does not move while it waits
+	}
 	truth := cpuacctUsec(t, cg)
 	e := checkpoint(t, lc, actor)
 	lived := time.Since(start)
+	var stopped time.Time
+	if place == restartAfter {
+		d.Stop(t)
+		stopped = time.Now()
+		d.Restart(t) // its Stop a no-op now: statsd started again on the same sockets and state
+	}
 	w.Kill()
 	c.mu.Lock()
 	c.truth[actor] = truth
 	c.mu.Unlock()
 	t.Logf("%s: lived %v (%.2f intervals), cgroup CPU %d us, record %d us (%s)", actor, lived.Round(time.Millisecond),
 		float64(lived)/float64(churnInterval), truth, e.GetCpuUsec(), e.GetFinalProvenance())
-	if !betweenSweeps {
+	if place == anytime {
 		return false
 	}
 	answered := start.Add(lived)
 	m := testenv.WaitSweeps(t, c.agentURL, sweeps+1)
 	next := time.Unix(0, int64((m["sandboxstats_agent_last_sweep_timestamp_seconds{}"]-m["sandboxstats_agent_last_sweep_duration_seconds{}"])*1e9))
-	unseen = m["sandboxstats_agent_sweeps_total{}"] == sweeps+1 && next.After(answered)
-	t.Logf("%s: the next sweep started %v after the Checkpoint answered (unseen by a sweep: %v)", actor, next.Sub(answered).Round(time.Millisecond), unseen)
-	return unseen
+	if place == betweenSweeps {
+		held = m["sandboxstats_agent_sweeps_total{}"] == sweeps+1 && next.After(answered)
+		t.Logf("%s: the next sweep started %v after the Checkpoint answered (unseen by a sweep: %v)", actor, next.Sub(answered).Round(time.Millisecond), held)
+		return held
+	}
+	held = m["sandboxstats_agent_sweeps_total{}"] == sweeps+1 && next.After(stopped)
+	t.Logf("%s: statsd stopped %v after the Checkpoint answered; the first sweep to complete after the Checkpoint is %v on from the one before it (want 1) and started %v after the stop (no sweep between the Checkpoint and the restart: %v)",
+		actor, stopped.Sub(answered).Round(time.Millisecond), m["sandboxstats_agent_sweeps_total{}"]-sweeps, next.Sub(stopped).Round(time.Millisecond), held)
+	return held
 }
 
 // lifecycleClient dials a statsd lifecycle socket (in-process, so that an
@@ -192,7 +235,8 @@ func (c *churn) records(t *testing.T) map[string]nodeagent.ActivationRecord {
 // accounting issue on real v1 cgroups: three long-lived statsd, twelve
 // activations with lifetimes from 0.25 to 4 poll intervals burning real CPU
 // (one starting and ending between two sweeps, one whose statsd restarts
-// right after its Checkpoint), polled by the statsagent binary and scraped
+// right after its Checkpoint, before any sweep could poll the record from
+// the old statsd), polled by the statsagent binary and scraped
 // by a real Prometheus. The CPU-seconds the agent exports, and the _sum of
 // its activation CPU histogram (in the agent and in Prometheus), equal the
 // cgroups' own counters at each activation's end within 1%; every
@@ -205,15 +249,20 @@ func TestIntegrationActivationChurnCgroup(t *testing.T) {
 		daemons = append(daemons, startStatsdIn(t, c.bin, c.dir, name))
 	}
 	type act struct {
-		intervals            float64
-		between, restartNext bool
+		intervals float64
+		place     placement
 	}
 	lanes := [][]act{
-		{{intervals: 0.25, between: true}, {intervals: 1}, {intervals: 4}, {intervals: 0.5}},
+		{{intervals: 0.25, place: betweenSweeps}, {intervals: 1}, {intervals: 4}, {intervals: 0.5}},
 		{{intervals: 2}, {intervals: 0.3}, {intervals: 1.5}, {intervals: 3}},
-		{{intervals: 0.75}, {intervals: 2.5}, {intervals: 0.25}, {intervals: 1, restartNext: true}},
+		// The restarted one lives 1 to 2 intervals: it waits for a sweep
+		// before its Checkpoint.
+		{{intervals: 0.75}, {intervals: 2.5}, {intervals: 0.25}, {intervals: 1, place: restartAfter}},
 	}
-	var betweenActor atomic.Value // the try of the between-sweeps activation that no sweep saw
+	// The tries of the between-sweeps activation that no sweep saw, and of
+	// the restarted statsd's activation whose record no sweep took from the
+	// old statsd.
+	var betweenActor, restartActor atomic.Value
 	t.Run("lanes", func(t *testing.T) {
 		for i, lane := range lanes {
 			d := daemons[i]
@@ -222,20 +271,20 @@ func TestIntegrationActivationChurnCgroup(t *testing.T) {
 				for j, a := range lane {
 					actor := fmt.Sprintf("churn-%d-%d", i, j)
 					lifetime := time.Duration(a.intervals * float64(churnInterval))
-					if a.between {
-						// Up to three tries for one no sweep saw alive.
-						for try := range 3 {
-							name := fmt.Sprintf("%s-try%d", actor, try)
-							if c.activation(t, d, name, lifetime, true) {
-								betweenActor.Store(name)
-								break
-							}
-						}
+					if a.place == anytime {
+						c.activation(t, d, actor, lifetime, anytime)
 						continue
 					}
-					c.activation(t, d, actor, lifetime, false)
-					if a.restartNext {
-						d.Restart(t) // between the Checkpoint and the next sweep
+					held := &betweenActor
+					if a.place == restartAfter {
+						held = &restartActor
+					}
+					for try := range 3 { // up to three tries for one where the placement held
+						name := fmt.Sprintf("%s-try%d", actor, try)
+						if c.activation(t, d, name, lifetime, a.place) {
+							held.Store(name)
+							break
+						}
 					}
 				}
 			})
@@ -281,8 +330,10 @@ func TestIntegrationActivationChurnCgroup(t *testing.T) {
 	} else if recs[name].Charge != "whole" {
 		t.Errorf("the activation %s between two sweeps was charged %q, want whole", name, recs[name].Charge)
 	}
-	if r := recs["churn-2-3"]; r.ActorUID == "" {
-		t.Error("the activation whose statsd restarted after its Checkpoint has no record")
+	if name, ok := restartActor.Load().(string); !ok {
+		t.Error("in three tries, a sweep completed between the Checkpoint and the statsd restart each time (a runner too loaded to restart statsd within a 1 s interval)")
+	} else if r := recs[name]; r.ActorUID == "" || r.Charge != "tail" {
+		t.Errorf("the activation %s whose record reached the agent only from the restarted statsd: record %+v, want its tail charged", name, r)
 	}
 
 	// The same figures through a real Prometheus.
@@ -328,10 +379,29 @@ func TestIntegrationActivationFinalReadHangs(t *testing.T) {
 	if took > 2*time.Second+1500*time.Millisecond {
 		t.Errorf("Checkpoint took %v with a 2 s read timeout", took)
 	}
+	// What the launcher is told: the final is the last good poll, its age
+	// (the final read hung the read timeout after it), and why.
+	final := regexp.MustCompile(`(?m)^FINAL\s+last good poll (\S+) before the end \((.+)\)$`).FindStringSubmatch(string(out))
+	if final == nil {
+		t.Fatalf("checkpoint-workload does not say the final is the last good poll:\n%s", out)
+	}
+	age, err := time.ParseDuration(final[1])
+	if err != nil {
+		t.Fatalf("final age %q: %v", final[1], err)
+	}
+	if age < 2*time.Second || age > took+churnInterval+time.Second {
+		t.Errorf("final age %v, want at least the 2 s read timeout and at most the Checkpoint's %v plus an interval and 1 s", age, took.Round(time.Millisecond))
+	}
+	if !strings.Contains(final[2], "deadline exceeded") && !strings.Contains(final[2], "timed out") {
+		t.Errorf("final reason %q does not say the read timed out", final[2])
+	}
 	m := testenv.WaitNewSweeps(t, c.agentURL)
 	r, ok := c.records(t)["vm-1"]
 	if !ok || r.FinalProvenance != "last-good-poll" || r.FinalReason == "" || r.CPUSeconds == nil || *r.CPUSeconds != 0.7 {
 		t.Fatalf("record %+v, want last-good-poll with 0.7 s of CPU (the earlier life's 10 s not charged)", r)
+	}
+	if logged := time.Duration(r.FinalAgeSeconds * 1e9); (logged-age).Abs() > time.Millisecond || strings.ReplaceAll(r.FinalReason, "\n", " ") != final[2] {
+		t.Errorf("activation log: final %v old (%q); statsctl said %v (%q)", logged, r.FinalReason, age, final[2])
 	}
 	if got := m["sandboxstats_workload_cpu_seconds_total{sandbox_class=microvm,source=guest-agent,template_name=py,template_namespace=tmpl}"]; got != 0.7 {
 		t.Errorf("agent charged %.6f s to the guest, want exactly 0.7 (final minus baseline)", got)
