@@ -8,12 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
@@ -119,20 +122,6 @@ func parseDebugfsValue(b []byte) (uint64, error) {
 	return v, nil
 }
 
-// parseStatusTgid returns the Tgid: line of /proc/<pid>/status.
-func parseStatusTgid(b []byte) (int32, error) {
-	for line := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(line, "Tgid:"); ok {
-			n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 32)
-			if err != nil || n <= 0 {
-				return 0, fmt.Errorf("%w: status Tgid %q", source.ErrMalformed, strings.TrimSpace(v))
-			}
-			return int32(n), nil
-		}
-	}
-	return 0, fmt.Errorf("%w: status has no Tgid line", source.ErrMalformed)
-}
-
 // debugfsView reads the VMM's per-VM KVM debugfs directory under the bound.
 func (s *sampler) debugfsView(ctx context.Context, vmmPID int32) *source.KVMSourceView {
 	key := fmt.Sprintf("hoststat:debugfs:%s:%d", s.cfg.DebugfsRoot, vmmPID)
@@ -150,7 +139,7 @@ func (s *sampler) debugfsView(ctx context.Context, vmmPID int32) *source.KVMSour
 // namespace on a discarded thread.
 func (s *sampler) readDebugfs(vmmPID int32) *source.KVMSourceView {
 	root := s.cfg.DebugfsRoot
-	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readProcFile}
+	r := debugfsReader{root: root, proc: s.fs, read: readProcFile}
 	mounted, err := isDebugfs(root)
 	if err != nil {
 		return unavailableView(source.KVMSourceDebugfs, root, fmt.Sprintf("debugfs root: %v", err))
@@ -183,10 +172,33 @@ func (s *sampler) readDebugfs(vmmPID int32) *source.KVMSourceView {
 func readProcFile(path string) ([]byte, error) { return bounded.ReadFile(path, bounded.MaxFileBytes) }
 
 // debugfsReader reads KVM debugfs files; read is replaceable in tests
-// (a fixture tree cannot reproduce lockdown's EPERM).
+// (a fixture tree cannot reproduce lockdown's EPERM). proc maps a thread to
+// its process.
 type debugfsReader struct {
-	root, procRoot string
-	read           func(path string) ([]byte, error)
+	root string
+	proc procfs.FS
+	read func(path string) ([]byte, error)
+}
+
+// tgidOf returns the process (thread group) of thread tid, from the Tgid:
+// line of its status file (procfs), or 0 when it cannot be read or parsed.
+func (r debugfsReader) tgidOf(tid int32) (tgid int32) {
+	defer func() {
+		// procfs v0.23.0 indexes past a fixed array on a Uid: or Gid: line
+		// of more than four ids (no kernel writes one, a fake root can).
+		if recover() != nil {
+			tgid = 0
+		}
+	}()
+	p, err := r.proc.Proc(int(tid))
+	if err != nil {
+		return 0
+	}
+	st, err := p.NewStatus()
+	if err != nil || st.TGID <= 0 || st.TGID > math.MaxInt32 {
+		return 0
+	}
+	return int32(st.TGID)
 }
 
 // readVM finds the VM directories created by vmmPID's threads and reads
@@ -214,11 +226,7 @@ func (r debugfsReader) readVM(vmmPID int32) *source.KVMSourceView {
 		}
 		// Cloud Hypervisor creates the VM on its vmm thread: map the tid
 		// to its process.
-		b, err := r.read(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "status"))
-		if err != nil {
-			continue
-		}
-		if tgid, err := parseStatusTgid(b); err == nil && tgid == vmmPID {
+		if r.tgidOf(pid) == vmmPID {
 			dirs = append(dirs, e.Name())
 		}
 	}

@@ -33,14 +33,26 @@ func FuzzParseQEMUGuestName(f *testing.F) {
 }
 
 func FuzzParseDebugfs(f *testing.F) {
-	for _, s := range []string{"1234\n", "18446744073709551615\n", "-1\n", "", "Tgid:\t5000\n", "112-5", "4242-11"} {
+	for _, s := range []string{"1234\n", "18446744073709551615\n", "-1\n", "", "112-5", "4242-11"} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		parseDebugfsValue(b)
-		parseStatusTgid(b)
 		if pid, _, ok := parseVMDirName(string(b)); ok && pid <= 0 {
 			t.Errorf("parseVMDirName(%q) accepted pid %d", b, pid)
+		}
+	})
+}
+
+// FuzzTgidOf feeds arbitrary status files through procfs: tgidOf never
+// panics and gives 0 or a positive Tgid.
+func FuzzTgidOf(f *testing.F) {
+	for _, s := range []string{"Name:\tvmm\nTgid:\t5000\nPid:\t5001\n", "Tgid:\t5000\n", "Tgid:\tx\n", "", "Uid:\t0\t0\t0\t0\t0\n", "NSpid:\tx\n", "Cpus_allowed_list:\t0-x\n"} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		if tgid := tgidOfStatus(t, b); tgid < 0 {
+			t.Fatalf("tgid %d", tgid)
 		}
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -125,18 +126,36 @@ func TestParseDebugfsValueAndTgid(t *testing.T) {
 			t.Errorf("parseDebugfsValue(%q) err = %v, want ErrMalformed", bad, err)
 		}
 	}
-	b, err := os.ReadFile(filepath.Join("testdata", "proc", "5001", "status"))
+	proc, err := procfs.NewFS(filepath.Join("testdata", "proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tgid, err := parseStatusTgid(b); err != nil || tgid != 5000 {
-		t.Errorf("Tgid of the Cloud Hypervisor vmm thread = %d, %v; want 5000", tgid, err)
+	if tgid := (debugfsReader{proc: proc}).tgidOf(5001); tgid != 5000 {
+		t.Errorf("Tgid of the Cloud Hypervisor vmm thread = %d; want 5000", tgid)
 	}
-	for _, bad := range []string{"", "Name:\tx\n", "Tgid:\tx\n", "Tgid:\t0\n"} {
-		if _, err := parseStatusTgid([]byte(bad)); !errors.Is(err, source.ErrMalformed) {
-			t.Errorf("parseStatusTgid(%q) err = %v, want ErrMalformed", bad, err)
+	for _, bad := range []string{"", "Name:\tx\n", "Tgid:\tx\n", "Tgid:\t0\n", "Tgid:\t-5\n", "Tgid:\t4294967296\n", "Tgid:\t9\nUid:\t0\t0\t0\t0\t0\n"} {
+		if tgid := tgidOfStatus(t, []byte(bad)); tgid != 0 {
+			t.Errorf("tgidOf(status %q) = %d, want 0", bad, tgid)
 		}
 	}
+}
+
+// tgidOfStatus is debugfsReader.tgidOf on a proc root holding one status
+// file, of thread 9.
+func tgidOfStatus(t testing.TB, status []byte) int32 {
+	t.Helper()
+	root := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(root, "9"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(root, "9", "status"), status, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	proc, err := procfs.NewFS(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return debugfsReader{proc: proc}.tgidOf(9)
 }
 
 func TestKVMKindUnitScope(t *testing.T) {
