@@ -41,9 +41,6 @@ func New(timeout time.Duration) *Group {
 	return &Group{timeout: timeout, calls: make(map[string]*call)}
 }
 
-// Timeout is the per-call bound the Group applies.
-func (g *Group) Timeout() time.Duration { return g.timeout }
-
 // Do runs fn for key unless a call for key is already in flight, in which case
 // it waits for that one. It returns when the call finishes or when ctx (capped
 // by the Group's timeout) is done, whichever is first; on the deadline the
