@@ -122,20 +122,20 @@ type Pin struct {
 	Exe        string
 }
 
-// PinOf pins the process running as pid now.
-func PinOf(procRoot string, pid int) (Pin, error) {
+// pinOf pins the process running as pid now.
+func pinOf(procRoot string, pid int) (Pin, error) {
 	start, err := StartTime(procRoot, pid)
 	if err != nil {
 		return Pin{}, err
 	}
-	return Pin{PID: pid, StartTicks: start, Exe: Exe(procRoot, pid)}, nil
+	return Pin{PID: pid, StartTicks: start, Exe: exeOf(procRoot, pid)}, nil
 }
 
-// Exe is the executable of pid (the target of <procRoot>/<pid>/exe without
+// exeOf is the executable of pid (the target of <procRoot>/<pid>/exe without
 // the " (deleted)" the kernel appends when the file was replaced), or ""
 // when it cannot be read (another user's process without privilege, a
 // kernel thread, a process gone).
-func Exe(procRoot string, pid int) string {
+func exeOf(procRoot string, pid int) string {
 	target, err := os.Readlink(filepath.Join(procRoot, strconv.Itoa(pid), "exe"))
 	if err != nil {
 		return ""
@@ -157,7 +157,7 @@ func (p Pin) Running(procRoot string) (bool, error) {
 	if start != p.StartTicks {
 		return false, nil
 	}
-	if exe := Exe(procRoot, p.PID); exe != "" && p.Exe != "" && exe != p.Exe {
+	if exe := exeOf(procRoot, p.PID); exe != "" && p.Exe != "" && exe != p.Exe {
 		return false, nil
 	}
 	return true, nil

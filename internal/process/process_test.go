@@ -122,7 +122,7 @@ func TestReadPIDFileRefuses(t *testing.T) {
 }
 
 func TestStartTimeAndPin(t *testing.T) {
-	pin, err := PinOf("/proc", os.Getpid())
+	pin, err := pinOf("/proc", os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -33,7 +33,7 @@ func NewTracker(procRoot string) *Tracker { return &Tracker{procRoot: procRoot} 
 // now names another process (the pin is kept: the newcomer is never
 // pinned), and with an error for which IsGone is true when it is gone.
 func (t *Tracker) Check(pid int) (Pin, error) {
-	now, err := PinOf(t.procRoot, pid)
+	now, err := pinOf(t.procRoot, pid)
 	if err != nil {
 		return Pin{}, err
 	}

@@ -78,7 +78,7 @@ func TestTracker(t *testing.T) {
 var errGone = errors.New("gone")
 
 func TestPinOfReadsExe(t *testing.T) {
-	pin, err := PinOf("/proc", os.Getpid())
+	pin, err := pinOf("/proc", os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
