@@ -210,6 +210,9 @@ func TestRebindEndsTheActivation(t *testing.T) {
 	if b2.EpochUnixNano <= b1.EpochUnixNano {
 		t.Fatal("no new epoch")
 	}
+	if b2.EpochUnixNano < replaced.EndUnixNano {
+		t.Errorf("the new epoch begins at %d, before the replaced activation's end %d: the two overlap", b2.EpochUnixNano, replaced.EndUnixNano)
+	}
 	if _, again, _ := s.Bind(context.Background(), OpRestore, idA, refA); again != nil {
 		t.Fatal("a retried Restore ended an activation")
 	}

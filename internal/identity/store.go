@@ -245,10 +245,6 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 			return old, nil, nil
 		}
 	}
-	epoch := s.cfg.Now().UnixNano()
-	if old != nil && epoch <= old.EpochUnixNano {
-		epoch = old.EpochUnixNano + 1 // epochs only move forward
-	}
 	var replaced *Ended
 	ended := s.view.Load().ended
 	if old != nil {
@@ -257,6 +253,15 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 		if ended, err = s.saveEnded(replaced); err != nil {
 			return nil, nil, err
 		}
+	}
+	// The new epoch begins once the replaced activation has ended (its
+	// final read done), so the two never overlap.
+	epoch := s.cfg.Now().UnixNano()
+	if replaced != nil && epoch < replaced.EndUnixNano {
+		epoch = replaced.EndUnixNano
+	}
+	if old != nil && epoch <= old.EpochUnixNano {
+		epoch = old.EpochUnixNano + 1 // epochs only move forward
 	}
 	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil)}
 	b.Source, b.Host = s.openSources(ref)
