@@ -2,23 +2,16 @@ package drift
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
 	"sort"
 	"sync"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
-	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
-	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
 // comparison is one thing the check compares; each Kind belongs to one. When
@@ -124,27 +117,15 @@ type Config struct {
 	MaxEvents int
 }
 
-// stateFileName is the file under the state directory holding the findings.
-const stateFileName = "drift.json"
-
 // Bounds of what the check keeps: a detail or a skipped reason may carry a
 // guest's or a file's words (each source cuts them; this is the backstop),
 // and a comparison may see many subjects (STRAY_VMM: any local user can
 // start processes claiming a guest name).
 const (
-	maxDetailBytes    = 512
-	maxSubjectBytes   = 256
-	maxOpenFindings   = 64
-	maxStateFileBytes = 64 << 10
+	maxDetailBytes  = 512
+	maxSubjectBytes = 256
+	maxOpenFindings = 64
 )
-
-const stateVersion = 1
-
-type stateFile struct {
-	Version  int       `json:"version"`
-	Findings []Finding `json:"findings"`
-	Events   []Event   `json:"events"`
-}
 
 // Status describes the last cycle.
 type Status struct {
@@ -184,44 +165,9 @@ func New(cfg Config) (*Checker, error) {
 	if cfg.StateDir == "" {
 		return c, nil
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("drift: state dir: %w", err)
+	if err := c.load(); err != nil {
+		return nil, err
 	}
-	removed, err := atomicfile.SweepTemps(cfg.StateDir, stateFileName)
-	for _, p := range removed {
-		cfg.Logger.Info("drift: removed a temp file an interrupted write left", "path", p)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("drift: %w", err)
-	}
-	p := filepath.Join(cfg.StateDir, stateFileName)
-	// A regular file only (never a FIFO, a device or a symlink), opened
-	// non-blocking, at most maxStateFileBytes: over that it is corrupt.
-	b, err := bounded.ReadRegularFile(p, maxStateFileBytes)
-	switch {
-	case errors.Is(err, os.ErrNotExist):
-		return c, nil
-	case errors.Is(err, source.ErrMalformed): // over the size cap: move it aside
-	case err != nil:
-		return nil, fmt.Errorf("drift: read state: %w", err)
-	default:
-		var st stateFile
-		if err = json.Unmarshal(b, &st); err == nil && st.Version != stateVersion {
-			err = fmt.Errorf("unknown state version %d", st.Version)
-		}
-		if err == nil {
-			for _, f := range st.Findings {
-				c.open[f.key()] = f
-			}
-			c.events = st.Events
-			return c, nil
-		}
-	}
-	aside, rerr := atomicfile.MoveAside(p, cfg.Now().UnixNano())
-	if rerr != nil {
-		return nil, fmt.Errorf("drift: state file %s is unreadable (%v) and could not be moved aside: %w", p, err, rerr)
-	}
-	cfg.Logger.Error("drift state file unreadable; moved aside, starting with no findings", "path", p, "moved_to", aside, "err", err)
 	return c, nil
 }
 
@@ -359,30 +305,6 @@ func (c *Checker) event(now time.Time, t EventType, f Finding, format string, ar
 	} else {
 		c.cfg.Logger.Info("drift: "+e.Message, attrs...)
 	}
-}
-
-// save persists the findings if they changed. Called with mu held.
-func (c *Checker) save() {
-	if !c.persist || c.cfg.StateDir == "" {
-		return
-	}
-	st := stateFile{Version: stateVersion, Findings: c.sortedLocked(), Events: c.events}
-	b, err := json.MarshalIndent(st, "", "  ")
-	// Over the cap, the oldest events go first (the file is read back
-	// under the same cap).
-	for err == nil && len(b)+1 > maxStateFileBytes && len(st.Events) > 0 {
-		st.Events = st.Events[max(1, len(st.Events)/8):]
-		b, err = json.MarshalIndent(st, "", "  ")
-	}
-	if err == nil {
-		c.events = st.Events
-		err = atomicfile.Write(c.cfg.StateDir, stateFileName, append(b, '\n'), 0o600)
-	}
-	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
-		c.cfg.Logger.Error("drift: could not persist findings", "err", err)
-		return
-	}
-	c.persist = false
 }
 
 func (c *Checker) sortedLocked() []Finding {
