@@ -42,8 +42,10 @@ var kindNames = [...]string{
 	KindOOMKilled:        "OOM_KILLED",
 }
 
-// String is the kind's name as logs and statsctl print it ("SANDBOX_DEAD");
-// a kind this build does not know (a newer state file's) is "KIND(n)".
+// String is the kind's name in statsd's logs, event messages and finding
+// keys ("SANDBOX_DEAD"), the same words statsctl prints from the wire's
+// DriftKind (api.DriftKindName; statsctl does not link drift); a kind this
+// build does not know (a newer state file's) is "KIND(n)".
 func (k Kind) String() string {
 	if k >= 0 && int(k) < len(kindNames) {
 		return kindNames[k]
