@@ -35,6 +35,13 @@ var statsctlAllowed = []string{
 // Test-only packages: fakes and end-to-end helpers.
 var testOnlyPackages = []string{"internal/statsdfake", "internal/kataagentfake", "internal/testenv"}
 
+// devTools are the main packages outside cmd/: run with go run by the
+// Makefile, never built by make build nor installed, so no binary rules
+// apply to them. Any other main package must be a binary under cmd/.
+var devTools = []string{
+	"internal/benchtable", // make bench: go test -bench output as a table of ratios
+}
+
 // badDeps returns, per binary, the packages it must not link (each with its
 // subpackages) and why.
 func badDeps() map[string]map[string]string {
@@ -78,10 +85,16 @@ func TestDeps(t *testing.T) {
 			t.Errorf("no binary %s any more: update badDeps", b)
 		}
 	}
+	// A main package elsewhere would escape the rules above.
+	for _, m := range strings.Fields(run(t, goTool, root, "list", "-f", `{{if eq .Name "main"}}{{.ImportPath}}{{end}}`, "./...")) {
+		if !slices.Contains(bins, m) && !slices.Contains(devTools, strings.TrimPrefix(m, module+"/")) {
+			t.Errorf("main package %s is neither a binary under cmd/ (with rules in badDeps) nor a dev tool (devTools)", m)
+		}
+	}
 	// A rule naming a package that was renamed or removed would pass
 	// forever: every one of ours must still exist.
 	var ours []string
-	for _, p := range slices.Concat(daemonPackages, testOnlyPackages, statsctlAllowed) {
+	for _, p := range slices.Concat(daemonPackages, testOnlyPackages, statsctlAllowed, devTools) {
 		ours = append(ours, "./"+p)
 	}
 	run(t, goTool, root, append([]string{"list"}, ours...)...)
