@@ -9,14 +9,22 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
+	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
+// runActivations reads every page of the ended activations (bounded as the
+// node agent's sweep reads them: sweep.DefaultLimits) and prints them as
+// one list.
 func runActivations(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "activations", "Print the activations that ended here recently, each with its final sample, CPU and peak memory")
 	return runRead(ctx, e, fs, args, nil,
 		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
-			return c.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
+			ended, err := sweep.ListEnded(ctx, c, sweep.DefaultLimits)
+			if err != nil {
+				return nil, err
+			}
+			return &sandboxstatsv1.ListEndedActivationsResponse{Ended: ended}, nil
 		}, func(w io.Writer, r *sandboxstatsv1.ListEndedActivationsResponse) error {
 			return writeActivationsTable(w, r.GetEnded())
 		})

@@ -1,10 +1,12 @@
 // Package sweep polls every statsd on a node once: it discovers the daemons
 // from a socket glob (Discover), calls StatsActiveWorkloads on each under a
-// per-call timeout and a concurrency limit (Sweep, PollAll), lists the
+// per-call timeout and a concurrency limit (Sweep, PollAll), reads every
+// page of its ended activations (ListEnded; bounded by Limits), lists the
 // open drift findings of a daemon whose answer says drift may explain it, and
 // classifies each outcome (DaemonResult: ok, no sample, error, vanished).
 //
-// It is the client side shared by `statsctl poll` and the node agent
+// It is the client side shared by `statsctl poll`, `statsctl activations`
+// and the node agent
 // (internal/nodeagent, which turns sweeps into Prometheus metrics). It
 // depends on the API and gRPC only: no metrics, no daemon internals.
 //

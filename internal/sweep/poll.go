@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -164,18 +165,63 @@ func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonR
 			p.listDrift(ctx, client, socket, &r)
 		}
 	}
-	p.setEnded(socket, &r, resp.GetEnded())
+	if token := resp.GetEndedNextPageToken(); token != "" {
+		ended, err := readEndedPages(ctx, client, p.limits, resp.GetEnded(), token, proto.Size(resp))
+		if setEnded(socket, &r, ended, err) {
+			dropEndedSamples(&r, ended[len(resp.GetEnded()):])
+		}
+		return r
+	}
+	setEnded(socket, &r, resp.GetEnded(), endedCount(resp.GetEnded(), p.limits))
 	return r
 }
 
-// setEnded sets r's ended activations, or drops them if over the cap.
-func (p poller) setEnded(socket string, r *DaemonResult, ended []*sandboxstatsv1.EndedActivation) {
-	if n := len(ended); n > p.limits.MaxEnded {
+// setEnded sets r's ended activations as read, with err, the error that
+// ended the reading (nil once every page was read): a failed call keeps
+// the pages read before it (the rest stays at the daemon for the next
+// sweep); over a cap they are dropped whole. It reports whether any are set.
+func setEnded(socket string, r *DaemonResult, ended []*sandboxstatsv1.EndedActivation, err error) bool {
+	switch {
+	case errors.Is(err, errEndedCapped):
 		r.Capped = append(r.Capped, "ended")
-		r.EndedErr = fmt.Errorf("sweep: %s: %d ended activations, over the cap of %d: dropped", socket, n, p.limits.MaxEnded)
-		return
+		r.EndedErr = fmt.Errorf("sweep: %s: %w: dropped", socket, err)
+		return false
+	case err != nil:
+		if status.Code(err) == codes.ResourceExhausted {
+			r.Capped = append(r.Capped, "reply-bytes")
+		}
+		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: %w", socket, err)
 	}
 	r.Ended = ended
+	return len(ended) > 0
+}
+
+// dropEndedSamples drops r's samples of the activations whose records came
+// in later pages than the samples: the activation ended between the calls,
+// and its record is the later state (an answer is never a sample beside
+// its own record). A daemon left with no sample answered none.
+func dropEndedSamples(r *DaemonResult, later []*sandboxstatsv1.EndedActivation) {
+	if len(later) == 0 || len(r.Samples) == 0 {
+		return
+	}
+	type key struct {
+		actor string
+		epoch int64
+	}
+	ended := make(map[key]bool, len(later))
+	for _, e := range later {
+		ended[key{e.GetIdentity().GetActorUid(), e.GetEpochUnixNano()}] = true
+	}
+	kept := slices.DeleteFunc(slices.Clone(r.Samples), func(s *sandboxstatsv1.WorkloadStatsSample) bool {
+		return ended[key{s.GetActorUid(), s.GetEpochUnixNano()}]
+	})
+	if len(kept) == len(r.Samples) {
+		return
+	}
+	r.Samples = kept
+	if len(kept) == 0 {
+		r.Status, r.NoSampleDetail = StatusNoSample, "the sampled activation ended while the ended activations were read: its record is in Ended"
+	}
 }
 
 // listDrift fills r's DriftFindings (or DriftErr) with ListDriftFindings,
@@ -209,15 +255,8 @@ func (p poller) listEnded(ctx context.Context, client sandboxstatsv1.WorkloadSta
 		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: no time left: %w", socket, err)
 		return
 	}
-	resp, err := client.ListEndedActivations(ctx, &sandboxstatsv1.ListEndedActivationsRequest{})
-	if err != nil {
-		if status.Code(err) == codes.ResourceExhausted {
-			r.Capped = append(r.Capped, "reply-bytes")
-		}
-		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: %w", socket, err)
-		return
-	}
-	p.setEnded(socket, r, resp.GetEnded())
+	ended, err := ListEnded(ctx, client, p.limits)
+	setEnded(socket, r, ended, err)
 }
 
 // failed classifies a failed poll. A socket that no longer exists after the

@@ -59,13 +59,18 @@ type DaemonResult struct {
 	// time), or why its findings were dropped (over Limits.MaxFindings);
 	// the samples still count.
 	DriftErr error
-	// Ended are the activations that ended at the daemon recently, as
-	// StatsActiveWorkloads returned them or, when that call failed (a hung
-	// or failing read of the current workload), as ListEndedActivations
-	// returned them within what was left of the deadline.
+	// Ended are the activations that ended at the daemon recently, oldest
+	// first, every page of them: those StatsActiveWorkloads carried, then
+	// the pages ListEndedActivations gave for its token (a sample of an
+	// activation whose record came in a later page is dropped from Samples:
+	// it ended between the calls); or, when StatsActiveWorkloads failed (a
+	// hung or failing read of the current workload), every page of
+	// ListEndedActivations. All within the poll's deadline.
 	Ended []*sandboxstatsv1.EndedActivation
-	// EndedErr is why that ListEndedActivations failed, or why the ended
-	// activations were dropped (over Limits.MaxEnded).
+	// EndedErr is why a ListEndedActivations call failed (Ended holds the
+	// pages before it; the rest is read at the next sweep), or why the
+	// ended activations were dropped whole (over Limits.MaxEnded records or
+	// pages, or Limits.MaxReplyBytes bytes of pages).
 	EndedErr error
 	// Capped lists the parts of the answer dropped whole for being over
 	// their cap: "samples" (then the result is an error,
@@ -88,11 +93,16 @@ type Limits struct {
 	MaxSamples int
 	// MaxFindings: open drift findings of one ListDriftFindings answer.
 	MaxFindings int
-	// MaxEnded: ended activations of one answer (statsd keeps at most
-	// --ended-max, 64 by default).
+	// MaxEnded: ended activations of one daemon in one sweep, every page
+	// together (statsd keeps at most --ended-max, 64 by default, in pages
+	// of at least one), and so the most pages read.
 	MaxEnded int
 	// MaxReplyBytes: the largest message received from a daemon
-	// (grpc.MaxCallRecvMsgSize; gRPC's own default is 4 MiB).
+	// (grpc.MaxCallRecvMsgSize; gRPC's own default is 4 MiB), and the most
+	// bytes of a daemon's answers read in one sweep once they are paged
+	// (StatsActiveWorkloads with an ended_next_page_token, and every page
+	// after it; statsd's ended records are under 1 MiB in all, its file's
+	// cap).
 	MaxReplyBytes int
 }
 

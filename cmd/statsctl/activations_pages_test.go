@@ -1,0 +1,60 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// TestActivationsReadsEveryPage: with 64 ended activations of about 8.5
+// KiB each (ten pages), `statsctl activations` prints all of them, oldest
+// first, in the table and in JSON.
+func TestActivationsReadsEveryPage(t *testing.T) {
+	d := startDaemon(t)
+	d.src.reading = source.Reading{Kind: source.KindCgroup, Detail: strings.Repeat("d", 8<<10), MemoryCurrentBytes: 1 << 20, CPUUsageUsec: cpuUsec(1)}
+	ctx := context.Background()
+	var want []string
+	for i := range identity.DefaultEndedMax {
+		id := identity.Identity{ActorUID: fmt.Sprintf("actor-%02d", i)}
+		if _, _, err := d.store.Bind(ctx, identity.OpRun, id, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sbx"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.store.Release(ctx, id.ActorUID); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, id.ActorUID)
+	}
+	out, errOut, code := d.ctl(t, "activations", "--socket", "$STATS")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	var got []string
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
+		got = append(got, strings.Fields(line)[0])
+	}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("table lists %d activations: %v", len(got), got)
+	}
+	out, errOut, code = d.ctl(t, "activations", "--socket", "$STATS", "-o", "json")
+	if code != 0 {
+		t.Fatalf("-o json: exit %d: %s", code, errOut)
+	}
+	var resp struct {
+		Ended []struct {
+			Identity struct {
+				ActorUID string `json:"actor_uid"`
+			} `json:"identity"`
+		} `json:"ended"`
+	}
+	if err := json.Unmarshal([]byte(out), &resp); err != nil {
+		t.Fatalf("%v: %.200s", err, out)
+	}
+	if len(resp.Ended) != len(want) || resp.Ended[63].Identity.ActorUID != want[63] {
+		t.Errorf("JSON lists %d activations", len(resp.Ended))
+	}
+}
