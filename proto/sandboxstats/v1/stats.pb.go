@@ -1633,7 +1633,8 @@ type EndedActivation struct {
 	FinalReason string `protobuf:"bytes,9,opt,name=final_reason,json=finalReason,proto3" json:"final_reason,omitempty"`
 	// The final sample (absent with FINAL_PROVENANCE_NONE), at most 24 KiB
 	// like every sample (cuts named in its `absent`). Its epoch_baseline is
-	// the epoch's. Layer: source, as any sample.
+	// the epoch's. Kind and layer: each of its fields gives its own, as in any
+	// sample.
 	Final *WorkloadStatsSample `protobuf:"bytes,10,opt,name=final,proto3" json:"final,omitempty"`
 	// Total for the activation (not a counter), microseconds of CPU. Layer:
 	// source. The final's cpu_usage_usec minus the epoch baseline's. Absent
