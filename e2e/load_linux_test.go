@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,16 +45,7 @@ func readCounters(t *testing.T, d *testenv.Statsd) counters {
 					c.goroutines, _ = strconv.Atoi(v)
 				}
 			}
-			st, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(d.Cmd.Process.Pid), "status"))
-			if err != nil {
-				t.Fatal(err)
-			}
-			for l := range strings.Lines(string(st)) {
-				if v, ok := strings.CutPrefix(l, "VmRSS:"); ok {
-					kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-					c.rssBytes = kb << 10
-				}
-			}
+			c.rssBytes = int64(procStatusKiB(t, d.Cmd.Process.Pid, "VmRSS")) << 10
 			return c
 		}
 	}
@@ -103,7 +93,7 @@ func TestIntegrationLoad(t *testing.T) {
 	res := load(t, dialStats, lc, ref, duration)
 	time.Sleep(2 * time.Second) // the servers' connection goroutines end
 	end := readCounters(t, d)
-	peak := procKB(t, d.Cmd.Process.Pid, "VmHWM") << 10
+	peak := int64(procStatusKiB(t, d.Cmd.Process.Pid, "VmHWM")) << 10
 	t.Logf("measured over %v: %d polls (%d errors), %d lifecycle calls (%d errors); goroutines %d -> %d, RSS %.1f -> %.1f MiB (peak %.1f MiB)",
 		duration, res.polls, res.pollErrs, res.cycles, res.lifeErrs, start.goroutines, end.goroutines,
 		float64(start.rssBytes)/(1<<20), float64(end.rssBytes)/(1<<20), float64(peak)/(1<<20))
@@ -199,20 +189,4 @@ func load(t *testing.T, dial func() (*grpc.ClientConn, sandboxstatsv1.WorkloadSt
 	close(stop)
 	wg.Wait()
 	return loadResult{polls: polls.Load(), pollErrs: pollErrs.Load(), cycles: cycles.Load(), lifeErrs: lifeErrs.Load(), firstErr: firstErr.Load()}
-}
-
-// procKB is a field of /proc/<pid>/status in kB.
-func procKB(t *testing.T, pid int, field string) int64 {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "status"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for l := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb
-		}
-	}
-	return 0
 }

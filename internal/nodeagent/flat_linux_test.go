@@ -3,21 +3,18 @@ package nodeagent
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -37,17 +34,8 @@ func TestFleetHelper(t *testing.T) {
 
 // vmRSS is this process's resident set (VmRSS of /proc/self/status), bytes.
 func vmRSS() (int64, error) {
-	b, err := os.ReadFile("/proc/self/status")
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmRSS:"); ok {
-			kb, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			return kb << 10, err
-		}
-	}
-	return 0, errors.New("no VmRSS in /proc/self/status")
+	kb, err := testenv.ProcStatusKB(0, "VmRSS")
+	return kb << 10, err
 }
 
 // peakRSS samples vmRSS every few milliseconds until stop is called, and
