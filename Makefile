@@ -84,14 +84,24 @@ test: lint proto-check deploy-check fuzz
 
 # Every Fuzz* target of every package, one at a time, FUZZTIME each (the
 # seeds also run as unit tests under go test). The list comes from
-# `go test -list`: a new target is fuzzed without touching this file.
+# `go test -list`: a new target is fuzzed without touching this file. A
+# target that fails with only "context deadline exceeded" and no failing
+# input is Go 1.26's fuzz coordinator racing its own -fuzztime deadline on a
+# loaded machine (golang/go#75804): it is run once more; anything else, or
+# that twice, fails.
 FUZZTIME ?= 3s
 fuzz:
 	@targets=$$($(GO) test -list '^Fuzz' ./... | awk '/^Fuzz/ {f[n++]=$$1; next} /^ok/ {for (i = 0; i < n; i++) print $$2 " " f[i]; n = 0}'); \
 	test -n "$$targets" || { echo "no fuzz targets found" >&2; exit 1; }; \
 	echo "$$targets" | while read -r pkg target; do \
 		echo "fuzz $$pkg $$target ($(FUZZTIME))"; \
-		$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) "$$pkg" >/tmp/sandboxstats-fuzz.log 2>&1 || { cat /tmp/sandboxstats-fuzz.log; exit 1; }; \
+		for try in 1 2; do \
+			$(GO) test -run '^$$' -fuzz "^$$target\$$" -fuzztime $(FUZZTIME) "$$pkg" >/tmp/sandboxstats-fuzz.log 2>&1 && break; \
+			if [ $$try = 1 ] && grep -q 'context deadline exceeded' /tmp/sandboxstats-fuzz.log && ! grep -q 'Failing input written' /tmp/sandboxstats-fuzz.log; then \
+				echo "  the fuzz coordinator's -fuzztime race (golang/go#75804, fixed in Go 1.27), no failing input: once more"; continue; \
+			fi; \
+			cat /tmp/sandboxstats-fuzz.log; exit 1; \
+		done || exit 1; \
 	done
 
 test-unit:
