@@ -149,7 +149,10 @@ func parseQMPSchemas(raw []byte) (map[string]qmpSchema, error) {
 			continue
 		}
 		for _, st := range r.Stats {
-			out[r.Target+"/"+st.Name] = st.qmpSchema
+			// The unit is copied into every counter of the statistic:
+			// cut where it enters, like the names.
+			st.Unit, st.Type = foreign.Bound(st.Unit, maxQMPName), foreign.Bound(st.Type, maxQMPName)
+			out[foreign.Bound(r.Target, maxQMPName)+"/"+foreign.Bound(st.Name, maxQMPName)] = st.qmpSchema
 		}
 	}
 	return out, nil

@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -124,5 +125,44 @@ func TestHostileQMP(t *testing.T) {
 				t.Errorf("reason is %d bytes (raw ESC %v)", len(q.Reason), strings.ContainsRune(q.Reason, 0x1b))
 			}
 		})
+	}
+}
+
+// TestQMPSchemaCut: a schema's unit and type (copied into every counter of
+// the statistic) are cut where they enter, like the names: a 1 MiB unit on
+// 256 counters allocated 836 MiB when it was copied whole into each.
+func TestQMPSchemaCut(t *testing.T) {
+	long := strings.Repeat("u", 1<<20)
+	schemas, err := parseQMPSchemas([]byte(`[{"provider": "kvm", "target": "vcpu", "stats": [{"name": "exits", "type": "cumulative", "unit": "` + long + `", "base": 10, "exponent": -3}]}]`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var stats strings.Builder
+	stats.WriteString(`[`)
+	for i := range 256 {
+		if i > 0 {
+			stats.WriteString(",")
+		}
+		stats.WriteString(`{"provider": "kvm", "qom-path": "/machine/cpu` + strconv.Itoa(i) + `", "stats": [{"name": "exits", "value": 1}]}`)
+	}
+	stats.WriteString(`]`)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	counters, err := parseQMPStats([]byte(stats.String()), "vcpu", schemas, nil)
+	runtime.ReadMemStats(&after)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(counters) != 256 {
+		t.Fatalf("%d counters, want 256", len(counters))
+	}
+	for _, c := range counters {
+		if len(c.Unit) > 2*maxQMPName {
+			t.Fatalf("unit of %s is %d bytes", c.Scope, len(c.Unit))
+		}
+	}
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 8<<20 {
+		t.Errorf("%d MiB allocated for 256 counters", alloc>>20)
 	}
 }
