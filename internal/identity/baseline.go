@@ -1,0 +1,56 @@
+// This file takes the epoch baseline of an activation whose counters
+// survive a restore (a guest agent's), in the background, and persists it.
+
+package identity
+
+import (
+	"context"
+	"time"
+)
+
+// startBaseline takes the baseline of an activation whose counters survive
+// a restore as soon as the source answers: it reads right away and retries
+// promptly (100 ms, doubling to 2 s) while the binding is current, then
+// persists the baseline, so a restarted statsd keeps it.
+func (s *Store) startBaseline(b *Binding) {
+	if b.Activation.Baseline() != nil || b.Source == nil {
+		return
+	}
+	s.bg.Go(func() {
+		pause := s.cfg.BaselineRetry
+		for s.Current() == b && b.Activation.Baseline() == nil {
+			ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.ReadTimeout)
+			observed := s.cfg.Now().UnixNano()
+			r, err := b.Source.Sample(ctx)
+			cancel()
+			if err == nil && s.Current() == b {
+				b.Activation.Observe(r, observed)
+				break
+			}
+			select {
+			case <-s.bgCtx.Done():
+				return
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, 2*time.Second)
+		}
+		s.persistBaseline(b)
+	})
+}
+
+// persistBaseline saves b's baseline in the state file if b is still bound.
+func (s *Store) persistBaseline(b *Binding) {
+	base := b.Activation.Baseline()
+	if base == nil {
+		return
+	}
+	s.lifecycle.Lock()
+	defer s.lifecycle.Unlock()
+	if s.Current() != b {
+		return
+	}
+	st := stateFile{Version: stateVersion, Binding: &bindingState{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano, Baseline: base}}
+	if err := s.saveBinding(st); err != nil {
+		s.logger.Warn("could not persist the epoch baseline; a restart takes a later one", "actor_uid", b.Identity.ActorUID, "err", err)
+	}
+}
