@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -15,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -25,8 +26,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
-
-var update = flag.Bool("update", false, "rewrite the golden files")
 
 // scriptedSource answers every Sample with one reading or error.
 type scriptedSource struct {
@@ -150,20 +149,7 @@ func (d *daemon) ctl(t *testing.T, args ...string) (stdout, stderr string, code 
 
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	p := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (go test -update rewrites it)\n--- want\n%s--- got\n%s", p, want, got)
-	}
+	testenv.Golden(t, name, []byte(got))
 }
 
 func TestGolden(t *testing.T) {

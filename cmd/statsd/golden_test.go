@@ -3,14 +3,11 @@ package main
 import (
 	"bytes"
 	"context"
-	"flag"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-)
 
-var update = flag.Bool("update", false, "rewrite the golden files")
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+)
 
 // TestGoldenCLI: what statsd prints and its exit status for --help and for
 // usage errors, each printed once (exit 2). Only arguments statsd rejects
@@ -41,18 +38,5 @@ func TestGoldenCLI(t *testing.T) {
 
 func golden(t *testing.T, name, got string) {
 	t.Helper()
-	p := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(p, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-		return
-	}
-	want, err := os.ReadFile(p)
-	if err != nil {
-		t.Fatalf("%v (run go test -update to create it)", err)
-	}
-	if got != string(want) {
-		t.Errorf("output differs from %s (go test -update rewrites it)\n--- want\n%s--- got\n%s", p, want, got)
-	}
+	testenv.Golden(t, name, []byte(got))
 }

@@ -6,7 +6,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io/fs"
 	"net"
@@ -18,13 +17,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
-
-var update = flag.Bool("update", false, "rewrite testdata/*.golden")
 
 var sourceRefNone = source.SandboxRef{}
 
@@ -50,19 +49,7 @@ func newFixtureSampler(t testing.TB, ref source.SandboxRef, debugfs string) *sam
 
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
-	path := filepath.Join("testdata", name+".golden")
-	if *update {
-		if err := os.WriteFile(path, got, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(path)
-	if err != nil {
-		t.Fatalf("%v (run go test -update)", err)
-	}
-	if d := cmp.Diff(string(want), string(got)); d != "" {
-		t.Errorf("%s (-want +got)\n%s", path, d)
-	}
+	testenv.Golden(t, name, got)
 }
 
 // sampleJSON is a host sample as its golden file holds it.
