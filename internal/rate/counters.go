@@ -1,6 +1,7 @@
 package rate
 
 import (
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -176,11 +177,11 @@ type CounterID struct {
 }
 
 // MaxInterfaces is the most interfaces of one sample accounted apart
-// (AccountantConfig.PerInterface); the others are not accounted (a guest
-// agent's list is the guest's to make). MaxInterfaceName bounds a name.
+// (AccountantConfig.PerInterface: api.InterfacesApart); the others are not
+// accounted. MaxInterfaceName bounds a name.
 const (
-	MaxInterfaces    = 16
-	MaxInterfaceName = 32
+	MaxInterfaces    = api.MaxInterfacesApart
+	MaxInterfaceName = api.MaxInterfaceName
 )
 
 type reading struct {
@@ -200,14 +201,8 @@ func readings(s *sandboxstatsv1.WorkloadStatsSample, perInterface bool) []readin
 	for c := range NumCounters {
 		spec := counterSpecs[c]
 		if perInterface && spec.iface != nil {
-			seen := map[string]bool{}
-			for _, ifc := range s.GetNetwork().GetInterfaces() {
-				name := ifc.GetName()
-				if len(seen) == MaxInterfaces || seen[name] || name == "" || name == "lo" || len(name) > MaxInterfaceName {
-					continue
-				}
-				seen[name] = true
-				out = append(out, reading{CounterID{c, name}, spec.iface(ifc)})
+			for _, ifc := range api.InterfacesApart(s.GetNetwork().GetInterfaces()) {
+				out = append(out, reading{CounterID{c, ifc.GetName()}, spec.iface(ifc)})
 			}
 			continue
 		}

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -62,8 +63,15 @@ type cut struct {
 	drop func(p cutParts) int
 }
 
-// sampleCuts is the order in which a sample sheds parts.
+// sampleCuts is the order in which a sample sheds parts: text first (it
+// carries no number), then what the node agent accounts least (per-interface
+// counters beyond the ones it accounts apart, then those, then per-device
+// ones), then the host view from its finest detail up.
 var sampleCuts = []cut{
+	{field: "text", what: fmt.Sprintf("long text cut (absent and unread-container reasons to %d bytes, source_detail and the origins to %d)", maxCutReason, maxCutDetail),
+		unit: "strings", drop: cutText},
+	{field: "network.interfaces", what: fmt.Sprintf("the per-interface list cut to the %d a consumer accounts apart (api.InterfacesApart; the sample's and epoch_baseline.first_read's)", api.MaxInterfacesApart), unit: "interfaces",
+		kept: "network.total, network.loopback and those interfaces kept", drop: trimInterfaces},
 	{field: "network.interfaces", what: "the per-interface list dropped (the sample's and epoch_baseline.first_read's)", unit: "interfaces",
 		kept: "network.total and network.loopback kept", drop: dropInterfaces},
 	{field: "block_io.devices", what: "the per-device list dropped (the sample's and epoch_baseline.first_read's)", unit: "devices",
@@ -73,13 +81,11 @@ var sampleCuts = []cut{
 	{field: "host.vmm_threads.threads", what: "the per-thread list dropped", unit: "threads", kept: "vcpu_totals and other_totals kept", drop: dropThreads},
 	{field: "host.runner_kernel.per_cpu", what: "the per-CPU list dropped", unit: "CPUs", kept: "the total kept", drop: dropPerCPU},
 	{field: "host", what: "the host view dropped", unit: "view", kept: "host.observed_at_unix_nano kept", drop: dropHost},
-	{field: "text", what: fmt.Sprintf("long text cut (absent and unread-container reasons to %d bytes, source_detail and the origins to %d)", maxCutReason, maxCutDetail),
-		unit: "strings", drop: cutText},
 }
 
 // hostCuts is the order in which StatsHost's view sheds parts: the host
 // cuts of a sample, in the same order.
-var hostCuts = sampleCuts[2:7]
+var hostCuts = sampleCuts[4:9]
 
 // capSample keeps s, with its host view and baseline, within
 // maxSampleBytes by sampleCuts, naming each cut in s.Absent. nil is left
@@ -142,6 +148,22 @@ func absentBytes(as []*sandboxstatsv1.AbsentValue, field protowire.Number) int {
 	n := 0
 	for _, a := range as {
 		n += protowire.SizeTag(field) + protowire.SizeBytes(proto.Size(a))
+	}
+	return n
+}
+
+// trimInterfaces keeps, of each sample's interfaces, the ones a consumer
+// accounts apart (api.InterfacesApart: a slice of its own, the old one may
+// be shared), so a sample trimmed to them charges the same.
+func trimInterfaces(p cutParts) int {
+	n := 0
+	for _, s := range p.samples {
+		net := s.GetNetwork()
+		kept := api.InterfacesApart(net.GetInterfaces())
+		if d := len(net.GetInterfaces()) - len(kept); d > 0 {
+			n += d
+			net.Interfaces = kept
+		}
 	}
 	return n
 }
