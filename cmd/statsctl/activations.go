@@ -13,18 +13,27 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// runActivations reads every page of the ended activations (bounded as the
-// node agent's sweep reads them: sweep.DefaultLimits) and prints them as
-// one list.
+// activationsLimits bound what statsctl activations reads: far above
+// anything statsd keeps (its ended file is at most 1 MiB, whatever
+// --ended-max says), so a person sees every record; the node agent's sweep
+// has its own, tighter, caps.
+var activationsLimits = sweep.Limits{MaxEnded: 1 << 16, MaxReplyBytes: 64 << 20}
+
+// runActivations reads every page of the ended activations and prints them
+// as one list; a page that fails after others were read prints those, then
+// the error.
 func runActivations(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "activations", "Print the activations that ended here recently, each with its final sample, CPU and peak memory")
 	return runRead(ctx, e, fs, args, nil,
 		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
-			ended, err := sweep.ListEnded(ctx, c, sweep.DefaultLimits)
-			if err != nil {
+			ended, err := sweep.ListEnded(ctx, c, activationsLimits)
+			if err != nil && len(ended) == 0 {
 				return nil, err
 			}
-			return &sandboxstatsv1.ListEndedActivationsResponse{Ended: ended}, nil
+			if err != nil {
+				err = fmt.Errorf("%d ended activations printed, then: %w", len(ended), err)
+			}
+			return &sandboxstatsv1.ListEndedActivationsResponse{Ended: ended}, err
 		}, func(w io.Writer, r *sandboxstatsv1.ListEndedActivationsResponse) error {
 			return writeActivationsTable(w, r.GetEnded())
 		})

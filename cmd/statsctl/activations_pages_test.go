@@ -58,3 +58,29 @@ func TestActivationsReadsEveryPage(t *testing.T) {
 		t.Errorf("JSON lists %d activations", len(resp.Ended))
 	}
 }
+
+// TestActivationsBeyondTheAgentsCap: a statsd keeping more ended records
+// than the node agent's sweep reads from one daemon (--ended-max 300, the
+// agent's --max-ended 256) still shows every one of them to a person.
+func TestActivationsBeyondTheAgentsCap(t *testing.T) {
+	const n = 300
+	d := startDaemonAt(t, "", func(c *identity.Config) { c.EndedMax = n; c.EndedRetention = 1 << 62 })
+	d.src.reading = source.Reading{Kind: source.KindCgroup, MemoryCurrentBytes: 1 << 20, CPUUsageUsec: cpuUsec(1)}
+	ctx := context.Background()
+	for i := range n {
+		id := identity.Identity{ActorUID: fmt.Sprintf("actor-%03d", i)}
+		if _, _, err := d.store.Bind(ctx, identity.OpRun, id, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sbx"}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.store.Release(ctx, id.ActorUID); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, errOut, code := d.ctl(t, "activations", "--socket", "$STATS")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != n+1 {
+		t.Errorf("table lists %d activations, want %d", len(lines)-1, n)
+	}
+}

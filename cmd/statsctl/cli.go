@@ -314,12 +314,20 @@ func runRead[R proto.Message](ctx context.Context, e *env, fs *flag.FlagSet, arg
 		return err
 	}
 	defer done()
+	// A call may fail after it read part of the answer (a later page): what
+	// it read is printed, then the error.
 	resp, err := call(ctx, sandboxstatsv1.NewWorkloadStatsServiceClient(cc))
+	if err != nil && !resp.ProtoReflect().IsValid() {
+		return err
+	}
+	var werr error
+	if out.format == "json" {
+		werr = writeJSON(e.stdout, resp)
+	} else {
+		werr = table(e.stdout, resp)
+	}
 	if err != nil {
 		return err
 	}
-	if out.format == "json" {
-		return writeJSON(e.stdout, resp)
-	}
-	return table(e.stdout, resp)
+	return werr
 }

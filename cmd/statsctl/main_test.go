@@ -88,8 +88,8 @@ func (s *sequenceSource) Close() error { return nil }
 func startDaemon(t *testing.T) *daemon { t.Helper(); return startDaemonAt(t, "") }
 
 // startDaemonAt is startDaemon with the stats socket at stats ("": in a
-// temporary directory).
-func startDaemonAt(t *testing.T, stats string) *daemon {
+// temporary directory); each of with changes the store's config.
+func startDaemonAt(t *testing.T, stats string, with ...func(*identity.Config)) *daemon {
 	t.Helper()
 	dir := t.TempDir()
 	if stats == "" {
@@ -98,7 +98,7 @@ func startDaemonAt(t *testing.T, stats string) *daemon {
 	d := &daemon{stats: stats, lifecycle: filepath.Join(dir, "l.sock"), src: &scriptedSource{}, host: &scriptedHost{}}
 	clock := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	d.clock = clock
-	store, err := identity.NewStore(identity.Config{
+	cfg := identity.Config{
 		Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) {
 			if d.seq != nil {
 				return d.seq, d.host, nil
@@ -106,7 +106,11 @@ func startDaemonAt(t *testing.T, stats string) *daemon {
 			return d.src, d.host, nil
 		},
 		Now: func() time.Time { return clock.Add(time.Duration(d.reads.Load()) * time.Second) },
-	})
+	}
+	for _, f := range with {
+		f(&cfg)
+	}
+	store, err := identity.NewStore(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,26 +21,26 @@ var errEndedCapped = errors.New("ended activations over the cap")
 // all. Past a cap it returns what it read with an error; so does a failed
 // call.
 func ListEnded(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, limits Limits) ([]*sandboxstatsv1.EndedActivation, error) {
-	return readPages(ctx, client, limits.orDefault(), nil, "", 0, true)
+	return readPages(ctx, client, limits.orDefault(), nil, "", 0, 0, true)
 }
 
 // readEndedPages reads the pages after the records an answer of size bytes
-// carried (ended, with its token), as ListEnded does, and returns every
-// record: ended first.
+// carried (ended, with its token; that answer counts as the first page),
+// as ListEnded does, and returns every record: ended first.
 func readEndedPages(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, limits Limits,
 	ended []*sandboxstatsv1.EndedActivation, token string, bytes int) ([]*sandboxstatsv1.EndedActivation, error) {
 	if err := endedCount(ended, limits); err != nil {
 		return ended, err
 	}
-	return readPages(ctx, client, limits, ended, token, bytes, false)
+	return readPages(ctx, client, limits, ended, token, bytes, 1, false)
 }
 
 // readPages follows token (from the first page when first) to the last
-// page, appending to ended; bytes counts what was read already.
+// page, appending to ended; bytes and pages count what was read already.
 func readPages(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, limits Limits,
-	ended []*sandboxstatsv1.EndedActivation, token string, bytes int, first bool) ([]*sandboxstatsv1.EndedActivation, error) {
+	ended []*sandboxstatsv1.EndedActivation, token string, bytes, pages int, first bool) ([]*sandboxstatsv1.EndedActivation, error) {
 	ended = slices.Clip(ended) // never append into an answer's own array
-	for pages := 0; first || token != ""; pages++ {
+	for ; first || token != ""; pages++ {
 		first = false
 		if pages == limits.MaxEnded {
 			return ended, fmt.Errorf("%w: more than %d pages", errEndedCapped, limits.MaxEnded)
