@@ -13,15 +13,15 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// procStatusKiB returns a "VmRSS"/"VmHWM"-style field of /proc/<pid>/status
-// in KiB, failing the test when there is none.
-func procStatusKiB(t *testing.T, pid int, field string) int {
+// procMemory returns pid's resident set and its peak (VmRSS, VmHWM), bytes,
+// failing the test when they cannot be read.
+func procMemory(t *testing.T, pid int) (rss, peak int64) {
 	t.Helper()
-	n, err := testenv.ProcStatusKB(pid, field)
+	rss, peak, err := testenv.ProcMemory(pid)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return int(n)
+	return rss, peak
 }
 
 // TestIntegrationHostileDaemonBounded: the statsagent binary, with actor
@@ -73,14 +73,14 @@ func TestIntegrationHostileDaemonBounded(t *testing.T) {
 			series++
 		}
 	}
-	rss, hwm := procStatusKiB(t, proc.Pid, "VmRSS"), procStatusKiB(t, proc.Pid, "VmHWM")
+	rss, hwm := procMemory(t, proc.Pid)
 	t.Logf("after 3 sweeps: /metrics %d bytes, %d sandboxstats_ series; agent RSS %.1f MiB, peak %.1f MiB",
-		len(body), series, float64(rss)/1024, float64(hwm)/1024)
+		len(body), series, float64(rss)/(1<<20), float64(hwm)/(1<<20))
 	if len(body) > 256<<10 {
 		t.Errorf("/metrics is %d bytes, want under 256 KiB", len(body))
 	}
-	if hwm > 64<<10 {
-		t.Errorf("agent peak RSS %.1f MiB, want under 64 MiB", float64(hwm)/1024)
+	if hwm > 64<<20 {
+		t.Errorf("agent peak RSS %.1f MiB, want under 64 MiB", float64(hwm)/(1<<20))
 	}
 	if _, ok := m["sandboxstats_workload_memory_current_bytes"+series3("good", "py")]; !ok {
 		t.Errorf("the well-behaved daemon's workload is not exported")

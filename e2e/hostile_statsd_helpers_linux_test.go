@@ -36,7 +36,8 @@ const (
 
 // peakRSS is statsd's peak resident set (VmHWM), in bytes.
 func peakRSS(t *testing.T, d *testenv.Statsd) int64 {
-	return int64(procStatusKiB(t, d.Cmd.Process.Pid, "VmHWM")) << 10
+	_, peak := procMemory(t, d.Cmd.Process.Pid)
+	return peak
 }
 
 // answerSize is the wire size of an answer: the message, or the status

@@ -45,7 +45,7 @@ func readCounters(t *testing.T, d *testenv.Statsd) counters {
 					c.goroutines, _ = strconv.Atoi(v)
 				}
 			}
-			c.rssBytes = int64(procStatusKiB(t, d.Cmd.Process.Pid, "VmRSS")) << 10
+			c.rssBytes, _ = procMemory(t, d.Cmd.Process.Pid)
 			return c
 		}
 	}
@@ -93,7 +93,7 @@ func TestIntegrationLoad(t *testing.T) {
 	res := load(t, dialStats, lc, ref, duration)
 	time.Sleep(2 * time.Second) // the servers' connection goroutines end
 	end := readCounters(t, d)
-	peak := int64(procStatusKiB(t, d.Cmd.Process.Pid, "VmHWM")) << 10
+	_, peak := procMemory(t, d.Cmd.Process.Pid)
 	t.Logf("measured over %v: %d polls (%d errors), %d lifecycle calls (%d errors); goroutines %d -> %d, RSS %.1f -> %.1f MiB (peak %.1f MiB)",
 		duration, res.polls, res.pollErrs, res.cycles, res.lifeErrs, start.goroutines, end.goroutines,
 		float64(start.rssBytes)/(1<<20), float64(end.rssBytes)/(1<<20), float64(peak)/(1<<20))

@@ -1,33 +1,23 @@
 package testenv
 
-import (
-	"fmt"
-	"os"
-	"strconv"
-	"strings"
-)
+import "github.com/prometheus/procfs"
 
-// ProcStatusKB returns a "<Field>: <n> kB" line's number (VmRSS, VmHWM,
-// ...) from /proc/<pid>/status, in KiB; pid 0 is this process. The one
-// reader of those lines for the tests that hold a process's memory to a
-// bound.
-func ProcStatusKB(pid int, field string) (int64, error) {
-	p := "/proc/self/status"
-	if pid != 0 {
-		p = fmt.Sprintf("/proc/%d/status", pid)
+// ProcMemory returns a process's resident set and its peak (VmRSS and VmHWM
+// of /proc/<pid>/status, read through procfs), in bytes; pid 0 is this
+// process. The tests' one reader of them.
+func ProcMemory(pid int) (rss, peak int64, err error) {
+	var p procfs.Proc
+	if pid == 0 {
+		p, err = procfs.Self()
+	} else {
+		p, err = procfs.NewProc(pid)
 	}
-	b, err := os.ReadFile(p)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	for l := range strings.Lines(string(b)) {
-		if v, ok := strings.CutPrefix(l, field+":"); ok {
-			n, err := strconv.ParseInt(strings.TrimSuffix(strings.TrimSpace(v), " kB"), 10, 64)
-			if err != nil {
-				return 0, fmt.Errorf("%s: %s: %w", p, field, err)
-			}
-			return n, nil
-		}
+	st, err := p.NewStatus()
+	if err != nil {
+		return 0, 0, err
 	}
-	return 0, fmt.Errorf("%s: no %s line", p, field)
+	return int64(st.VmRSS), int64(st.VmHWM), nil
 }
