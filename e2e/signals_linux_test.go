@@ -51,26 +51,6 @@ func joinAll(t *testing.T, dirs map[string]string, pid int) {
 	}
 }
 
-// pinAll restricts every thread of pid to CPU cpu: testenv.Pin sets one
-// thread's mask, and a Go child already runs several threads, any of which
-// may run its busy loop. Threads made later inherit the mask.
-func pinAll(t *testing.T, pid, cpu int) {
-	t.Helper()
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, task := range tasks {
-		tid, err := strconv.Atoi(task.Name())
-		if err != nil {
-			continue
-		}
-		if err := testenv.Pin(tid, cpu); err != nil {
-			t.Fatalf("sched_setaffinity thread %d of %d: %v", tid, pid, err)
-		}
-	}
-}
-
 // pressureSome returns the some total (µs) of the PSI file at path.
 func pressureSome(t *testing.T, path string) uint64 {
 	t.Helper()
@@ -238,7 +218,7 @@ func TestIntegrationSignalsPrometheus(t *testing.T) {
 	countedAtBind := blkioWrites(t, rootBlkio)
 	for _, b := range burners {
 		joinAll(t, dirs, b.Cmd.Process.Pid)
-		pinAll(t, b.Cmd.Process.Pid, 0)
+		b.Pin(t, 0)
 	}
 	testenv.WaitNewSweeps(t, agentURL)
 	sel := `{actor_uid="sig"}`

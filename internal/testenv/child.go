@@ -161,17 +161,27 @@ func (c *Child) Kill() {
 // the thread that makes them.
 func (c *Child) Favor(t testing.TB) {
 	t.Helper()
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", c.Cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, task := range tasks {
-		tid, err := strconv.Atoi(task.Name())
-		if err != nil {
-			continue
-		}
+	for _, tid := range c.threads(t) {
 		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, -20); err != nil {
 			t.Fatalf("setpriority thread %d of the child: %v", tid, err)
 		}
 	}
+}
+
+// threads lists the child's threads (scheduling attributes such as nice and
+// the CPU mask are per thread: a Go child runs several, any of which may
+// run its busy loop).
+func (c *Child) threads(t testing.TB) []int {
+	t.Helper()
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", c.Cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tids []int
+	for _, task := range tasks {
+		if tid, err := strconv.Atoi(task.Name()); err == nil {
+			tids = append(tids, tid)
+		}
+	}
+	return tids
 }

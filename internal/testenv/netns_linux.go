@@ -76,10 +76,16 @@ func (l *Listener) Received() (int64, error) {
 	return r.n, r.err
 }
 
-// Pin restricts pid to CPU cpu (sched_setaffinity), so that processes pinned
-// to the same CPU contend for it.
-func Pin(pid, cpu int) error {
+// Pin restricts every thread of the child to CPU cpu (sched_setaffinity), so
+// that children pinned to the same CPU contend for it. Threads the child
+// makes later inherit the mask.
+func (c *Child) Pin(t testing.TB, cpu int) {
+	t.Helper()
 	var set unix.CPUSet
 	set.Set(cpu)
-	return unix.SchedSetaffinity(pid, &set)
+	for _, tid := range c.threads(t) {
+		if err := unix.SchedSetaffinity(tid, &set); err != nil {
+			t.Fatalf("sched_setaffinity thread %d of the child: %v", tid, err)
+		}
+	}
 }
