@@ -69,7 +69,9 @@ func TestGVisorFinalReadHangs(t *testing.T) {
 	}
 	start = time.Now()
 	after := f.poll(t)
-	if after.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD || len(after.GetEnded()) != 1 || time.Since(start) > readTimeout {
+	// No read at all now (nothing is bound): the bound is the runner's
+	// scheduling, not a read timeout.
+	if after.GetNoSampleReason() != sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NO_WORKLOAD || len(after.GetEnded()) != 1 || time.Since(start) > 2*time.Second {
 		t.Errorf("poll after the Checkpoint (%v): %v", time.Since(start), after)
 	}
 }
