@@ -1,9 +1,8 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"strings"
+	"io"
 	"testing"
 
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
@@ -13,30 +12,14 @@ import (
 // usage errors, each printed once (exit 2). Only arguments statsd rejects
 // before it serves belong here.
 func TestGoldenCLI(t *testing.T) {
-	for _, tc := range []struct {
-		name string
-		args []string
-		code int
-	}{
-		{name: "help", args: []string{"--help"}},
-		{name: "listen-tcp-rejected", args: []string{"--listen", "tcp://127.0.0.1:9000"}, code: 2},
-		{name: "lifecycle-listen-vsock-rejected", args: []string{"--lifecycle-listen", "vsock://3:1024"}, code: 2},
-		{name: "read-allow-gids-bad", args: []string{"--read-allow-gids", "wheel"}, code: 2},
-		{name: "unknown-flag", args: []string{"--no-such-flag"}, code: 2},
-		{name: "stray-argument", args: []string{"serve"}, code: 2},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			var out, errOut bytes.Buffer
-			code := exitStatus(run(context.Background(), tc.args, &errOut), &out, &errOut)
-			if code != tc.code {
-				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, errOut.String())
-			}
-			golden(t, tc.name, "$ statsd "+strings.Join(tc.args, " ")+"\n"+out.String()+errOut.String())
-		})
-	}
-}
-
-func golden(t *testing.T, name, got string) {
-	t.Helper()
-	testenv.Golden(t, name, []byte(got))
+	testenv.GoldenCLI(t, "statsd", []testenv.CLICase{
+		{Name: "help", Args: []string{"--help"}},
+		{Name: "listen-tcp-rejected", Args: []string{"--listen", "tcp://127.0.0.1:9000"}, Code: 2},
+		{Name: "lifecycle-listen-vsock-rejected", Args: []string{"--lifecycle-listen", "vsock://3:1024"}, Code: 2},
+		{Name: "read-allow-gids-bad", Args: []string{"--read-allow-gids", "wheel"}, Code: 2},
+		{Name: "unknown-flag", Args: []string{"--no-such-flag"}, Code: 2},
+		{Name: "stray-argument", Args: []string{"serve"}, Code: 2},
+	}, func(args []string, stdout, stderr io.Writer) int {
+		return exitStatus(run(context.Background(), args, stderr), stdout, stderr)
+	})
 }

@@ -1,9 +1,12 @@
 package testenv
 
 import (
+	"bytes"
 	"flag"
+	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
@@ -30,5 +33,29 @@ func Golden(t testing.TB, name string, got []byte) {
 	}
 	if d := cmp.Diff(string(want), string(got)); d != "" {
 		t.Errorf("output differs from %s (-want +got; go test -update rewrites it):\n%s", p, d)
+	}
+}
+
+// CLICase is one command line of a binary (its arguments) and the exit
+// status it must end with.
+type CLICase struct {
+	Name string
+	Args []string
+	Code int
+}
+
+// GoldenCLI runs each case through run (a binary's main less os.Exit) and
+// holds what it printed, after a "$ prog args" line, stdout then stderr, to
+// testdata/<name>.golden, and its exit status to the case's.
+func GoldenCLI(t *testing.T, prog string, cases []CLICase, run func(args []string, stdout, stderr io.Writer) int) {
+	t.Helper()
+	for _, tc := range cases {
+		t.Run(tc.Name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			if code := run(tc.Args, &out, &errOut); code != tc.Code {
+				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.Code, errOut.String())
+			}
+			Golden(t, tc.Name, []byte("$ "+prog+" "+strings.Join(tc.Args, " ")+"\n"+out.String()+errOut.String()))
+		})
 	}
 }
