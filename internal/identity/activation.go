@@ -82,8 +82,10 @@ func newActivation(ref source.SandboxRef, epoch int64, baseline *Baseline) *Acti
 }
 
 // Observe records a successful reading observed at atUnixNano. The first
-// reading of an activation whose counters survive a restore becomes its
-// baseline.
+// whole reading (every container read, the CPU counter there) of an
+// activation whose counters survive a restore becomes its baseline: a
+// partial one would leave the baseline without the counters a guest chose
+// to withhold once, and the activation's CPU uncharged.
 func (a *Activation) Observe(r source.Reading, atUnixNano int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -94,7 +96,7 @@ func (a *Activation) Observe(r source.Reading, atUnixNano int64) {
 		a.maxCurrent = r.MemoryCurrentBytes
 	}
 	a.seen = true
-	if a.baseline == nil {
+	if a.baseline == nil && baselineWorthy(r) {
 		first := countersOnly(r)
 		a.baseline = &Baseline{Kind: BaselineFirstRead, AtUnixNano: atUnixNano, FirstRead: &first}
 	}
@@ -105,6 +107,12 @@ func (a *Activation) Baseline() *Baseline {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.baseline
+}
+
+// baselineWorthy reports whether r can be an epoch's first-read baseline:
+// a whole reading with the CPU counter.
+func baselineWorthy(r source.Reading) bool {
+	return r.CPUUsageUsec != nil && len(r.UnreadContainers) == 0
 }
 
 // snapshot returns what the end of the activation needs.

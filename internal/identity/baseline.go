@@ -9,23 +9,32 @@ import (
 )
 
 // startBaseline takes the baseline of an activation whose counters survive
-// a restore as soon as the source answers: it reads right away and retries
-// promptly (100 ms, doubling to 2 s) while the binding is current, then
-// persists the baseline, so a restarted statsd keeps it.
+// a restore as soon as the source answers whole: it reads right away and
+// retries promptly (100 ms, doubling to 2 s) while the binding is current
+// and no whole reading came (from it or from a poll), then persists the
+// baseline, so a restarted statsd keeps it.
 func (s *Store) startBaseline(b *Binding) {
 	if b.Activation.Baseline() != nil || b.Source == nil {
 		return
 	}
 	s.bg.Go(func() {
 		pause := s.cfg.BaselineRetry
-		for s.Current() == b && b.Activation.Baseline() == nil {
+		// A source that never answers whole (a guest agent that offers no
+		// CPU counter) is not read every 2 s for the whole activation: the
+		// taker gives up after maxBaselineTries, and a poll's whole reading
+		// still becomes the baseline.
+		for try := 0; try < maxBaselineTries && s.Current() == b && b.Activation.Baseline() == nil; try++ {
 			ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.ReadTimeout)
 			observed := s.cfg.Now().UnixNano()
 			r, err := b.Source.Sample(ctx)
 			cancel()
 			if err == nil && s.Current() == b {
 				b.Activation.Observe(r, observed)
-				break
+				if b.Activation.Baseline() != nil {
+					break
+				}
+				// A partial reading (or one without CPU) is no baseline: read
+				// again after the pause.
 			}
 			select {
 			case <-s.bgCtx.Done():
@@ -37,6 +46,10 @@ func (s *Store) startBaseline(b *Binding) {
 		s.persistBaseline(b)
 	})
 }
+
+// maxBaselineTries bounds the background reads of one epoch's baseline
+// (about a minute at the 2 s pause).
+const maxBaselineTries = 32
 
 // persistBaseline saves b's baseline in the state file if b is still bound.
 func (s *Store) persistBaseline(b *Binding) {

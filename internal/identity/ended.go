@@ -135,7 +135,7 @@ func (e *Ended) account(maxCurrent uint64, seen bool) {
 	case e.Final.CPUUsageUsec == nil:
 		e.Absent = append(e.Absent, source.Absent{Field: "cpu_usec", Reason: "the final reading has no CPU counter"})
 	case !okBase:
-		e.Absent = append(e.Absent, source.Absent{Field: "cpu_usec", Reason: "the epoch's baseline was never taken (no read of the epoch had a CPU counter)"})
+		e.Absent = append(e.Absent, source.Absent{Field: "cpu_usec", Reason: "the epoch's baseline was never taken (no whole read of the epoch, every container with its CPU counter, succeeded)"})
 	case *e.Final.CPUUsageUsec < base:
 		e.Absent = append(e.Absent, source.Absent{Field: "cpu_usec", Reason: fmt.Sprintf(
 			"the final counter %d is below the baseline %d: the counter was reset during the activation", *e.Final.CPUUsageUsec, base)})

@@ -359,3 +359,45 @@ func waitFor(t *testing.T, ok func() bool) {
 	}
 	t.Fatal("condition not met within 5 s")
 }
+
+// TestPartialReadIsNoBaseline: a guest agent that fails one container on
+// its first answers of an epoch (a partial reading: no CPU sum) cannot make
+// that reading the baseline and so leave its activation's CPU uncharged;
+// the first whole reading with the CPU counter is the baseline, whether the
+// background taker or a poll reads it.
+func TestPartialReadIsNoBaseline(t *testing.T) {
+	partial := source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 1 << 20,
+		UnreadContainers: []source.ContainerError{{ID: "b", Reason: "hostile"}}}
+	noCPU := source.Reading{Kind: source.KindGuestAgent, MemoryCurrentBytes: 1 << 20}
+	for _, tc := range []struct {
+		name  string
+		first source.Reading
+	}{{"one container failed", partial}, {"no CPU counter", noCPU}} {
+		t.Run(tc.name, func(t *testing.T) {
+			src := &scriptedSource{r: tc.first}
+			s := storeWith(t, t.TempDir(), src, time.Now)
+			b, _, err := s.Bind(context.Background(), OpRestore, idA, refB)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b.Activation.Observe(tc.first, time.Now().UnixNano()) // a poll's reading too
+			time.Sleep(50 * time.Millisecond)                     // the taker's first tries
+			if base := b.Activation.Baseline(); base != nil {
+				t.Fatalf("baseline from a reading that is not whole: %+v", base)
+			}
+			src.set(source.Reading{Kind: source.KindGuestAgent, CPUUsageUsec: u64(100_000_000)}, nil, false)
+			waitFor(t, func() bool { return b.Activation.Baseline() != nil })
+			if got, ok := b.Activation.Baseline().CPUUsec(); !ok || got != 100_000_000 {
+				t.Fatalf("baseline CPU %d (%v), want the whole reading's 100000000", got, ok)
+			}
+			src.set(source.Reading{Kind: source.KindGuestAgent, CPUUsageUsec: u64(100_400_000)}, nil, false)
+			e, err := s.Release(context.Background(), idA.ActorUID)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if e.CPUUsec == nil || *e.CPUUsec != 400_000 {
+				t.Fatalf("activation CPU %v (absent %v), want final minus the whole baseline: 400000", e.CPUUsec, e.Absent)
+			}
+		})
+	}
+}
