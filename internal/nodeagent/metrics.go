@@ -142,17 +142,41 @@ type counterValues struct {
 	perInterface map[rate.CounterID]uint64
 }
 
+// maxInterfacesPerSet bounds the interface names one label set exports
+// (LabelInterface): a guest names its own interfaces and may name new ones
+// every sweep, so past this many, charges to a name not yet exported go to
+// otherInterface (the totals stay whole, the series count bounded).
+const maxInterfacesPerSet = 64
+
+// otherInterface is the interface label of what maxInterfacesPerSet folds.
+const otherInterface = "(other)"
+
 // add charges v to counter id.
 func (cv *counterValues) add(id rate.CounterID, v uint64) {
 	if id.Interface != "" {
 		if cv.perInterface == nil {
 			cv.perInterface = make(map[rate.CounterID]uint64)
 		}
+		if _, ok := cv.perInterface[id]; !ok && cv.interfaces(id.Interface) >= maxInterfacesPerSet {
+			id.Interface = otherInterface
+		}
 		cv.perInterface[id] = addSat(cv.perInterface[id], v)
 		return
 	}
 	cv.has[id.Counter] = true
 	cv.total[id.Counter] = addSat(cv.total[id.Counter], v)
+}
+
+// interfaces counts the interface names cv exports besides name and
+// otherInterface.
+func (cv *counterValues) interfaces(name string) int {
+	names := map[string]bool{}
+	for id := range cv.perInterface {
+		if id.Interface != name && id.Interface != otherInterface {
+			names[id.Interface] = true
+		}
+	}
+	return len(names)
 }
 
 // clone returns a copy of cv that later charges to cv leave alone.
