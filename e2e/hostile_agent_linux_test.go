@@ -45,17 +45,9 @@ func TestIntegrationHostileAgentHugeErrors(t *testing.T) {
 				opts = append(opts, kataagentfake.WithContainerError(id, status.Error(codes.Internal, huge)))
 			}
 			agent := kataagentfake.New(t, t.TempDir(), opts...)
-			d := testenv.StartStatsd(t, bin, "--drift-interval", "200ms", "--drift-grace", "0s")
-			stats, life := clients(t, d)
+			d, stats, life := statsdOnAgent(t, bin, agent.Address(), ids...)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if _, err := life.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{
-				Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-vm"},
-				Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
-					AgentAddress: agent.Address(), ContainerIds: ids},
-			}); err != nil {
-				t.Fatal(err)
-			}
 			var a answers
 			start := time.Now()
 			pollConcurrently(4, 6, func(ctx context.Context) {
@@ -106,16 +98,7 @@ func TestIntegrationHostileAgentFloodsInactiveStreams(t *testing.T) {
 	}
 	bin := testenv.BuildBinaries(t)
 	h := kataagentfake.NewHostile(t, t.TempDir(), kataagentfake.FloodInactiveStreams, kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20}))
-	d := testenv.StartStatsd(t, bin, "--drift-interval", "200ms", "--drift-grace", "0s")
-	stats, life := clients(t, d)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := life.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{
-		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-vm"},
-		Sandbox:  &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, AgentAddress: h.Address(), ContainerIds: []string{"web"}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d, stats, _ := statsdOnAgent(t, bin, h.Address(), "web")
 	cpu0, start := cpuTime(t, d), time.Now()
 	const window = 5 * time.Second
 	var a answers

@@ -28,16 +28,7 @@ func TestIntegrationHostileAgentHugeFrameHeaderThenSilence(t *testing.T) {
 	const readTimeout = 2 * time.Second // testenv.StartStatsd's --read-timeout
 	bin := testenv.BuildBinaries(t)
 	h := kataagentfake.NewHostile(t, t.TempDir(), kataagentfake.HugeHeader, kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20}))
-	d := testenv.StartStatsd(t, bin, "--drift-interval", "200ms", "--drift-grace", "0s")
-	stats, life := clients(t, d)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := life.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{
-		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-vm"},
-		Sandbox:  &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, AgentAddress: h.Address(), ContainerIds: []string{"web"}},
-	}); err != nil {
-		t.Fatal(err)
-	}
+	d, stats, _ := statsdOnAgent(t, bin, h.Address(), "web")
 
 	// 2 pollers for about 3 s, each poll timed.
 	var (

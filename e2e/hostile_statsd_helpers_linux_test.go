@@ -184,3 +184,21 @@ func cpuTime(t testing.TB, d *testenv.Statsd) time.Duration {
 	stime, _ := strconv.ParseInt(f[12], 10, 64)
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
+
+// statsdOnAgent starts the statsd binary (drift every 200 ms, no grace) and
+// binds actor "actor-vm" to the micro-VM whose guest agent listens at
+// address, with containers ids; it returns the daemon and its clients.
+func statsdOnAgent(t *testing.T, bin, address string, ids ...string) (*testenv.Statsd, sandboxstatsv1.WorkloadStatsServiceClient, sandboxstatsv1.WorkloadLifecycleServiceClient) {
+	t.Helper()
+	d := testenv.StartStatsd(t, bin, "--drift-interval", "200ms", "--drift-grace", "0s")
+	stats, life := clients(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := life.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{
+		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-vm"},
+		Sandbox:  &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, AgentAddress: address, ContainerIds: ids},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return d, stats, life
+}
