@@ -1,6 +1,7 @@
 package kataagentfake
 
 import (
+	"fmt"
 	"math"
 	"strings"
 
@@ -194,4 +195,34 @@ func V1(c Container) *katagrpc.StatsContainerResponse {
 		},
 		BlkioStats: c.blkioV1(),
 	}})
+}
+
+// Bulky is a cgroup v1 guest's reply swollen to the given counts: keys
+// memory.stat keys (key_00000, ...), devices block devices each filling all
+// eight blkio lists with five ops (as under CFQ), interfaces network
+// interfaces, and two huge page sizes. A hostile guest sends such replies
+// with counts no agent would; with the counts statsd still reads whole (64
+// devices, 64 interfaces) it is the largest real reply.
+func Bulky(keys, devices, interfaces int) *katagrpc.StatsContainerResponse {
+	var ifaces []*katagrpc.NetworkStats
+	for i := range interfaces {
+		ifaces = append(ifaces, Iface(fmt.Sprintf("eth%d", i), 1, 1, 1, 1))
+	}
+	r := V1(Container{UsageBytes: 1 << 20, CPUTotal: 1e9, Network: ifaces})
+	for i := range keys {
+		r.CgroupStats.MemoryStats.Stats[fmt.Sprintf("key_%05d", i)] = uint64(i)
+	}
+	r.CgroupStats.HugetlbStats = map[string]*katagrpc.HugetlbStats{"2MB": {Usage: 1}, "1GB": {Usage: 1}}
+	b := &katagrpc.BlkioStats{}
+	lists := []*[]*katagrpc.BlkioStatsEntry{&b.IoServiceBytesRecursive, &b.IoServicedRecursive, &b.IoQueuedRecursive,
+		&b.IoServiceTimeRecursive, &b.IoWaitTimeRecursive, &b.IoMergedRecursive, &b.IoTimeRecursive, &b.SectorsRecursive}
+	for d := range devices {
+		for _, l := range lists {
+			for _, op := range []string{"Read", "Write", "Sync", "Async", "Total"} {
+				*l = append(*l, &katagrpc.BlkioStatsEntry{Major: 8, Minor: uint64(d), Op: op, Value: 1})
+			}
+		}
+	}
+	r.CgroupStats.BlkioStats = b
+	return r
 }

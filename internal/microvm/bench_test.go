@@ -5,7 +5,10 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/proto"
+
 	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
+	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
 )
 
 // BenchmarkAgentSample compares a micro-VM read with a bare ttrpc
@@ -55,4 +58,55 @@ func BenchmarkAgentSample(b *testing.B) {
 			s.Close()
 		}
 	})
+}
+
+// BenchmarkHostileReply is statsd's cost of one container's reply of
+// 14,000 memory.stat keys (just under the frame cap): decode is what the
+// ttrpc client spent on it before the message budget (and what it spends
+// on any reply the budget lets through); refuse is what it spends now; an
+// ordinary reply's decode is the baseline.
+func BenchmarkHostileReply(b *testing.B) {
+	hostile := kataagentfake.Bulky(14_000, 0, 0)
+	wire, err := proto.Marshal(hostile)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ordinary, err := proto.Marshal(kataagentfake.V2(v2a))
+	if err != nil {
+		b.Fatal(err)
+	}
+	largest, err := proto.Marshal(largestReadable())
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, bc := range []struct {
+		name string
+		wire []byte
+		read func([]byte) error
+	}{
+		{"baseline", ordinary, decodeReply},
+		{"ordinary-counted", ordinary, countAndDecode},
+		{"largest-readable", largest, countAndDecode},
+		{"hostile-decoded", wire, decodeReply},
+		{"hostile-refused", wire, countAndDecode},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				bc.read(bc.wire)
+			}
+		})
+	}
+}
+
+func decodeReply(b []byte) error {
+	var r katagrpc.StatsContainerResponse
+	return proto.Unmarshal(b, &r)
+}
+
+func countAndDecode(b []byte) error {
+	if _, err := countMessages(b, statsReplyDescriptor, defaultReplyBudget); err != nil {
+		return err
+	}
+	return decodeReply(b)
 }

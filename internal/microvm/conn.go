@@ -135,7 +135,8 @@ func (s *guestSource) connect() (*agentConn, error) {
 		return nil, fmt.Errorf("microvm: %w", err)
 	}
 	c := &agentConn{guard: newFrameGuard(conn, s.cfg.MaxFrameBytes), born: s.now(), gone: make(chan struct{})}
-	c.client = ttrpc.NewClient(c.guard, ttrpc.WithOnClose(func() { close(c.gone) }))
+	c.client = ttrpc.NewClient(c.guard, ttrpc.WithOnClose(func() { close(c.gone) }),
+		ttrpc.WithUnaryClientInterceptor(messageBudget(defaultReplyBudget)))
 
 	vctx, vcancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 	defer vcancel()
