@@ -14,6 +14,7 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
+	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -45,7 +46,7 @@ func TestIntegrationHostileAgentHugeErrors(t *testing.T) {
 				opts = append(opts, kataagentfake.WithContainerError(id, status.Error(codes.Internal, huge)))
 			}
 			agent := kataagentfake.New(t, t.TempDir(), opts...)
-			d, stats, life := statsdOnAgent(t, bin, agent.Address(), ids...)
+			d, stats, life := statsdOnAgent(t, bin, driftEvery200ms, agent.Address(), ids...)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			var a answers
@@ -98,7 +99,7 @@ func TestIntegrationHostileAgentFloodsInactiveStreams(t *testing.T) {
 	}
 	bin := testenv.BuildBinaries(t)
 	h := kataagentfake.NewHostile(t, t.TempDir(), kataagentfake.FloodInactiveStreams, kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20}))
-	d, stats, _ := statsdOnAgent(t, bin, h.Address(), "web")
+	d, stats, _ := statsdOnAgent(t, bin, driftEvery200ms, h.Address(), "web")
 	cpu0, start := cpuTime(t, d), time.Now()
 	const window = 5 * time.Second
 	var a answers
@@ -120,5 +121,77 @@ func TestIntegrationHostileAgentFloodsInactiveStreams(t *testing.T) {
 	}
 	if rss := peakRSS(t, d); rss > maxRSSBytes {
 		t.Errorf("peak RSS %d MiB", rss>>20)
+	}
+}
+
+// TestIntegrationHostileAgentManyEntries: a guest agent packing each of 25
+// containers' replies with entries, under the 256 KiB frame cap. Before:
+// 14,000 memory.stat keys a reply cost about 240 ms of statsd CPU per poll
+// (3.5 ms for an ordinary guest), every reply decoded. Now a reply with more
+// messages or map entries than any agent sends is refused undecoded (the
+// poll answers, the reason says why), and one at the budget costs about
+// what the largest reply statsd reads whole costs.
+func TestIntegrationHostileAgentManyEntries(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the statsd binary against a hostile agent")
+	}
+	bin := testenv.BuildBinaries(t)
+	const polls = 20
+	perPoll := map[string]time.Duration{}
+	for _, tc := range []struct {
+		name    string
+		reply   *katagrpc.StatsContainerResponse
+		refused bool
+	}{
+		{"ordinary", kataagentfake.V2(kataagentfake.Container{UsageBytes: 64 << 20, CPUTotal: 1e9}), false},
+		// 64 devices in all eight blkio lists, 64 interfaces, 100 keys.
+		{"largest readable", kataagentfake.Bulky(100, 64, 64), false},
+		// 512 map entries and 4,084 messages: both budgets all but spent.
+		{"at the budgets", kataagentfake.Bulky(504, 89, 0), false},
+		{"14,000 keys", kataagentfake.Bulky(14_000, 0, 0), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var opts []kataagentfake.Option
+			var ids []string
+			for i := range 25 {
+				id := fmt.Sprintf("ctr-%02d", i)
+				ids = append(ids, id)
+				opts = append(opts, kataagentfake.WithContainer(id, tc.reply))
+			}
+			agent := kataagentfake.New(t, t.TempDir(), opts...)
+			// No drift check: each poll is then the only read of the agent.
+			d, stats, _ := statsdOnAgent(t, bin, []string{"--drift-interval", "0"}, agent.Address(), ids...)
+			poll := func() error {
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				_, err := stats.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-vm"})
+				return err
+			}
+			poll() // the dial and the version call
+			before, start := cpuTime(t, d), time.Now()
+			var err error
+			for range polls {
+				err = poll()
+			}
+			perPoll[tc.name] = (cpuTime(t, d) - before) / polls
+			t.Logf("measured: statsd CPU %v per poll (%d polls in %v); last answer: %.300v", perPoll[tc.name], polls, time.Since(start).Round(time.Millisecond), err)
+			switch {
+			case tc.refused && (status.Code(err) == codes.OK || !strings.Contains(err.Error(), "more messages than statsd decodes")):
+				t.Errorf("err = %v, want the replies refused for their count", err)
+			case !tc.refused && err != nil:
+				t.Errorf("err = %v, want the replies read", err)
+			}
+			if d := agent.Dials(); d != 1 {
+				t.Errorf("%d dials: the agent answered, its connection should be kept", d)
+			}
+		})
+	}
+	// CPU is counted in 10 ms ticks over 20 polls: 0.5 ms resolution.
+	largest := perPoll["largest readable"]
+	if bound := 2*largest + 5*time.Millisecond; perPoll["at the budgets"] > bound {
+		t.Errorf("statsd CPU per poll at the budgets %v, want at most %v (twice the largest readable reply's)", perPoll["at the budgets"], bound)
+	}
+	if bound := largest + 5*time.Millisecond; perPoll["14,000 keys"] > bound {
+		t.Errorf("statsd CPU per poll refusing 14,000 keys %v, want at most %v (the largest readable reply's)", perPoll["14,000 keys"], bound)
 	}
 }

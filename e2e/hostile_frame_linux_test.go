@@ -28,7 +28,7 @@ func TestIntegrationHostileAgentHugeFrameHeaderThenSilence(t *testing.T) {
 	const readTimeout = 2 * time.Second // testenv.StartStatsd's --read-timeout
 	bin := testenv.BuildBinaries(t)
 	h := kataagentfake.NewHostile(t, t.TempDir(), kataagentfake.HugeHeader, kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20}))
-	d, stats, _ := statsdOnAgent(t, bin, h.Address(), "web")
+	d, stats, _ := statsdOnAgent(t, bin, driftEvery200ms, h.Address(), "web")
 
 	// 2 pollers for about 3 s, each poll timed.
 	var (

@@ -185,12 +185,16 @@ func cpuTime(t testing.TB, d *testenv.Statsd) time.Duration {
 	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
-// statsdOnAgent starts the statsd binary (drift every 200 ms, no grace) and
-// binds actor "actor-vm" to the micro-VM whose guest agent listens at
-// address, with containers ids; it returns the daemon and its clients.
-func statsdOnAgent(t *testing.T, bin, address string, ids ...string) (*testenv.Statsd, sandboxstatsv1.WorkloadStatsServiceClient, sandboxstatsv1.WorkloadLifecycleServiceClient) {
+// driftEvery200ms makes the drift check read the hostile agent as often as
+// a tight poller: what the agent sends also reaches drift's findings.
+var driftEvery200ms = []string{"--drift-interval", "200ms", "--drift-grace", "0s"}
+
+// statsdOnAgent starts the statsd binary with flags and binds actor
+// "actor-vm" to the micro-VM whose guest agent listens at address, with
+// containers ids; it returns the daemon and its clients.
+func statsdOnAgent(t *testing.T, bin string, flags []string, address string, ids ...string) (*testenv.Statsd, sandboxstatsv1.WorkloadStatsServiceClient, sandboxstatsv1.WorkloadLifecycleServiceClient) {
 	t.Helper()
-	d := testenv.StartStatsd(t, bin, "--drift-interval", "200ms", "--drift-grace", "0s")
+	d := testenv.StartStatsd(t, bin, flags...)
 	stats, life := clients(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
