@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -180,25 +179,17 @@ type debugfsReader struct {
 	read func(path string) ([]byte, error)
 }
 
-// tgidOf returns the process (thread group) of thread tid, from the Tgid:
-// line of its status file (procfs), or 0 when it cannot be read or parsed.
-func (r debugfsReader) tgidOf(tid int32) (tgid int32) {
-	defer func() {
-		// procfs v0.23.0 indexes past a fixed array on a Uid: or Gid: line
-		// of more than four ids (no kernel writes one, a fake root can).
-		if recover() != nil {
-			tgid = 0
-		}
-	}()
-	p, err := r.proc.Proc(int(tid))
+// threadOf reports whether tid is a thread of process pid: whether
+// <procRoot>/<pid>/task/<tid> exists. The kernel's own listing, nothing
+// parsed (procfs's status parser expands a Cpus_allowed_list range cell by
+// cell, and indexes past an array on a Uid: line of five ids).
+func (r debugfsReader) threadOf(tid, pid int32) bool {
+	p, err := r.proc.Proc(int(pid))
 	if err != nil {
-		return 0
+		return false
 	}
-	st, err := p.NewStatus()
-	if err != nil || st.TGID <= 0 || st.TGID > math.MaxInt32 {
-		return 0
-	}
-	return int32(st.TGID)
+	_, err = p.Thread(int(tid))
+	return err == nil
 }
 
 // readVM finds the VM directories created by vmmPID's threads and reads
@@ -226,7 +217,7 @@ func (r debugfsReader) readVM(vmmPID int32) *source.KVMSourceView {
 		}
 		// Cloud Hypervisor creates the VM on its vmm thread: map the tid
 		// to its process.
-		if r.tgidOf(pid) == vmmPID {
+		if r.threadOf(pid, vmmPID) {
 			dirs = append(dirs, e.Name())
 		}
 	}

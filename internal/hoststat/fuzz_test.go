@@ -44,19 +44,6 @@ func FuzzParseDebugfs(f *testing.F) {
 	})
 }
 
-// FuzzTgidOf feeds arbitrary status files through procfs: tgidOf never
-// panics and gives 0 or a positive Tgid.
-func FuzzTgidOf(f *testing.F) {
-	for _, s := range []string{"Name:\tvmm\nTgid:\t5000\nPid:\t5001\n", "Tgid:\t5000\n", "Tgid:\tx\n", "", "Uid:\t0\t0\t0\t0\t0\n", "NSpid:\tx\n", "Cpus_allowed_list:\t0-x\n"} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		if tgid := tgidOfStatus(t, b); tgid < 0 {
-			t.Fatalf("tgid %d", tgid)
-		}
-	})
-}
-
 func FuzzParseQMP(f *testing.F) {
 	for _, name := range []string{"query-stats-vcpu", "query-stats-vm", "query-stats-schemas", "query-cpus-fast"} {
 		b, err := os.ReadFile(filepath.Join("testdata", "qmp", name+".json"))

@@ -117,7 +117,7 @@ func TestParseVMDirName(t *testing.T) {
 	}
 }
 
-func TestParseDebugfsValueAndTgid(t *testing.T) {
+func TestParseDebugfsValue(t *testing.T) {
 	if v, err := parseDebugfsValue([]byte("18446744073709551615\n")); err != nil || v != 1<<64-1 {
 		t.Errorf("max u64 = %d, %v", v, err)
 	}
@@ -126,36 +126,31 @@ func TestParseDebugfsValueAndTgid(t *testing.T) {
 			t.Errorf("parseDebugfsValue(%q) err = %v, want ErrMalformed", bad, err)
 		}
 	}
+}
+
+// TestThreadOf: the Cloud Hypervisor vmm thread 5001 is a thread of 5000
+// (testdata/proc/5000/task/5001), of no other process.
+func TestThreadOf(t *testing.T) {
 	proc, err := procfs.NewFS(filepath.Join("testdata", "proc"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if tgid := (debugfsReader{proc: proc}).tgidOf(5001); tgid != 5000 {
-		t.Errorf("Tgid of the Cloud Hypervisor vmm thread = %d; want 5000", tgid)
-	}
-	for _, bad := range []string{"", "Name:\tx\n", "Tgid:\tx\n", "Tgid:\t0\n", "Tgid:\t-5\n", "Tgid:\t4294967296\n", "Tgid:\t9\nUid:\t0\t0\t0\t0\t0\n"} {
-		if tgid := tgidOfStatus(t, []byte(bad)); tgid != 0 {
-			t.Errorf("tgidOf(status %q) = %d, want 0", bad, tgid)
+	r := debugfsReader{proc: proc}
+	for _, tc := range []struct {
+		tid, pid int32
+		want     bool
+	}{
+		{5001, 5000, true},
+		{5000, 5000, true},
+		{5001, 4242, false},
+		{9999, 5000, false},
+		{5001, 9999, false},
+		{-1, 5000, false},
+	} {
+		if got := r.threadOf(tc.tid, tc.pid); got != tc.want {
+			t.Errorf("threadOf(%d, %d) = %v, want %v", tc.tid, tc.pid, got, tc.want)
 		}
 	}
-}
-
-// tgidOfStatus is debugfsReader.tgidOf on a proc root holding one status
-// file, of thread 9.
-func tgidOfStatus(t testing.TB, status []byte) int32 {
-	t.Helper()
-	root := t.TempDir()
-	if err := os.MkdirAll(filepath.Join(root, "9"), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(root, "9", "status"), status, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	proc, err := procfs.NewFS(root)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return debugfsReader{proc: proc}.tgidOf(9)
 }
 
 func TestKVMKindUnitScope(t *testing.T) {

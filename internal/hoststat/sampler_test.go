@@ -109,7 +109,7 @@ func TestSampleQEMUFixture(t *testing.T) {
 }
 
 // TestSampleCloudHypervisorFixture: the VM directory is named after the vmm
-// thread (5001), mapped to the process through /proc/5001/status Tgid.
+// thread (5001), mapped to the process through /proc/5000/task/5001.
 func TestSampleCloudHypervisorFixture(t *testing.T) {
 	s := newFixtureSampler(t, source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 5000}, "debugfs-6.16")
 	hs, err := s.SampleHost(context.Background())
