@@ -149,10 +149,10 @@ func TestStartTimeAndPin(t *testing.T) {
 }
 
 // FuzzStartTime feeds arbitrary stat lines through procfs: StartTime never
-// panics, and an error is either malformed or a read error.
+// panics, and an error is either malformed or gone (a zombie's state Z).
 func FuzzStartTime(f *testing.F) {
 	line := "4242 (CPU 0/KVM) S 1 4242 4242 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0 86000 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 9 0 0 0 0 0 0 0 0 0\n"
-	for _, s := range []string{line, "9 (x)", "9 (a) (b) S", "", "9 (x) S 1"} {
+	for _, s := range []string{line, "9 (x)", "9 (a) (b) S", "", "9 (x) S 1", strings.Replace(line, ") S ", ") Z ", 1)} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -163,7 +163,7 @@ func FuzzStartTime(f *testing.F) {
 		if err := os.WriteFile(filepath.Join(root, "9", "stat"), b, 0o644); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := StartTime(root, 9); err != nil && !errors.Is(err, ErrMalformedStat) {
+		if _, err := StartTime(root, 9); err != nil && !errors.Is(err, ErrMalformedStat) && !IsGone(err) {
 			t.Fatalf("err %v is neither malformed nor gone", err)
 		}
 	})
