@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
@@ -60,35 +61,34 @@ func BenchmarkAgentSample(b *testing.B) {
 	})
 }
 
-// BenchmarkHostileReply is statsd's cost of one container's reply of
-// 14,000 memory.stat keys (just under the frame cap): decode is what the
-// ttrpc client spent on it before the message budget (and what it spends
-// on any reply the budget lets through); refuse is what it spends now; an
-// ordinary reply's decode is the baseline.
+// BenchmarkHostileReply is statsd's cost of one container's reply, counted
+// and then decoded if it fits (what the client does now), against an
+// ordinary reply's decode (baseline): the largest reply read whole, the
+// most a reply within the budget can hold (all map entries; all fields as
+// unknown varints), and replies over it: 14,000 memory.stat keys decoded
+// (before the budget) and refused, and 131,000 unknown fields refused.
 func BenchmarkHostileReply(b *testing.B) {
-	hostile := kataagentfake.Bulky(14_000, 0, 0)
-	wire, err := proto.Marshal(hostile)
-	if err != nil {
-		b.Fatal(err)
+	marshal := func(r *katagrpc.StatsContainerResponse) []byte {
+		w, err := proto.Marshal(r)
+		if err != nil {
+			b.Fatal(err)
+		}
+		return w
 	}
-	ordinary, err := proto.Marshal(kataagentfake.V2(v2a))
-	if err != nil {
-		b.Fatal(err)
-	}
-	largest, err := proto.Marshal(largestReadable())
-	if err != nil {
-		b.Fatal(err)
-	}
+	keys := marshal(kataagentfake.Bulky(14_000, 0, 0))
 	for _, bc := range []struct {
 		name string
 		wire []byte
 		read func([]byte) error
 	}{
-		{"baseline", ordinary, decodeReply},
-		{"ordinary-counted", ordinary, countAndDecode},
-		{"largest-readable", largest, countAndDecode},
-		{"hostile-decoded", wire, decodeReply},
-		{"hostile-refused", wire, countAndDecode},
+		{"baseline", marshal(kataagentfake.V2(v2a)), decodeReply},
+		{"ordinary-counted", marshal(kataagentfake.V2(v2a)), countAndDecode},
+		{"largest-readable", marshal(largestReadable()), countAndDecode},
+		{"map-entries-at-budget", marshal(kataagentfake.Bulky(statsReplyBudget.mapEntries-8, 0, 0)), countAndDecode},
+		{"fields-at-budget", repeatedField(nil, 3, protowire.VarintType, statsReplyBudget.fields), countAndDecode},
+		{"14000-keys-decoded", keys, decodeReply},
+		{"14000-keys-refused", keys, countAndDecode},
+		{"131000-fields-refused", repeatedField(nil, 3, protowire.VarintType, 131_000), countAndDecode},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()
@@ -105,7 +105,7 @@ func decodeReply(b []byte) error {
 }
 
 func countAndDecode(b []byte) error {
-	if _, err := countMessages(b, statsReplyDescriptor, defaultReplyBudget); err != nil {
+	if _, err := countReply(b, statsReplyDescriptor, statsReplyBudget); err != nil {
 		return err
 	}
 	return decodeReply(b)

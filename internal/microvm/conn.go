@@ -136,7 +136,7 @@ func (s *guestSource) connect() (*agentConn, error) {
 	}
 	c := &agentConn{guard: newFrameGuard(conn, s.cfg.MaxFrameBytes), born: s.now(), gone: make(chan struct{})}
 	c.client = ttrpc.NewClient(c.guard, ttrpc.WithOnClose(func() { close(c.gone) }),
-		ttrpc.WithUnaryClientInterceptor(messageBudget(defaultReplyBudget)))
+		ttrpc.WithUnaryClientInterceptor(payloadBudget()))
 
 	vctx, vcancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 	defer vcancel()

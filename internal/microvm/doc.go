@@ -7,9 +7,9 @@
 // across polls, reconnects with a capped backoff after a failure, bounds every
 // call, guards the connection frame by frame (guard.go: a frame over 256 KiB
 // or for a stream with no request outstanding cuts it, and so do three
-// unanswered calls in a row), counts a reply's messages before decoding it
-// (replybudget.go: over 4,096, or 512 map entries, it is refused undecoded),
-// cuts and quotes whatever text the guest sends
+// unanswered calls in a row), counts what a reply holds before anything
+// decodes it (replybudget.go: fields, messages and map entries; over the
+// budget it is refused undecoded), cuts and quotes whatever text the guest sends
 // where it enters, and converts the agent's payload (nanoseconds, raw memory.stat of a
 // cgroup v1 or v2 guest) into the units of the API: CPU in microseconds,
 // working set without inactive file pages, unlimited limits recognised. It

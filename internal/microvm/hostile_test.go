@@ -229,7 +229,8 @@ func TestGuestChosenNamesAndCounts(t *testing.T) {
 }
 
 // FuzzFrameParser: however the byte stream is split, the parser sees the
-// same frame headers, and never more than the stream holds.
+// same frame headers and the same payloads (each whole payload once, ended
+// once, empty ones too), and never more headers than the stream holds.
 func FuzzFrameParser(f *testing.F) {
 	frame := func(length, stream uint32, typ byte) []byte {
 		b := make([]byte, frameHeaderBytes+int(min(length, 64)))
@@ -241,19 +242,37 @@ func FuzzFrameParser(f *testing.F) {
 	f.Add(append(frame(3, 1, 2), frame(0, 3, 2)...), uint8(1))
 	f.Add(frame(100<<20, 1, 2), uint8(4))
 	f.Add([]byte{0, 0, 0}, uint8(2))
+	type seen struct {
+		headers []frameHeader
+		bodies  []string // each payload ended, as it passed
+		open    string   // the payload passing, not ended
+	}
 	f.Fuzz(func(t *testing.T, stream []byte, chunk uint8) {
-		var whole, split []frameHeader
-		var p1, p2 frameParser
-		p1.feed(stream, func(h frameHeader) error { whole = append(whole, h); return nil })
-		step := int(chunk%16) + 1
-		for i := 0; i < len(stream); i += step {
-			p2.feed(stream[i:min(i+step, len(stream))], func(h frameHeader) error { split = append(split, h); return nil })
+		read := func(step int) seen {
+			var s seen
+			var p frameParser
+			for i := 0; i < len(stream); i += step {
+				p.feed(stream[i:min(i+step, len(stream))],
+					func(h frameHeader) error { s.headers = append(s.headers, h); return nil },
+					func(h frameHeader, b []byte, last bool) error {
+						if h != s.headers[len(s.headers)-1] {
+							t.Fatalf("payload of %+v while %+v passes", h, s.headers[len(s.headers)-1])
+						}
+						if s.open += string(b); last {
+							s.bodies, s.open = append(s.bodies, s.open), ""
+						}
+						return nil
+					})
+			}
+			return s
 		}
-		if diff := cmp.Diff(whole, split, cmp.AllowUnexported(frameHeader{})); diff != "" {
+		step := int(chunk%16) + 1
+		whole, split := read(max(1, len(stream))), read(step)
+		if diff := cmp.Diff(whole, split, cmp.AllowUnexported(frameHeader{}, seen{})); diff != "" {
 			t.Fatalf("split by %d (-whole +split):\n%s", step, diff)
 		}
-		if len(whole) > len(stream)/frameHeaderBytes {
-			t.Fatalf("%d headers from %d bytes", len(whole), len(stream))
+		if len(whole.headers) > len(stream)/frameHeaderBytes {
+			t.Fatalf("%d headers from %d bytes", len(whole.headers), len(stream))
 		}
 	})
 }

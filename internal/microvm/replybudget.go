@@ -3,11 +3,14 @@ package microvm
 // This file bounds the work an agent's reply can make statsd do before it
 // is decoded. The frame guard bounds a reply's bytes (256 KiB); within
 // them, a guest could pack 14,000 memory.stat keys per container, and 25
-// such replies cost about 240 ms of statsd CPU per poll to decode: the
-// decoder allocates per message (a map entry, a device's line, an
-// interface). Counting the reply's messages on the wire first costs a scan
-// without allocations, and a reply with more of them than any agent sends is
-// refused undecoded.
+// such replies cost about 240 ms of statsd CPU per poll to decode. A
+// decoder's work follows the fields it reads (each unknown field is kept,
+// each string allocated) and the messages it makes (each map entry, block
+// IO line, interface). Counting them on the wire first costs a scan without
+// allocations, and a reply holding more than any agent sends is refused
+// undecoded: its payload here, by a ttrpc client interceptor, and the
+// envelope around it (ttrpc's Response: the status and its details, which
+// ttrpc decodes before any interceptor runs) in the frame guard.
 
 import (
 	"context"
@@ -18,76 +21,76 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/reflect/protoreflect"
 
-	"github.com/sandboxstats/sandboxstats/internal/source"
 	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
 )
 
-// maxReplyMessages bounds the messages, at every depth, of one
-// StatsContainer reply: each map entry, block IO line, interface and
-// nested message counts one. An ordinary reply has a few dozen. The largest
+// replyBudget is what one reply may hold, counted at every depth: fields
+// (every field on the wire, known or not, within groups too, and each
+// element of a packed list), messages (each nested message, map entry and
+// list element that is a message) and map entries among them.
+type replyBudget struct{ fields, messages, mapEntries int }
+
+// statsReplyBudget bounds a StatsContainer reply's payload. An ordinary
+// reply has a few dozen messages and about a hundred fields. The largest
 // statsd reads whole, a cgroup v1 guest under CFQ filling all eight blkio
-// lists for 64 devices (convert reads at most 64) with 64 interfaces, has
-// about 2,800 (TestCountMessages). Per-CPU usage is one packed field.
-const maxReplyMessages = 4096
+// lists for 64 devices (convert reads at most 64) with 64 interfaces, 100
+// memory.stat keys and 256 CPUs, has 13,779 fields, 2,744 messages and
+// 108 map entries (TestCountReply): the budget is about twice that, and
+// four times the memory.stat of a cgroup v2 guest (about 50 keys) for map
+// entries, which cost the most each (a string key, a map insert, then
+// convert's pass over the keys: 4,000 keys in each of 25 replies cost
+// statsd 98 ms a poll, against 2.5 ms for ordinary replies).
+var statsReplyBudget = replyBudget{fields: 32768, messages: 4096, mapEntries: 512}
 
-// maxReplyMapEntries bounds the map entries among them: memory.stat keys
-// (about 50 on a cgroup v2 guest, 36 on v1) and huge page sizes. A map
-// entry costs about four times a list entry to decode (a string key, a map
-// insert, then convert's pass over the keys): 4,000 keys in each of 25
-// replies cost statsd 98 ms a poll, against 2.5 ms for ordinary replies.
-const maxReplyMapEntries = 512
+// envelopeBudget bounds ttrpc's Response around a payload: a status code
+// and message, the payload as one opaque field. No Kata agent sends status
+// details; a few are allowed.
+var envelopeBudget = replyBudget{fields: 64, messages: 8, mapEntries: 0}
 
-// errTooManyMessages marks a reply refused undecoded for its message or
-// map entry count; it also wraps source.ErrMalformed: the agent answered,
-// wrongly.
-var errTooManyMessages = errors.New("microvm: reply has more messages than statsd decodes")
+// errOverBudget marks a reply refused undecoded for what it holds.
+var errOverBudget = errors.New("reply holds more than statsd decodes")
 
-// statsReplyDescriptor is the message a StatsContainer reply decodes into.
-var statsReplyDescriptor = (&katagrpc.StatsContainerResponse{}).ProtoReflect().Descriptor()
+var (
+	statsReplyDescriptor = (&katagrpc.StatsContainerResponse{}).ProtoReflect().Descriptor()
+	envelopeDescriptor   = (&ttrpc.Response{}).ProtoReflect().Descriptor()
+)
 
-// messageBudget is a ttrpc client interceptor that counts the messages of
-// a StatsContainer reply on the wire and refuses one over limit before the
-// client decodes it. Other methods pass through.
-func messageBudget(limit replyBudget) ttrpc.UnaryClientInterceptor {
+// payloadBudget is a ttrpc client interceptor that checks a StatsContainer
+// reply's payload against statsReplyBudget before the client decodes it.
+// Other methods pass through.
+func payloadBudget() ttrpc.UnaryClientInterceptor {
 	full := "/" + agentService + "/" + statsMethod
 	return func(ctx context.Context, req *ttrpc.Request, resp *ttrpc.Response, info *ttrpc.UnaryClientInfo, invoke ttrpc.Invoker) error {
-		if err := invoke(ctx, req, resp); err != nil {
+		if err := invoke(ctx, req, resp); err != nil || info.FullMethod != full {
 			return err
 		}
-		if info.FullMethod != full {
-			return nil
-		}
-		if _, err := countMessages(resp.Payload, statsReplyDescriptor, limit); err != nil {
-			resp.Payload = nil // never decoded
-			return err
-		}
-		return nil
+		_, err := countReply(resp.Payload, statsReplyDescriptor, statsReplyBudget)
+		return err
 	}
 }
 
-// replyBudget is what one reply may hold.
-type replyBudget struct{ messages, mapEntries int }
+// replyCounts is what countReply found.
+type replyCounts struct{ fields, messages, mapEntries int }
 
-// defaultReplyBudget is the budget of every StatsContainer reply.
-var defaultReplyBudget = replyBudget{messages: maxReplyMessages, mapEntries: maxReplyMapEntries}
-
-// countMessages counts the messages within b, a message md on the wire, at
-// every depth, stopping with errTooManyMessages once the count of messages
-// or of map entries passes its limit. It allocates nothing. Bytes that are
-// not valid wire format are left for the decoder to refuse: they count what
-// was read.
-func countMessages(b []byte, md protoreflect.MessageDescriptor, limit replyBudget) (int, error) {
-	c := messageCounter{limit: limit}
+// countReply counts what b, a message md on the wire, holds (see
+// replyBudget), stopping with errOverBudget, naming the field, once a count
+// passes its limit. It allocates nothing but that error. Bytes that are not
+// valid wire format are left for the decoder to refuse: they count what was
+// read.
+func countReply(b []byte, md protoreflect.MessageDescriptor, limit replyBudget) (replyCounts, error) {
+	c := replyCounter{limit: limit}
 	err := c.walk(b, md)
-	return c.messages, err
+	return c.n, err
 }
 
-type messageCounter struct {
-	messages, mapEntries int
-	limit                replyBudget
+type replyCounter struct {
+	n     replyCounts
+	limit replyBudget
 }
 
-func (c *messageCounter) walk(b []byte, md protoreflect.MessageDescriptor) error {
+// walk counts the fields of b, a message md (nil: a group or a message of
+// unknown type, whose fields count but have no type).
+func (c *replyCounter) walk(b []byte, md protoreflect.MessageDescriptor) error {
 	for len(b) > 0 {
 		num, typ, tagLen := protowire.ConsumeTag(b)
 		if tagLen < 0 {
@@ -97,23 +100,83 @@ func (c *messageCounter) walk(b []byte, md protoreflect.MessageDescriptor) error
 		if valLen < 0 {
 			return nil
 		}
-		if typ == protowire.BytesType {
-			if fd := md.Fields().ByNumber(num); fd != nil && fd.Message() != nil {
-				if c.messages++; c.messages > c.limit.messages {
-					return fmt.Errorf("%w: %w: over %d", source.ErrMalformed, errTooManyMessages, c.limit.messages)
+		var fd protoreflect.FieldDescriptor
+		if md != nil {
+			fd = md.Fields().ByNumber(num)
+		}
+		elems := 1
+		switch typ {
+		case protowire.BytesType:
+			v, _ := protowire.ConsumeBytes(b[tagLen:])
+			switch {
+			case fd == nil:
+			case fd.Message() != nil:
+				if c.n.messages++; c.n.messages > c.limit.messages {
+					return c.over("messages", c.limit.messages, md, num)
 				}
 				if fd.IsMap() {
-					if c.mapEntries++; c.mapEntries > c.limit.mapEntries {
-						return fmt.Errorf("%w: %w: over %d map entries", source.ErrMalformed, errTooManyMessages, c.limit.mapEntries)
+					if c.n.mapEntries++; c.n.mapEntries > c.limit.mapEntries {
+						return c.over("map entries", c.limit.mapEntries, md, num)
 					}
 				}
-				v, _ := protowire.ConsumeBytes(b[tagLen:])
+				if c.n.fields++; c.n.fields > c.limit.fields {
+					return c.over("fields", c.limit.fields, md, num)
+				}
 				if err := c.walk(v, fd.Message()); err != nil {
 					return err
 				}
+				elems = 0 // counted before its fields
+			case fd.IsList():
+				elems = packedElements(v, fd.Kind())
 			}
+		case protowire.StartGroupType:
+			v, _ := protowire.ConsumeGroup(num, b[tagLen:])
+			if c.n.fields++; c.n.fields > c.limit.fields {
+				return c.over("fields", c.limit.fields, md, num)
+			}
+			if err := c.walk(v, nil); err != nil {
+				return err
+			}
+			elems = 0
+		}
+		if c.n.fields += elems; c.n.fields > c.limit.fields {
+			return c.over("fields", c.limit.fields, md, num)
 		}
 		b = b[tagLen+valLen:]
 	}
 	return nil
+}
+
+// over is errOverBudget for a count that passed its limit at field num of
+// md, named as the schema names it.
+func (c *replyCounter) over(what string, limit int, md protoreflect.MessageDescriptor, num protowire.Number) error {
+	where := fmt.Sprintf("field %d of a group or unknown message", num)
+	if md != nil {
+		where = fmt.Sprintf("field %d of %s", num, md.FullName())
+		if fd := md.Fields().ByNumber(num); fd != nil {
+			where = string(fd.FullName())
+		}
+	}
+	return fmt.Errorf("%w: over %d %s (at %s)", errOverBudget, limit, what, where)
+}
+
+// packedElements is the number of elements of a packed list of kind k: one
+// per varint, or per fixed-size value. A repeated string or bytes field is
+// one element per field.
+func packedElements(v []byte, k protoreflect.Kind) int {
+	switch k {
+	case protoreflect.StringKind, protoreflect.BytesKind:
+		return 1
+	case protoreflect.Fixed32Kind, protoreflect.Sfixed32Kind, protoreflect.FloatKind:
+		return max(1, len(v)/4)
+	case protoreflect.Fixed64Kind, protoreflect.Sfixed64Kind, protoreflect.DoubleKind:
+		return max(1, len(v)/8)
+	}
+	n := 0
+	for _, x := range v {
+		if x < 0x80 {
+			n++
+		}
+	}
+	return max(1, n)
 }

@@ -8,8 +8,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/containerd/ttrpc"
+	spb "google.golang.org/genproto/googleapis/rpc/status"
+	grpcstatus "google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -17,7 +22,7 @@ import (
 )
 
 // decodedMessages counts the messages within m as decoded: the ground truth
-// countMessages must reach on the wire without decoding.
+// countReply must reach on the wire without decoding.
 func decodedMessages(m protoreflect.Message) int {
 	n := 0
 	m.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
@@ -44,67 +49,161 @@ func decodedMessages(m protoreflect.Message) int {
 }
 
 // largestReadable is the largest reply statsd reads whole: 64 devices and
-// 64 interfaces (convert's caps), 100 memory.stat keys.
+// 64 interfaces (convert's caps), 100 memory.stat keys, 256 CPUs.
 func largestReadable() *katagrpc.StatsContainerResponse {
-	return kataagentfake.Bulky(100, maxDevices, maxInterfaces)
+	r := kataagentfake.Bulky(100, maxDevices, maxInterfaces)
+	r.CgroupStats.CpuStats.CpuUsage.PercpuUsage = make([]uint64, 256)
+	for i := range r.CgroupStats.CpuStats.CpuUsage.PercpuUsage {
+		r.CgroupStats.CpuStats.CpuUsage.PercpuUsage[i] = 1e12 + uint64(i) // 6 bytes each
+	}
+	return r
 }
 
-// TestCountMessages: the count on the wire equals the decoded count for
-// ordinary and for the largest readable replies, which fit in the budget
-// with room to spare; a reply over either count does not, though it fits
-// in the frame cap.
-func TestCountMessages(t *testing.T) {
+// repeatedField is n copies of field num with a varint value 0 (2 bytes
+// each for num < 16), behind prefix.
+func repeatedField(prefix []byte, num protowire.Number, typ protowire.Type, n int) []byte {
+	b := prefix
+	for range n {
+		b = protowire.AppendTag(b, num, typ)
+		b = protowire.AppendVarint(b, 0)
+	}
+	return b
+}
+
+// nested wraps body as field num, a message on the wire, of each level
+// from the innermost out.
+func nested(body []byte, nums ...protowire.Number) []byte {
+	for i := len(nums) - 1; i >= 0; i-- {
+		body = protowire.AppendBytes(protowire.AppendTag(nil, nums[i], protowire.BytesType), body)
+	}
+	return body
+}
+
+// TestCountReply: the messages counted on the wire equal those decoded for
+// ordinary replies and the largest readable one, which fits in the budget
+// with room to spare; a reply over any count is refused naming the field,
+// each of them under the frame cap. The last five are what a second
+// reviewer found passing a count of messages alone, each costing about as
+// much to decode as 14,000 keys.
+func TestCountReply(t *testing.T) {
+	marshal := func(r *katagrpc.StatsContainerResponse) []byte {
+		b, err := proto.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	perCPU := func(n int) []byte { // cgroup_stats.cpu_stats.cpu_usage.percpu_usage, packed
+		var packed []byte
+		for range n {
+			packed = protowire.AppendVarint(packed, 1)
+		}
+		return nested(protowire.AppendBytes(protowire.AppendTag(nil, 2, protowire.BytesType), packed), 1, 1, 1)
+	}
 	for _, tc := range []struct {
 		name    string
-		reply   *katagrpc.StatsContainerResponse
-		atMost  int    // the count must be at most this
-		refused string // the error's words, "" if the reply fits
+		wire    []byte
+		fits    replyBudget // the counts must be at most these
+		refused string      // the error's words, "" if the reply fits
 	}{
-		{"ordinary v2", kataagentfake.V2(v2a), 100, ""},
-		{"ordinary v1 with a device and an interface", kataagentfake.V1(kataagentfake.Container{CPUTotal: 1,
-			Devices: []kataagentfake.Device{{Major: 8, ReadBytes: 1}}, Network: []*katagrpc.NetworkStats{kataagentfake.Iface("eth0", 1, 1, 1, 1)}}), 100, ""},
-		{"largest readable", largestReadable(), maxReplyMessages * 3 / 4, ""},
+		{"ordinary v2", marshal(kataagentfake.V2(v2a)), replyBudget{100, 30, 30}, ""},
+		{"ordinary v1 with a device and an interface", marshal(kataagentfake.V1(kataagentfake.Container{CPUTotal: 1,
+			Devices: []kataagentfake.Device{{Major: 8, ReadBytes: 1}}, Network: []*katagrpc.NetworkStats{kataagentfake.Iface("eth0", 1, 1, 1, 1)}})), replyBudget{150, 30, 10}, ""},
+		{"largest readable", marshal(largestReadable()), replyBudget{statsReplyBudget.fields / 2, statsReplyBudget.messages * 3 / 4, statsReplyBudget.mapEntries / 4}, ""},
 		// Bulky's reply has 6 memory.stat keys and 2 huge page sizes of its own.
-		{"map entries at the budget", kataagentfake.Bulky(maxReplyMapEntries-8, 0, 0), maxReplyMapEntries + 20, ""},
-		{"one map entry over the budget", kataagentfake.Bulky(maxReplyMapEntries-7, 0, 0), 0, "over 512 map entries"},
-		{"14,000 memory.stat keys", kataagentfake.Bulky(14_000, 0, 0), 0, "over 512 map entries"},
-		{"110 devices in all eight lists", kataagentfake.Bulky(0, 110, 0), 0, "over 4096"},
-		{"5,000 interfaces", kataagentfake.Bulky(0, 0, 5_000), 0, "over 4096"},
+		{"map entries at the budget", marshal(kataagentfake.Bulky(statsReplyBudget.mapEntries-8, 0, 0)), statsReplyBudget, ""},
+		{"one map entry over the budget", marshal(kataagentfake.Bulky(statsReplyBudget.mapEntries-7, 0, 0)), replyBudget{}, "over 512 map entries"},
+		{"14,000 memory.stat keys", marshal(kataagentfake.Bulky(14_000, 0, 0)), replyBudget{}, "over 512 map entries (at grpc.MemoryStats.stats)"},
+		{"110 devices in all eight lists", marshal(kataagentfake.Bulky(0, 110, 0)), replyBudget{}, "over 4096 messages"},
+		{"5,000 interfaces", marshal(kataagentfake.Bulky(0, 0, 5_000)), replyBudget{}, "over 4096 messages (at grpc.StatsContainerResponse.network_stats)"},
+		{"131,000 unknown fields", repeatedField(nil, 3, protowire.VarintType, 131_000), replyBudget{}, "over 32768 fields (at field 3 of grpc.StatsContainerResponse)"},
+		{"a message field sent as 131,000 varints", repeatedField(nil, 1, protowire.VarintType, 131_000), replyBudget{}, "over 32768 fields (at grpc.StatsContainerResponse.cgroup_stats)"},
+		{"a group of 80,000 fields", protowire.AppendTag(repeatedField(protowire.AppendTag(nil, 1, protowire.StartGroupType), 2, protowire.VarintType, 80_000), 1, protowire.EndGroupType),
+			replyBudget{}, "over 32768 fields (at field 2 of a group or unknown message)"},
+		{"an interface named 65,000 times", nested(func() []byte {
+			var b []byte
+			for range 65_000 {
+				b = protowire.AppendString(protowire.AppendTag(b, 1, protowire.BytesType), "e")
+			}
+			return b
+		}(), 2), replyBudget{}, "over 32768 fields (at grpc.NetworkStats.name)"},
+		{"per-CPU usage, 131,000 packed", perCPU(131_000), replyBudget{}, "over 32768 fields (at grpc.CpuUsage.percpu_usage)"},
+		{"per-CPU usage, 256 packed", perCPU(256), replyBudget{300, 3, 0}, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			b, err := proto.Marshal(tc.reply)
-			if err != nil {
-				t.Fatal(err)
+			if len(tc.wire) > maxAgentFrameBytes {
+				t.Fatalf("the reply is %d bytes: the frame cap alone would refuse it", len(tc.wire))
 			}
-			n, err := countMessages(b, statsReplyDescriptor, defaultReplyBudget)
-			t.Logf("%d bytes, %d messages counted", len(b), n)
+			n, err := countReply(tc.wire, statsReplyDescriptor, statsReplyBudget)
+			t.Logf("%d bytes: %+v", len(tc.wire), n)
 			if tc.refused != "" {
-				if !errors.Is(err, errTooManyMessages) || !errors.Is(err, source.ErrMalformed) || !strings.Contains(err.Error(), tc.refused) {
-					t.Fatalf("err = %v, want errTooManyMessages, ErrMalformed and %q", err, tc.refused)
-				}
-				if len(b) > maxAgentFrameBytes {
-					t.Fatalf("the reply is %d bytes: the frame cap alone would refuse it", len(b))
+				if !errors.Is(err, errOverBudget) || !strings.Contains(err.Error(), tc.refused) {
+					t.Fatalf("err = %v, want errOverBudget and %q", err, tc.refused)
 				}
 				return
 			}
 			if err != nil {
 				t.Fatal(err)
 			}
-			if want := decodedMessages(tc.reply.ProtoReflect()); n != want {
-				t.Errorf("counted %d messages on the wire, %d decoded", n, want)
+			if n.fields > tc.fits.fields || n.messages > tc.fits.messages || n.mapEntries > tc.fits.mapEntries {
+				t.Errorf("counted %+v, want at most %+v", n, tc.fits)
 			}
-			if n > tc.atMost {
-				t.Errorf("%d messages, want at most %d", n, tc.atMost)
+			var r katagrpc.StatsContainerResponse
+			if err := proto.Unmarshal(tc.wire, &r); err != nil {
+				t.Fatal(err)
+			}
+			if want := decodedMessages(r.ProtoReflect()); n.messages != want {
+				t.Errorf("counted %d messages on the wire, %d decoded", n.messages, want)
 			}
 		})
 	}
 }
 
-// TestTooManyMessagesRefusedUndecoded: through the real ttrpc client and
-// the fake agent, a reply over the cap is refused as malformed (the agent
-// answered, wrongly) without cutting the connection, and polls read again
-// on the same connection once the reply is ordinary.
-func TestTooManyMessagesRefusedUndecoded(t *testing.T) {
+// TestEnvelopeBudget: ttrpc's Response around a payload holds a status and
+// the payload; a status with many details is refused (ttrpc would decode
+// them before any interceptor: 131,000 empty ones cost 43-50 ms and 32 MB).
+func TestEnvelopeBudget(t *testing.T) {
+	details := func(n int) *spb.Status {
+		st := &spb.Status{Code: 13, Message: "agent: failed"}
+		for range n {
+			st.Details = append(st.Details, &anypb.Any{})
+		}
+		return st
+	}
+	for _, tc := range []struct {
+		name    string
+		resp    *ttrpc.Response
+		refused string
+	}{
+		{"a payload", &ttrpc.Response{Payload: make([]byte, 200<<10)}, ""},
+		{"an error status", &ttrpc.Response{Status: details(0)}, ""},
+		{"an error status with 7 details", &ttrpc.Response{Status: details(7)}, ""},
+		{"an error status with 8 details", &ttrpc.Response{Status: details(8)}, "over 8 messages (at google.rpc.Status.details)"},
+		{"an error status with 100,000 details", &ttrpc.Response{Status: details(100_000)}, "over 8 messages"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			b, err := proto.Marshal(tc.resp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, err = countReply(b, envelopeDescriptor, envelopeBudget)
+			switch {
+			case tc.refused == "" && err != nil:
+				t.Fatal(err)
+			case tc.refused != "" && (!errors.Is(err, errOverBudget) || !strings.Contains(err.Error(), tc.refused)):
+				t.Fatalf("err = %v, want errOverBudget and %q", err, tc.refused)
+			}
+		})
+	}
+}
+
+// TestOverBudgetRefusedUndecoded: through the real ttrpc client and the fake
+// agent, a reply whose payload is over the budget is refused as malformed
+// (the agent answered, wrongly) without cutting the connection, and polls
+// read again on the same connection once the reply is ordinary. A status
+// with too many details is refused by the frame guard, which cuts the
+// connection: the envelope is ttrpc's, and ttrpc decodes it.
+func TestOverBudgetRefusedUndecoded(t *testing.T) {
 	hostile := kataagentfake.Bulky(14_000, 0, 0)
 	var opts []kataagentfake.Option
 	var ids []string
@@ -118,8 +217,8 @@ func TestTooManyMessagesRefusedUndecoded(t *testing.T) {
 	cfg.CallTimeout = 5 * time.Second // the fake encodes 14,000 keys a reply: slow under -race
 	s := mustOpen(t, agent.Address(), cfg, ids...)
 	_, err := s.Sample(context.Background())
-	if !errors.Is(err, source.ErrMalformed) || !strings.Contains(err.Error(), "more messages than statsd decodes") {
-		t.Fatalf("err = %v, want the replies refused for their message count", err)
+	if !errors.Is(err, source.ErrMalformed) || !strings.Contains(err.Error(), "reply holds more than statsd decodes: over 512 map entries") {
+		t.Fatalf("err = %v, want the replies refused for their map entries", err)
 	}
 	for _, id := range ids {
 		agent.SetContainer(id, kataagentfake.V2(v2b))
@@ -128,14 +227,31 @@ func TestTooManyMessagesRefusedUndecoded(t *testing.T) {
 	if d := agent.Dials(); d != 1 {
 		t.Fatalf("%d dials: the connection was replaced, want it kept (the agent answered)", d)
 	}
+
+	st := &spb.Status{Code: 13, Message: "agent: failed"}
+	for range 100_000 {
+		st.Details = append(st.Details, &anypb.Any{})
+	}
+	for _, id := range ids {
+		agent.SetContainerError(id, grpcstatus.ErrorProto(st))
+	}
+	_, err = s.Sample(context.Background())
+	if !errors.Is(err, source.ErrMalformed) || !strings.Contains(err.Error(), "the agent sent a frame statsd refuses: the response on stream") ||
+		!strings.Contains(err.Error(), "over 8 messages (at google.rpc.Status.details)") {
+		t.Fatalf("err = %v, want the connection cut by the guard for the status details", err)
+	}
+	for _, id := range ids {
+		agent.SetContainer(id, kataagentfake.V2(v2b))
+	}
+	pollUntil(t, s, 3*time.Second, func(err error) bool { return err == nil })
 }
 
-// FuzzCountMessages: countMessages never panics; on a reply the decoder
-// accepts, the decoded messages are at most twice the count (the decoder
-// merges a repeated singular message or map key, and gives a map entry
-// sent without its value an empty one), and exactly the count when the
-// reply is its own re-encoding.
-func FuzzCountMessages(f *testing.F) {
+// FuzzCountReply: countReply never panics; on a reply the decoder accepts,
+// the decoded messages are at most twice the count (the decoder merges a
+// repeated singular message or map key, and gives a map entry sent without
+// its value an empty one), exactly the count when the reply is its own
+// re-encoding, and the fields counted at least the messages.
+func FuzzCountReply(f *testing.F) {
 	emptyValue := kataagentfake.V2(v2a)
 	emptyValue.CgroupStats.HugetlbStats = map[string]*katagrpc.HugetlbStats{"2MB": {}}
 	for _, r := range []*katagrpc.StatsContainerResponse{kataagentfake.V2(v2a), kataagentfake.Bulky(3, 2, 2), {}, emptyValue} {
@@ -147,14 +263,19 @@ func FuzzCountMessages(f *testing.F) {
 	}
 	// A hugetlb_stats entry of a key alone: the decoder makes its value.
 	f.Add([]byte{0x0a, 0x07, 0x2a, 0x05, 0x0a, 0x03, '2', 'M', 'B'})
+	// A group holding a varint, then an unknown field.
+	f.Add([]byte{0x0b, 0x10, 0x01, 0x0c, 0x18, 0x05})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		n, err := countMessages(b, statsReplyDescriptor, defaultReplyBudget)
+		n, err := countReply(b, statsReplyDescriptor, statsReplyBudget)
+		if n.fields < n.messages || n.messages < n.mapEntries {
+			t.Fatalf("counts %+v", n)
+		}
 		var r katagrpc.StatsContainerResponse
 		if proto.Unmarshal(b, &r) != nil {
 			return
 		}
 		if err != nil {
-			if !errors.Is(err, errTooManyMessages) {
+			if !errors.Is(err, errOverBudget) {
 				t.Fatalf("err %v on a decodable reply", err)
 			}
 			return
@@ -162,15 +283,15 @@ func FuzzCountMessages(f *testing.F) {
 		// The count bounds the decoder's work: each message counted makes
 		// at most one more (a map entry sent without its value gets an
 		// empty one).
-		if want := decodedMessages(r.ProtoReflect()); want > 2*n {
-			t.Fatalf("counted %d, decoded %d", n, want)
+		if want := decodedMessages(r.ProtoReflect()); want > 2*n.messages {
+			t.Fatalf("counted %d, decoded %d", n.messages, want)
 		}
 		again, err := proto.MarshalOptions{Deterministic: true}.Marshal(&r)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if m, err := countMessages(again, statsReplyDescriptor, defaultReplyBudget); err != nil || m != decodedMessages(r.ProtoReflect()) {
-			t.Fatalf("re-encoded: counted %d, %v; decoded %d", m, err, decodedMessages(r.ProtoReflect()))
+		if m, err := countReply(again, statsReplyDescriptor, statsReplyBudget); err != nil || m.messages != decodedMessages(r.ProtoReflect()) {
+			t.Fatalf("re-encoded: counted %+v, %v; decoded %d", m, err, decodedMessages(r.ProtoReflect()))
 		}
 	})
 }

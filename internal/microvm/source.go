@@ -208,10 +208,10 @@ func (s *guestSource) callError(c *agentConn, method, id string, err error) erro
 			s.cut(c, fmt.Errorf("%w: %d calls in a row got no answer within %s", source.ErrTimeout, n, s.cfg.CallTimeout))
 		}
 		return fmt.Errorf("microvm: %w: %s: no answer within %s", source.ErrTimeout, where, s.cfg.CallTimeout)
-	case errors.Is(err, errTooManyMessages):
+	case errors.Is(err, errOverBudget):
 		// Refused undecoded (replybudget.go); the connection is sound.
 		s.answered(c)
-		return fmt.Errorf("microvm: %s: %w", where, err)
+		return fmt.Errorf("microvm: %w: %s: %w", source.ErrMalformed, where, err)
 	case errors.Is(err, proto.Error):
 		return fmt.Errorf("microvm: %w: %s: undecodable reply: %w", source.ErrMalformed, where, err)
 	}
