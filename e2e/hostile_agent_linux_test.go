@@ -130,8 +130,9 @@ func TestIntegrationHostileAgentFloodsInactiveStreams(t *testing.T) {
 // memory.stat keys a reply cost about 240 ms of statsd CPU per poll (3.5 ms
 // for an ordinary guest), every reply decoded. Now a reply holding more
 // fields, messages or map entries than any agent sends is refused undecoded
-// (the poll answers, the reason says why), and one at the budget costs
-// about what the largest reply statsd reads whole costs.
+// (the poll answers, the reason says why), so is one holding a group (no
+// agent sends one), and one at the budget costs about what the largest
+// reply statsd reads whole costs.
 func TestIntegrationHostileAgentManyEntries(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the statsd binary against a hostile agent")
@@ -148,6 +149,21 @@ func TestIntegrationHostileAgentManyEntries(t *testing.T) {
 		r.ProtoReflect().SetUnknown(raw)
 		return r
 	}
+	nestedGroups := func(depth int) *katagrpc.StatsContainerResponse {
+		// Groups within groups in cgroup_stats: skipping them rescans
+		// each level (6-7 s a reply, 9,999 deep).
+		r := kataagentfake.V2(kataagentfake.Container{UsageBytes: 64 << 20, CPUTotal: 1e9})
+		var raw []byte
+		for range depth {
+			raw = protowire.AppendTag(raw, 7, protowire.StartGroupType)
+		}
+		raw = protowire.AppendVarint(protowire.AppendTag(raw, 1, protowire.VarintType), 0)
+		for range depth {
+			raw = protowire.AppendTag(raw, 7, protowire.EndGroupType)
+		}
+		r.CgroupStats.ProtoReflect().SetUnknown(raw)
+		return r
+	}
 	perPoll := map[string]time.Duration{}
 	for _, tc := range []struct {
 		name    string
@@ -161,6 +177,7 @@ func TestIntegrationHostileAgentManyEntries(t *testing.T) {
 		{"fields at the budget", unknownFields(32_000), ""},
 		{"14,000 keys", kataagentfake.Bulky(14_000, 0, 0), "over 512 map entries"},
 		{"100,000 unknown fields", unknownFields(100_000), "over 32768 fields"},
+		{"groups 9,999 deep", nestedGroups(9_999), "a group (at field 7 of grpc.CgroupStats)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var opts []kataagentfake.Option
@@ -212,7 +229,7 @@ func TestIntegrationHostileAgentManyEntries(t *testing.T) {
 			t.Errorf("statsd CPU per poll with %s: %v, want at most %v (about the largest readable reply's, %v)", name, perPoll[name], bound, largest)
 		}
 	}
-	for _, name := range []string{"14,000 keys", "100,000 unknown fields"} {
+	for _, name := range []string{"14,000 keys", "100,000 unknown fields", "groups 9,999 deep"} {
 		if bound := largest + 20*time.Millisecond; perPoll[name] > bound {
 			t.Errorf("statsd CPU per poll refusing %s: %v, want at most %v (the largest readable reply's)", name, perPoll[name], bound)
 		}

@@ -66,7 +66,8 @@ func BenchmarkAgentSample(b *testing.B) {
 // ordinary reply's decode (baseline): the largest reply read whole, the
 // most a reply within the budget can hold (all map entries; all fields as
 // unknown varints), and replies over it: 14,000 memory.stat keys decoded
-// (before the budget) and refused, and 131,000 unknown fields refused.
+// (before the budget) and refused, 131,000 unknown fields refused, and
+// groups 9,999 deep decoded and refused.
 func BenchmarkHostileReply(b *testing.B) {
 	marshal := func(r *katagrpc.StatsContainerResponse) []byte {
 		w, err := proto.Marshal(r)
@@ -89,6 +90,8 @@ func BenchmarkHostileReply(b *testing.B) {
 		{"14000-keys-decoded", keys, decodeReply},
 		{"14000-keys-refused", keys, countAndDecode},
 		{"131000-fields-refused", repeatedField(nil, 3, protowire.VarintType, 131_000), countAndDecode},
+		{"nested-groups-decoded", nested(nestedGroups(9_999, 22_000), 1), decodeReply},
+		{"nested-groups-refused", nested(nestedGroups(9_999, 22_000), 1), countAndDecode},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
 			b.ReportAllocs()

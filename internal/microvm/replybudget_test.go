@@ -70,6 +70,20 @@ func repeatedField(prefix []byte, num protowire.Number, typ protowire.Type, n in
 	return b
 }
 
+// nestedGroups is depth groups (field 7) one within the other, fields
+// varints at the bottom.
+func nestedGroups(depth, fields int) []byte {
+	var b []byte
+	for range depth {
+		b = protowire.AppendTag(b, 7, protowire.StartGroupType)
+	}
+	b = repeatedField(b, 1, protowire.VarintType, fields)
+	for range depth {
+		b = protowire.AppendTag(b, 7, protowire.EndGroupType)
+	}
+	return b
+}
+
 // nested wraps body as field num, a message on the wire, of each level
 // from the innermost out.
 func nested(body []byte, nums ...protowire.Number) []byte {
@@ -119,7 +133,10 @@ func TestCountReply(t *testing.T) {
 		{"131,000 unknown fields", repeatedField(nil, 3, protowire.VarintType, 131_000), replyBudget{}, "over 32768 fields (at field 3 of grpc.StatsContainerResponse)"},
 		{"a message field sent as 131,000 varints", repeatedField(nil, 1, protowire.VarintType, 131_000), replyBudget{}, "over 32768 fields (at grpc.StatsContainerResponse.cgroup_stats)"},
 		{"a group of 80,000 fields", protowire.AppendTag(repeatedField(protowire.AppendTag(nil, 1, protowire.StartGroupType), 2, protowire.VarintType, 80_000), 1, protowire.EndGroupType),
-			replyBudget{}, "over 32768 fields (at field 2 of a group or unknown message)"},
+			replyBudget{}, "a group (at grpc.StatsContainerResponse.cgroup_stats): no agent sends one"},
+		// A second reviewer's: skipping nested groups rescans each level
+		// (6-7 s a reply at this depth before groups were refused).
+		{"groups 9,999 deep in a cgroup_stats", nested(nestedGroups(9_999, 22_000), 1), replyBudget{}, "a group (at field 7 of grpc.CgroupStats)"},
 		{"an interface named 65,000 times", nested(func() []byte {
 			var b []byte
 			for range 65_000 {
@@ -263,8 +280,9 @@ func FuzzCountReply(f *testing.F) {
 	}
 	// A hugetlb_stats entry of a key alone: the decoder makes its value.
 	f.Add([]byte{0x0a, 0x07, 0x2a, 0x05, 0x0a, 0x03, '2', 'M', 'B'})
-	// A group holding a varint, then an unknown field.
+	// A group holding a varint, then an unknown field; groups 3 deep.
 	f.Add([]byte{0x0b, 0x10, 0x01, 0x0c, 0x18, 0x05})
+	f.Add(nestedGroups(3, 2))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		n, err := countReply(b, statsReplyDescriptor, statsReplyBudget)
 		if n.fields < n.messages || n.messages < n.mapEntries {

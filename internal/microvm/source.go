@@ -208,8 +208,9 @@ func (s *guestSource) callError(c *agentConn, method, id string, err error) erro
 			s.cut(c, fmt.Errorf("%w: %d calls in a row got no answer within %s", source.ErrTimeout, n, s.cfg.CallTimeout))
 		}
 		return fmt.Errorf("microvm: %w: %s: no answer within %s", source.ErrTimeout, where, s.cfg.CallTimeout)
-	case errors.Is(err, errOverBudget):
-		// Refused undecoded (replybudget.go); the connection is sound.
+	case errors.Is(err, errOverBudget) && !errors.Is(err, errHostileFrame):
+		// A payload refused undecoded (replybudget.go); the connection is
+		// sound. (An envelope over its budget is the guard's cut, below.)
 		s.answered(c)
 		return fmt.Errorf("microvm: %w: %s: %w", source.ErrMalformed, where, err)
 	case errors.Is(err, proto.Error):
