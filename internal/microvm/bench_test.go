@@ -69,13 +69,7 @@ func BenchmarkAgentSample(b *testing.B) {
 // (before the budget) and refused, 131,000 unknown fields refused, and
 // groups 9,999 deep decoded and refused.
 func BenchmarkHostileReply(b *testing.B) {
-	marshal := func(r *katagrpc.StatsContainerResponse) []byte {
-		w, err := proto.Marshal(r)
-		if err != nil {
-			b.Fatal(err)
-		}
-		return w
-	}
+	marshal := func(m proto.Message) []byte { return mustMarshal(b, m) }
 	keys := marshal(kataagentfake.Bulky(14_000, 0, 0))
 	for _, bc := range []struct {
 		name string
