@@ -28,14 +28,30 @@ type listenResult struct {
 // ListenIn listens on ns.Addr (a free port) inside ns. The socket is made by
 // a goroutine locked to a thread that joined ns (setns), so it belongs to ns;
 // that thread is never unlocked, so it ends with the goroutine instead of
-// going back to the runtime in another namespace. The test's cleanup closes
-// the listener.
+// going back to the runtime in another namespace. It is never the main
+// thread, which Go keeps (as hoststat's private debugfs mount does). The
+// test's cleanup closes the listener.
 func ListenIn(t testing.TB, ns NetNS, deadline time.Duration) *Listener {
 	t.Helper()
 	l := &Listener{done: make(chan listenResult, 1)}
 	ready := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread() // never unlocked: the thread dies with this goroutine
+	var serve func()
+	serve = func() {
+		runtime.LockOSThread()
+		if unix.Gettid() == unix.Getpid() {
+			// Go never discards the main thread: set into ns it would
+			// stay there, and the test process with it (/proc/<pid>/ns/net
+			// is the main thread's; a CI run found the namespace still
+			// held after the test). Hold it while a goroutine that cannot
+			// run on it listens, and release it untouched.
+			done := make(chan struct{})
+			go func() { defer close(done); serve() }()
+			<-done
+			runtime.UnlockOSThread()
+			return
+		}
+		// No UnlockOSThread from here on: this thread dies with the
+		// goroutine.
 		f, err := os.Open(ns.Path)
 		if err == nil {
 			err = unix.Setns(int(f.Fd()), unix.CLONE_NEWNET)
@@ -61,7 +77,8 @@ func ListenIn(t testing.TB, ns NetNS, deadline time.Duration) *Listener {
 		c.SetDeadline(time.Now().Add(deadline))
 		n, err := io.Copy(io.Discard, c)
 		l.done <- listenResult{n, err}
-	}()
+	}
+	go serve()
 	if err := <-ready; err != nil {
 		t.Fatalf("listen in %s: %v", ns.Name, err)
 	}
