@@ -74,10 +74,9 @@ type replyCounts struct{ fields, messages, mapEntries int }
 
 // countReply counts what b, a message md on the wire, holds (see
 // replyBudget), stopping with errOverBudget, naming the field, once a count
-// passes its limit, or with errOverBudget at a group (proto3 has none). It
-// allocates nothing but that error. Bytes that are not
-// valid wire format are left for the decoder to refuse: they count what was
-// read.
+// passes its limit or at a group (proto3 has none). It allocates nothing but
+// that error. Bytes that are not valid wire format are left for the decoder
+// to refuse: they count what was read.
 func countReply(b []byte, md protoreflect.MessageDescriptor, limit replyBudget) (replyCounts, error) {
 	c := replyCounter{limit: limit}
 	err := c.walk(b, md)
