@@ -46,12 +46,7 @@ type churn struct {
 
 func startChurn(t *testing.T) *churn {
 	t.Helper()
-	c := &churn{bin: testenv.BuildBinaries(t, "statsagent"), dir: t.TempDir(), truth: map[string]uint64{}}
-	for _, sub := range []string{"stats", "lifecycle"} {
-		if err := os.Mkdir(filepath.Join(c.dir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	c := &churn{bin: testenv.BuildBinaries(t, "statsagent"), dir: fleetDir(t), truth: map[string]uint64{}}
 	c.actLog = filepath.Join(c.dir, "activations.jsonl")
 	glob := filepath.Join(c.dir, "stats", "*.sock")
 	c.agentURL = testenv.StartStatsagent(t, c.bin, c.dir, "--sockets", glob, "--interval", churnInterval.String(),

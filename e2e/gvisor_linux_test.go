@@ -3,7 +3,6 @@ package e2e
 import (
 	"encoding/json"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -109,12 +108,7 @@ func TestIntegrationGVisorOOMKilled(t *testing.T) {
 	}
 	sb := testenv.StartSandboxWith(t, testenv.SandboxOptions{MemoryLimit: 64 << 20}, "/bin/sh", "-c", "while true; do sleep 1; done")
 	bin := testenv.BuildBinaries(t, "statsagent")
-	dir := t.TempDir()
-	for _, sub := range []string{"stats", "lifecycle"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fleetDir(t)
 	d := startStatsdIn(t, bin, dir, "oom")
 	agentURL := testenv.StartStatsagent(t, bin, dir, "--sockets", filepath.Join(dir, "stats", "*.sock"), "--interval", "1s", "--min-interval", "100ms", "--timeout", "5s")
 	const actor = "e2e-oom"

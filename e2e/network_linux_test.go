@@ -92,12 +92,7 @@ func TestIntegrationGVisorNetworkPrometheus(t *testing.T) {
 		}
 		sb := testenv.StartSandboxWith(t, testenv.SandboxOptions{NetNS: a.Path}, "/bin/sh", "-c", "while true; do sleep 1; done")
 		bin := testenv.BuildBinaries(t, "statsagent")
-		dir := t.TempDir()
-		for _, sub := range []string{"stats", "lifecycle"} {
-			if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
+		dir := fleetDir(t)
 		d := startStatsdIn(t, bin, dir, "net")
 		agentURL := testenv.StartStatsagent(t, bin, dir, "--sockets", filepath.Join(dir, "stats", "*.sock"),
 			"--interval", "500ms", "--min-interval", "100ms", "--timeout", "5s", "--label-actor")
@@ -116,21 +111,13 @@ func TestIntegrationGVisorNetworkPrometheus(t *testing.T) {
 		if !ok {
 			t.Fatalf("PromQL %s: no series (the kernel counts %.0f bytes sent)", q, raw0)
 		}
-		ln := testenv.ListenIn(t, b, 2*time.Minute)
 		const size = 10 << 20
-		host, port, _ := strings.Cut(ln.Addr, ":")
-		start := time.Now()
-		sb.Exec(t, "/bin/sh", "-c", fmt.Sprintf("dd if=/dev/zero of=/tmp/f bs=1M count=10 2>/dev/null && nc %s %s < /tmp/f", host, port))
-		got, err := ln.Received()
-		if err != nil {
-			t.Fatalf("listener in %s: %v", b.Name, err)
-		}
-		took := time.Since(start)
+		got, addr, took := testenv.SendFromSandbox(t, sb, b, size>>20, 2*time.Minute)
 		raw1 := netDevTx(t, sb.PID)
 		v1, _ := promValue(t, prom, q, func(v float64) bool { return within(v-v0, raw1-raw0, 0.01) })
 		rise := v1 - v0
 		t.Logf("10 MiB from the sandbox to %s in %v: listener received %d bytes; PromQL %s %.0f -> %.0f (+%.0f bytes, %+.2f %% over the payload: headers); /proc/%d/net/dev tx %.0f -> %.0f (+%.0f)",
-			ln.Addr, took.Round(time.Millisecond), got, q, v0, v1, rise, 100*(rise-size)/size, sb.PID, raw0, raw1, raw1-raw0)
+			addr, took.Round(time.Millisecond), got, q, v0, v1, rise, 100*(rise-size)/size, sb.PID, raw0, raw1, raw1-raw0)
 		if got != size {
 			t.Errorf("listener received %d bytes, want %d", got, size)
 		}

@@ -31,12 +31,7 @@ func TestIntegrationPrometheusDeploy(t *testing.T) {
 	needV1(t)
 	testenv.NeedPrometheus(t)
 	bin := testenv.BuildBinaries(t, "statsagent")
-	dir := t.TempDir()
-	for _, sub := range []string{"stats", "lifecycle"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fleetDir(t)
 	cgAlloc := fmt.Sprintf("/prom-e2e-%d-alloc", os.Getpid())
 	cgBurn := fmt.Sprintf("/prom-e2e-%d-burn", os.Getpid())
 	v1Cgroup(t, cgAlloc)

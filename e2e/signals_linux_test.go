@@ -185,12 +185,7 @@ func promValue(t *testing.T, p *testenv.Prometheus, query string, want func(floa
 func TestIntegrationSignalsPrometheus(t *testing.T) {
 	needV1(t)
 	bin := testenv.BuildBinaries(t, "statsagent")
-	dir := t.TempDir()
-	for _, sub := range []string{"stats", "lifecycle"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fleetDir(t)
 	dev, majMin := testenv.NewLoopDisk(t)
 	mnt := t.TempDir()
 	cg := fmt.Sprintf("/statsagent-signals-%d", os.Getpid())

@@ -13,6 +13,19 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
+// fleetDir is a node's socket directory as statsagent's glob sees it: a
+// stats/ and a lifecycle/ directory for startStatsdIn's daemons.
+func fleetDir(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, sub := range []string{"stats", "lifecycle"} {
+		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
+}
+
 // startStatsdIn starts a statsd whose stats socket is dir/stats/name.sock
 // and lifecycle socket dir/lifecycle/name.sock, so that an agent's glob of
 // dir/stats/*.sock matches the stats sockets only.
@@ -31,12 +44,7 @@ func TestIntegrationRealStatsd(t *testing.T) {
 	needV1(t)
 
 	bin := testenv.BuildBinaries(t, "statsagent")
-	dir := t.TempDir()
-	for _, sub := range []string{"stats", "lifecycle"} {
-		if err := os.Mkdir(filepath.Join(dir, sub), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := fleetDir(t)
 	cgA := fmt.Sprintf("/statsagent-e2e-%d-a", os.Getpid())
 	cgA2 := fmt.Sprintf("/statsagent-e2e-%d-a2", os.Getpid())
 	v1Cgroup(t, cgA)

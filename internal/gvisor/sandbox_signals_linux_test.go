@@ -114,19 +114,12 @@ func TestIntegrationGVisorNetwork(t *testing.T) {
 	if r0.Network == nil || r0.Network.Total == nil || r0.Network.Layer != source.NetworkLayerHostNamespace {
 		t.Fatalf("network %+v (absent %+v), want the veth %s in the total", r0.Network, r0.Absent, a.Link)
 	}
-	ln := testenv.ListenIn(t, b, time.Minute)
 	const size = 10 << 20
-	host, port, _ := strings.Cut(ln.Addr, ":")
-	start := time.Now()
-	sb.Exec(t, "/bin/sh", "-c", fmt.Sprintf("dd if=/dev/zero of=/tmp/f bs=1M count=10 2>/dev/null && nc %s %s < /tmp/f", host, port))
-	got, err := ln.Received()
-	if err != nil {
-		t.Fatalf("listener in %s: %v", b.Name, err)
-	}
+	got, addr, took := testenv.SendFromSandbox(t, sb, b, size>>20, time.Minute)
 	r1 := sample("sent")
 	tx := int64(r1.Network.Total.TxBytes - r0.Network.Total.TxBytes)
 	t.Logf("10 MiB from the sandbox to %s in %v: listener received %d bytes; sample tx +%d bytes (%.2f %% over the payload: headers), interfaces %+v",
-		ln.Addr, time.Since(start).Round(time.Millisecond), got, tx, 100*float64(tx-size)/size, r1.Network.Interfaces)
+		addr, took.Round(time.Millisecond), got, tx, 100*float64(tx-size)/size, r1.Network.Interfaces)
 	if got != size {
 		t.Errorf("listener received %d bytes, want %d", got, size)
 	}

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -105,4 +106,20 @@ func (c *Child) Pin(t testing.TB, cpu int) {
 			t.Fatalf("sched_setaffinity thread %d of the child: %v", tid, err)
 		}
 	}
+}
+
+// SendFromSandbox sends mib MiB of zeros from inside sb (busybox dd, then
+// nc) to a listener in ns, and returns what the listener received, its
+// address and how long the transfer took. A listener error fails the test.
+func SendFromSandbox(t testing.TB, sb *Sandbox, ns NetNS, mib int, deadline time.Duration) (received int64, addr string, took time.Duration) {
+	t.Helper()
+	ln := ListenIn(t, ns, deadline)
+	host, port, _ := strings.Cut(ln.Addr, ":")
+	start := time.Now()
+	sb.Exec(t, "/bin/sh", "-c", fmt.Sprintf("dd if=/dev/zero of=/tmp/f bs=1M count=%d 2>/dev/null && nc %s %s < /tmp/f", mib, host, port))
+	got, err := ln.Received()
+	if err != nil {
+		t.Fatalf("listener in %s: %v", ns.Name, err)
+	}
+	return got, ln.Addr, time.Since(start)
 }
