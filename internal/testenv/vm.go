@@ -1,0 +1,477 @@
+package testenv
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// The VM lane: real-kernel tests that need a pure cgroup v2 host (or a real
+// AF_VSOCK, which must never be opened on the host) run as the very same
+// compiled test binaries inside a Debian cloud kernel under QEMU TCG with
+// cgroup_no_v1=all. The guest's serial console carries the test binaries'
+// -test.v output back; VMLane.Run reports it as one subtest per test.
+
+// PrebuiltBinEnv names a directory holding statsd, statsctl and statsagent
+// built already: BuildBinaries returns it instead of running `go build` (the
+// VM lane's guest has no Go toolchain).
+const PrebuiltBinEnv = "SANDBOXSTATS_BIN_DIR"
+
+// VMDiskEnv is set in the guest to the virtio disk's device when
+// VMLane.DiskBytes attached one.
+const VMDiskEnv = "SANDBOXSTATS_VM_DISK"
+
+// Guest paths of what VMLane puts in the initramfs.
+const (
+	vmBinDir   = "/usr/local/bin"
+	vmTestDir  = "/sbstest"
+	vmModDir   = "/sbstest/modules"
+	vmDiskName = "/dev/vda"
+)
+
+// VMKernel is a Debian cloud kernel (linux-image-cloud-amd64) on this
+// machine: its image and its modules directory.
+type VMKernel struct {
+	Image, Modules string
+}
+
+// NeedVM checks the VM lane's prerequisites (root, qemu-system-x86_64, the
+// Debian cloud kernel with its modules, a static busybox) and returns the
+// kernel.
+func NeedVM(t testing.TB) VMKernel {
+	t.Helper()
+	NeedQEMU(t)
+	Need(t, BusyboxStatic() != "", "the VM lane's init is a static busybox: apt-get install busybox-static")
+	images, _ := filepath.Glob("/boot/vmlinuz-*-cloud-amd64")
+	sort.Strings(images)
+	for i := len(images) - 1; i >= 0; i-- {
+		ver := strings.TrimPrefix(filepath.Base(images[i]), "vmlinuz-")
+		mods := filepath.Join("/lib/modules", ver)
+		if _, err := os.Stat(filepath.Join(mods, "modules.dep")); err == nil {
+			return VMKernel{Image: images[i], Modules: mods}
+		}
+	}
+	Need(t, false, "the VM lane boots Debian's cloud kernel: apt-get install -y --no-install-recommends linux-image-cloud-amd64")
+	return VMKernel{}
+}
+
+// VMRun is one test binary the guest runs.
+type VMRun struct {
+	// Name names the run in the subtests' names ("gvisor/TestX").
+	Name string
+	// Binary is the host path of a test binary built static (BuildTestBinary).
+	Binary string
+	// Tests are the top-level tests it runs (-test.run '^(A|B)$'); each is
+	// one subtest of VMLane.Run, failed when the guest never ran it.
+	Tests []string
+	// Timeout is the binary's -test.timeout in the guest (default 5m).
+	Timeout time.Duration
+}
+
+// VMLane is one boot of the guest: the kernel, what the initramfs holds
+// besides busybox and the runs, and the bounds.
+type VMLane struct {
+	Kernel VMKernel
+	// Modules are loaded (with their dependencies, from modules.dep) before
+	// the runs, e.g. "virtio_blk", "vsock_loopback".
+	Modules []string
+	// Files are copied into the initramfs: guest path -> host path (mode
+	// kept). The statsd binaries belong in PrebuiltBinEnv's directory,
+	// /usr/local/bin, which the guest's PATH and PrebuiltBinEnv name.
+	Files map[string]string
+	// Env is added to the runs' environment (CI is passed on as it is here).
+	Env []string
+	// DiskBytes, when positive, attaches a raw virtio disk of that size
+	// (sparse, in the test's temporary directory), /dev/vda in the guest
+	// (VMDiskEnv); it needs the virtio_pci and virtio_blk modules.
+	DiskBytes int64
+	// MemoryMiB is the guest's memory (default 3072); it has 2 vCPUs.
+	MemoryMiB int
+	// Timeout bounds the whole boot: QEMU is killed then (default 8m).
+	Timeout time.Duration
+	Runs    []VMRun
+}
+
+// BuildTestBinary compiles the tests of the module's package pkg (e.g.
+// "internal/gvisor") with `go test -c`, static so that they run in a guest
+// with no libraries, into dir and returns the path.
+func BuildTestBinary(t testing.TB, dir, pkg string) string {
+	t.Helper()
+	out := filepath.Join(dir, strings.ReplaceAll(pkg, "/", "_")+".test")
+	cmd := exec.Command(goTool(t), "test", "-c", "-ldflags=-s -w", "-o", out, module+"/"+pkg)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go test -c %s: %v\n%s", pkg, err, b)
+	}
+	return out
+}
+
+// BuildStaticBinaries builds statsd, statsctl and statsagent static into
+// dir (for a guest's PrebuiltBinEnv).
+func BuildStaticBinaries(t testing.TB, dir string) {
+	t.Helper()
+	args := []string{"build", "-ldflags=-s -w", "-o", dir + "/"}
+	for _, c := range []string{"statsd", "statsctl", "statsagent"} {
+		args = append(args, module+"/cmd/"+c)
+	}
+	cmd := exec.Command(goTool(t), args...)
+	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+	if b, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build (static): %v\n%s", err, b)
+	}
+}
+
+// vmResult is what the guest said of one test.
+type vmResult struct {
+	status string // "PASS", "FAIL", "SKIP"; "" when it never finished
+	dur    string
+	out    []string
+}
+
+// Run boots the guest, runs every VMRun in it and reports each of their tests
+// as a subtest "<run>/<test>": passed, failed with the test's own output, or
+// failed because the guest never ran or finished it (the last serial lines
+// and why: the deadline, a kernel panic, a run that exited). Skipped tests
+// skip (fail under CI=true, as Need does).
+func (l VMLane) Run(t *testing.T) {
+	t.Helper()
+	if l.MemoryMiB == 0 {
+		l.MemoryMiB = 3072
+	}
+	if l.Timeout == 0 {
+		l.Timeout = 8 * time.Minute
+	}
+	dir := t.TempDir()
+	initrd := filepath.Join(dir, "initrd.cpio")
+	if err := l.writeInitramfs(initrd); err != nil {
+		t.Fatalf("assembling the initramfs: %v", err)
+	}
+	if st, err := os.Stat(initrd); err == nil {
+		t.Logf("initramfs: %.1f MiB", float64(st.Size())/(1<<20))
+	}
+	args := []string{"-accel", "tcg", "-cpu", "max", "-m", strconv.Itoa(l.MemoryMiB), "-smp", "2",
+		"-nodefaults", "-display", "none", "-serial", "stdio", "-no-reboot",
+		"-kernel", l.Kernel.Image, "-initrd", initrd,
+		"-append", "console=ttyS0 quiet loglevel=1 panic=-1 cgroup_no_v1=all " + VMLaneMarker}
+	if l.DiskBytes > 0 {
+		disk := filepath.Join(dir, "disk.raw")
+		f, err := os.Create(disk)
+		if err == nil {
+			err = f.Truncate(l.DiskBytes)
+			f.Close()
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		args = append(args, "-drive", "file="+disk+",if=virtio,format=raw")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), l.Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, NeedQEMU(t), args...)
+	cmd.WaitDelay = 5 * time.Second
+	var stderr SyncBuffer
+	cmd.Stderr = &stderr
+	pr, pw := io.Pipe()
+	cmd.Stdout = pw
+	start := time.Now()
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("qemu: %v", err)
+	}
+	p := newVMParser(l.Runs)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		p.consume(pr, func(panicked bool) {
+			if panicked {
+				time.AfterFunc(2*time.Second, cancel) // let the panic's lines arrive
+			}
+		})
+	})
+	werr := cmd.Wait()
+	pw.Close()
+	wg.Wait()
+	took := time.Since(start).Round(100 * time.Millisecond)
+	why := p.why(ctx.Err() != nil, l.Timeout, werr, stderr.String())
+	t.Logf("guest: %s in %v (%s)", l.Kernel.Image, took, why)
+	for _, r := range l.Runs {
+		for _, name := range r.Tests {
+			res := p.results[r.Name+"/"+name]
+			t.Run(r.Name+"/"+name, func(t *testing.T) {
+				body := strings.Join(res.out, "\n")
+				switch res.status {
+				case "PASS":
+					t.Logf("passed in the guest %s:\n%s", res.dur, body)
+				case "SKIP":
+					Need(t, false, "skipped in the guest: "+body)
+				case "FAIL":
+					t.Errorf("failed in the guest %s:\n%s", res.dur, body)
+				default:
+					t.Errorf("the guest did not finish this test (%s); its output:\n%s\nthe last serial lines:\n%s", why, body, p.tail())
+				}
+			})
+		}
+	}
+}
+
+// why says how the guest ended.
+func (p *vmParser) why(timedOut bool, limit time.Duration, werr error, stderr string) string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	switch {
+	case p.panicked:
+		return "the guest kernel panicked"
+	case timedOut:
+		return fmt.Sprintf("killed at the %v deadline", limit)
+	case !p.done:
+		return fmt.Sprintf("QEMU exited before the guest was done: %v %s", werr, strings.TrimSpace(stderr))
+	}
+	return "done"
+}
+
+func (l VMLane) writeInitramfs(dst string) error {
+	fs := newInitramfs()
+	bb := BusyboxStatic()
+	fs.copyFile("/bin/busybox", bb, 0o755)
+	fs.symlink("/bin/sh", "busybox")
+	for _, d := range []string{"/proc", "/sys", "/dev", "/tmp", "/run", "/root", "/newroot", vmBinDir} {
+		fs.mkdir(d)
+	}
+	fs.writeFile("/init", []byte(vmInit), 0o755)
+	for guest, host := range l.Files {
+		st, err := os.Stat(host)
+		if err != nil {
+			return err
+		}
+		fs.copyFile(guest, host, uint32(st.Mode().Perm()))
+	}
+	mods, err := moduleOrder(l.Kernel.Modules, l.Modules)
+	if err != nil {
+		return err
+	}
+	var script strings.Builder
+	script.WriteString("#!/bin/sh\n# written by testenv.VMLane: the guest's second stage\n")
+	script.WriteString(vmInit2)
+	for i, m := range mods {
+		g := fmt.Sprintf("%s/%02d-%s", vmModDir, i, filepath.Base(m))
+		fs.copyFile(g, filepath.Join(l.Kernel.Modules, m), 0o644)
+		fmt.Fprintf(&script, "insmod %s || echo 'SBSVM-WARN insmod %s failed'\n", g, m)
+	}
+	env := []string{PrebuiltBinEnv + "=" + vmBinDir, "HOME=/root", "PATH=" + vmBinDir + ":/usr/bin:/bin:/usr/sbin:/sbin"}
+	if ci := os.Getenv("CI"); ci != "" {
+		env = append(env, "CI="+ci)
+	}
+	if l.DiskBytes > 0 {
+		env = append(env, VMDiskEnv+"="+vmDiskName)
+	}
+	for _, e := range append(env, l.Env...) {
+		fmt.Fprintf(&script, "export %s\n", shellQuote(e))
+	}
+	script.WriteString("echo SBSVM-READY $(cat /sys/fs/cgroup/cgroup.subtree_control)\n")
+	for _, r := range l.Runs {
+		bin := vmTestDir + "/" + r.Name + ".test"
+		fs.copyFile(bin, r.Binary, 0o755)
+		timeout := r.Timeout
+		if timeout == 0 {
+			timeout = 5 * time.Minute
+		}
+		re := "^(" + strings.Join(r.Tests, "|") + ")$"
+		fmt.Fprintf(&script, "echo SBSVM-BEGIN %s\n(cd /tmp && %s -test.v -test.count=1 -test.timeout %s -test.run %s 2>&1)\necho SBSVM-END %s $?\n",
+			r.Name, bin, timeout, shellQuote(re), r.Name)
+	}
+	script.WriteString("echo SBSVM-DONE\nsync\npoweroff -f\n")
+	fs.writeFile("/init2", []byte(script.String()), 0o755)
+	f, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if err := fs.write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// vmInit is the initramfs's /init: runsc cannot pivot_root out of an
+// initramfs, so the tree is copied to a tmpfs and entered with switch_root.
+const vmInit = `#!/bin/busybox sh
+/bin/busybox mount -t proc proc /proc
+/bin/busybox mount -t tmpfs -o size=80% tmpfs /newroot
+for f in /*; do
+	case "$f" in /proc|/sys|/dev|/newroot) /bin/busybox mkdir -p "/newroot$f" ;; *) /bin/busybox cp -a "$f" /newroot/ ;; esac
+done
+/bin/busybox umount /proc
+exec /bin/busybox switch_root /newroot /init2
+`
+
+// vmInit2 is the start of the second stage: mounts, cgroup v2 with its
+// controllers delegated to children, loopback up.
+const vmInit2 = `/bin/busybox --install -s
+export PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm
+mount -t devpts devpts /dev/pts
+mount -t tmpfs tmpfs /dev/shm
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+mount -t cgroup2 cgroup2 /sys/fs/cgroup
+echo "+cpuset +cpu +io +memory +pids" > /sys/fs/cgroup/cgroup.subtree_control
+ip link set lo up
+`
+
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+// moduleOrder returns the module files (relative to dir) to load for names,
+// each after its dependencies, from dir/modules.dep.
+func moduleOrder(dir string, names []string) ([]string, error) {
+	if len(names) == 0 {
+		return nil, nil
+	}
+	b, err := os.ReadFile(filepath.Join(dir, "modules.dep"))
+	if err != nil {
+		return nil, err
+	}
+	deps := map[string][]string{}
+	byName := map[string]string{}
+	for line := range strings.SplitSeq(string(b), "\n") {
+		mod, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		deps[mod] = strings.Fields(rest)
+		byName[strings.TrimSuffix(filepath.Base(mod), ".ko")] = mod
+	}
+	var order []string
+	seen := map[string]bool{}
+	var add func(m string)
+	add = func(m string) {
+		if seen[m] {
+			return
+		}
+		seen[m] = true
+		ds := deps[m]
+		// modules.dep lists every dependency, the ones loaded last first.
+		for i := len(ds) - 1; i >= 0; i-- {
+			add(ds[i])
+		}
+		order = append(order, m)
+	}
+	for _, n := range names {
+		m, ok := byName[n]
+		if !ok {
+			return nil, fmt.Errorf("module %q is not in %s/modules.dep", n, dir)
+		}
+		add(m)
+	}
+	return order, nil
+}
+
+// vmParser follows the guest's serial output.
+type vmParser struct {
+	mu       sync.Mutex
+	results  map[string]*vmResult // "<run>/<test>"
+	run      string               // the run in progress
+	test     *vmResult            // the top-level test in progress
+	last     []string             // the last serial lines
+	done     bool                 // SBSVM-DONE seen
+	panicked bool
+}
+
+func newVMParser(runs []VMRun) *vmParser {
+	p := &vmParser{results: map[string]*vmResult{}}
+	for _, r := range runs {
+		for _, n := range r.Tests {
+			p.results[r.Name+"/"+n] = &vmResult{}
+		}
+	}
+	return p
+}
+
+var (
+	vmRunLine  = regexp.MustCompile(`^=== RUN\s+([^/\s]+)$`)
+	vmDoneLine = regexp.MustCompile(`^--- (PASS|FAIL|SKIP): ([^/\s]+) (\(.*\))$`)
+)
+
+const vmTailLines = 40
+
+// consume reads serial lines until EOF; onPanic is called once the guest's
+// kernel panics.
+func (p *vmParser) consume(r io.Reader, onPanic func(bool)) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		line := strings.TrimRight(sc.Text(), "\r")
+		p.mu.Lock()
+		p.last = append(p.last, line)
+		if len(p.last) > vmTailLines {
+			p.last = p.last[len(p.last)-vmTailLines:]
+		}
+		panicked := !p.panicked && strings.Contains(line, "Kernel panic")
+		if panicked {
+			p.panicked = true
+		}
+		p.line(line)
+		p.mu.Unlock()
+		if panicked {
+			onPanic(true)
+		}
+	}
+}
+
+func (p *vmParser) line(line string) {
+	if f := strings.Fields(line); len(f) >= 2 && f[0] == "SBSVM-BEGIN" {
+		p.run, p.test = f[1], nil
+		return
+	}
+	if strings.HasPrefix(line, "SBSVM-END ") {
+		p.run, p.test = "", nil
+		return
+	}
+	if line == "SBSVM-DONE" {
+		p.done = true
+		return
+	}
+	if p.run == "" {
+		return
+	}
+	if m := vmRunLine.FindStringSubmatch(line); m != nil {
+		p.test = p.results[p.run+"/"+m[1]]
+		if p.test != nil {
+			p.test.out = append(p.test.out, line)
+		}
+		return
+	}
+	if m := vmDoneLine.FindStringSubmatch(line); m != nil {
+		if res := p.results[p.run+"/"+m[2]]; res != nil {
+			if res != p.test {
+				res.out = append(res.out, line)
+			}
+			res.status, res.dur = m[1], m[3]
+		}
+		if p.test != nil {
+			p.test.out = append(p.test.out, line)
+		}
+		p.test = nil
+		return
+	}
+	if p.test != nil && len(p.test.out) < 2000 {
+		p.test.out = append(p.test.out, line)
+	}
+}
+
+func (p *vmParser) tail() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.last, "\n")
+}
