@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
@@ -114,7 +115,10 @@ func TestIntegrationGVisorOOMKilled(t *testing.T) {
 	const actor = "e2e-oom"
 	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--template-namespace", "tmpl", "--template-name", "py",
 		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
-	testenv.WaitNewSweeps(t, agentURL) // a poller saw it alive (and so found its cgroup)
+	// The agent samples the sandbox alive before the kill: this is the
+	// polled-before-death case (TestIntegrationGVisorOOMKilledBeforeAnyPoll
+	// is the other).
+	testenv.WaitNewSweeps(t, agentURL)
 	out, err := sb.Runsc(t, "", "exec", sb.ID, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
 	t.Logf("dd of 200 MiB under a 64 MiB limit: %v %s", err, strings.TrimSpace(string(out)))
 	var s struct {
@@ -146,5 +150,83 @@ func TestIntegrationGVisorOOMKilled(t *testing.T) {
 	m := testenv.WaitNewSweeps(t, agentURL)
 	if got := m["sandboxstats_activations_ended_total{outcome=oom-killed,sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"]; got != 1 {
 		t.Errorf("agent counted %v OOM-killed activations, want 1", got)
+	}
+}
+
+// TestIntegrationGVisorOOMKilledBeforeAnyPoll is issue 20, "the early
+// death": as TestIntegrationGVisorOOMKilled, but nothing reads statsd between
+// the bind by sentry pid and the OOM kill that takes the sentry, so no Sample
+// ever saw the sentry alive. The source found the sentry's cgroup at the bind
+// (gvisor.Open), so the Checkpoint's final read still finds the cgroup it
+// left, with the kill: the record says oom-killed and its final sample
+// counts the kill.
+func TestIntegrationGVisorOOMKilledBeforeAnyPoll(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real gVisor sandbox and statsd; not under -short")
+	}
+	sb := testenv.StartSandboxWith(t, testenv.SandboxOptions{MemoryLimit: 64 << 20}, "/bin/sh", "-c", "while true; do sleep 1; done")
+	sentry, err := process.NewTracker("/proc").Check(sb.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := testenv.BuildBinaries(t)
+	d := startStatsdIn(t, bin, fleetDir(t), "oom-early")
+	const actor = "e2e-oom-early"
+	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--template-namespace", "tmpl", "--template-name", "py",
+		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
+	out, err := sb.Runsc(t, "", "exec", sb.ID, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
+	t.Logf("dd of 200 MiB under a 64 MiB limit: %v %s", err, strings.TrimSpace(string(out)))
+	// Wait, without asking statsd, for the sandbox's death: the sentry gone
+	// (the pin tells a reused pid apart; a zombie is dead), then no process
+	// left in its cgroup (the gofer outlives the sentry a little; a
+	// Checkpoint that finds a process says checkpointed).
+	start := time.Now()
+	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		running, err := sentry.Running("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		left := sb.Processes(t)
+		if !running && len(left) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after the dd of 200 MiB under a 64 MiB limit: sentry pid %d running %v, processes in the sandbox's cgroup %v", sb.PID, running, left)
+		}
+	}
+	t.Logf("sandbox dead %v after the dd returned", time.Since(start).Round(time.Millisecond))
+	ck := string(statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor))
+	t.Logf("checkpoint:\n%s", ck)
+	outcome := ""
+	for _, l := range strings.Split(ck, "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "OUTCOME" {
+			outcome = f[1]
+		}
+	}
+	if outcome != "oom-killed" {
+		t.Errorf("the record's outcome is %q, want oom-killed", outcome)
+	}
+	var list struct {
+		Ended []struct {
+			Outcome         string `json:"outcome"`
+			FinalProvenance string `json:"final_provenance"`
+			Final           struct {
+				MemorySignals struct {
+					OOMKills string `json:"oom_kills"`
+				} `json:"memory_signals"`
+				SandboxProcesses *int `json:"sandbox_processes"`
+			} `json:"final"`
+		} `json:"ended"`
+	}
+	if b := statsctl(t, bin, "activations", "--socket", d.Stats, "-o", "json"); json.Unmarshal(b, &list) != nil || len(list.Ended) != 1 {
+		t.Fatalf("statsctl activations -o json: want one ended activation:\n%s", b)
+	}
+	e := list.Ended[0]
+	t.Logf("ended: %s, final %s: %q OOM kill(s), processes %s", e.Outcome, e.FinalProvenance, e.Final.MemorySignals.OOMKills, deref(e.Final.SandboxProcesses))
+	if e.Outcome != "ACTIVATION_OUTCOME_OOM_KILLED" || e.FinalProvenance != "FINAL_PROVENANCE_READ_AT_END" {
+		t.Errorf("ended activation: outcome %s, final %s; want ACTIVATION_OUTCOME_OOM_KILLED, FINAL_PROVENANCE_READ_AT_END", e.Outcome, e.FinalProvenance)
+	}
+	if k, err := strconv.ParseUint(e.Final.MemorySignals.OOMKills, 10, 64); err != nil || k < 1 {
+		t.Errorf("final sample: oom_kills %q, want at least 1", e.Final.MemorySignals.OOMKills)
 	}
 }

@@ -7,7 +7,10 @@
 // per-container cgroups runsc creates for tools like cAdvisor hold no process.
 // The cgroup is named by the launcher, either as a path relative to the
 // cgroup mount or as the sentry's host pid, resolved through
-// /proc/<pid>/cgroup and re-resolved when the cgroup disappears.
+// /proc/<pid>/cgroup at Open (or at the first Sample, when the sentry was
+// not there yet), pinned by the sentry's start time, and re-resolved when
+// the cgroup disappears; a sentry that dies leaves its cgroup, which is
+// still read.
 //
 // A Sample reads four files (v2: memory.current, memory.peak, memory.stat,
 // cpu.stat; v1: memory.usage_in_bytes, memory.max_usage_in_bytes, memory.stat

@@ -131,3 +131,98 @@ func TestSentryPIDReused(t *testing.T) {
 		})
 	}
 }
+
+// TestSentryDiesBeforeFirstSample is issue 20: a source opened by sentry pid
+// resolves and pins the sentry's cgroup at Open, so that a sentry that dies
+// (OOM-killed) before the first Sample is still read from the cgroup it
+// left, and a pid reused before the first Sample is still refused.
+func TestSentryDiesBeforeFirstSample(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		after  func(t *testing.T, cg, proc string)
+		errHas string // "" wants a reading
+	}{
+		{"OOM-killed: the cgroup remains", func(t *testing.T, cg, proc string) {
+			if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(cg, "sandbox", "memory.events"), "low 0\nhigh 0\nmax 57\noom 1\noom_kill 1\noom_group_kill 0\n")
+			writeFile(t, filepath.Join(cg, "sandbox", "cgroup.procs"), "")
+		}, ""},
+		{"pid reused by a process in another cgroup, the cgroup gone", func(t *testing.T, cg, proc string) {
+			if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+				t.Fatal(err)
+			}
+			writeStat(t, proc, 42, 9999)
+			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/other\n")
+		}, "sentry pid 42 was reused/exited"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cg := copyTree(t, "testdata/cgroup/v2")
+			if err := os.CopyFS(filepath.Join(cg, "other"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
+				t.Fatal(err)
+			}
+			proc := t.TempDir()
+			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
+			writeStat(t, proc, 42, 5000)
+			s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
+				Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			tc.after(t, cg, proc)
+			r, err := s.Sample(context.Background())
+			if tc.errHas != "" {
+				if err == nil {
+					t.Fatalf("sample = %+v (the other cgroup's numbers), want an error", r)
+				}
+				if !errors.Is(err, source.ErrNotMeasurable) || !errors.Is(err, source.ErrSandboxGone) || !strings.Contains(err.Error(), tc.errHas) {
+					t.Fatalf("err = %v, want ErrNotMeasurable and ErrSandboxGone, %q", err, tc.errHas)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("sample of a sentry dead before the first sample: %v; want the cgroup it left", err)
+			}
+			if !strings.HasSuffix(r.Detail, "/sandbox (sentry pid 42)") || r.MemoryCurrentBytes != 268435456 {
+				t.Errorf("sample = %q, %d bytes; want the sandbox cgroup's 268435456", r.Detail, r.MemoryCurrentBytes)
+			}
+			if r.SandboxProcesses == nil || *r.SandboxProcesses != 0 {
+				t.Errorf("sandbox_processes = %v, want 0 (a dead sandbox)", r.SandboxProcesses)
+			}
+			if r.Memory == nil || r.Memory.OOMKills == nil || *r.Memory.OOMKills != 1 {
+				t.Errorf("memory signals = %+v, want oom_kills 1", r.Memory)
+			}
+		})
+	}
+}
+
+// TestSentryStartsAfterOpen: a sentry pid not there at Open (the launcher
+// bound it early) is resolved, and pinned, at the first Sample that finds it.
+func TestSentryStartsAfterOpen(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/v2")
+	proc := t.TempDir()
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
+		Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	if _, err := s.Sample(ctx); !errors.Is(err, source.ErrNotMeasurable) || errors.Is(err, source.ErrSandboxGone) || !strings.Contains(err.Error(), "sentry pid 42 is gone") {
+		t.Fatalf("before the sentry starts: err = %v, want ErrNotMeasurable, not ErrSandboxGone, \"sentry pid 42 is gone\"", err)
+	}
+	writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
+	writeStat(t, proc, 42, 5000)
+	if r, err := s.Sample(ctx); err != nil || !strings.HasSuffix(r.Detail, "/sandbox (sentry pid 42)") {
+		t.Fatalf("after the sentry starts: sample = %q, %v; want its cgroup", r.Detail, err)
+	}
+	writeStat(t, proc, 42, 9999) // reused
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Sample(ctx); !errors.Is(err, source.ErrSandboxGone) || !strings.Contains(err.Error(), "sentry pid 42 was reused/exited") {
+		t.Fatalf("pid reused: err = %v, want ErrSandboxGone, \"sentry pid 42 was reused/exited\"", err)
+	}
+}

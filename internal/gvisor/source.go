@@ -62,7 +62,7 @@ type cgroupSource struct {
 	pageSize uint64
 
 	mu   sync.Mutex
-	loc  *location             // nil until resolved; replaced when the cgroup disappears
+	loc  *location             // nil until resolved (by sentry pid: at Open or a Sample); replaced when the cgroup disappears
 	dirs map[string]*dirHandle // open cgroup directories, by dirKey
 	// closed is set by Close: a directory opened afterwards is closed, not
 	// cached.
@@ -85,7 +85,12 @@ var _ source.Source = (*cgroupSource)(nil)
 // opened through an os.Root on the mount, so a path that leads out of it
 // through a symlink is refused when it is read. Open does not require the
 // cgroup to exist yet: Sample then says source.ErrNotMeasurable. The cgroup
-// mount itself must be there. Close releases the mount handles.
+// mount itself must be there. Opened by sentry pid, Open resolves the
+// sentry's cgroup through /proc/<pid>/cgroup and pins the sentry (pid and
+// start time), within ReadTimeout, so that a sentry that dies before the
+// first Sample is read from the cgroup it left; when that fails (the sentry
+// not started yet, or already gone), the first Sample resolves it. Close
+// releases the mount handles.
 func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	if cfg.CgroupRoot == "" {
 		cfg.CgroupRoot = DefaultCgroupRoot
@@ -138,6 +143,16 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: cgroup mount: %w", source.ErrNotMeasurable, err)
 	}
+	if ref.SentryPID != 0 {
+		// Resolve (and pin) the sentry's cgroup now, while the sentry is
+		// most likely alive: a sentry that dies before the first Sample (an
+		// early OOM kill) leaves its cgroup, and its memory.events, behind,
+		// but no /proc/<pid>/cgroup to find it by. The read is bounded by
+		// ReadTimeout (s.g); a failure leaves it to Sample.
+		if _, err := s.locate(context.Background(), nil); err != nil {
+			s.log.Debug("sentry's cgroup not resolved at open: resolving it at the first sample", "pid", ref.SentryPID, "err", err)
+		}
+	}
 	return s, nil
 }
 
@@ -161,8 +176,9 @@ func (s *cgroupSource) Close() error {
 	return nil
 }
 
-// Sample reads the sandbox cgroup. A source opened by sentry pid resolves the
-// cgroup on first use and again when the cgroup it read before is gone.
+// Sample reads the sandbox cgroup. A source opened by sentry pid reads the
+// cgroup Open resolved (or resolves it now, when Open could not) and
+// resolves it again when the cgroup it read before is gone.
 func (s *cgroupSource) Sample(ctx context.Context) (source.Reading, error) {
 	loc, err := s.locate(ctx, nil)
 	if err != nil {

@@ -260,6 +260,13 @@ func (sb *Sandbox) cgroupProcs(t testing.TB) []int {
 	return pids
 }
 
+// Processes returns the pids in the sandbox's cgroup (cgroupProcs): none
+// once the sandbox is dead, its cgroup kept.
+func (sb *Sandbox) Processes(t testing.TB) []int {
+	t.Helper()
+	return sb.cgroupProcs(t)
+}
+
 // KillProcesses kills every process of the sandbox but keeps its cgroup: a
 // dead sandbox.
 func (sb *Sandbox) KillProcesses(t testing.TB) {
