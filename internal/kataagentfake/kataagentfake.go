@@ -2,9 +2,10 @@
 // and benchmarks: a real ttrpc server answering grpc.AgentService/
 // StatsContainer and grpc.Health/Version from a script, behind a real Unix
 // socket that first performs the hybrid-vsock handshake ("CONNECT <port>\n"
-// answered "OK <host port>\n") as Cloud Hypervisor and Firecracker do. Faults
-// (a garbage or closed handshake, an agent that never answers, a kill and
-// restart) are options and methods.
+// answered "OK <host port>\n") as Cloud Hypervisor and Firecracker do (NewOn
+// serves it on another listener: a real AF_VSOCK one in the VM lane's guest,
+// without the handshake). Faults (a garbage or closed handshake, an agent
+// that never answers, a kill and restart) are options and methods.
 //
 // Replies are built with V1 and V2 from a Container: memory, CPU, and the
 // signals (limit, throttling, pids, network_stats, per-device block IO) laid
@@ -84,8 +85,9 @@ func WithHandshake(h Handshake) Option { return func(a *Agent) { a.handshake = h
 
 // Agent is a running fake agent.
 type Agent struct {
-	tb   testing.TB
-	path string
+	tb     testing.TB
+	path   string // the Unix socket; "" for NewOn
+	listen ListenFunc
 
 	mu         sync.Mutex
 	version    string
@@ -118,9 +120,34 @@ type Agent struct {
 // New starts a fake agent on a Unix socket in dir; t.Cleanup stops it.
 func New(tb testing.TB, dir string, opts ...Option) *Agent {
 	tb.Helper()
+	path := filepath.Join(dir, "agent.hvsock")
+	return newAgent(tb, path, func() (net.Listener, error) {
+		_ = os.Remove(path)
+		return net.Listen("unix", path)
+	}, opts)
+}
+
+// ListenFunc makes the listener a fake agent serves: once when it starts and
+// once more at each Restart.
+type ListenFunc func() (net.Listener, error)
+
+// NewOn starts a fake agent on the listeners listen makes instead of a Unix
+// socket (inside the VM lane's guest: a real AF_VSOCK listener on the
+// loopback); t.Cleanup stops it. Nothing is created or removed on disk, so
+// Address, SocketPath and DialBare, which name the Unix socket, are not for
+// it. A vsock stream has no CONNECT line: pass WithHandshake(HandshakeNone).
+// Stop closes the listener; Restart calls listen again.
+func NewOn(tb testing.TB, listen ListenFunc, opts ...Option) *Agent {
+	tb.Helper()
+	return newAgent(tb, "", listen, opts)
+}
+
+func newAgent(tb testing.TB, path string, listen ListenFunc, opts []Option) *Agent {
+	tb.Helper()
 	a := &Agent{
 		tb:       tb,
-		path:     filepath.Join(dir, "agent.hvsock"),
+		path:     path,
+		listen:   listen,
 		version:  "3.9.0",
 		replies:  make(map[string]*katagrpc.StatsContainerResponse),
 		errs:     make(map[string]error),
@@ -205,11 +232,14 @@ func (a *Agent) Stop() {
 		c.Close()
 	}
 	a.wg.Wait()
-	_ = os.Remove(a.path)
+	if a.path != "" {
+		_ = os.Remove(a.path)
+	}
 }
 
-// Restart starts a stopped agent again at the same socket with the same
-// script (the guest's counters are whatever the script says now).
+// Restart starts a stopped agent again at the same socket (NewOn: on a new
+// listener from its ListenFunc) with the same script (the guest's counters
+// are whatever the script says now).
 func (a *Agent) Restart() {
 	a.tb.Helper()
 	a.Stop()

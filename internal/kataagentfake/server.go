@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -23,10 +22,9 @@ import (
 
 func (a *Agent) start() {
 	a.tb.Helper()
-	_ = os.Remove(a.path)
-	ln, err := net.Listen("unix", a.path)
+	ln, err := a.listen()
 	if err != nil {
-		a.tb.Fatalf("kataagentfake: listen %s: %v", a.path, err)
+		a.tb.Fatalf("kataagentfake: %v", err) // net.Listen's error names the socket
 	}
 	srv, err := ttrpc.NewServer()
 	if err != nil {

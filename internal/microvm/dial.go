@@ -20,8 +20,10 @@ import (
 var ErrHandshake = errors.New("microvm: hybrid vsock handshake failed")
 
 // VsockDialFunc opens an AF_VSOCK stream to cid:port. The default is
-// github.com/mdlayher/vsock; tests inject another (this project's tests never
-// create an AF_VSOCK socket).
+// github.com/mdlayher/vsock; tests inject another (on the host this
+// project's tests never create an AF_VSOCK socket; inside the VM lane's guest
+// TestIntegrationVsockLoopback's dialer calls dialVsock with the loopback
+// CID).
 type VsockDialFunc func(ctx context.Context, cid, port uint32) (net.Conn, error)
 
 func dialVsock(ctx context.Context, cid, port uint32) (net.Conn, error) {

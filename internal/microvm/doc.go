@@ -29,5 +29,7 @@
 // The wire subset of the agent's protocol lives in proto/kata/grpc; the
 // services are called by name over ttrpc and nothing but StatsContainer and
 // Health.Version is ever called. Tests use the fake agent in
-// internal/kataagentfake and never touch AF_VSOCK.
+// internal/kataagentfake and never touch AF_VSOCK on the host; one,
+// TestIntegrationVsockLoopback, dials the vsock loopback inside the VM
+// lane's guest only.
 package microvm

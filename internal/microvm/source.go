@@ -43,8 +43,9 @@ type Config struct {
 	// separately, the dial with its hybrid-vsock handshake. Default 2 s.
 	CallTimeout time.Duration
 	Logger      *slog.Logger
-	// DialVsock opens vsock://cid:port addresses. Nil means
-	// github.com/mdlayher/vsock. Tests inject a fake.
+	// DialVsock opens vsock://cid:port addresses (cid >= 3: ParseAddress
+	// refuses the rest). Nil means github.com/mdlayher/vsock; statsd never
+	// sets it. Tests inject a fake.
 	DialVsock VsockDialFunc
 	// After a failed dial, or a connection cut for misbehaving (frames no
 	// call asked for, maxTimeoutsInARow calls in a row unanswered), the
