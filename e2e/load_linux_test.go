@@ -60,7 +60,7 @@ func readCounters(t *testing.T, d *testenv.Statsd) counters {
 // and RSS are back to where they started (within 10%, RSS measured after a
 // GC that returns free memory, both times).
 func TestIntegrationLoad(t *testing.T) {
-	needV1(t)
+	needCgroups(t)
 	duration := 60 * time.Second
 	if v := os.Getenv("SANDBOXSTATS_LOAD_SECONDS"); v != "" {
 		n, _ := strconv.Atoi(v)
@@ -68,7 +68,7 @@ func TestIntegrationLoad(t *testing.T) {
 	}
 	bin := testenv.BuildBinaries(t)
 	cg := fmt.Sprintf("/sandboxstats-load-%d", os.Getpid())
-	v1Cgroup(t, cg)
+	testCgroup(t, cg)
 	w := testenv.StartChild(t, "TestWorkloadChild")
 	moveTo(t, cg, w.Cmd.Process.Pid)
 	// A small ended-activation list, filled by the warm-up: the records it

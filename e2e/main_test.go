@@ -24,26 +24,47 @@ import (
 // see testenv.RunChild for its commands).
 func TestWorkloadChild(t *testing.T) { testenv.RunChild(t) }
 
-// needV1 skips (or fails under CI) unless the test runs as root on a host
-// with the v1 memory and cpuacct hierarchies.
-func needV1(t *testing.T) {
+// needCgroups skips (or fails under CI) unless the test runs as root on a
+// host with the cgroup v1 memory and cpuacct hierarchies or on a cgroup v2
+// host whose root delegates memory and cpu (the VM lane's guest).
+func needCgroups(t *testing.T) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("end-to-end on real cgroups; not under -short")
 	}
 	testenv.Need(t, os.Geteuid() == 0, "needs root to create cgroups (run as root)")
+	if unifiedHost() {
+		ctl, _ := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control")
+		f := " " + strings.TrimSpace(string(ctl)) + " "
+		testenv.Need(t, strings.Contains(f, " memory ") && strings.Contains(f, " cpu "), "needs memory and cpu in /sys/fs/cgroup/cgroup.subtree_control")
+		return
+	}
 	_, errM := os.Stat("/sys/fs/cgroup/memory/cgroup.procs")
 	_, errC := os.Stat("/sys/fs/cgroup/cpuacct/cgroup.procs")
 	testenv.Need(t, errM == nil && errC == nil, "needs the cgroup v1 memory and cpuacct hierarchies under /sys/fs/cgroup")
 }
 
-// v1Cgroup makes the cgroup path rel in the v1 memory and cpuacct
-// hierarchies and removes it at the end of the test (after the processes
-// in it are gone: register it before starting them).
-func v1Cgroup(t *testing.T, rel string) {
+// unifiedHost reports whether /sys/fs/cgroup is a cgroup v2 mount.
+func unifiedHost() bool {
+	_, err := os.Stat("/sys/fs/cgroup/cgroup.subtree_control")
+	return err == nil
+}
+
+// cgroupDirs are the directories of the cgroup path rel: in the v1 memory
+// and cpuacct hierarchies, or the one v2 cgroup.
+func cgroupDirs(rel string) []string {
+	if unifiedHost() {
+		return []string{filepath.Join("/sys/fs/cgroup", rel)}
+	}
+	return []string{filepath.Join("/sys/fs/cgroup/memory", rel), filepath.Join("/sys/fs/cgroup/cpuacct", rel)}
+}
+
+// testCgroup makes the cgroup path rel (cgroupDirs) and removes it at the
+// end of the test (after the processes in it are gone: register it before
+// starting them).
+func testCgroup(t *testing.T, rel string) {
 	t.Helper()
-	for _, c := range []string{"memory", "cpuacct"} {
-		dir := filepath.Join("/sys/fs/cgroup", c, rel)
+	for _, dir := range cgroupDirs(rel) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
 			t.Fatal(err)
 		}
@@ -55,12 +76,11 @@ func v1Cgroup(t *testing.T, rel string) {
 	}
 }
 
-// moveTo moves pid into the cgroup rel of the v1 memory and cpuacct
-// hierarchies.
+// moveTo moves pid into the cgroup rel (cgroupDirs).
 func moveTo(t *testing.T, rel string, pid int) {
 	t.Helper()
-	for _, c := range []string{"memory", "cpuacct"} {
-		p := filepath.Join("/sys/fs/cgroup", c, rel, "cgroup.procs")
+	for _, dir := range cgroupDirs(rel) {
+		p := filepath.Join(dir, "cgroup.procs")
 		if err := os.WriteFile(p, []byte(strconv.Itoa(pid)), 0o644); err != nil {
 			t.Fatalf("move %d into %s: %v", pid, p, err)
 		}

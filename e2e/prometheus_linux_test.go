@@ -28,14 +28,14 @@ import (
 // evaluates without error against this Prometheus; no alert fires on this
 // healthy node.
 func TestIntegrationPrometheusDeploy(t *testing.T) {
-	needV1(t)
+	needCgroups(t)
 	testenv.NeedPrometheus(t)
 	bin := testenv.BuildBinaries(t, "statsagent")
 	dir := fleetDir(t)
 	cgAlloc := fmt.Sprintf("/prom-e2e-%d-alloc", os.Getpid())
 	cgBurn := fmt.Sprintf("/prom-e2e-%d-burn", os.Getpid())
-	v1Cgroup(t, cgAlloc)
-	v1Cgroup(t, cgBurn)
+	testCgroup(t, cgAlloc)
+	testCgroup(t, cgBurn)
 	alloc := testenv.StartChild(t, "TestWorkloadChild")
 	burn := testenv.StartChild(t, "TestWorkloadChild")
 	moveTo(t, cgAlloc, alloc.Cmd.Process.Pid)
@@ -64,9 +64,9 @@ func TestIntegrationPrometheusDeploy(t *testing.T) {
 	burn.Send(t, "burn 60000")
 	time.Sleep(3 * time.Second) // first sight, then a few charged sweeps
 	const window = 20 * time.Second
-	t1, c1 := time.Now(), cpuacctUsec(t, cgBurn)
+	t1, c1 := time.Now(), cgroupCPUUsec(t, cgBurn)
 	time.Sleep(window)
-	t2, c2 := time.Now(), cpuacctUsec(t, cgBurn)
+	t2, c2 := time.Now(), cgroupCPUUsec(t, cgBurn)
 	truthCores := float64(c2-c1) / 1e6 / t2.Sub(t1).Seconds()
 	ws := v1WorkingSet(t, cgAlloc)
 	time.Sleep(3 * time.Second) // the scrapes up to t2 are in

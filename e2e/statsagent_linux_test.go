@@ -41,14 +41,14 @@ func startStatsdIn(t *testing.T, bin, dir, name string, args ...string) *testenv
 // the statsagent binary, its /metrics scraped over HTTP and parsed with the
 // Prometheus text parser.
 func TestIntegrationRealStatsd(t *testing.T) {
-	needV1(t)
+	needCgroups(t)
 
 	bin := testenv.BuildBinaries(t, "statsagent")
 	dir := fleetDir(t)
 	cgA := fmt.Sprintf("/statsagent-e2e-%d-a", os.Getpid())
 	cgA2 := fmt.Sprintf("/statsagent-e2e-%d-a2", os.Getpid())
-	v1Cgroup(t, cgA)
-	v1Cgroup(t, cgA2)
+	testCgroup(t, cgA)
+	testCgroup(t, cgA2)
 	w := testenv.StartChild(t, "TestWorkloadChild") // after the cgroups: its cleanup (kill) runs before their rmdir
 	moveTo(t, cgA, w.Cmd.Process.Pid)
 

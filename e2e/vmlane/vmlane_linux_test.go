@@ -25,10 +25,20 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 		files["/usr/local/bin/"+c] = filepath.Join(bin, c)
 	}
 	lane := testenv.VMLane{
-		Kernel: kernel,
-		Files:  files,
+		Kernel:    kernel,
+		Files:     files,
+		Modules:   []string{"virtio_pci", "virtio_blk", "vsock_loopback"},
+		DiskBytes: 256 << 20,
 		Runs: []testenv.VMRun{
-			{Name: "gvisor", Binary: testenv.BuildTestBinary(t, dir, "internal/gvisor"), Tests: []string{"TestIntegrationRealCgroup"}},
+			{Name: "gvisor", Binary: testenv.BuildTestBinary(t, dir, "internal/gvisor"), Tests: []string{
+				"TestIntegrationRealCgroup", "TestIntegrationThrottling", "TestIntegrationPressure", "TestIntegrationBlockIO",
+				"TestIntegrationGVisorSentryPID", "TestIntegrationGVisorMemoryLimit", "TestIntegrationGVisorNetworkNone",
+			}},
+			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
+				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationWorkerCgroupNamespace",
+				"TestIntegrationActivationChurnCgroup",
+			}},
+			{Name: "microvm", Binary: testenv.BuildTestBinary(t, dir, "internal/microvm"), Tests: []string{"TestIntegrationVsockLoopback"}},
 		},
 	}
 	lane.Run(t)

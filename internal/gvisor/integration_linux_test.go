@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
@@ -186,6 +187,63 @@ func TestIntegrationRealCgroup(t *testing.T) {
 		}
 	}
 	t.Logf("dead:   %s", fmtReading(sample(byPID)))
+	if mode == ModeUnified {
+		// With no process left the peak and the CPU stand still: they equal
+		// the kernel's own files to the byte and microsecond. The dead
+		// child's last pages still leave the charge meanwhile, so current
+		// and the working set lie between the kernel's reads before and
+		// after the sample.
+		k0 := kernelV2(t, dirs[0])
+		r := sample(byPath)
+		k1 := kernelV2(t, dirs[0])
+		t.Logf("kernel: memory.current %d..%d, memory.peak %d, current - inactive_file %d..%d, cpu.stat usage_usec %d",
+			k0.Current, k1.Current, k1.Peak, k0.WorkingSet, k1.WorkingSet, k1.CPUUsec)
+		got := kernelFigures{Current: r.MemoryCurrentBytes, Peak: *r.MemoryPeakBytes, WorkingSet: r.MemoryWorkingSetBytes, CPUUsec: *r.CPUUsageUsec}
+		want := k1
+		for _, f := range []struct{ got, lo, hi, want *uint64 }{{&got.Current, &k0.Current, &k1.Current, &want.Current}, {&got.WorkingSet, &k0.WorkingSet, &k1.WorkingSet, &want.WorkingSet}} {
+			if min(*f.lo, *f.hi) <= *f.got && *f.got <= max(*f.lo, *f.hi) {
+				*f.want = *f.got
+			}
+		}
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("statsd's figures against the kernel's files (-kernel +statsd):\n%s", diff)
+		}
+	}
+}
+
+// kernelFigures are a v2 cgroup's figures as its files say them.
+type kernelFigures struct {
+	Current, Peak, WorkingSet, CPUUsec uint64
+}
+
+// kernelV2 reads memory.current, memory.peak, memory.stat inactive_file and
+// cpu.stat usage_usec of the v2 cgroup dir.
+func kernelV2(t *testing.T, dir string) kernelFigures {
+	t.Helper()
+	read := func(name string) []byte {
+		b, err := os.ReadFile(filepath.Join(dir, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	one := func(name string) uint64 {
+		v, err := parseSingleUint(read(name))
+		if err != nil {
+			t.Fatalf("%s/%s: %v", dir, name, err)
+		}
+		return v
+	}
+	keyed := func(name, key string) uint64 {
+		v, ok, err := parseKeyed(read(name), key)
+		if err != nil || !ok {
+			t.Fatalf("%s/%s %s: %v", dir, name, key, err)
+		}
+		return v
+	}
+	k := kernelFigures{Current: one("memory.current"), Peak: one("memory.peak"), CPUUsec: keyed("cpu.stat", "usage_usec")}
+	k.WorkingSet = k.Current - min(k.Current, keyed("memory.stat", "inactive_file"))
+	return k
 }
 
 func fmtReading(r source.Reading) string {

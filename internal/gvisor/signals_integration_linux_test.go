@@ -15,16 +15,31 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
-// v1Cgroups makes the cgroup name in each v1 hierarchy ctls of this host
-// (plus "unified" for the hybrid host's v2 mount) and removes them at the
-// end of the test; it returns the directories by hierarchy. The children a
-// test moves in must be registered after it, so they die first.
-func v1Cgroups(t *testing.T, name string, ctls ...string) map[string]string {
+// testCgroups makes the test's cgroup name and removes it at the end of the
+// test; it returns the directories by controller. On a v1 or hybrid host that
+// is name in each hierarchy ctls ("unified" for the hybrid host's v2 mount);
+// on a unified (v2) host one cgroup with the controllers enabled, under every
+// key. The children a test moves in must be registered after it, so they die
+// first.
+func testCgroups(t *testing.T, name string, ctls ...string) (Mode, map[string]string) {
 	t.Helper()
 	testenv.Need(t, os.Geteuid() == 0, "needs root to create cgroups (run the tests as root)")
 	mode, err := detectMode(DefaultCgroupRoot)
-	testenv.Need(t, err == nil && mode != ModeUnified, fmt.Sprintf("needs a cgroup v1 or hybrid host (%v, %v)", mode, err))
+	testenv.Need(t, err == nil, fmt.Sprintf("needs a cgroup mount at %s: %v", DefaultCgroupRoot, err))
 	dirs := map[string]string{}
+	if mode == ModeUnified {
+		ctl, _ := os.ReadFile(filepath.Join(DefaultCgroupRoot, "cgroup.subtree_control"))
+		for _, c := range []string{"memory", "cpu", "io", "pids"} {
+			testenv.Need(t, strings.Contains(" "+strings.TrimSpace(string(ctl))+" ", " "+c+" "),
+				"needs the "+c+" controller enabled in "+DefaultCgroupRoot+"/cgroup.subtree_control")
+		}
+		d := filepath.Join(DefaultCgroupRoot, name)
+		mkCgroup(t, d)
+		for _, c := range ctls {
+			dirs[c] = d
+		}
+		return mode, dirs
+	}
 	for _, c := range ctls {
 		h := filepath.Join(DefaultCgroupRoot, c)
 		_, err := os.Stat(h)
@@ -32,7 +47,28 @@ func v1Cgroups(t *testing.T, name string, ctls ...string) map[string]string {
 		dirs[c] = filepath.Join(h, name)
 		mkCgroup(t, dirs[c])
 	}
+	return mode, dirs
+}
+
+// v1Cgroups is testCgroups for a test of what only cgroup v1 has.
+func v1Cgroups(t *testing.T, name string, ctls ...string) map[string]string {
+	t.Helper()
+	mode, err := detectMode(DefaultCgroupRoot)
+	testenv.Need(t, err == nil && mode != ModeUnified, fmt.Sprintf("needs a cgroup v1 or hybrid host (%v, %v)", mode, err))
+	_, dirs := testCgroups(t, name, ctls...)
 	return dirs
+}
+
+// joinAll moves pid into every directory of dirs (once each).
+func joinAll(t *testing.T, dirs map[string]string, pid int) {
+	t.Helper()
+	seen := map[string]bool{}
+	for _, d := range dirs {
+		if !seen[d] {
+			seen[d] = true
+			join(t, d, pid)
+		}
+	}
 }
 
 func testCgroupName() string {
@@ -59,14 +95,15 @@ func mustSample(t *testing.T, s source.Source) source.Reading {
 	return r
 }
 
-// TestIntegrationThrottling: a busy loop in a v1 cpu cgroup with a 20 ms /
-// 100 ms CFS quota (set by the test in its own cgroup) is throttled: the
+// TestIntegrationThrottling: a busy loop in a cpu cgroup with a 20 ms /
+// 100 ms CFS quota (set by the test in its own cgroup: v1 cpu.cfs_quota_us,
+// v2 cpu.max) is throttled: the
 // throttled periods rise by most of the 25 periods 500 ms of CPU needs; the
 // loop is held off 80% of the wall time (within 20% of that: 1 - the CPU
 // it used / the wall time, the workload's own ground truth); and the
 // throttled time statsd reports is what the kernel charged, the cgroup's
-// own cpu.stat throttled_time read raw by the test before and after, to
-// the microsecond. The loop runs at nice -20 (Child.Favor): on a runner
+// own cpu.stat throttled_time (v2: throttled_usec) read raw by the test
+// before and after, to the microsecond. The loop runs at nice -20 (Child.Favor): on a runner
 // loaded by other tests it would otherwise also wait for a CPU, which is
 // not throttling. The kernel's throttled_time is not the held-off time on
 // every machine: on this build machine's 6.18 it counts 82% of the wall
@@ -76,37 +113,39 @@ func mustSample(t *testing.T, s source.Source) source.Reading {
 // quota, and logs both (docs/signals.md).
 func TestIntegrationThrottling(t *testing.T) {
 	name := testCgroupName()
-	dirs := v1Cgroups(t, name, "memory", "cpuacct", "cpu")
-	if err := os.WriteFile(filepath.Join(dirs["cpu"], "cpu.cfs_quota_us"), []byte("20000"), 0o644); err != nil {
+	mode, dirs := testCgroups(t, name, "memory", "cpuacct", "cpu")
+	quotaFile, quota := "cpu.cfs_quota_us", "20000"
+	if mode == ModeUnified {
+		quotaFile, quota = "cpu.max", "20000 100000"
+	}
+	if err := os.WriteFile(filepath.Join(dirs["cpu"], quotaFile), []byte(quota), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	c := testenv.StartChild(t, "TestHelperChild")
-	for _, d := range dirs {
-		join(t, d, c.Cmd.Process.Pid)
-	}
+	joinAll(t, dirs, c.Cmd.Process.Pid)
 	s := openByPath(t, name)
 	r0 := mustSample(t, s)
 	if r0.Throttling == nil || r0.Throttling.QuotaUsec == nil || *r0.Throttling.QuotaUsec != (source.Limit{Value: 20000}) || *r0.Throttling.PeriodUsec != 100000 {
 		t.Fatalf("throttling before = %+v, want a 20000 us quota per 100000 us period", r0.Throttling)
 	}
 	c.Favor(t)
-	rawBefore := throttledNS(t, dirs["cpu"])
+	rawBefore := throttledUsec(t, mode, dirs["cpu"])
 	a := mustSample(t, s)
 	start := time.Now()
 	ans := c.Do(t, "burn 500")
 	wall := time.Since(start)
 	b := mustSample(t, s)
-	rawAfter := throttledNS(t, dirs["cpu"])
+	rawAfter := throttledUsec(t, mode, dirs["cpu"])
 	var used int64
 	if _, err := fmt.Sscanf(ans, "ok %d", &used); err != nil || used <= 0 {
 		t.Fatalf("burn answered %q", ans)
 	}
 	periods, throttled := *b.Throttling.Periods-*a.Throttling.Periods, *b.Throttling.ThrottledPeriods-*a.Throttling.ThrottledPeriods
 	usec := int64(*b.Throttling.ThrottledUsec - *a.Throttling.ThrottledUsec)
-	rawUsec := int64(rawAfter/1000) - int64(rawBefore/1000)
+	rawUsec := int64(rawAfter) - int64(rawBefore)
 	heldOff := 1 - float64(used)/float64(wall.Microseconds())
 	t.Logf("%d us of CPU under 20 ms/100 ms took %v (held off %.0f %% of the wall time): periods +%d, throttled periods +%d, "+
-		"throttled %d us (%.0f %% of the wall time); cpu.stat throttled_time +%d us",
+		"throttled %d us (%.0f %% of the wall time); the kernel's cpu.stat +%d us",
 		used, wall.Round(time.Millisecond), 100*heldOff, periods, throttled, usec, 100*float64(usec)/float64(wall.Microseconds()), rawUsec)
 	if throttled < 20 {
 		t.Errorf("throttled periods +%d (of +%d periods), want at least 20 of the 25 the loop needs", throttled, periods)
@@ -115,41 +154,44 @@ func TestIntegrationThrottling(t *testing.T) {
 		t.Errorf("the loop was held off %.0f %% of the wall time, want 80 %% within 20 %% of it (64-96 %%)", 100*heldOff)
 	}
 	if usec <= 0 || usec != rawUsec {
-		t.Errorf("throttled time +%d us, want the kernel's +%d us (cpu.stat throttled_time)", usec, rawUsec)
+		t.Errorf("throttled time +%d us, want the kernel's +%d us (cpu.stat)", usec, rawUsec)
 	}
 }
 
-// throttledNS reads throttled_time (ns) from the v1 cpu.stat of dir.
-func throttledNS(t *testing.T, dir string) uint64 {
+// throttledUsec reads the throttled time from the cpu.stat of dir, in
+// microseconds as statsd reports it: v1 throttled_time (ns, cut to whole
+// microseconds), v2 throttled_usec.
+func throttledUsec(t *testing.T, mode Mode, dir string) uint64 {
 	t.Helper()
+	key, div := "throttled_time", uint64(1000)
+	if mode == ModeUnified {
+		key, div = "throttled_usec", 1
+	}
 	b, err := os.ReadFile(filepath.Join(dir, "cpu.stat"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, line := range strings.Split(string(b), "\n") {
-		var v uint64
-		if _, err := fmt.Sscanf(line, "throttled_time %d", &v); err == nil {
-			return v
-		}
+	v, ok, err := parseKeyed(b, key)
+	if err != nil || !ok {
+		t.Fatalf("no %s in %s/cpu.stat (%v): %q", key, dir, err, b)
 	}
-	t.Fatalf("no throttled_time in %s: %q", dir, b)
-	return 0
+	return v / div
 }
 
 // TestIntegrationPressure: two busy processes pinned to one CPU in a cgroup
-// of the hybrid host's unified hierarchy wait for each other, so the
-// cgroup's cpu.pressure some total rises; the source reads it by sentry pid
-// from the process's "0::" path (the memory and cpuacct hierarchies hold it
-// too, for the rest of the sample).
+// of the unified hierarchy (the hybrid host's, or a v2 host's) wait for each
+// other, so the cgroup's cpu.pressure some total rises; the source reads it
+// by sentry pid from the process's "0::" path (on a hybrid host the memory
+// and cpuacct hierarchies hold it too, for the rest of the sample), equal to
+// the cgroup's own cpu.pressure read beside it. On a v2 host memory and io
+// pressure are there too.
 func TestIntegrationPressure(t *testing.T) {
 	name := testCgroupName()
-	dirs := v1Cgroups(t, name, "memory", "cpuacct", "unified")
+	mode, dirs := testCgroups(t, name, "memory", "cpuacct", "unified")
 	var kids []*testenv.Child
 	for range 2 {
 		c := testenv.StartChild(t, "TestHelperChild")
-		for _, d := range dirs {
-			join(t, d, c.Cmd.Process.Pid)
-		}
+		joinAll(t, dirs, c.Cmd.Process.Pid)
 		c.Pin(t, 0)
 		kids = append(kids, c)
 	}
@@ -177,6 +219,29 @@ func TestIntegrationPressure(t *testing.T) {
 	if rise < wall.Microseconds()/4 {
 		t.Errorf("cpu.pressure some rose by %d us over %v of contention, want at least a quarter of it", rise, wall)
 	}
+	// The kernel's own file, read right after the sample with the loops
+	// done: the totals barely move any more.
+	raw := rawPressure(t, filepath.Join(dirs["unified"], "cpu.pressure"))
+	if d := int64(*raw.Some) - int64(*r1.Pressure.CPU.SomeUsec); d < 0 || d > 20000 {
+		t.Errorf("cpu.pressure some total: statsd %d us, the kernel's file right after %d us (want equal, within 20 ms after)", *r1.Pressure.CPU.SomeUsec, *raw.Some)
+	}
+	if mode == ModeUnified && (r1.Pressure.Memory == nil || r1.Pressure.IO == nil || r1.Pressure.Memory.FullUsec == nil) {
+		t.Errorf("a v2 cgroup has memory and io pressure with some and full: %+v, absent %+v", r1.Pressure, r1.Absent)
+	}
+}
+
+// rawPressure reads and parses the PSI file p.
+func rawPressure(t *testing.T, p string) pressureTotals {
+	t.Helper()
+	b, err := os.ReadFile(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := parsePressure(b)
+	if err != nil {
+		t.Fatalf("%s: %v", p, err)
+	}
+	return v
 }
 
 // blockDevice returns the whole disk (MAJ:MIN, as blkio names it) holding
@@ -213,7 +278,14 @@ func unixMinor(d uint64) uint64 { return (d & 0xff) | ((d >> 12) & 0xfff00) }
 // before and after the write, never 0. (The test sets no rule on that disk:
 // the kernel would count it for the rest of the boot.
 // TestIntegrationBlockIOPerDevice shows the switch on a loop disk it makes.)
+//
+// On a unified (v2) host the kernel charges every device's IO to io.stat
+// without any rule (blockIOUnified).
 func TestIntegrationBlockIO(t *testing.T) {
+	if mode, err := detectMode(DefaultCgroupRoot); err == nil && mode == ModeUnified {
+		blockIOUnified(t)
+		return
+	}
 	dir, err := os.MkdirTemp("/var/tmp", "sbstest-blkio-")
 	testenv.Need(t, err == nil, "needs a writable /var/tmp: "+fmt.Sprint(err))
 	t.Cleanup(func() { os.RemoveAll(dir) })
@@ -240,6 +312,63 @@ func TestIntegrationBlockIO(t *testing.T) {
 	}
 }
 
+// blockIOUnified: a child in the test's v2 cgroup writes 64 MiB with O_DIRECT
+// to a whole disk (the VM lane's virtio disk, testenv.VMDiskEnv) or, without
+// one, to a file on /var/tmp's disk: io.stat's write bytes for that device
+// rise by 64 MiB ± 10 % and the device is named; 64 MiB written to a tmpfs
+// then add no block IO.
+func blockIOUnified(t *testing.T) {
+	target, dev := os.Getenv(testenv.VMDiskEnv), ""
+	if target != "" {
+		var st syscall.Stat_t
+		if err := syscall.Stat(target, &st); err != nil {
+			t.Fatalf("%s=%s: %v", testenv.VMDiskEnv, target, err)
+		}
+		dev = fmt.Sprintf("%d:%d", unixMajor(st.Rdev), unixMinor(st.Rdev))
+	} else {
+		dir, err := os.MkdirTemp("/var/tmp", "sbstest-blkio-")
+		testenv.Need(t, err == nil, "needs a writable /var/tmp: "+fmt.Sprint(err))
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		var ok bool
+		dev, ok = blockDevice(t, dir)
+		testenv.Need(t, ok, dir+" is not on a block-backed file system")
+		target = filepath.Join(dir, "f")
+	}
+	name := testCgroupName()
+	_, dirs := testCgroups(t, name, "io")
+	s := openByPath(t, name)
+	written := func(r source.Reading) uint64 {
+		if r.BlockIO == nil {
+			t.Fatalf("block IO absent on a v2 cgroup with the io controller: %q", absentWhy(r, "block_io"))
+		}
+		for _, d := range r.BlockIO.Devices {
+			if fmt.Sprintf("%d:%d", d.Major, d.Minor) == dev {
+				return d.WriteBytes
+			}
+		}
+		return 0
+	}
+	r0 := mustSample(t, s)
+	ddDirect(t, dirs, "", target)
+	r1 := mustSample(t, s)
+	grew := int64(written(r1) - written(r0))
+	t.Logf("device %s: write bytes +%.1f MiB after a 64 MiB direct write; io.stat devices %+v (%s)", dev, float64(grew)/mib, r1.BlockIO.Devices, r1.BlockIO.Origin)
+	if !within(grew, 64*mib, 0.10) {
+		t.Errorf("write bytes of %s rose by %.1f MiB after a 64 MiB direct write, want ± 10 %%", dev, float64(grew)/mib)
+	}
+	tmp := t.TempDir()
+	if fs := new(syscall.Statfs_t); syscall.Statfs(tmp, fs) == nil && fs.Type == 0x01021994 /* TMPFS_MAGIC */ {
+		script := "echo $$ > " + filepath.Join(dirs["io"], "cgroup.procs") + " && dd if=/dev/zero of=" + filepath.Join(tmp, "f") + " bs=1M count=64 2>&1 | tail -1"
+		if out, err := exec.Command("sh", "-c", script).CombinedOutput(); err != nil {
+			t.Fatalf("dd to tmpfs: %v: %s", err, out)
+		}
+		r2 := mustSample(t, s)
+		if r2.BlockIO.WriteBytes != r1.BlockIO.WriteBytes {
+			t.Errorf("64 MiB written to a tmpfs moved block IO write bytes %d -> %d", r1.BlockIO.WriteBytes, r2.BlockIO.WriteBytes)
+		}
+	}
+}
+
 // ddDirect runs dd of 64 MiB with oflag=direct to file in the cgroups dirs
 // (joined before dd starts), first mounting loopDev on the file's directory
 // when loopDev is set, all inside a private mount namespace.
@@ -254,7 +383,8 @@ func ddDirect(t *testing.T, dirs map[string]string, loopDev, file string) {
 	}
 	script += "dd if=/dev/zero of=" + file + " bs=1M count=64 oflag=direct 2>&1 | tail -1"
 	out, err := exec.Command("unshare", "--mount", "--propagation", "private", "sh", "-c", script).CombinedOutput()
-	if err != nil || !strings.Contains(string(out), "copied") {
+	// GNU dd's last line says "copied"; busybox's (the VM lane) "records out".
+	if err != nil || !strings.Contains(string(out), "copied") && !strings.Contains(string(out), "64+0 records out") {
 		t.Fatalf("dd: %v: %s", err, out)
 	}
 	t.Logf("dd: %s", strings.TrimSpace(string(out)))
