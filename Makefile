@@ -78,9 +78,12 @@ deploy-check: build $(BIN)/staticcheck
 # The whole suite: unit, contract and end-to-end tests (end-to-end tests need
 # root, runsc, qemu and prometheus; with CI=true a missing prerequisite fails
 # them), the deploy/ checks, and every fuzz target for a short budget.
+# The VM lane (e2e/vmlane: a cgroup v2 kernel under QEMU TCG) runs last and
+# alone: its guest's two vCPUs are the machine's two cores.
 test: lint proto-check deploy-check fuzz
-	$(GO) test -count=1 -timeout 10m $$($(GO) list ./... | grep -v '/e2e$$')
+	$(GO) test -count=1 -timeout 10m $$($(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/vmlane$$')
 	$(GO) test -count=1 -timeout 10m ./e2e
+	$(GO) test -count=1 -timeout 12m -v ./e2e/vmlane
 
 # Every Fuzz* target of every package, one at a time, FUZZTIME each (the
 # seeds also run as unit tests under go test). The list comes from
