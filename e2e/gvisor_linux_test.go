@@ -212,7 +212,10 @@ func TestIntegrationGVisorOOMKilledBeforeAnyPoll(t *testing.T) {
 			FinalProvenance string `json:"final_provenance"`
 			Final           struct {
 				MemorySignals struct {
-					OOMKills string `json:"oom_kills"`
+					OOMKills   string `json:"oom_kills"`
+					LimitBytes struct {
+						Value string `json:"value"`
+					} `json:"limit_bytes"`
 				} `json:"memory_signals"`
 				SandboxProcesses *int `json:"sandbox_processes"`
 			} `json:"final"`
@@ -226,7 +229,16 @@ func TestIntegrationGVisorOOMKilledBeforeAnyPoll(t *testing.T) {
 	if e.Outcome != "ACTIVATION_OUTCOME_OOM_KILLED" || e.FinalProvenance != "FINAL_PROVENANCE_READ_AT_END" {
 		t.Errorf("ended activation: outcome %s, final %s; want ACTIVATION_OUTCOME_OOM_KILLED, FINAL_PROVENANCE_READ_AT_END", e.Outcome, e.FinalProvenance)
 	}
-	if k, err := strconv.ParseUint(e.Final.MemorySignals.OOMKills, 10, 64); err != nil || k < 1 {
-		t.Errorf("final sample: oom_kills %q, want at least 1", e.Final.MemorySignals.OOMKills)
+	// The kernel's own count, in the cgroup the dead sandbox left.
+	raw := fileUint(t, filepath.Join("/sys/fs/cgroup", "memory", sb.CgroupPath), "memory.oom_control", "oom_kill")
+	if unifiedHost() {
+		raw = fileUint(t, filepath.Join("/sys/fs/cgroup", sb.CgroupPath), "memory.events", "oom_kill")
+	}
+	t.Logf("final: limit %s bytes, oom_kills %s; the kernel's oom_kill %d", e.Final.MemorySignals.LimitBytes.Value, e.Final.MemorySignals.OOMKills, raw)
+	if k, err := strconv.ParseUint(e.Final.MemorySignals.OOMKills, 10, 64); err != nil || k < 1 || k != raw {
+		t.Errorf("final sample: oom_kills %q, want at least 1 and the kernel's %d", e.Final.MemorySignals.OOMKills, raw)
+	}
+	if e.Final.MemorySignals.LimitBytes.Value != "67108864" {
+		t.Errorf("final sample: limit %q, want the OCI spec's 64 MiB", e.Final.MemorySignals.LimitBytes.Value)
 	}
 }

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"context"
 	"fmt"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -83,6 +84,18 @@ func TestIntegrationGVisorSentryPID(t *testing.T) {
 	}
 	if *r2.CPUUsageUsec < *r1.CPUUsageUsec {
 		t.Errorf("cpu went backwards: %d -> %d us", *r1.CPUUsageUsec, *r2.CPUUsageUsec)
+	}
+	if mode, err := detectMode(DefaultCgroupRoot); err == nil && mode == ModeUnified {
+		// On v2 every figure is the kernel's own file, by sentry pid and by
+		// cgroup path alike; the sentry's memory moves a little meanwhile.
+		dir := filepath.Join(DefaultCgroupRoot, sb.CgroupPath)
+		besideKernelV2(t, dir, s, 1<<20)
+		byPath, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: sb.CgroupPath}, Config{Logger: discard()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer byPath.Close()
+		besideKernelV2(t, dir, byPath, 1<<20)
 	}
 	if out, err := sb.Runsc(t, "", "events", "--stats", sb.ID); err == nil {
 		t.Logf("runsc events --stats (sentry accounting, for comparison): %s", strings.TrimSpace(string(out)))

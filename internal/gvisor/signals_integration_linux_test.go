@@ -129,13 +129,13 @@ func TestIntegrationThrottling(t *testing.T) {
 		t.Fatalf("throttling before = %+v, want a 20000 us quota per 100000 us period", r0.Throttling)
 	}
 	c.Favor(t)
-	rawBefore := throttledUsec(t, mode, dirs["cpu"])
+	rawBefore, rawPeriodsBefore := throttledUsec(t, mode, dirs["cpu"])
 	a := mustSample(t, s)
 	start := time.Now()
 	ans := c.Do(t, "burn 500")
 	wall := time.Since(start)
 	b := mustSample(t, s)
-	rawAfter := throttledUsec(t, mode, dirs["cpu"])
+	rawAfter, rawPeriodsAfter := throttledUsec(t, mode, dirs["cpu"])
 	var used int64
 	if _, err := fmt.Sscanf(ans, "ok %d", &used); err != nil || used <= 0 {
 		t.Fatalf("burn answered %q", ans)
@@ -145,13 +145,16 @@ func TestIntegrationThrottling(t *testing.T) {
 	rawUsec := int64(rawAfter) - int64(rawBefore)
 	heldOff := 1 - float64(used)/float64(wall.Microseconds())
 	t.Logf("%d us of CPU under 20 ms/100 ms took %v (held off %.0f %% of the wall time): periods +%d, throttled periods +%d, "+
-		"throttled %d us (%.0f %% of the wall time); the kernel's cpu.stat +%d us",
-		used, wall.Round(time.Millisecond), 100*heldOff, periods, throttled, usec, 100*float64(usec)/float64(wall.Microseconds()), rawUsec)
+		"throttled %d us (%.0f %% of the wall time); the kernel's cpu.stat +%d us, nr_throttled +%d",
+		used, wall.Round(time.Millisecond), 100*heldOff, periods, throttled, usec, 100*float64(usec)/float64(wall.Microseconds()), rawUsec, rawPeriodsAfter-rawPeriodsBefore)
 	if throttled < 20 {
 		t.Errorf("throttled periods +%d (of +%d periods), want at least 20 of the 25 the loop needs", throttled, periods)
 	}
 	if heldOff < 0.8*0.8 || heldOff > 0.8*1.2 {
 		t.Errorf("the loop was held off %.0f %% of the wall time, want 80 %% within 20 %% of it (64-96 %%)", 100*heldOff)
+	}
+	if throttled != rawPeriodsAfter-rawPeriodsBefore {
+		t.Errorf("throttled periods +%d, want the kernel's nr_throttled +%d", throttled, rawPeriodsAfter-rawPeriodsBefore)
 	}
 	if usec <= 0 || usec != rawUsec {
 		t.Errorf("throttled time +%d us, want the kernel's +%d us (cpu.stat)", usec, rawUsec)
@@ -159,9 +162,9 @@ func TestIntegrationThrottling(t *testing.T) {
 }
 
 // throttledUsec reads the throttled time from the cpu.stat of dir, in
-// microseconds as statsd reports it: v1 throttled_time (ns, cut to whole
-// microseconds), v2 throttled_usec.
-func throttledUsec(t *testing.T, mode Mode, dir string) uint64 {
+// microseconds as statsd reports it (v1 throttled_time in ns, cut to whole
+// microseconds; v2 throttled_usec), and the throttled periods (nr_throttled).
+func throttledUsec(t *testing.T, mode Mode, dir string) (usec, periods uint64) {
 	t.Helper()
 	key, div := "throttled_time", uint64(1000)
 	if mode == ModeUnified {
@@ -175,7 +178,11 @@ func throttledUsec(t *testing.T, mode Mode, dir string) uint64 {
 	if err != nil || !ok {
 		t.Fatalf("no %s in %s/cpu.stat (%v): %q", key, dir, err, b)
 	}
-	return v / div
+	n, ok, err := parseKeyed(b, "nr_throttled")
+	if err != nil || !ok {
+		t.Fatalf("no nr_throttled in %s/cpu.stat (%v): %q", dir, err, b)
+	}
+	return v / div, n
 }
 
 // TestIntegrationPressure: two busy processes pinned to one CPU in a cgroup
