@@ -3,6 +3,8 @@ package gvisor
 import (
 	"context"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +45,27 @@ func TestIntegrationGVisorMemoryLimit(t *testing.T) {
 	r0 := sample("idle")
 	if r0.Memory == nil || r0.Memory.LimitBytes == nil || *r0.Memory.LimitBytes != (source.Limit{Value: 64 << 20}) {
 		t.Fatalf("memory signals %+v, want a 64 MiB limit (absent %+v)", r0.Memory, r0.Absent)
+	}
+	if mode, err := detectMode(DefaultCgroupRoot); err == nil && mode == ModeUnified {
+		// v2 only: memory.high, as the kernel's file says it.
+		dir := filepath.Join(DefaultCgroupRoot, sb.CgroupPath)
+		for _, f := range []struct {
+			name string
+			got  *source.Limit
+		}{{"memory.max", r0.Memory.LimitBytes}, {"memory.high", r0.Memory.HighBytes}} {
+			b, err := os.ReadFile(filepath.Join(dir, f.name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			want, err := parseLimit(b)
+			if err != nil {
+				t.Fatalf("%s/%s: %v", dir, f.name, err)
+			}
+			t.Logf("%s: statsd %+v, the kernel's %q", f.name, f.got, strings.TrimSpace(string(b)))
+			if f.got == nil || *f.got != want {
+				t.Errorf("%s: statsd %+v, the kernel's file %q", f.name, f.got, strings.TrimSpace(string(b)))
+			}
+		}
 	}
 	out, err := sb.Runsc(t, "", "exec", sb.ID, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
 	t.Logf("dd of 200 MiB into /dev/shm under a 64 MiB limit: %v %s", err, strings.TrimSpace(string(out)))
