@@ -7,6 +7,7 @@ package vmlane
 import (
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
@@ -42,4 +43,35 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 		},
 	}
 	lane.Run(t)
+}
+
+// TestIntegrationVMLaneBounded: the lane never hangs on a guest. One that
+// stops printing mid-test is killed at the deadline, the test reported
+// unfinished with its output and the reason; one whose kernel panics ends
+// at once, the reason said.
+func TestIntegrationVMLaneBounded(t *testing.T) {
+	if testing.Short() {
+		t.Skip("boots a VM; not under -short")
+	}
+	kernel := testenv.NeedVM(t)
+	runs := []testenv.VMRun{{Name: "x", Tests: []string{"TestX"}}}
+	for _, c := range []struct {
+		name, stage2, why string
+		timeout, within   time.Duration
+	}{
+		{"hangs", "echo SBSVM-BEGIN x\necho '=== RUN   TestX'\nsleep 1000\n", "killed at the 20s deadline", 20 * time.Second, 30 * time.Second},
+		{"panics", "echo SBSVM-BEGIN x\necho '=== RUN   TestX'\nexit 1\n", "the guest kernel panicked", 2 * time.Minute, 30 * time.Second},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			b := testenv.VMLane{Kernel: kernel, Runs: runs, Stage2: c.stage2, Timeout: c.timeout, MemoryMiB: 512}.Boot(t)
+			r := b.Results["x/TestX"]
+			t.Logf("%s after %v; TestX status %q, output %q; last serial lines:\n%s", b.Why, b.Took, r.Status, r.Out, b.Tail)
+			if b.Why != c.why || b.Took > c.within {
+				t.Errorf("the guest ended %q after %v, want %q within %v", b.Why, b.Took, c.why, c.within)
+			}
+			if r.Status != "" || len(r.Out) == 0 || r.Out[0] != "=== RUN   TestX" {
+				t.Errorf("TestX: status %q, output %q; want unfinished with its output", r.Status, r.Out)
+			}
+		})
+	}
 }

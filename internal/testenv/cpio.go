@@ -104,6 +104,19 @@ func (f *initramfs) write(w io.Writer) error {
 	return bw.Flush()
 }
 
+// writeTo writes the archive to the file dst.
+func (f *initramfs) writeTo(dst string) error {
+	out, err := os.Create(dst)
+	if err != nil {
+		return err
+	}
+	if err := f.write(out); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
+}
+
 func writeCpioEntry(w *bufio.Writer, ino int, name string, mode uint32, size int64, body io.Reader) error {
 	nlink := 1
 	if mode&0o170000 == 0o040000 {

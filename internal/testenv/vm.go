@@ -96,6 +96,9 @@ type VMLane struct {
 	// (sparse, in the test's temporary directory), /dev/vda in the guest
 	// (VMDiskEnv); it needs the virtio_pci and virtio_blk modules.
 	DiskBytes int64
+	// Stage2, when set, replaces the guest's second stage after its mounts
+	// (the module loads and the runs): for tests of the lane itself.
+	Stage2 string
 	// MemoryMiB is the guest's memory (default 3072); it has 2 vCPUs.
 	MemoryMiB int
 	// Timeout bounds the whole boot: QEMU is killed then (default 8m).
@@ -132,11 +135,19 @@ func BuildStaticBinaries(t testing.TB, dir string) {
 	}
 }
 
-// vmResult is what the guest said of one test.
-type vmResult struct {
-	status string // "PASS", "FAIL", "SKIP"; "" when it never finished
-	dur    string
-	out    []string
+// VMResult is what the guest said of one test.
+type VMResult struct {
+	Status string // "PASS", "FAIL", "SKIP"; "" when it never finished
+	Dur    string // as the test binary printed it, "(1.50s)"
+	Out    []string
+}
+
+// VMBoot is how one boot of the guest went.
+type VMBoot struct {
+	Results map[string]*VMResult // by "<run>/<test>", one for each planned test
+	Why     string               // "done", or why the guest ended early
+	Took    time.Duration
+	Tail    string // the last serial lines
 }
 
 // Run boots the guest, runs every VMRun in it and reports each of their tests
@@ -145,6 +156,32 @@ type vmResult struct {
 // and why: the deadline, a kernel panic, a run that exited). Skipped tests
 // skip (fail under CI=true, as Need does).
 func (l VMLane) Run(t *testing.T) {
+	t.Helper()
+	b := l.Boot(t)
+	t.Logf("guest: %s in %v (%s)", l.Kernel.Image, b.Took, b.Why)
+	for _, r := range l.Runs {
+		for _, name := range r.Tests {
+			res := b.Results[r.Name+"/"+name]
+			t.Run(r.Name+"/"+name, func(t *testing.T) {
+				body := strings.Join(res.Out, "\n")
+				switch res.Status {
+				case "PASS":
+					t.Logf("passed in the guest %s:\n%s", res.Dur, body)
+				case "SKIP":
+					Need(t, false, "skipped in the guest: "+body)
+				case "FAIL":
+					t.Errorf("failed in the guest %s:\n%s", res.Dur, body)
+				default:
+					t.Errorf("the guest did not finish this test (%s); its output:\n%s\nthe last serial lines:\n%s", b.Why, body, b.Tail)
+				}
+			})
+		}
+	}
+}
+
+// Boot boots the guest once and returns what it said, without judging it:
+// QEMU is killed at l.Timeout, and 2 s after the guest's kernel panics.
+func (l VMLane) Boot(t testing.TB) VMBoot {
 	t.Helper()
 	if l.MemoryMiB == 0 {
 		l.MemoryMiB = 3072
@@ -191,36 +228,15 @@ func (l VMLane) Run(t *testing.T) {
 	p := newVMParser(l.Runs)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		p.consume(pr, func(panicked bool) {
-			if panicked {
-				time.AfterFunc(2*time.Second, cancel) // let the panic's lines arrive
-			}
+		p.consume(pr, func(bool) {
+			time.AfterFunc(2*time.Second, cancel) // let the panic's lines arrive
 		})
 	})
 	werr := cmd.Wait()
 	pw.Close()
 	wg.Wait()
-	took := time.Since(start).Round(100 * time.Millisecond)
-	why := p.why(ctx.Err() != nil, l.Timeout, werr, stderr.String())
-	t.Logf("guest: %s in %v (%s)", l.Kernel.Image, took, why)
-	for _, r := range l.Runs {
-		for _, name := range r.Tests {
-			res := p.results[r.Name+"/"+name]
-			t.Run(r.Name+"/"+name, func(t *testing.T) {
-				body := strings.Join(res.out, "\n")
-				switch res.status {
-				case "PASS":
-					t.Logf("passed in the guest %s:\n%s", res.dur, body)
-				case "SKIP":
-					Need(t, false, "skipped in the guest: "+body)
-				case "FAIL":
-					t.Errorf("failed in the guest %s:\n%s", res.dur, body)
-				default:
-					t.Errorf("the guest did not finish this test (%s); its output:\n%s\nthe last serial lines:\n%s", why, body, p.tail())
-				}
-			})
-		}
-	}
+	return VMBoot{Results: p.results, Why: p.why(ctx.Err() != nil, l.Timeout, werr, stderr.String()),
+		Took: time.Since(start).Round(100 * time.Millisecond), Tail: p.tail()}
 }
 
 // why says how the guest ended.
@@ -261,6 +277,11 @@ func (l VMLane) writeInitramfs(dst string) error {
 	var script strings.Builder
 	script.WriteString("#!/bin/sh\n# written by testenv.VMLane: the guest's second stage\n")
 	script.WriteString(vmInit2)
+	if l.Stage2 != "" {
+		script.WriteString(l.Stage2)
+		fs.writeFile("/init2", []byte(script.String()), 0o755)
+		return fs.writeTo(dst)
+	}
 	for i, m := range mods {
 		g := fmt.Sprintf("%s/%02d-%s", vmModDir, i, filepath.Base(m))
 		fs.copyFile(g, filepath.Join(l.Kernel.Modules, m), 0o644)
@@ -290,15 +311,7 @@ func (l VMLane) writeInitramfs(dst string) error {
 	}
 	script.WriteString("echo SBSVM-DONE\nsync\npoweroff -f\n")
 	fs.writeFile("/init2", []byte(script.String()), 0o755)
-	f, err := os.Create(dst)
-	if err != nil {
-		return err
-	}
-	if err := fs.write(f); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return fs.writeTo(dst)
 }
 
 // vmInit is the initramfs's /init: runsc cannot pivot_root out of an
@@ -380,19 +393,19 @@ func moduleOrder(dir string, names []string) ([]string, error) {
 // vmParser follows the guest's serial output.
 type vmParser struct {
 	mu       sync.Mutex
-	results  map[string]*vmResult // "<run>/<test>"
+	results  map[string]*VMResult // "<run>/<test>"
 	run      string               // the run in progress
-	test     *vmResult            // the top-level test in progress
+	test     *VMResult            // the top-level test in progress
 	last     []string             // the last serial lines
 	done     bool                 // SBSVM-DONE seen
 	panicked bool
 }
 
 func newVMParser(runs []VMRun) *vmParser {
-	p := &vmParser{results: map[string]*vmResult{}}
+	p := &vmParser{results: map[string]*VMResult{}}
 	for _, r := range runs {
 		for _, n := range r.Tests {
-			p.results[r.Name+"/"+n] = &vmResult{}
+			p.results[r.Name+"/"+n] = &VMResult{}
 		}
 	}
 	return p
@@ -405,8 +418,8 @@ var (
 
 const vmTailLines = 40
 
-// consume reads serial lines until EOF; onPanic is called once the guest's
-// kernel panics.
+// consume reads serial lines until EOF; onPanic is called once, when the
+// guest's kernel panics.
 func (p *vmParser) consume(r io.Reader, onPanic func(bool)) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
@@ -448,25 +461,25 @@ func (p *vmParser) line(line string) {
 	if m := vmRunLine.FindStringSubmatch(line); m != nil {
 		p.test = p.results[p.run+"/"+m[1]]
 		if p.test != nil {
-			p.test.out = append(p.test.out, line)
+			p.test.Out = append(p.test.Out, line)
 		}
 		return
 	}
 	if m := vmDoneLine.FindStringSubmatch(line); m != nil {
 		if res := p.results[p.run+"/"+m[2]]; res != nil {
 			if res != p.test {
-				res.out = append(res.out, line)
+				res.Out = append(res.Out, line)
 			}
-			res.status, res.dur = m[1], m[3]
+			res.Status, res.Dur = m[1], m[3]
 		}
 		if p.test != nil {
-			p.test.out = append(p.test.out, line)
+			p.test.Out = append(p.test.Out, line)
 		}
 		p.test = nil
 		return
 	}
-	if p.test != nil && len(p.test.out) < 2000 {
-		p.test.out = append(p.test.out, line)
+	if p.test != nil && len(p.test.Out) < 2000 {
+		p.test.Out = append(p.test.Out, line)
 	}
 }
 

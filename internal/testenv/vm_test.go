@@ -44,19 +44,19 @@ func TestVMParser(t *testing.T) {
 	p := newVMParser([]VMRun{{Name: "gvisor", Tests: []string{"TestA", "TestB", "TestC"}}, {Name: "e2e", Tests: []string{"TestD", "TestE"}}})
 	panics := 0
 	p.consume(strings.NewReader(serial), func(bool) { panics++ })
-	got := map[string]vmResult{}
+	got := map[string]VMResult{}
 	for k, v := range p.results {
 		got[k] = *v
 	}
-	want := map[string]vmResult{
-		"gvisor/TestA": {status: "PASS", dur: "(1.50s)", out: []string{"=== RUN   TestA", "    a_test.go:10: figures", "=== RUN   TestA/sub", "    --- PASS: TestA/sub (0.00s)", "--- PASS: TestA (1.50s)"}},
-		"gvisor/TestB": {status: "FAIL", dur: "(0.10s)", out: []string{"=== RUN   TestB", "    b_test.go:3: boom", "--- FAIL: TestB (0.10s)"}},
-		"gvisor/TestC": {status: "SKIP", dur: "(0.00s)", out: []string{"=== RUN   TestC", "--- SKIP: TestC (0.00s)"}},
-		"e2e/TestD": {out: []string{"=== RUN   TestD", "    d_test.go:1: started", "[   12.3] Kernel panic - not syncing: Attempted to kill init!",
+	want := map[string]VMResult{
+		"gvisor/TestA": {Status: "PASS", Dur: "(1.50s)", Out: []string{"=== RUN   TestA", "    a_test.go:10: figures", "=== RUN   TestA/sub", "    --- PASS: TestA/sub (0.00s)", "--- PASS: TestA (1.50s)"}},
+		"gvisor/TestB": {Status: "FAIL", Dur: "(0.10s)", Out: []string{"=== RUN   TestB", "    b_test.go:3: boom", "--- FAIL: TestB (0.10s)"}},
+		"gvisor/TestC": {Status: "SKIP", Dur: "(0.00s)", Out: []string{"=== RUN   TestC", "--- SKIP: TestC (0.00s)"}},
+		"e2e/TestD": {Out: []string{"=== RUN   TestD", "    d_test.go:1: started", "[   12.3] Kernel panic - not syncing: Attempted to kill init!",
 			"[   12.3] Kernel panic - not syncing: again"}},
 		"e2e/TestE": {},
 	}
-	if diff := cmp.Diff(want, got, cmp.AllowUnexported(vmResult{})); diff != "" {
+	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("results (-want +got):\n%s", diff)
 	}
 	if panics != 1 || !p.panicked || p.done {
@@ -75,8 +75,8 @@ func TestVMParser(t *testing.T) {
 func TestVMParserSilentGuest(t *testing.T) {
 	p := newVMParser([]VMRun{{Name: "gvisor", Tests: []string{"TestA"}}})
 	p.consume(strings.NewReader(""), func(bool) { t.Error("no panic printed") })
-	if r := p.results["gvisor/TestA"]; r.status != "" {
-		t.Errorf("status %q, want none", r.status)
+	if r := p.results["gvisor/TestA"]; r.Status != "" {
+		t.Errorf("status %q, want none", r.Status)
 	}
 	if why := p.why(true, 8*60e9, nil, ""); why != "killed at the 8m0s deadline" {
 		t.Errorf("why = %q", why)
