@@ -72,6 +72,27 @@ func writeStat(t *testing.T, proc string, pid int, start uint64) {
 		pid, pid, pid, start))
 }
 
+// openSentryFixture opens a source by sentry pid 42 (start time 5000) in
+// /sandbox of a v2 fixture tree that also holds a dead sandbox's cgroup at
+// /other, and returns it with the cgroup and proc roots.
+func openSentryFixture(t *testing.T) (s source.Source, cg, proc string) {
+	t.Helper()
+	cg = copyTree(t, "testdata/cgroup/v2")
+	if err := os.CopyFS(filepath.Join(cg, "other"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
+		t.Fatal(err)
+	}
+	proc = t.TempDir()
+	writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
+	writeStat(t, proc, 42, 5000)
+	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
+		Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s, cg, proc
+}
+
 // TestSentryPIDReused: the sentry's cgroup disappears and its pid now
 // belongs to another process (another start time) in another cgroup, or the
 // pid is gone: the source must not read that cgroup under this identity.
@@ -94,19 +115,7 @@ func TestSentryPIDReused(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cg := copyTree(t, "testdata/cgroup/v2")
-			if err := os.CopyFS(filepath.Join(cg, "other"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
-				t.Fatal(err)
-			}
-			proc := t.TempDir()
-			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
-			writeStat(t, proc, 42, 5000)
-			s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
-				Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s, cg, proc := openSentryFixture(t)
 			ctx := context.Background()
 			if r, err := s.Sample(ctx); err != nil || r.MemoryCurrentBytes != 268435456 {
 				t.Fatalf("first sample = %d, %v", r.MemoryCurrentBytes, err)
@@ -158,19 +167,7 @@ func TestSentryDiesBeforeFirstSample(t *testing.T) {
 		}, "sentry pid 42 was reused/exited"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cg := copyTree(t, "testdata/cgroup/v2")
-			if err := os.CopyFS(filepath.Join(cg, "other"), os.DirFS("testdata/cgroup/v2-dead/sandbox")); err != nil {
-				t.Fatal(err)
-			}
-			proc := t.TempDir()
-			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
-			writeStat(t, proc, 42, 5000)
-			s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
-				Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s, cg, proc := openSentryFixture(t)
 			tc.after(t, cg, proc)
 			r, err := s.Sample(context.Background())
 			if tc.errHas != "" {
