@@ -27,7 +27,7 @@ func TestWorkloadChild(t *testing.T) { testenv.RunChild(t) }
 // needCgroups skips (or fails under CI) unless the test runs as root on a
 // host with the cgroup v1 memory and cpuacct hierarchies or on a cgroup v2
 // host whose root delegates memory and cpu (the VM lane's guest).
-func needCgroups(t *testing.T) {
+func needCgroups(t testing.TB) {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("end-to-end on real cgroups; not under -short")
@@ -42,6 +42,13 @@ func needCgroups(t *testing.T) {
 	_, errM := os.Stat("/sys/fs/cgroup/memory/cgroup.procs")
 	_, errC := os.Stat("/sys/fs/cgroup/cpuacct/cgroup.procs")
 	testenv.Need(t, errM == nil && errC == nil, "needs the cgroup v1 memory and cpuacct hierarchies under /sys/fs/cgroup")
+}
+
+// needV1 is needCgroups for a test of what only a cgroup v1 host has.
+func needV1(t testing.TB) {
+	t.Helper()
+	needCgroups(t)
+	testenv.Need(t, !unifiedHost(), "needs the cgroup v1 memory hierarchy (v1 working set, blkio)")
 }
 
 // unifiedHost reports whether /sys/fs/cgroup is a cgroup v2 mount.
@@ -62,7 +69,7 @@ func cgroupDirs(rel string) []string {
 // testCgroup makes the cgroup path rel (cgroupDirs) and removes it at the
 // end of the test (after the processes in it are gone: register it before
 // starting them).
-func testCgroup(t *testing.T, rel string) {
+func testCgroup(t testing.TB, rel string) {
 	t.Helper()
 	for _, dir := range cgroupDirs(rel) {
 		if err := os.MkdirAll(dir, 0o755); err != nil {
@@ -77,7 +84,7 @@ func testCgroup(t *testing.T, rel string) {
 }
 
 // moveTo moves pid into the cgroup rel (cgroupDirs).
-func moveTo(t *testing.T, rel string, pid int) {
+func moveTo(t testing.TB, rel string, pid int) {
 	t.Helper()
 	for _, dir := range cgroupDirs(rel) {
 		p := filepath.Join(dir, "cgroup.procs")

@@ -28,7 +28,7 @@ import (
 // evaluates without error against this Prometheus; no alert fires on this
 // healthy node.
 func TestIntegrationPrometheusDeploy(t *testing.T) {
-	needCgroups(t)
+	needV1(t)
 	testenv.NeedPrometheus(t)
 	bin := testenv.BuildBinaries(t, "statsagent")
 	dir := fleetDir(t)

@@ -183,7 +183,7 @@ func promValue(t *testing.T, p *testenv.Prometheus, query string, want func(floa
 //
 // promtool check metrics is clean on the live scrape.
 func TestIntegrationSignalsPrometheus(t *testing.T) {
-	needCgroups(t)
+	needV1(t)
 	bin := testenv.BuildBinaries(t, "statsagent")
 	dir := fleetDir(t)
 	dev, majMin := testenv.NewLoopDisk(t)

@@ -166,6 +166,9 @@ func newAgent(tb testing.TB, path string, listen ListenFunc, opts []Option) *Age
 
 // Address is the agent address for a SandboxRef: hvsock://<socket>:<port>.
 func (a *Agent) Address() string {
+	if a.path == "" {
+		a.tb.Fatalf("kataagentfake: an agent served with NewOn has no hybrid vsock address")
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return fmt.Sprintf("hvsock://%s:%d", a.path, a.port)

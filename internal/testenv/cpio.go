@@ -80,16 +80,11 @@ func (f *initramfs) write(w io.Writer) error {
 		case e.symlink != "":
 			mode, size, body = 0o120000|e.mode, int64(len(e.symlink)), strings.NewReader(e.symlink)
 		case e.hostSrc != "":
-			src, err := os.Open(e.hostSrc)
-			if err != nil {
-				return err
+			if err := copyCpioFile(bw, ino, strings.TrimPrefix(p, "/"), 0o100000|e.mode, e.hostSrc); err != nil {
+				return fmt.Errorf("initramfs %s: %w", p, err)
 			}
-			defer src.Close()
-			st, err := src.Stat()
-			if err != nil {
-				return err
-			}
-			mode, size, body = 0o100000|e.mode, st.Size(), src
+			ino++
+			continue
 		default:
 			mode, size, body = 0o100000|e.mode, int64(len(e.data)), strings.NewReader(string(e.data))
 		}
@@ -117,7 +112,24 @@ func (f *initramfs) writeTo(dst string) error {
 	return out.Close()
 }
 
+// copyCpioFile writes the host file src as one entry.
+func copyCpioFile(w *bufio.Writer, ino int, name string, mode uint32, src string) error {
+	f, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	return writeCpioEntry(w, ino, name, mode, st.Size(), f)
+}
+
 func writeCpioEntry(w *bufio.Writer, ino int, name string, mode uint32, size int64, body io.Reader) error {
+	if size > 0xFFFFFFFF {
+		return fmt.Errorf("%d bytes: over the newc format's 4 GiB", size)
+	}
 	nlink := 1
 	if mode&0o170000 == 0o040000 {
 		nlink = 2

@@ -145,6 +145,7 @@ type VMResult struct {
 // VMBoot is how one boot of the guest went.
 type VMBoot struct {
 	Results map[string]*VMResult // by "<run>/<test>", one for each planned test
+	Exits   map[string]string    // each run's exit status as its shell said it ("0"); absent: it never ended
 	Why     string               // "done", or why the guest ended early
 	Took    time.Duration
 	Tail    string // the last serial lines
@@ -160,6 +161,13 @@ func (l VMLane) Run(t *testing.T) {
 	b := l.Boot(t)
 	t.Logf("guest: %s in %v (%s)", l.Kernel.Image, b.Took, b.Why)
 	for _, r := range l.Runs {
+		// A binary that exits non-zero after its tests passed (TestMain, a
+		// panic or -test.timeout after the last PASS) fails too.
+		if code, ok := b.Exits[r.Name]; ok && code != "0" {
+			t.Run(r.Name+"/exit", func(t *testing.T) {
+				t.Errorf("%s.test exited with status %s; the last serial lines:\n%s", r.Name, code, b.Tail)
+			})
+		}
 		for _, name := range r.Tests {
 			res := b.Results[r.Name+"/"+name]
 			t.Run(r.Name+"/"+name, func(t *testing.T) {
@@ -235,7 +243,7 @@ func (l VMLane) Boot(t testing.TB) VMBoot {
 	werr := cmd.Wait()
 	pw.Close()
 	wg.Wait()
-	return VMBoot{Results: p.results, Why: p.why(ctx.Err() != nil, l.Timeout, werr, stderr.String()),
+	return VMBoot{Results: p.results, Exits: p.exits, Why: p.why(ctx.Err() != nil, l.Timeout, werr, stderr.String()),
 		Took: time.Since(start).Round(100 * time.Millisecond), Tail: p.tail()}
 }
 
@@ -397,6 +405,7 @@ type vmParser struct {
 	run      string               // the run in progress
 	test     *VMResult            // the top-level test in progress
 	last     []string             // the last serial lines
+	exits    map[string]string    // a run's exit status, by run
 	done     bool                 // SBSVM-DONE seen
 	panicked bool
 }
@@ -440,6 +449,14 @@ func (p *vmParser) consume(r io.Reader, onPanic func(bool)) {
 			onPanic(true)
 		}
 	}
+	if err := sc.Err(); err != nil {
+		// A line over the scanner's 1 MiB: say so, and keep draining, or
+		// QEMU blocks writing the console and the guest stalls.
+		p.mu.Lock()
+		p.last = append(p.last, fmt.Sprintf("(testenv: serial output unreadable from here on: %v)", err))
+		p.mu.Unlock()
+		_, _ = io.Copy(io.Discard, r)
+	}
 }
 
 func (p *vmParser) line(line string) {
@@ -447,7 +464,11 @@ func (p *vmParser) line(line string) {
 		p.run, p.test = f[1], nil
 		return
 	}
-	if strings.HasPrefix(line, "SBSVM-END ") {
+	if f := strings.Fields(line); len(f) == 3 && f[0] == "SBSVM-END" {
+		if p.exits == nil {
+			p.exits = map[string]string{}
+		}
+		p.exits[f[1]] = f[2]
 		p.run, p.test = "", nil
 		return
 	}

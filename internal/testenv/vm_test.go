@@ -59,6 +59,9 @@ func TestVMParser(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("results (-want +got):\n%s", diff)
 	}
+	if diff := cmp.Diff(map[string]string{"gvisor": "1"}, p.exits); diff != "" {
+		t.Errorf("exit statuses (-want +got):\n%s", diff)
+	}
 	if panics != 1 || !p.panicked || p.done {
 		t.Errorf("panics noticed %d (panicked %v, done %v), want 1, true, false", panics, p.panicked, p.done)
 	}
