@@ -223,3 +223,40 @@ func TestSentryStartsAfterOpen(t *testing.T) {
 		t.Fatalf("pid reused: err = %v, want ErrSandboxGone, \"sentry pid 42 was reused/exited\"", err)
 	}
 }
+
+// TestSentryPinnedByRef: a ref carrying the sentry's start time (a binding a
+// restarted statsd restores) is pinned to it from Open: the same process is
+// read, another process now holding the pid is refused, never read.
+func TestSentryPinnedByRef(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		start uint64 // the start time of the process now holding pid 42
+		ok    bool
+	}{
+		{"the same sentry", 5000, true},
+		{"pid reused while statsd was down", 9999, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cg := copyTree(t, "testdata/cgroup/v2")
+			proc := t.TempDir()
+			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
+			writeStat(t, proc, 42, tc.start)
+			s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42, SentryStartTicks: 5000},
+				Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
+			if ticks, ok := s.(interface{ SentryStartTicks() (uint64, bool) }).SentryStartTicks(); ticks != 5000 || !ok {
+				t.Errorf("pinned start = %d, %v; want 5000, true", ticks, ok)
+			}
+			r, err := s.Sample(context.Background())
+			switch {
+			case tc.ok && (err != nil || !strings.HasSuffix(r.Detail, "/sandbox (sentry pid 42)")):
+				t.Errorf("sample = %q, %v; want the sandbox", r.Detail, err)
+			case !tc.ok && (err == nil || !errors.Is(err, source.ErrSandboxGone)):
+				t.Errorf("sample = %q, %v; want ErrSandboxGone", r.Detail, err)
+			}
+		})
+	}
+}

@@ -89,8 +89,10 @@ var _ source.Source = (*cgroupSource)(nil)
 // sentry's cgroup through /proc/<pid>/cgroup and pins the sentry (pid and
 // start time), within ReadTimeout, so that a sentry that dies before the
 // first Sample is read from the cgroup it left; when that fails (the sentry
-// not started yet, or already gone), the first Sample resolves it. Close
-// releases the mount handles.
+// not started yet, or already gone), the first Sample resolves it. A ref
+// with SentryStartTicks (a binding statsd persisted) is pinned to that start
+// time from the start: another process now holding the pid is refused.
+// Close releases the mount handles.
 func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	if cfg.CgroupRoot == "" {
 		cfg.CgroupRoot = DefaultCgroupRoot
@@ -143,6 +145,10 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: cgroup mount: %w", source.ErrNotMeasurable, err)
 	}
+	if ref.SentryPID != 0 && ref.SentryStartTicks != 0 {
+		// A binding restored by a restarted statsd: the sentry it pinned.
+		s.sentry, s.pinned = process.Pin{PID: ref.SentryPID, StartTicks: ref.SentryStartTicks}, true
+	}
 	if ref.SentryPID != 0 {
 		// Resolve (and pin) the sentry's cgroup now, while the sentry is
 		// most likely alive: a sentry that dies before the first Sample (an
@@ -154,6 +160,15 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		}
 	}
 	return s, nil
+}
+
+// SentryStartTicks returns the start time the source pinned its sentry by
+// (ok false: bound by path, or not pinned yet), for the binding to persist
+// (source.SandboxRef.SentryStartTicks).
+func (s *cgroupSource) SentryStartTicks() (ticks uint64, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.sentry.StartTicks, s.pinned
 }
 
 // Close releases the handles on the cgroup mounts. It is safe to call more

@@ -170,6 +170,22 @@ func NewStore(cfg Config) (*Store, error) {
 	return s, nil
 }
 
+// sentryPinner is a source that pinned a process by its start time (the
+// gVisor source bound by sentry pid).
+type sentryPinner interface {
+	SentryStartTicks() (ticks uint64, ok bool)
+}
+
+// pinnedStart is the start time src pinned its sentry by, or 0.
+func pinnedStart(src source.Source) uint64 {
+	if p, ok := src.(sentryPinner); ok {
+		if ticks, ok := p.SentryStartTicks(); ok {
+			return ticks
+		}
+	}
+	return 0
+}
+
 func (s *Store) openSources(ref source.SandboxRef) (source.Source, source.HostSampler) {
 	src, host, err := s.cfg.Open(ref)
 	if err != nil {
@@ -265,7 +281,8 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	}
 	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil)}
 	b.Source, b.Host = s.openSources(ref)
-	if err := s.saveBinding(stateFile{Version: stateVersion, Binding: &bindingState{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch}}); err != nil {
+	b.Ref.SentryStartTicks = pinnedStart(b.Source)
+	if err := s.saveBinding(stateFile{Version: stateVersion, Binding: &bindingState{Identity: id, Ref: b.Ref, Op: op, EpochUnixNano: epoch}}); err != nil {
 		closeBinding(b, s.logger)
 		if replaced != nil {
 			// The old activation's end is recorded: forget it too, so memory

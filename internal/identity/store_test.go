@@ -215,3 +215,48 @@ func TestUnreadableStateIsNotMovedAside(t *testing.T) {
 		t.Fatalf("moved aside: %v", aside)
 	}
 }
+
+// pinnedSource is a source that pinned its sentry by a start time.
+type pinnedSource struct {
+	source.Source
+	ticks uint64
+}
+
+func (p pinnedSource) SentryStartTicks() (uint64, bool) { return p.ticks, p.ticks != 0 }
+func (pinnedSource) Close() error                       { return nil }
+
+// TestSentryPinPersisted: the start time a source pinned its sentry by at
+// Bind is persisted with the binding and handed to the source a restarted
+// statsd opens, so that it refuses a pid another process holds by then; a
+// launcher's retry (which carries no start time) is still a retry.
+func TestSentryPinPersisted(t *testing.T) {
+	dir := t.TempDir()
+	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4242}
+	var opened []source.SandboxRef
+	open := func(r source.SandboxRef) (source.Source, source.HostSampler, error) {
+		opened = append(opened, r)
+		return pinnedSource{ticks: 777}, nil, nil
+	}
+	s, err := NewStore(Config{StateDir: dir, Now: fakeClock(), Open: open})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _, err := s.Bind(context.Background(), OpRun, idA, ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if b.Ref.SentryStartTicks != 777 {
+		t.Errorf("bound ref's sentry start = %d, want the pinned 777", b.Ref.SentryStartTicks)
+	}
+	if again, _, err := s.Bind(context.Background(), OpRun, idA, ref); err != nil || again != b {
+		t.Errorf("the launcher's retry: %p, %v; want the same binding %p", again, err, b)
+	}
+	s.Close()
+	if _, err := NewStore(Config{StateDir: dir, Now: fakeClock(), Open: open}); err != nil {
+		t.Fatal(err)
+	}
+	want := []source.SandboxRef{ref, {Class: source.ClassGVisor, SentryPID: 4242, SentryStartTicks: 777}}
+	if diff := cmp.Diff(want, opened); diff != "" {
+		t.Errorf("refs opened at Bind and at the restart (-want +got):\n%s", diff)
+	}
+}

@@ -94,6 +94,9 @@ func ValidateRef(ref source.SandboxRef) error {
 		if ref.SentryPID < 0 {
 			return fmt.Errorf("%w: sentry_pid %d is not positive", ErrInvalid, ref.SentryPID)
 		}
+		if ref.SentryStartTicks != 0 && ref.SentryPID == 0 {
+			return fmt.Errorf("%w: a sentry start time without a sentry_pid", ErrInvalid)
+		}
 		if ref.AgentAddress != "" || len(ref.ContainerIDs) > 0 {
 			return fmt.Errorf("%w: agent_address and container_ids are for a microvm sandbox", ErrInvalid)
 		}
@@ -114,7 +117,7 @@ func ValidateRef(ref source.SandboxRef) error {
 			}
 			seen[id] = true
 		}
-		if ref.CgroupPath != "" || ref.SentryPID != 0 {
+		if ref.CgroupPath != "" || ref.SentryPID != 0 || ref.SentryStartTicks != 0 {
 			return fmt.Errorf("%w: cgroup_path and sentry_pid are for a gvisor sandbox", ErrInvalid)
 		}
 	default:

@@ -73,9 +73,16 @@ type SandboxRef struct {
 	VMMPID     int    `json:"vmm_pid,omitempty"`
 	VMMPIDFile string `json:"vmm_pid_file,omitempty"`
 	QMPSocket  string `json:"qmp_socket,omitempty"`
+	// SentryStartTicks is not the launcher's: statsd learns it when it binds
+	// a gVisor sandbox by sentry pid (the sentry's start time, stat field
+	// 22, at the pin) and persists it with the binding, so that a restarted
+	// statsd refuses a pid that a new process holds by now. Zero: not
+	// learned. Equal ignores it.
+	SentryStartTicks uint64 `json:"sentry_start_ticks,omitempty"`
 }
 
-// Equal reports whether two refs name the same sandbox.
+// Equal reports whether two refs name the same sandbox (SentryStartTicks
+// apart: a launcher's retry does not carry it).
 func (r SandboxRef) Equal(o SandboxRef) bool {
 	return r.Class == o.Class && r.CgroupPath == o.CgroupPath && r.SentryPID == o.SentryPID &&
 		r.AgentAddress == o.AgentAddress && slices.Equal(r.ContainerIDs, o.ContainerIDs) &&
