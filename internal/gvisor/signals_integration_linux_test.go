@@ -229,6 +229,7 @@ func TestIntegrationPressure(t *testing.T) {
 	// The kernel's own file, read right after the sample with the loops
 	// done: the totals barely move any more.
 	raw := rawPressure(t, filepath.Join(dirs["unified"], "cpu.pressure"))
+	t.Logf("cpu.pressure some total: statsd %d us, the kernel's file right after %d us", *r1.Pressure.CPU.SomeUsec, *raw.Some)
 	if d := int64(*raw.Some) - int64(*r1.Pressure.CPU.SomeUsec); d < 0 || d > 20000 {
 		t.Errorf("cpu.pressure some total: statsd %d us, the kernel's file right after %d us (want equal, within 20 ms after)", *r1.Pressure.CPU.SomeUsec, *raw.Some)
 	}
