@@ -153,6 +153,72 @@ func TestIntegrationGVisorOOMKilled(t *testing.T) {
 	}
 }
 
+// oomKillUnpolled starts a gVisor sandbox with a 64 MiB OCI memory limit and
+// a statsd (nothing polls it), binds the sandbox by sentry pid, writes 200
+// MiB in it and waits, without asking statsd, until the host's OOM killer
+// has taken the sentry (the pin tells a reused pid apart; a zombie is dead).
+func oomKillUnpolled(t *testing.T, name string) (sb *testenv.Sandbox, bin string, d *testenv.Statsd, actor string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("starts a real gVisor sandbox and statsd; not under -short")
+	}
+	sb = testenv.StartSandboxWith(t, testenv.SandboxOptions{MemoryLimit: 64 << 20}, "/bin/sh", "-c", "while true; do sleep 1; done")
+	sentry, err := process.NewTracker("/proc").Check(sb.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin = testenv.BuildBinaries(t)
+	d = startStatsdIn(t, bin, fleetDir(t), name)
+	actor = "e2e-" + name
+	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--template-namespace", "tmpl", "--template-name", "py",
+		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
+	out, err := sb.Runsc(t, "", "exec", sb.ID, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
+	t.Logf("dd of 200 MiB under a 64 MiB limit: %v %s", err, strings.TrimSpace(string(out)))
+	start := time.Now()
+	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		running, err := sentry.Running("/proc")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !running {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("20 s after the dd of 200 MiB under a 64 MiB limit: sentry pid %d still running", sb.PID)
+		}
+	}
+	t.Logf("sentry dead %v after the dd returned", time.Since(start).Round(time.Millisecond))
+	return sb, bin, d, actor
+}
+
+// checkpointOutcome checkpoints actor and returns the record's OUTCOME.
+func checkpointOutcome(t *testing.T, bin string, d *testenv.Statsd, actor string) string {
+	t.Helper()
+	ck := string(statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor))
+	t.Logf("checkpoint:\n%s", ck)
+	for _, l := range strings.Split(ck, "\n") {
+		if f := strings.Fields(l); len(f) >= 2 && f[0] == "OUTCOME" {
+			return f[1]
+		}
+	}
+	return ""
+}
+
+// TestIntegrationGVisorSentryDiedProcessesLeft: a sandbox bound by sentry
+// pid whose sentry the OOM killer took is dead even while its cgroup still
+// holds a process (a gofer on its way out; here a process the test parks
+// there): the record says oom-killed, not checkpointed. It failed before
+// the source said that its pinned sentry had exited.
+func TestIntegrationGVisorSentryDiedProcessesLeft(t *testing.T) {
+	sb, bin, d, actor := oomKillUnpolled(t, "oom-left")
+	c := testenv.StartChild(t, "TestWorkloadChild")
+	sb.Join(t, c.Cmd.Process.Pid)
+	t.Logf("processes left in the sandbox's cgroup: %v", sb.Processes(t))
+	if got := checkpointOutcome(t, bin, d, actor); got != "oom-killed" {
+		t.Errorf("the record's outcome is %q, want oom-killed (the sentry is dead)", got)
+	}
+}
+
 // TestIntegrationGVisorOOMKilledBeforeAnyPoll is issue 20, "the early
 // death": as TestIntegrationGVisorOOMKilled, but nothing reads statsd between
 // the bind by sentry pid and the OOM kill that takes the sentry, so no Sample
@@ -161,49 +227,15 @@ func TestIntegrationGVisorOOMKilled(t *testing.T) {
 // left, with the kill: the record says oom-killed and its final sample
 // counts the kill.
 func TestIntegrationGVisorOOMKilledBeforeAnyPoll(t *testing.T) {
-	if testing.Short() {
-		t.Skip("starts a real gVisor sandbox and statsd; not under -short")
-	}
-	sb := testenv.StartSandboxWith(t, testenv.SandboxOptions{MemoryLimit: 64 << 20}, "/bin/sh", "-c", "while true; do sleep 1; done")
-	sentry, err := process.NewTracker("/proc").Check(sb.PID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	bin := testenv.BuildBinaries(t)
-	d := startStatsdIn(t, bin, fleetDir(t), "oom-early")
-	const actor = "e2e-oom-early"
-	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor, "--template-namespace", "tmpl", "--template-name", "py",
-		"--class", "gvisor", "--sentry-pid", strconv.Itoa(sb.PID))
-	out, err := sb.Runsc(t, "", "exec", sb.ID, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count=200")
-	t.Logf("dd of 200 MiB under a 64 MiB limit: %v %s", err, strings.TrimSpace(string(out)))
-	// Wait, without asking statsd, for the sandbox's death: the sentry gone
-	// (the pin tells a reused pid apart; a zombie is dead), then no process
-	// left in its cgroup (the gofer outlives the sentry a little; a
-	// Checkpoint that finds a process says checkpointed).
-	start := time.Now()
-	for deadline := start.Add(20 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		running, err := sentry.Running("/proc")
-		if err != nil {
-			t.Fatal(err)
-		}
-		left := sb.Processes(t)
-		if !running && len(left) == 0 {
-			break
-		}
+	sb, bin, d, actor := oomKillUnpolled(t, "oom-early")
+	// The gofer outlives the sentry a little: wait for the cgroup to empty
+	// too, so that this test holds the dead-sandbox path of the outcome.
+	for deadline := time.Now().Add(20 * time.Second); len(sb.Processes(t)) > 0; time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			t.Fatalf("20 s after the dd of 200 MiB under a 64 MiB limit: sentry pid %d running %v, processes in the sandbox's cgroup %v", sb.PID, running, left)
+			t.Fatalf("20 s after the sentry died: processes in the sandbox's cgroup %v", sb.Processes(t))
 		}
 	}
-	t.Logf("sandbox dead %v after the dd returned", time.Since(start).Round(time.Millisecond))
-	ck := string(statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor))
-	t.Logf("checkpoint:\n%s", ck)
-	outcome := ""
-	for _, l := range strings.Split(ck, "\n") {
-		if f := strings.Fields(l); len(f) >= 2 && f[0] == "OUTCOME" {
-			outcome = f[1]
-		}
-	}
-	if outcome != "oom-killed" {
+	if outcome := checkpointOutcome(t, bin, d, actor); outcome != "oom-killed" {
 		t.Errorf("the record's outcome is %q, want oom-killed", outcome)
 	}
 	var list struct {

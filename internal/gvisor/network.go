@@ -25,6 +25,8 @@ type netResult struct {
 	net *source.Network
 	why string
 	err error
+	// exited: the pinned sentry has exited or its pid was reused.
+	exited bool
 }
 
 // readNetwork reads <ProcRoot>/<sentry pid>/net/dev between two reads of
@@ -45,7 +47,7 @@ func (s *cgroupSource) readNetwork(ctx context.Context) netResult {
 	b, err := bounded.Do(ctx, s.g, "netdev\x00"+p, func() ([]byte, error) { return snapNetDev(s.procRoot, pid, want, p) })
 	switch {
 	case errors.Is(err, errPidChanged) || (process.IsGone(err) && !errors.Is(err, errNoNetDev)):
-		return netResult{why: fmt.Sprintf("sentry pid %d was reused/exited: its network namespace is not read (%v)", pid, err)}
+		return netResult{why: fmt.Sprintf("sentry pid %d was reused/exited: its network namespace is not read (%v)", pid, err), exited: true}
 	case errors.Is(err, errNoNetDev):
 		return netResult{why: "no " + p}
 	case err != nil:

@@ -151,6 +151,13 @@ func TestSentryDiesBeforeFirstSample(t *testing.T) {
 		after  func(t *testing.T, cg, proc string)
 		errHas string // "" wants a reading
 	}{
+		{"OOM-killed: a process left in the cgroup", func(t *testing.T, cg, proc string) {
+			if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
+				t.Fatal(err)
+			}
+			writeFile(t, filepath.Join(cg, "sandbox", "memory.events"), "low 0\nhigh 0\nmax 57\noom 1\noom_kill 1\noom_group_kill 0\n")
+			writeFile(t, filepath.Join(cg, "sandbox", "cgroup.procs"), "43\n")
+		}, ""},
 		{"OOM-killed: the cgroup remains", func(t *testing.T, cg, proc string) {
 			if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
 				t.Fatal(err)
@@ -182,11 +189,11 @@ func TestSentryDiesBeforeFirstSample(t *testing.T) {
 			if err != nil {
 				t.Fatalf("sample of a sentry dead before the first sample: %v; want the cgroup it left", err)
 			}
-			if !strings.HasSuffix(r.Detail, "/sandbox (sentry pid 42)") || r.MemoryCurrentBytes != 268435456 {
+			if !strings.Contains(r.Detail, "/sandbox (sentry pid 42)") || r.MemoryCurrentBytes != 268435456 {
 				t.Errorf("sample = %q, %d bytes; want the sandbox cgroup's 268435456", r.Detail, r.MemoryCurrentBytes)
 			}
-			if r.SandboxProcesses == nil || *r.SandboxProcesses != 0 {
-				t.Errorf("sandbox_processes = %v, want 0 (a dead sandbox)", r.SandboxProcesses)
+			if !r.SentryExited || !strings.HasSuffix(r.Detail, ": the sentry has exited") {
+				t.Errorf("sentry exited %v, detail %q; want true, said", r.SentryExited, r.Detail)
 			}
 			if r.Memory == nil || r.Memory.OOMKills == nil || *r.Memory.OOMKills != 1 {
 				t.Errorf("memory signals = %+v, want oom_kills 1", r.Memory)

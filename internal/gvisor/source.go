@@ -258,6 +258,10 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 		return source.Reading{}, err
 	}
 	addNetwork(&r, nr)
+	if nr.exited {
+		r.SentryExited = true
+		r.Detail += ": the sentry has exited"
+	}
 	return r, nil
 }
 

@@ -154,10 +154,11 @@ func (e *Ended) account(maxCurrent uint64, seen bool) {
 }
 
 // deathOf tells a checkpoint of a dead sandbox from one of a live one: no
-// process left (or the sandbox gone) is dead, and dead with the OOM kill
-// count above the epoch's baseline is OOM-killed.
+// process left, the sandbox gone or its sentry exited is dead, and dead with
+// the OOM kill count above the epoch's baseline is OOM-killed.
 func deathOf(e *Ended, readErr error) Outcome {
 	dead := errors.Is(readErr, source.ErrSandboxGone) ||
+		(e.Final != nil && e.Final.SentryExited) ||
 		(e.Final != nil && e.Final.SandboxProcesses != nil && *e.Final.SandboxProcesses == 0)
 	if !dead {
 		return OutcomeCheckpointed

@@ -173,6 +173,10 @@ func TestOutcomes(t *testing.T) {
 		{"no process, no kill", source.Reading{Kind: source.KindCgroup, SandboxProcesses: u32(0), CPUUsageUsec: u64(1),
 			Memory: &source.MemorySignals{OOMKills: u64(0)}}, nil, OutcomeSandboxDead},
 		{"sandbox gone", source.Reading{}, fmt.Errorf("%w: %w", source.ErrNotMeasurable, source.ErrSandboxGone), OutcomeSandboxDead},
+		{"sentry exited, a process left in its cgroup", source.Reading{Kind: source.KindCgroup, SandboxProcesses: u32(1), CPUUsageUsec: u64(1),
+			SentryExited: true}, nil, OutcomeSandboxDead},
+		{"sentry OOM-killed, a process left in its cgroup", source.Reading{Kind: source.KindCgroup, SandboxProcesses: u32(1), CPUUsageUsec: u64(1),
+			SentryExited: true, Memory: &source.MemorySignals{OOMKills: u64(1)}}, nil, OutcomeOOMKilled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			src := &scriptedSource{r: tc.final, err: tc.err}

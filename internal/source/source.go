@@ -137,6 +137,11 @@ type Reading struct {
 	// SandboxProcesses is the number of processes in the sandbox cgroup; nil
 	// when the source cannot tell. 0 means a dead sandbox.
 	SandboxProcesses *uint32
+	// SentryExited: a gVisor sandbox bound by sentry pid whose pinned
+	// sentry has exited (or its pid now belongs to another process). The
+	// sandbox is dead, whatever its cgroup still holds (a gofer on its way
+	// out, a process someone else put there).
+	SentryExited bool `json:",omitempty"`
 	// UnreadContainers lists the containers missing from a partial reading.
 	UnreadContainers []ContainerError
 	// Absent lists the measurements the source could not offer.

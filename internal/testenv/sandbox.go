@@ -267,6 +267,20 @@ func (sb *Sandbox) Processes(t testing.TB) []int {
 	return sb.cgroupProcs(t)
 }
 
+// Join moves pid into the sandbox's cgroup (the one cgroupProcs reads), as
+// a process left there beside the sandbox's own. Register pid's end after
+// the sandbox, so that it leaves the cgroup before the cgroup is removed.
+func (sb *Sandbox) Join(t testing.TB, pid int) {
+	t.Helper()
+	p, err := cgroupProcsFile("/sys/fs/cgroup", sb.CgroupPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(p, []byte(strconv.Itoa(pid)), 0o644); err != nil {
+		t.Fatalf("move %d into %s: %v", pid, p, err)
+	}
+}
+
 // KillProcesses kills every process of the sandbox but keeps its cgroup: a
 // dead sandbox.
 func (sb *Sandbox) KillProcesses(t testing.TB) {

@@ -349,7 +349,8 @@ const (
 	ActivationOutcome_ACTIVATION_OUTCOME_UNSPECIFIED ActivationOutcome = 0
 	// Ended by CheckpointWorkload with its sandbox still running.
 	ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED ActivationOutcome = 1
-	// At the end its sandbox had no process left, or was gone.
+	// At the end its sandbox had no process left, or was gone, or (a gVisor
+	// sandbox bound by sentry pid) its sentry had exited.
 	ActivationOutcome_ACTIVATION_OUTCOME_SANDBOX_DEAD ActivationOutcome = 2
 	// At the end its sandbox was dead and its OOM kill count had risen in the
 	// epoch.
