@@ -36,7 +36,8 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 				"TestIntegrationGVisorSentryPID", "TestIntegrationGVisorMemoryLimit", "TestIntegrationGVisorNetworkNone",
 			}},
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
-				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationWorkerCgroupNamespace",
+				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationGVisorSentryDiedProcessesLeft",
+				"TestIntegrationWorkerCgroupNamespace",
 				"TestIntegrationActivationChurnCgroup",
 			}},
 			{Name: "microvm", Binary: testenv.BuildTestBinary(t, dir, "internal/microvm"), Tests: []string{"TestIntegrationVsockLoopback"}},
