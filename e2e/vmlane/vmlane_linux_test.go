@@ -12,6 +12,9 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
+// TestIntegrationCgroupV2Lane boots the cgroup v2 guest once and runs in it
+// the real-kernel tests that hold on both platforms, each reported as a
+// subtest "<binary>/<Test>" (docs/platforms.md lists what each verifies).
 func TestIntegrationCgroupV2Lane(t *testing.T) {
 	if testing.Short() {
 		t.Skip("boots a VM; not under -short")
