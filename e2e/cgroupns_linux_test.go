@@ -174,7 +174,7 @@ func TestIntegrationWorkerCgroupNamespace(t *testing.T) {
 	type figures struct{ current, peak, cpu uint64 }
 	host := func() figures {
 		t.Helper()
-		return figures{current: fileUint(t, sbDir, "memory.current", ""), peak: fileUint(t, sbDir, "memory.peak", ""), cpu: fileUint(t, sbDir, "cpu.stat", "usage_usec")}
+		return figures{current: testenv.CgroupUint(t, sbDir, "memory.current", ""), peak: testenv.CgroupUint(t, sbDir, "memory.peak", ""), cpu: testenv.CgroupUint(t, sbDir, "cpu.stat", "usage_usec")}
 	}
 	for _, bind := range []struct {
 		name string
@@ -215,14 +215,9 @@ func TestIntegrationWorkerCgroupNamespace(t *testing.T) {
 	// A process whose cgroup is outside the namespace: its /proc/<pid>/cgroup
 	// reads "0::/../<other>" inside, and statsd refuses to read it.
 	other := filepath.Join(root, fmt.Sprintf("sbstest-other-%d-%d", os.Getpid(), time.Now().UnixNano()))
-	if err := os.Mkdir(other, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { testenv.RmdirRetry(other) })
+	testenv.MakeCgroup(t, other)
 	c := testenv.StartChild(t, "TestWorkloadChild")
-	if err := os.WriteFile(filepath.Join(other, "cgroup.procs"), []byte(strconv.Itoa(c.Cmd.Process.Pid)), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	testenv.JoinCgroup(t, c.Cmd.Process.Pid, other)
 	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", "cgns-outside", "--class", "gvisor", "--sentry-pid", strconv.Itoa(c.Cmd.Process.Pid))
 	out, err := exec.Command(filepath.Join(bin, "statsctl"), "stats", "--socket", d.Stats, "--actor-uid", "cgns-outside").CombinedOutput()
 	t.Logf("a sentry outside the namespace: %v: %s", err, strings.TrimSpace(string(out)))
@@ -236,30 +231,6 @@ func TestIntegrationWorkerCgroupNamespace(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), "INVALID_ARGUMENT") {
 		t.Errorf("a cgroup path with \"..\" was accepted: %s", out)
 	}
-}
-
-// fileUint reads dir/name: the single number in it, or key's value when key
-// is set.
-func fileUint(t testing.TB, dir, name, key string) uint64 {
-	t.Helper()
-	b, err := os.ReadFile(filepath.Join(dir, name))
-	if err != nil {
-		t.Fatal(err)
-	}
-	s := strings.TrimSpace(string(b))
-	if key != "" {
-		s = ""
-		for line := range strings.SplitSeq(string(b), "\n") {
-			if k, v, ok := strings.Cut(line, " "); ok && k == key {
-				s = v
-			}
-		}
-	}
-	v, err := strconv.ParseUint(s, 10, 64)
-	if err != nil {
-		t.Fatalf("%s/%s %s: %q: %v", dir, name, key, b, err)
-	}
-	return v
 }
 
 // waitFor polls cond every 20 ms for up to d, failing the test with what.

@@ -188,9 +188,9 @@ func checkpoint(t *testing.T, lc sandboxstatsv1.WorkloadLifecycleServiceClient, 
 func cgroupCPUUsec(t *testing.T, rel string) uint64 {
 	t.Helper()
 	if unifiedHost() {
-		return fileUint(t, filepath.Join("/sys/fs/cgroup", rel), "cpu.stat", "usage_usec")
+		return testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup", rel), "cpu.stat", "usage_usec")
 	}
-	return fileUint(t, filepath.Join("/sys/fs/cgroup/cpuacct", rel), "cpuacct.usage", "") / 1000
+	return testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup/cpuacct", rel), "cpuacct.usage", "") / 1000
 }
 
 func (c *churn) truthSum() (sum float64, n int) {

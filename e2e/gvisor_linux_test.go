@@ -264,9 +264,9 @@ func TestIntegrationGVisorOOMKilledBeforeAnyPoll(t *testing.T) {
 	// The kernel's own count, in the cgroup the dead sandbox left.
 	var raw uint64
 	if unifiedHost() {
-		raw = fileUint(t, filepath.Join("/sys/fs/cgroup", sb.CgroupPath), "memory.events", "oom_kill")
+		raw = testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup", sb.CgroupPath), "memory.events", "oom_kill")
 	} else {
-		raw = fileUint(t, filepath.Join("/sys/fs/cgroup", "memory", sb.CgroupPath), "memory.oom_control", "oom_kill")
+		raw = testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup", "memory", sb.CgroupPath), "memory.oom_control", "oom_kill")
 	}
 	t.Logf("final: limit %s bytes, oom_kills %s; the kernel's oom_kill %d", e.Final.MemorySignals.LimitBytes.Value, e.Final.MemorySignals.OOMKills, raw)
 	if k, err := strconv.ParseUint(e.Final.MemorySignals.OOMKills, 10, 64); err != nil || k < 1 || k != raw {

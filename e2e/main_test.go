@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 
@@ -52,18 +51,15 @@ func needV1(t testing.TB) {
 }
 
 // unifiedHost reports whether /sys/fs/cgroup is a cgroup v2 mount.
-func unifiedHost() bool {
-	_, err := os.Stat("/sys/fs/cgroup/cgroup.subtree_control")
-	return err == nil
-}
+func unifiedHost() bool { return testenv.CgroupV2() }
 
 // cgroupDirs are the directories of the cgroup path rel: in the v1 memory
 // and cpuacct hierarchies, or the one v2 cgroup.
 func cgroupDirs(rel string) []string {
 	if unifiedHost() {
-		return []string{filepath.Join("/sys/fs/cgroup", rel)}
+		return []string{filepath.Join(testenv.CgroupRoot, rel)}
 	}
-	return []string{filepath.Join("/sys/fs/cgroup/memory", rel), filepath.Join("/sys/fs/cgroup/cpuacct", rel)}
+	return []string{filepath.Join(testenv.CgroupRoot, "memory", rel), filepath.Join(testenv.CgroupRoot, "cpuacct", rel)}
 }
 
 // testCgroup makes the cgroup path rel (cgroupDirs) and removes it at the
@@ -71,27 +67,13 @@ func cgroupDirs(rel string) []string {
 // starting them).
 func testCgroup(t testing.TB, rel string) {
 	t.Helper()
-	for _, dir := range cgroupDirs(rel) {
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := testenv.RmdirRetry(dir); err != nil {
-				t.Errorf("remove cgroup %s: %v", dir, err)
-			}
-		})
-	}
+	testenv.MakeCgroup(t, cgroupDirs(rel)...)
 }
 
 // moveTo moves pid into the cgroup rel (cgroupDirs).
 func moveTo(t testing.TB, rel string, pid int) {
 	t.Helper()
-	for _, dir := range cgroupDirs(rel) {
-		p := filepath.Join(dir, "cgroup.procs")
-		if err := os.WriteFile(p, []byte(strconv.Itoa(pid)), 0o644); err != nil {
-			t.Fatalf("move %d into %s: %v", pid, p, err)
-		}
-	}
+	testenv.JoinCgroup(t, pid, cgroupDirs(rel)...)
 }
 
 func statsctl(t *testing.T, bin string, args ...string) []byte {

@@ -4,12 +4,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -30,25 +32,15 @@ func signalCgroup(t *testing.T, rel string) map[string]string {
 		_, err := os.Stat(filepath.Join("/sys/fs/cgroup", c, "cgroup.procs"))
 		testenv.Need(t, err == nil, "needs the cgroup v1 "+c+" hierarchy under /sys/fs/cgroup (and the hybrid host's unified one at /sys/fs/cgroup/unified)")
 		dirs[c] = filepath.Join("/sys/fs/cgroup", c, rel)
-		if err := os.MkdirAll(dirs[c], 0o755); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			if err := testenv.RmdirRetry(dirs[c]); err != nil {
-				t.Errorf("remove cgroup %s: %v", dirs[c], err)
-			}
-		})
+		testenv.MakeCgroup(t, dirs[c])
 	}
 	return dirs
 }
 
+// joinAll moves pid into every cgroup of dirs.
 func joinAll(t *testing.T, dirs map[string]string, pid int) {
 	t.Helper()
-	for _, d := range dirs {
-		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-			t.Fatalf("move %d into %s: %v", pid, d, err)
-		}
-	}
+	testenv.JoinCgroup(t, pid, slices.Collect(maps.Values(dirs))...)
 }
 
 // pressureSome returns the some total (µs) of the PSI file at path.

@@ -1,9 +1,6 @@
 package gvisor
 
 import (
-	"os"
-	"path/filepath"
-	"strconv"
 	"testing"
 
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
@@ -17,19 +14,11 @@ func TestHelperChild(t *testing.T) { testenv.RunChild(t) }
 // mkCgroup makes dir and removes it at the end of the test.
 func mkCgroup(t *testing.T, dir string) {
 	t.Helper()
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := testenv.RmdirRetry(dir); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	})
+	testenv.MakeCgroup(t, dir)
 }
 
+// join moves pid into the cgroup dir.
 func join(t *testing.T, dir string, pid int) {
 	t.Helper()
-	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		t.Fatalf("move pid %d into %s: %v", pid, dir, err)
-	}
+	testenv.JoinCgroup(t, pid, dir)
 }

@@ -141,6 +141,18 @@ func TestSentryPIDReused(t *testing.T) {
 	}
 }
 
+// oomKilled is the fixture's sentry killed by the OOM killer: /proc/42
+// gone, one kill in memory.events, procs left in the cgroup.
+func oomKilled(procs string) func(t *testing.T, cg, proc string) {
+	return func(t *testing.T, cg, proc string) {
+		if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
+			t.Fatal(err)
+		}
+		writeFile(t, filepath.Join(cg, "sandbox", "memory.events"), "low 0\nhigh 0\nmax 57\noom 1\noom_kill 1\noom_group_kill 0\n")
+		writeFile(t, filepath.Join(cg, "sandbox", "cgroup.procs"), procs)
+	}
+}
+
 // TestSentryDiesBeforeFirstSample is issue 20: a source opened by sentry pid
 // resolves and pins the sentry's cgroup at Open, so that a sentry that dies
 // (OOM-killed) before the first Sample is still read from the cgroup it
@@ -151,20 +163,8 @@ func TestSentryDiesBeforeFirstSample(t *testing.T) {
 		after  func(t *testing.T, cg, proc string)
 		errHas string // "" wants a reading
 	}{
-		{"OOM-killed: a process left in the cgroup", func(t *testing.T, cg, proc string) {
-			if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
-				t.Fatal(err)
-			}
-			writeFile(t, filepath.Join(cg, "sandbox", "memory.events"), "low 0\nhigh 0\nmax 57\noom 1\noom_kill 1\noom_group_kill 0\n")
-			writeFile(t, filepath.Join(cg, "sandbox", "cgroup.procs"), "43\n")
-		}, ""},
-		{"OOM-killed: the cgroup remains", func(t *testing.T, cg, proc string) {
-			if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
-				t.Fatal(err)
-			}
-			writeFile(t, filepath.Join(cg, "sandbox", "memory.events"), "low 0\nhigh 0\nmax 57\noom 1\noom_kill 1\noom_group_kill 0\n")
-			writeFile(t, filepath.Join(cg, "sandbox", "cgroup.procs"), "")
-		}, ""},
+		{"OOM-killed: a process left in the cgroup", oomKilled("43\n"), ""},
+		{"OOM-killed: the cgroup remains", oomKilled(""), ""},
 		{"pid reused by a process in another cgroup, the cgroup gone", func(t *testing.T, cg, proc string) {
 			if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
 				t.Fatal(err)

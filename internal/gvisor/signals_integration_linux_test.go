@@ -3,9 +3,11 @@ package gvisor
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -59,16 +61,11 @@ func v1Cgroups(t *testing.T, name string, ctls ...string) map[string]string {
 	return dirs
 }
 
-// joinAll moves pid into every directory of dirs (once each).
+// joinAll moves pid into every directory of dirs (once each: on a v2 host
+// they are one).
 func joinAll(t *testing.T, dirs map[string]string, pid int) {
 	t.Helper()
-	seen := map[string]bool{}
-	for _, d := range dirs {
-		if !seen[d] {
-			seen[d] = true
-			join(t, d, pid)
-		}
-	}
+	testenv.JoinCgroup(t, pid, slices.Compact(slices.Sorted(maps.Values(dirs)))...)
 }
 
 func testCgroupName() string {
