@@ -38,6 +38,7 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 				"TestIntegrationRealCgroup", "TestIntegrationThrottling", "TestIntegrationPressure", "TestIntegrationBlockIO",
 				"TestIntegrationGVisorSentryPID", "TestIntegrationGVisorMemoryLimit", "TestIntegrationGVisorNetworkNone",
 			}},
+			{Name: "drift", Binary: testenv.BuildTestBinary(t, dir, "internal/drift"), Tests: []string{"TestIntegrationOOMKilled"}},
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
 				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationGVisorSentryDiedProcessesLeft",
 				"TestIntegrationWorkerCgroupNamespace",

@@ -18,41 +18,36 @@ import (
 // run it; see testenv.RunChild for its commands).
 func TestHelperChild(t *testing.T) { testenv.RunChild(t) }
 
-// TestIntegrationOOMKilled makes a v1 memory+cpuacct cgroup with a 64 MiB
-// limit (the test's own), moves a child in and has it allocate 200 MiB: the
+// TestIntegrationOOMKilled makes a cgroup with a 64 MiB limit (the test's
+// own: v1 memory+cpuacct with memory.limit_in_bytes, or one v2 cgroup with
+// memory.max and no swap), moves a child in and has it allocate 200 MiB: the
 // kernel's OOM killer kills it. The sample shows the 64 MiB limit and one OOM
 // kill, and the drift check (a Checker with the SystemObserver over the real
 // cgroup) reports OOM_KILLED exactly once over three cycles, instead of
 // SANDBOX_DEAD.
 func TestIntegrationOOMKilled(t *testing.T) {
 	testenv.Need(t, os.Geteuid() == 0, "needs root to create cgroups (run the tests as root)")
-	_, err := os.Stat("/sys/fs/cgroup/memory/memory.oom_control")
-	testenv.Need(t, err == nil, "needs a cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
 	name := fmt.Sprintf("sbstest-oom-%d-%d", os.Getpid(), time.Now().UnixNano())
 	var dirs []string
-	for _, h := range []string{"memory", "cpuacct"} {
-		d := filepath.Join("/sys/fs/cgroup", h, name)
-		if err := os.Mkdir(d, 0o755); err != nil {
+	limit := map[string]string{}
+	if testenv.CgroupV2() {
+		dirs = []string{filepath.Join(testenv.CgroupRoot, name)}
+		limit["memory.max"], limit["memory.swap.max"] = strconv.Itoa(64<<20), "0"
+	} else {
+		_, err := os.Stat("/sys/fs/cgroup/memory/memory.oom_control")
+		testenv.Need(t, err == nil, "needs a cgroup v1 memory hierarchy at /sys/fs/cgroup/memory")
+		dirs = []string{filepath.Join(testenv.CgroupRoot, "memory", name), filepath.Join(testenv.CgroupRoot, "cpuacct", name)}
+		// No swap for this cgroup, so the allocation cannot escape the limit.
+		limit["memory.limit_in_bytes"], limit["memory.swappiness"] = strconv.Itoa(64<<20), "0"
+	}
+	testenv.MakeCgroup(t, dirs...)
+	for f, v := range limit {
+		if err := os.WriteFile(filepath.Join(dirs[0], f), []byte(v), 0o644); err != nil && f != "memory.swappiness" && f != "memory.swap.max" {
 			t.Fatal(err)
 		}
-		t.Cleanup(func() {
-			if err := testenv.RmdirRetry(d); err != nil {
-				t.Errorf("cleanup: %v", err)
-			}
-		})
-		dirs = append(dirs, d)
 	}
-	if err := os.WriteFile(filepath.Join(dirs[0], "memory.limit_in_bytes"), []byte(strconv.Itoa(64<<20)), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	// No swap for this cgroup, so the allocation cannot escape the limit.
-	os.WriteFile(filepath.Join(dirs[0], "memory.swappiness"), []byte("0"), 0o644)
 	c := testenv.StartChild(t, "TestHelperChild")
-	for _, d := range dirs {
-		if err := os.WriteFile(filepath.Join(d, "cgroup.procs"), []byte(strconv.Itoa(c.Cmd.Process.Pid)), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	testenv.JoinCgroup(t, c.Cmd.Process.Pid, dirs...)
 
 	s := newScenario(t, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/" + name}, time.Minute)
 	s.cycle()
