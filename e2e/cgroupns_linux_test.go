@@ -119,7 +119,7 @@ func TestIntegrationWorkerCgroupNamespace(t *testing.T) {
 	}
 	testenv.Need(t, os.Geteuid() == 0, "needs root for cgroups and namespaces")
 	const root = "/sys/fs/cgroup"
-	if !unifiedHost() {
+	if !testenv.CgroupV2() {
 		// A v1 or hybrid host has no worker shape to test: the VM lane
 		// (e2e/vmlane) runs this on a v2 kernel.
 		t.Skip("needs a cgroup v2 host (the VM lane runs it)")

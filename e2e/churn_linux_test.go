@@ -187,7 +187,7 @@ func checkpoint(t *testing.T, lc sandboxstatsv1.WorkloadLifecycleServiceClient, 
 // cpuacct.usage (ns), v2 cpu.stat usage_usec.
 func cgroupCPUUsec(t *testing.T, rel string) uint64 {
 	t.Helper()
-	if unifiedHost() {
+	if testenv.CgroupV2() {
 		return testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup", rel), "cpu.stat", "usage_usec")
 	}
 	return testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup/cpuacct", rel), "cpuacct.usage", "") / 1000

@@ -263,7 +263,7 @@ func TestIntegrationGVisorOOMKilledBeforeAnyPoll(t *testing.T) {
 	}
 	// The kernel's own count, in the cgroup the dead sandbox left.
 	var raw uint64
-	if unifiedHost() {
+	if testenv.CgroupV2() {
 		raw = testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup", sb.CgroupPath), "memory.events", "oom_kill")
 	} else {
 		raw = testenv.CgroupUint(t, filepath.Join("/sys/fs/cgroup", "memory", sb.CgroupPath), "memory.oom_control", "oom_kill")

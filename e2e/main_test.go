@@ -32,7 +32,7 @@ func needCgroups(t testing.TB) {
 		t.Skip("end-to-end on real cgroups; not under -short")
 	}
 	testenv.Need(t, os.Geteuid() == 0, "needs root to create cgroups (run as root)")
-	if unifiedHost() {
+	if testenv.CgroupV2() {
 		ctl, _ := os.ReadFile("/sys/fs/cgroup/cgroup.subtree_control")
 		f := " " + strings.TrimSpace(string(ctl)) + " "
 		testenv.Need(t, strings.Contains(f, " memory ") && strings.Contains(f, " cpu "), "needs memory and cpu in /sys/fs/cgroup/cgroup.subtree_control")
@@ -47,16 +47,13 @@ func needCgroups(t testing.TB) {
 func needV1(t testing.TB) {
 	t.Helper()
 	needCgroups(t)
-	testenv.Need(t, !unifiedHost(), "needs the cgroup v1 memory hierarchy (v1 working set, blkio)")
+	testenv.Need(t, !testenv.CgroupV2(), "needs the cgroup v1 memory hierarchy (v1 working set, blkio)")
 }
-
-// unifiedHost reports whether /sys/fs/cgroup is a cgroup v2 mount.
-func unifiedHost() bool { return testenv.CgroupV2() }
 
 // cgroupDirs are the directories of the cgroup path rel: in the v1 memory
 // and cpuacct hierarchies, or the one v2 cgroup.
 func cgroupDirs(rel string) []string {
-	if unifiedHost() {
+	if testenv.CgroupV2() {
 		return []string{filepath.Join(testenv.CgroupRoot, rel)}
 	}
 	return []string{filepath.Join(testenv.CgroupRoot, "memory", rel), filepath.Join(testenv.CgroupRoot, "cpuacct", rel)}

@@ -21,12 +21,7 @@ func TestSentryCgroupMoves(t *testing.T) {
 	proc := t.TempDir()
 	writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
 	writeStat(t, proc, 42, 5000)
-	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
-		Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openSentry(t, cg, proc, source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42})
 	ctx := context.Background()
 	sample := func() (source.Reading, error) { return s.Sample(ctx) }
 
@@ -84,13 +79,19 @@ func openSentryFixture(t *testing.T) (s source.Source, cg, proc string) {
 	proc = t.TempDir()
 	writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
 	writeStat(t, proc, 42, 5000)
-	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
-		Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
+	return openSentry(t, cg, proc, source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42}), cg, proc
+}
+
+// openSentry opens ref on the v2 fixture tree cg with the proc root proc;
+// the test's cleanup closes it.
+func openSentry(t *testing.T, cg, proc string, ref source.SandboxRef) source.Source {
+	t.Helper()
+	s, err := Open(ref, Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { s.Close() })
-	return s, cg, proc
+	return s
 }
 
 // TestSentryPIDReused: the sentry's cgroup disappears and its pid now
@@ -207,12 +208,7 @@ func TestSentryDiesBeforeFirstSample(t *testing.T) {
 func TestSentryStartsAfterOpen(t *testing.T) {
 	cg := copyTree(t, "testdata/cgroup/v2")
 	proc := t.TempDir()
-	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42},
-		Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer s.Close()
+	s := openSentry(t, cg, proc, source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42})
 	ctx := context.Background()
 	if _, err := s.Sample(ctx); !errors.Is(err, source.ErrNotMeasurable) || errors.Is(err, source.ErrSandboxGone) || !strings.Contains(err.Error(), "sentry pid 42 is gone") {
 		t.Fatalf("before the sentry starts: err = %v, want ErrNotMeasurable, not ErrSandboxGone, \"sentry pid 42 is gone\"", err)
@@ -248,12 +244,7 @@ func TestSentryPinnedByRef(t *testing.T) {
 			proc := t.TempDir()
 			writeFile(t, filepath.Join(proc, "42", "cgroup"), "0::/sandbox\n")
 			writeStat(t, proc, 42, tc.start)
-			s, err := Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42, SentryStartTicks: 5000},
-				Config{CgroupRoot: cg, ProcRoot: proc, Mode: ModeUnified, Logger: discard()})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
+			s := openSentry(t, cg, proc, source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42, SentryStartTicks: 5000})
 			if ticks, ok := s.(interface{ SentryStartTicks() (uint64, bool) }).SentryStartTicks(); ticks != 5000 || !ok {
 				t.Errorf("pinned start = %d, %v; want 5000, true", ticks, ok)
 			}

@@ -5,7 +5,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 )
 
@@ -15,8 +14,8 @@ const CgroupRoot = "/sys/fs/cgroup"
 // CgroupV2 reports whether CgroupRoot is a cgroup2 mount (a unified host,
 // the VM lane's guest), not a v1 or hybrid tree.
 func CgroupV2() bool {
-	var st syscall.Statfs_t
-	return syscall.Statfs(CgroupRoot, &st) == nil && int64(st.Type) == cgroup2Magic
+	v2, err := cgroup2At(CgroupRoot)
+	return err == nil && v2
 }
 
 // MakeCgroup makes each directory (a cgroup) and removes it at the end of the

@@ -229,25 +229,40 @@ const cgroup2Magic = 0x63677270
 // root: <root>/<path> when root is cgroup2 (a unified host), else the v1
 // memory hierarchy <root>/memory/<path>.
 func cgroupProcsFile(root, cgroupPath string) (string, error) {
-	var st syscall.Statfs_t
-	if err := syscall.Statfs(root, &st); err != nil {
-		return "", fmt.Errorf("statfs %s: %w", root, err)
+	v2, err := cgroup2At(root)
+	if err != nil {
+		return "", err
 	}
-	if int64(st.Type) == cgroup2Magic {
+	if v2 {
 		return filepath.Join(root, cgroupPath, "cgroup.procs"), nil
 	}
 	return filepath.Join(root, "memory", cgroupPath, "cgroup.procs"), nil
 }
 
-// cgroupProcs returns the pids in the sandbox's cgroup: the unified one on a
-// cgroup2 host, else the v1 memory cgroup.
-func (sb *Sandbox) cgroupProcs(t testing.TB) []int {
+// cgroup2At reports whether root is a cgroup2 mount.
+func cgroup2At(root string) (bool, error) {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(root, &st); err != nil {
+		return false, fmt.Errorf("statfs %s: %w", root, err)
+	}
+	return int64(st.Type) == cgroup2Magic, nil
+}
+
+// procsFile is the sandbox's cgroupProcsFile under CgroupRoot.
+func (sb *Sandbox) procsFile(t testing.TB) string {
 	t.Helper()
-	p, err := cgroupProcsFile("/sys/fs/cgroup", sb.CgroupPath)
+	p, err := cgroupProcsFile(CgroupRoot, sb.CgroupPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(p)
+	return p
+}
+
+// Processes returns the pids in the sandbox's cgroup (cgroupProcsFile):
+// none once the sandbox is dead, its cgroup kept.
+func (sb *Sandbox) Processes(t testing.TB) []int {
+	t.Helper()
+	b, err := os.ReadFile(sb.procsFile(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -260,25 +275,12 @@ func (sb *Sandbox) cgroupProcs(t testing.TB) []int {
 	return pids
 }
 
-// Processes returns the pids in the sandbox's cgroup (cgroupProcs): none
-// once the sandbox is dead, its cgroup kept.
-func (sb *Sandbox) Processes(t testing.TB) []int {
-	t.Helper()
-	return sb.cgroupProcs(t)
-}
-
-// Join moves pid into the sandbox's cgroup (the one cgroupProcs reads), as
+// Join moves pid into the sandbox's cgroup (the one Processes reads), as
 // a process left there beside the sandbox's own. Register pid's end after
 // the sandbox, so that it leaves the cgroup before the cgroup is removed.
 func (sb *Sandbox) Join(t testing.TB, pid int) {
 	t.Helper()
-	p, err := cgroupProcsFile("/sys/fs/cgroup", sb.CgroupPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(strconv.Itoa(pid)), 0o644); err != nil {
-		t.Fatalf("move %d into %s: %v", pid, p, err)
-	}
+	JoinCgroup(t, pid, filepath.Dir(sb.procsFile(t)))
 }
 
 // KillProcesses kills every process of the sandbox but keeps its cgroup: a
@@ -286,7 +288,7 @@ func (sb *Sandbox) Join(t testing.TB, pid int) {
 func (sb *Sandbox) KillProcesses(t testing.TB) {
 	t.Helper()
 	for range 50 {
-		pids := sb.cgroupProcs(t)
+		pids := sb.Processes(t)
 		if len(pids) == 0 {
 			return
 		}

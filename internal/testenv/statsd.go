@@ -53,13 +53,7 @@ func BuildBinaries(t testing.TB, extra ...string) string {
 		builds.Unlock()
 		os.RemoveAll(dir)
 	})
-	args := []string{"build", "-o", dir + "/"}
-	for _, c := range cmds {
-		args = append(args, module+"/cmd/"+c)
-	}
-	if out, err := exec.Command(goTool(t), args...).CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", key, err, out)
-	}
+	goBuild(t, dir, nil, nil, cmds...)
 	if builds.dirs == nil {
 		builds.dirs = map[string]string{}
 	}
@@ -161,6 +155,21 @@ func (d *Statsd) Restart(t testing.TB) {
 	t.Helper()
 	d.Stop(t)
 	d.start(t)
+}
+
+// goBuild builds the module's commands (names under ./cmd) into dir with
+// `go build`, flags before the packages and env added to the environment.
+func goBuild(t testing.TB, dir string, env, flags []string, cmds ...string) {
+	t.Helper()
+	args := append(append([]string{"build"}, flags...), "-o", dir+"/")
+	for _, c := range cmds {
+		args = append(args, module+"/cmd/"+c)
+	}
+	cmd := exec.Command(goTool(t), args...)
+	cmd.Env = append(os.Environ(), env...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", strings.Join(cmds, " "), err, out)
+	}
 }
 
 // goTool is the go command on PATH (go test puts its own toolchain's bin

@@ -124,15 +124,7 @@ func BuildTestBinary(t testing.TB, dir, pkg string) string {
 // dir (for a guest's PrebuiltBinEnv).
 func BuildStaticBinaries(t testing.TB, dir string) {
 	t.Helper()
-	args := []string{"build", "-ldflags=-s -w", "-o", dir + "/"}
-	for _, c := range []string{"statsd", "statsctl", "statsagent"} {
-		args = append(args, module+"/cmd/"+c)
-	}
-	cmd := exec.Command(goTool(t), args...)
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
-	if b, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build (static): %v\n%s", err, b)
-	}
+	goBuild(t, dir, []string{"CGO_ENABLED=0"}, []string{"-ldflags=-s -w"}, "statsd", "statsctl", "statsagent")
 }
 
 // VMResult is what the guest said of one test.
@@ -236,7 +228,7 @@ func (l VMLane) Boot(t testing.TB) VMBoot {
 	p := newVMParser(l.Runs)
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		p.consume(pr, func(bool) {
+		p.consume(pr, func() {
 			time.AfterFunc(2*time.Second, cancel) // let the panic's lines arrive
 		})
 	})
@@ -429,7 +421,7 @@ const vmTailLines = 40
 
 // consume reads serial lines until EOF; onPanic is called once, when the
 // guest's kernel panics.
-func (p *vmParser) consume(r io.Reader, onPanic func(bool)) {
+func (p *vmParser) consume(r io.Reader, onPanic func()) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
@@ -446,7 +438,7 @@ func (p *vmParser) consume(r io.Reader, onPanic func(bool)) {
 		p.line(line)
 		p.mu.Unlock()
 		if panicked {
-			onPanic(true)
+			onPanic()
 		}
 	}
 	if err := sc.Err(); err != nil {

@@ -43,7 +43,7 @@ func TestVMParser(t *testing.T) {
 	}, "\n") + "\n"
 	p := newVMParser([]VMRun{{Name: "gvisor", Tests: []string{"TestA", "TestB", "TestC"}}, {Name: "e2e", Tests: []string{"TestD", "TestE"}}})
 	panics := 0
-	p.consume(strings.NewReader(serial), func(bool) { panics++ })
+	p.consume(strings.NewReader(serial), func() { panics++ })
 	got := map[string]VMResult{}
 	for k, v := range p.results {
 		got[k] = *v
@@ -77,7 +77,7 @@ func TestVMParser(t *testing.T) {
 // without a status, and the reason is the deadline when it was reached.
 func TestVMParserSilentGuest(t *testing.T) {
 	p := newVMParser([]VMRun{{Name: "gvisor", Tests: []string{"TestA"}}})
-	p.consume(strings.NewReader(""), func(bool) { t.Error("no panic printed") })
+	p.consume(strings.NewReader(""), func() { t.Error("no panic printed") })
 	if r := p.results["gvisor/TestA"]; r.Status != "" {
 		t.Errorf("status %q, want none", r.Status)
 	}
