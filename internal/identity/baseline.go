@@ -23,12 +23,12 @@ func (s *Store) startBaseline(b *Binding) {
 		// CPU counter) is not read every 2 s for the whole activation: the
 		// taker gives up after maxBaselineTries, and a poll's whole reading
 		// still becomes the baseline.
-		for try := 0; try < maxBaselineTries && s.Current() == b && b.Activation.Baseline() == nil; try++ {
+		for try := 0; try < maxBaselineTries && s.IsBound(b) && b.Activation.Baseline() == nil; try++ {
 			ctx, cancel := context.WithTimeout(s.bgCtx, s.cfg.ReadTimeout)
 			observed := s.cfg.Now().UnixNano()
 			r, err := b.Source.Sample(ctx)
 			cancel()
-			if err == nil && s.Current() == b {
+			if err == nil && s.IsBound(b) {
 				b.Activation.Observe(r, observed)
 				if b.Activation.Baseline() != nil {
 					break
@@ -57,13 +57,12 @@ func (s *Store) persistBaseline(b *Binding) {
 	if base == nil {
 		return
 	}
-	s.lifecycle.Lock()
-	defer s.lifecycle.Unlock()
-	if s.Current() != b {
+	s.commit.Lock()
+	defer s.commit.Unlock()
+	if !s.IsBound(b) {
 		return
 	}
-	st := stateFile{Version: stateVersion, Binding: &bindingState{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano, Baseline: base}}
-	if err := s.saveBinding(st); err != nil {
+	if err := s.saveBindings(s.view.Load().bindings, s.cleared); err != nil {
 		s.logger.Warn("could not persist the epoch baseline; a restart takes a later one", "actor_uid", b.Identity.ActorUID, "err", err)
 	}
 }

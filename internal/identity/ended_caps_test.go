@@ -90,7 +90,7 @@ func TestEndedBytesCapped(t *testing.T) {
 		if _, _, err := s.Bind(context.Background(), OpRun, Identity{ActorUID: actor}, refA); err != nil {
 			t.Fatal(err)
 		}
-		s.Current().Activation.Observe(good, now.UnixNano()) // the read path's poll
+		s.Bound(actor).Activation.Observe(good, now.UnixNano()) // the read path's poll
 		src.set(source.Reading{}, fmt.Errorf("%w: %w", source.ErrNotMeasurable, huge), false)
 		now = now.Add(time.Second)
 		e, err := s.Release(context.Background(), actor)

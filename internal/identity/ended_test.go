@@ -77,7 +77,7 @@ func TestReleaseTakesTheFinalReading(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if s.Current() != nil {
+	if s.Bound("actor-a") != nil {
 		t.Fatal("still bound")
 	}
 	want := &Ended{
@@ -126,7 +126,7 @@ func TestFinalFallsBackToTheLastGoodPoll(t *testing.T) {
 		if took := time.Since(start); took > 200*time.Millisecond+time.Second {
 			t.Errorf("Release took %s with a 200 ms read timeout", took)
 		}
-		if s.Current() != nil {
+		if s.Bound("actor-a") != nil {
 			t.Fatal("still bound after a Release whose final read hung")
 		}
 		if e.Provenance != ProvenanceLastGoodPoll || !strings.Contains(e.FinalReason, "timed out") {
@@ -255,7 +255,7 @@ func TestGuestBaseline(t *testing.T) {
 	s.Close()
 	src2 := &scriptedSource{err: fmt.Errorf("%w: agent gone", source.ErrNotMeasurable)}
 	s2 := storeWith(t, dir, src2, time.Now)
-	if got := s2.Current().Activation.Baseline(); got == nil || *got.FirstRead.CPUUsageUsec != 50_000_000 {
+	if got := s2.Bound("actor-a").Activation.Baseline(); got == nil || *got.FirstRead.CPUUsageUsec != 50_000_000 {
 		t.Fatalf("restarted baseline = %+v", got)
 	}
 	src2.set(source.Reading{Kind: source.KindGuestAgent, CPUUsageUsec: u64(50_750_000)}, nil, false)
@@ -294,7 +294,7 @@ func TestEndSurvivesRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2 := storeWith(t, dir, src, fakeClock())
-	if s2.Current() != nil {
+	if s2.Bound("actor-a") != nil {
 		t.Fatal("a binding whose end was recorded is bound again after a restart")
 	}
 	got := s2.Ended()

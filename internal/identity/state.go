@@ -7,6 +7,8 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 
 	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
@@ -21,19 +23,46 @@ const (
 	endedFileName = "ended.json"
 )
 
-// Size caps of the state files: a binding is a few hundred bytes; the ended
-// records are kept under maxEndedBytes by dropping the oldest.
+// Size caps of the state files: a binding is a few hundred bytes (at most
+// LimitMaxWorkloads of them); the ended records are kept under maxEndedBytes
+// by dropping the oldest.
 const (
-	maxStateBytes = 64 << 10
+	maxStateBytes = 256 << 10
 	maxEndedBytes = 1 << 20
 )
 
-const stateVersion = 1
+// stateVersion is the version of both state files. binding.json of
+// version 1 (one binding, one last cleared actor) still loads.
+const (
+	stateVersion    = 2
+	stateVersionOne = 1
+)
 
+// stateFile is binding.json: every bound workload, and the actors whose last
+// activation a Checkpoint ended (for safe retries).
 type stateFile struct {
-	Version     int           `json:"version"`
+	Version  int             `json:"version"`
+	Bindings []*bindingState `json:"bindings,omitempty"`
+	Cleared  []string        `json:"cleared_actor_uids,omitempty"`
+	// Version 1's fields.
 	Binding     *bindingState `json:"binding,omitempty"`
 	LastCleared string        `json:"last_cleared_actor_uid,omitempty"`
+}
+
+// bindings is every binding the file holds, whichever its version.
+func (st stateFile) bindings() []*bindingState {
+	if st.Binding != nil {
+		return []*bindingState{st.Binding}
+	}
+	return st.Bindings
+}
+
+// cleared is every cleared actor the file holds, whichever its version.
+func (st stateFile) cleared() []string {
+	if st.LastCleared != "" {
+		return []string{st.LastCleared}
+	}
+	return st.Cleared
 }
 
 type bindingState struct {
@@ -101,18 +130,37 @@ func decodeState(b []byte, st *stateFile) error {
 	if err := json.Unmarshal(b, st); err != nil {
 		return fmt.Errorf("parse: %w", err)
 	}
-	if st.Version != stateVersion {
+	switch {
+	case st.Version == stateVersionOne && st.Bindings == nil && st.Cleared == nil:
+	case st.Version == stateVersion && st.Binding == nil && st.LastCleared == "":
+	default:
 		return fmt.Errorf("unknown state version %d", st.Version)
 	}
-	if st.Binding != nil {
-		if err := st.Binding.Identity.Validate(); err != nil {
-			return err
+	if n := len(st.bindings()); n > LimitMaxWorkloads {
+		return fmt.Errorf("%d bindings, over the limit of %d", n, LimitMaxWorkloads)
+	}
+	seen := map[string]bool{}
+	for i, b := range st.bindings() {
+		if b == nil {
+			return fmt.Errorf("binding %d: null", i)
 		}
-		if err := ValidateRef(st.Binding.Ref); err != nil {
-			return err
+		if err := b.Identity.Validate(); err != nil {
+			return fmt.Errorf("binding %d: %w", i, err)
 		}
-		if st.Binding.Op != OpRun && st.Binding.Op != OpRestore {
-			return fmt.Errorf("unknown op %q", st.Binding.Op)
+		if err := ValidateRef(b.Ref); err != nil {
+			return fmt.Errorf("binding %d: %w", i, err)
+		}
+		if b.Op != OpRun && b.Op != OpRestore {
+			return fmt.Errorf("binding %d: unknown op %q", i, b.Op)
+		}
+		if seen[b.Identity.ActorUID] {
+			return fmt.Errorf("binding %d: actor %q bound twice", i, b.Identity.ActorUID)
+		}
+		seen[b.Identity.ActorUID] = true
+	}
+	for i, a := range st.cleared() {
+		if err := ValidateActorUID(a); err != nil {
+			return fmt.Errorf("cleared actor %d: %w", i, err)
 		}
 	}
 	return nil
@@ -175,12 +223,25 @@ func encodeState(v any) ([]byte, error) {
 	return append(b, '\n'), nil
 }
 
-func (s *Store) saveBinding(st stateFile) error { return s.save(stateFileName, st) }
+// saveBindings persists bindings (with each one's first-read baseline, once
+// taken) and the cleared actors as binding.json. Called under commit.
+func (s *Store) saveBindings(bindings []*Binding, cleared []string) error {
+	st := stateFile{Version: stateVersion, Cleared: cleared}
+	for _, b := range bindings {
+		bs := &bindingState{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano}
+		if base := b.Activation.Baseline(); base != nil && base.Kind == BaselineFirstRead {
+			bs.Baseline = base
+		}
+		st.Bindings = append(st.Bindings, bs)
+	}
+	slices.SortFunc(st.Bindings, func(a, b *bindingState) int { return strings.Compare(a.Identity.ActorUID, b.Identity.ActorUID) })
+	return s.save(stateFileName, st)
+}
 
 // saveEnded persists the ended activations with e added (replacing a record
 // of the same activation), less what is past the retention, the count cap
-// or the byte cap (oldest first), and returns that list. Called under the
-// lifecycle lock; the caller publishes the list (with the binding it goes
+// or the byte cap (oldest first), and returns that list. Called under
+// commit; the caller publishes the list (with the binding it goes
 // with) once it is saved.
 func (s *Store) saveEnded(e *Ended) ([]*Ended, error) {
 	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -15,12 +17,17 @@ import (
 
 // Lifecycle errors. A rejected call changes nothing.
 var (
-	// ErrNoWorkload: nothing is bound.
+	// ErrNoWorkload: nothing at all is bound.
 	ErrNoWorkload = errors.New("identity: no workload is bound")
-	// ErrOtherWorkload: a different workload is bound (checkpoint it first).
-	ErrOtherWorkload = errors.New("identity: a different workload is bound")
-	// ErrActorMismatch: the call names an actor that is not the bound one.
-	ErrActorMismatch = errors.New("identity: actor is not the bound one")
+	// ErrOtherWorkload: the sandbox a call names is measured for a
+	// different actor (checkpoint that one first).
+	ErrOtherWorkload = errors.New("identity: the sandbox is bound to a different workload")
+	// ErrActorMismatch: workloads are bound, but not the actor the call
+	// names.
+	ErrActorMismatch = errors.New("identity: actor is not bound here")
+	// ErrTooManyWorkloads: binding one more actor would pass the ceiling
+	// (Config.MaxWorkloads).
+	ErrTooManyWorkloads = errors.New("identity: too many workloads bound")
 	// ErrNotPersisted: a state file could not be written (the cause, e.g.
 	// ENOSPC, is wrapped too); the call changed nothing.
 	ErrNotPersisted = errors.New("identity: state not persisted")
@@ -56,11 +63,19 @@ type Binding struct {
 // error here is reported to the caller and binds nothing.
 type Opener func(ref source.SandboxRef) (source.Source, source.HostSampler, error)
 
-// Defaults of Config.
+// Defaults and bounds of Config.
 const (
 	DefaultReadTimeout    = 2 * time.Second
 	DefaultEndedRetention = 15 * time.Minute
 	DefaultEndedMax       = 64
+	// DefaultMaxWorkloads is statsd's --max-workloads: upstream's discovery
+	// read fans out to 32 guests at once, and 32 samples of the usual size
+	// fit one StatsActiveWorkloads answer uncut.
+	DefaultMaxWorkloads = 32
+	// LimitMaxWorkloads bounds --max-workloads: every binding must keep a
+	// fair share of one 56 KiB discovery answer (at least 896 bytes), and
+	// the binding state file stays small.
+	LimitMaxWorkloads = 64
 )
 
 // Config configures a Store.
@@ -78,21 +93,36 @@ type Config struct {
 	// --ended-retention, --ended-max): none older, no more.
 	EndedRetention time.Duration
 	EndedMax       int
+	// MaxWorkloads is how many actors may be bound at once (statsd
+	// --max-workloads); default DefaultMaxWorkloads, at most
+	// LimitMaxWorkloads.
+	MaxWorkloads int
 	// BaselineRetry is the first pause between baseline reads of an epoch
 	// whose counters survive a restore (doubling up to 2 s); default 100 ms.
 	BaselineRetry time.Duration
 }
 
-// Store holds the current Binding and the recently ended activations.
+// Store holds the bound workloads and the recently ended activations.
+//
+// Lifecycle calls of one actor are serialized (actorLocks); calls of
+// different actors run at once, and only their commit (the state files and
+// the publish) is serialized under commit, which is never held across a
+// source read. Readers never take either lock.
 type Store struct {
 	cfg    Config
 	logger *slog.Logger
 
-	lifecycle   sync.Mutex // serializes Bind, Release and persistence; readers never take it
-	lastCleared string     // actor uid of the last Release, for safe retries; under lifecycle
-	// view is what readers see: the bound workload and the ended
-	// activations, replaced whole (under lifecycle) in one store, so a
-	// reader never sees an activation both bound and ended, nor neither.
+	actorMu    sync.Mutex            // guards actorLocks
+	actorLocks map[string]*actorLock // the lifecycle lock of each actor in a call
+
+	commit sync.Mutex // serializes the state files and the publish
+	// cleared lists the actors whose last activation a Checkpoint ended and
+	// that were not bound since (newest last, at most EndedMax), so that a
+	// retried Checkpoint succeeds again; under commit.
+	cleared []string
+	// view is what readers see: the bound workloads and the ended
+	// activations, replaced whole (under commit) in one store, so a reader
+	// never sees an activation both bound and ended, nor neither.
 	view atomic.Pointer[view]
 
 	// The baseline takers: one goroutine per binding that needs one, ended
@@ -102,8 +132,13 @@ type Store struct {
 	bg     sync.WaitGroup
 }
 
-// NewStore loads the persisted binding and ended activations, if any, and
-// opens the binding's sources. A state file that cannot be parsed or
+type actorLock struct {
+	mu    sync.Mutex
+	users int // calls holding or waiting for mu; under Store.actorMu
+}
+
+// NewStore loads the persisted bindings and ended activations, if any, and
+// opens the bindings' sources. A state file that cannot be parsed or
 // validated is moved aside (renamed with a ".corrupt-<unix nanos>" suffix)
 // and logged, and the store starts without what it held. A binding whose
 // end was recorded but not yet cleared (statsd stopped between the two
@@ -127,10 +162,16 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.EndedMax <= 0 {
 		cfg.EndedMax = DefaultEndedMax
 	}
+	if cfg.MaxWorkloads <= 0 {
+		cfg.MaxWorkloads = DefaultMaxWorkloads
+	}
+	if cfg.MaxWorkloads > LimitMaxWorkloads {
+		return nil, fmt.Errorf("%w: at most %d workloads per statsd, not %d", ErrInvalid, LimitMaxWorkloads, cfg.MaxWorkloads)
+	}
 	if cfg.BaselineRetry <= 0 {
 		cfg.BaselineRetry = 100 * time.Millisecond
 	}
-	s := &Store{cfg: cfg, logger: cfg.Logger}
+	s := &Store{cfg: cfg, logger: cfg.Logger, actorLocks: map[string]*actorLock{}}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.publish(nil, nil)
 	if cfg.StateDir == "" {
@@ -149,26 +190,53 @@ func NewStore(cfg Config) (*Store, error) {
 		return nil, err
 	}
 	s.publish(nil, ended)
-	s.lastCleared = st.LastCleared
-	b := st.Binding
-	if b != nil && s.endedOf(b.Identity.ActorUID, b.EpochUnixNano) != nil {
-		s.logger.Warn("the bound activation's end was recorded but not cleared (statsd stopped mid-end): clearing it now",
-			"actor_uid", b.Identity.ActorUID, "epoch_unix_nano", b.EpochUnixNano)
-		if err := s.saveBinding(stateFile{Version: stateVersion, LastCleared: b.Identity.ActorUID}); err != nil {
-			return nil, err
+	s.cleared = st.cleared()
+	var (
+		restored  []*Binding
+		clearedAt []string
+	)
+	for _, b := range st.bindings() {
+		if s.endedOf(b.Identity.ActorUID, b.EpochUnixNano) != nil {
+			s.logger.Warn("a bound activation's end was recorded but not cleared (statsd stopped mid-end): clearing it now",
+				"actor_uid", b.Identity.ActorUID, "epoch_unix_nano", b.EpochUnixNano)
+			clearedAt = append(clearedAt, b.Identity.ActorUID)
+			continue
 		}
-		s.lastCleared, b = b.Identity.ActorUID, nil
-	}
-	if b != nil {
 		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
 			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline)}
-		binding.Source, binding.Host = s.openSources(b.Ref)
-		s.publish(binding, ended)
+		restored = append(restored, binding)
+	}
+	if over := len(restored) - cfg.MaxWorkloads; over > 0 {
+		// --max-workloads was lowered across the restart: the bindings stay
+		// (a launcher's acknowledged Run is never dropped); new ones wait
+		// until the count is under the ceiling again.
+		s.logger.Warn("more workloads restored than --max-workloads allows; none is dropped, new ones are refused until enough end",
+			"restored", len(restored), "max_workloads", cfg.MaxWorkloads)
+	}
+	if len(clearedAt) > 0 {
+		for _, a := range clearedAt {
+			s.cleared = addCleared(s.cleared, a, cfg.EndedMax)
+		}
+		if err := s.saveBindings(restored, s.cleared); err != nil {
+			return nil, err
+		}
+	}
+	for _, b := range restored {
+		b.Source, b.Host = s.openSources(b.Ref)
+	}
+	s.publish(restored, ended)
+	for _, b := range restored {
 		s.logger.Info("restored binding from state", "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
-		s.startBaseline(binding)
+		s.startBaseline(b)
 	}
 	return s, nil
 }
+
+// MaxWorkloads is how many actors may be bound at once.
+func (s *Store) MaxWorkloads() int { return s.cfg.MaxWorkloads }
+
+// ReadTimeout is the bound of a read the store makes (Config.ReadTimeout).
+func (s *Store) ReadTimeout() time.Duration { return s.cfg.ReadTimeout }
 
 // sentryPinner is a source that pinned a process by its start time (the
 // gVisor source bound by sentry pid).
@@ -197,19 +265,40 @@ func (s *Store) openSources(ref source.SandboxRef) (source.Source, source.HostSa
 }
 
 // view is one published state of the store: what is bound and what ended.
-// Neither it nor the list it holds is modified once published.
+// Neither it nor the lists it holds is modified once published.
 type view struct {
-	current *Binding
-	ended   []*Ended // oldest first
+	bindings []*Binding // sorted by actor uid
+	ended    []*Ended   // oldest first
 }
 
-// publish makes current and ended what readers see, together.
-func (s *Store) publish(current *Binding, ended []*Ended) {
-	s.view.Store(&view{current: current, ended: ended})
+// bound returns the binding of actorUID in v, or nil.
+func (v *view) bound(actorUID string) *Binding {
+	i, ok := slices.BinarySearchFunc(v.bindings, actorUID, func(b *Binding, a string) int {
+		return strings.Compare(b.Identity.ActorUID, a)
+	})
+	if !ok {
+		return nil
+	}
+	return v.bindings[i]
 }
 
-// Current returns the bound workload, or nil. It never blocks.
-func (s *Store) Current() *Binding { return s.view.Load().current }
+// publish makes bindings and ended what readers see, together. bindings is
+// sorted here; the caller must not use the slice afterwards.
+func (s *Store) publish(bindings []*Binding, ended []*Ended) {
+	slices.SortFunc(bindings, func(a, b *Binding) int { return strings.Compare(a.Identity.ActorUID, b.Identity.ActorUID) })
+	s.view.Store(&view{bindings: bindings, ended: ended})
+}
+
+// Bound returns the binding of actorUID, or nil. It never blocks.
+func (s *Store) Bound(actorUID string) *Binding { return s.view.Load().bound(actorUID) }
+
+// IsBound reports whether b is still published: the same activation of the
+// same actor, not a later one. It never blocks.
+func (s *Store) IsBound(b *Binding) bool { return b != nil && s.Bound(b.Identity.ActorUID) == b }
+
+// Bindings returns the bound workloads, sorted by actor uid. The slice is
+// shared: do not modify it. It never blocks.
+func (s *Store) Bindings() []*Binding { return s.view.Load().bindings }
 
 // Ended returns the ended activations still retained (none older than the
 // retention), oldest first. It never blocks and never writes.
@@ -218,28 +307,90 @@ func (s *Store) Ended() []*Ended {
 	return ended
 }
 
-// Snapshot returns the bound workload (or nil) and the ended activations
-// still retained, oldest first, as one state: an activation is either still
-// bound or among the ended ones, never both and never neither (a Checkpoint
-// publishes its record and forgets the workload in one step). It never
-// blocks and never writes.
-func (s *Store) Snapshot() (*Binding, []*Ended) {
+// Snapshot returns the bound workloads (sorted by actor uid; shared, do not
+// modify) and the ended activations still retained, oldest first, as one
+// state: an activation is either still bound or among the ended ones, never
+// both and never neither (a Checkpoint publishes its record and forgets the
+// workload in one step). It never blocks and never writes.
+func (s *Store) Snapshot() ([]*Binding, []*Ended) {
 	v := s.view.Load()
 	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
 	for i, e := range v.ended {
 		if e.EndUnixNano >= cutoff {
-			return v.current, v.ended[i:]
+			return v.bindings, v.ended[i:]
 		}
 	}
-	return v.current, nil
+	return v.bindings, nil
+}
+
+// lockActor takes actorUID's lifecycle lock and returns its release.
+func (s *Store) lockActor(actorUID string) (unlock func()) {
+	s.actorMu.Lock()
+	l := s.actorLocks[actorUID]
+	if l == nil {
+		l = &actorLock{}
+		s.actorLocks[actorUID] = l
+	}
+	l.users++
+	s.actorMu.Unlock()
+	l.mu.Lock()
+	return func() {
+		l.mu.Unlock()
+		s.actorMu.Lock()
+		if l.users--; l.users == 0 {
+			delete(s.actorLocks, actorUID)
+		}
+		s.actorMu.Unlock()
+	}
+}
+
+// admit reports why actor may not bind ref beside the bindings of v: the
+// ceiling (for an actor not bound yet) and a sandbox measured for another
+// actor. Nil admits it.
+func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef) error {
+	for _, b := range v.bindings {
+		if b.Identity.ActorUID == actorUID {
+			continue
+		}
+		if what := sameSandbox(b.Ref, ref); what != "" {
+			return fmt.Errorf("%w: %s is measured for actor %q; checkpoint it before binding %q", ErrOtherWorkload, what, b.Identity.ActorUID, actorUID)
+		}
+	}
+	if v.bound(actorUID) == nil && len(v.bindings) >= s.cfg.MaxWorkloads {
+		return fmt.Errorf("%w: %d of %d bound (statsd --max-workloads); checkpoint one before binding %q", ErrTooManyWorkloads, len(v.bindings), s.cfg.MaxWorkloads, actorUID)
+	}
+	return nil
+}
+
+// sameSandbox names what a and b share that makes them one sandbox (a
+// cgroup, a sentry, a guest agent, a VMM), or "".
+func sameSandbox(a, b source.SandboxRef) string {
+	switch {
+	case a.CgroupPath != "" && a.CgroupPath == b.CgroupPath:
+		return fmt.Sprintf("cgroup %q", a.CgroupPath)
+	case a.SentryPID != 0 && a.SentryPID == b.SentryPID:
+		return fmt.Sprintf("sentry pid %d", a.SentryPID)
+	case a.AgentAddress != "" && a.AgentAddress == b.AgentAddress:
+		return fmt.Sprintf("agent address %q", a.AgentAddress)
+	case a.VMMPID != 0 && a.VMMPID == b.VMMPID:
+		return fmt.Sprintf("vmm pid %d", a.VMMPID)
+	case a.VMMPIDFile != "" && a.VMMPIDFile == b.VMMPIDFile:
+		return fmt.Sprintf("vmm pid file %q", a.VMMPIDFile)
+	case a.QMPSocket != "" && a.QMPSocket == b.QMPSocket:
+		return fmt.Sprintf("qmp socket %q", a.QMPSocket)
+	}
+	return ""
 }
 
 // Bind binds a workload (Run or Restore). The same call repeated (same op,
 // identity and ref) is a retry: it changes nothing and returns the current
-// binding. Binding the same actor anew (another op or ref) ends the bound
-// activation (replaced, returned) and starts a new epoch. While a different
-// actor is bound it fails with ErrOtherWorkload. The state is persisted
-// before the binding is published.
+// binding. Binding a bound actor anew (another op or ref) ends its
+// activation (replaced, returned) and starts a new epoch. An actor not bound
+// is added beside the others, unless that passes the ceiling
+// (ErrTooManyWorkloads); a sandbox another actor's binding names is refused
+// (ErrOtherWorkload). The state is persisted before the binding is
+// published. Calls for other actors run at once; only their commits are
+// serialized.
 func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.SandboxRef) (*Binding, *Ended, error) {
 	if op != OpRun && op != OpRestore {
 		return nil, nil, fmt.Errorf("%w: unknown op %q", ErrInvalid, op)
@@ -250,25 +401,17 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	if err := ValidateRef(ref); err != nil {
 		return nil, nil, err
 	}
-	s.lifecycle.Lock()
-	defer s.lifecycle.Unlock()
-	old := s.Current()
-	if old != nil {
-		if old.Identity.ActorUID != id.ActorUID {
-			return nil, nil, fmt.Errorf("%w: actor %q is bound; checkpoint it before binding %q", ErrOtherWorkload, old.Identity.ActorUID, id.ActorUID)
-		}
-		if old.Op == op && old.Identity == id && old.Ref.Equal(ref) {
-			return old, nil, nil
-		}
+	defer s.lockActor(id.ActorUID)()
+	old := s.Bound(id.ActorUID)
+	if old != nil && old.Op == op && old.Identity == id && old.Ref.Equal(ref) {
+		return old, nil, nil
+	}
+	if err := s.admit(s.view.Load(), id.ActorUID, ref); err != nil {
+		return nil, nil, err
 	}
 	var replaced *Ended
-	ended := s.view.Load().ended
 	if old != nil {
 		replaced = endActivation(ctx, old, OutcomeReplaced, s.cfg.Now, s.cfg.ReadTimeout)
-		var err error
-		if ended, err = s.saveEnded(replaced); err != nil {
-			return nil, nil, err
-		}
 	}
 	// The new epoch begins once the replaced activation has ended (its
 	// final read done), so the two never overlap.
@@ -282,20 +425,39 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil)}
 	b.Source, b.Host = s.openSources(ref)
 	b.Ref.SentryStartTicks = pinnedStart(b.Source)
-	if err := s.saveBinding(stateFile{Version: stateVersion, Binding: &bindingState{Identity: id, Ref: b.Ref, Op: op, EpochUnixNano: epoch}}); err != nil {
+
+	s.commit.Lock()
+	defer s.commit.Unlock()
+	v := s.view.Load()
+	// Another actor's call may have committed while the sources opened.
+	if err := s.admit(v, id.ActorUID, ref); err != nil {
+		closeBinding(b, s.logger)
+		return nil, nil, err
+	}
+	ended := v.ended
+	if replaced != nil {
+		var err error
+		if ended, err = s.saveEnded(replaced); err != nil {
+			closeBinding(b, s.logger)
+			return nil, nil, err
+		}
+	}
+	others := without(v.bindings, id.ActorUID)
+	cleared := removeCleared(s.cleared, id.ActorUID)
+	if err := s.saveBindings(append(slices.Clone(others), b), cleared); err != nil {
 		closeBinding(b, s.logger)
 		if replaced != nil {
 			// The old activation's end is recorded: forget it too, so memory
 			// matches what a restart would find (NewStore clears a binding
 			// whose end is recorded).
-			s.publish(nil, ended)
-			s.lastCleared = old.Identity.ActorUID
+			s.publish(others, ended)
+			s.cleared = addCleared(s.cleared, id.ActorUID, s.cfg.EndedMax)
 			closeBinding(old, s.logger)
 		}
 		return nil, replaced, err
 	}
-	s.publish(b, ended)
-	s.lastCleared = ""
+	s.publish(append(others, b), ended)
+	s.cleared = cleared
 	if old != nil {
 		closeBinding(old, s.logger)
 	}
@@ -303,64 +465,105 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	return b, replaced, nil
 }
 
-// Release ends the bound activation (Checkpoint): it takes one last bounded
-// reading, records the ended activation, and forgets the workload.
-// Releasing the actor that was just released succeeds again and returns the
-// same record, so a retry is safe; any other actor is ErrActorMismatch, or
-// ErrNoWorkload when nothing is bound.
+// Release ends actorUID's activation (Checkpoint): it takes one last bounded
+// reading, records the ended activation, and forgets the workload; the
+// other bindings are untouched. Releasing an actor that was released and not
+// bound since succeeds again and returns the same record (nil once it is
+// past the retention), so a retry is safe; any other actor not bound is
+// ErrActorMismatch, or ErrNoWorkload when nothing at all is bound.
 func (s *Store) Release(ctx context.Context, actorUID string) (*Ended, error) {
 	if err := ValidateActorUID(actorUID); err != nil {
 		return nil, err
 	}
-	s.lifecycle.Lock()
-	defer s.lifecycle.Unlock()
-	old := s.Current()
-	switch {
-	case old == nil && actorUID == s.lastCleared:
-		return s.lastEndedOf(actorUID), nil
-	case old == nil:
-		return nil, fmt.Errorf("%w: nothing to checkpoint for actor %q", ErrNoWorkload, actorUID)
-	case old.Identity.ActorUID != actorUID:
-		return nil, fmt.Errorf("%w: actor %q is bound, not %q", ErrActorMismatch, old.Identity.ActorUID, actorUID)
+	defer s.lockActor(actorUID)()
+	old := s.Bound(actorUID)
+	if old == nil {
+		s.commit.Lock()
+		retry := slices.Contains(s.cleared, actorUID)
+		n := len(s.view.Load().bindings)
+		s.commit.Unlock()
+		switch {
+		case retry:
+			return s.lastEndedOf(actorUID), nil
+		case n == 0:
+			return nil, fmt.Errorf("%w: nothing to checkpoint for actor %q", ErrNoWorkload, actorUID)
+		default:
+			return nil, fmt.Errorf("%w: actor %q is not among the %d workloads bound here", ErrActorMismatch, actorUID, n)
+		}
 	}
 	e := endActivation(ctx, old, OutcomeCheckpointed, s.cfg.Now, s.cfg.ReadTimeout)
+
+	s.commit.Lock()
+	defer s.commit.Unlock()
 	ended, err := s.saveEnded(e)
 	if err != nil {
 		return nil, err
 	}
-	if err := s.saveBinding(stateFile{Version: stateVersion, LastCleared: actorUID}); err != nil {
+	others := without(s.view.Load().bindings, actorUID)
+	cleared := addCleared(s.cleared, actorUID, s.cfg.EndedMax)
+	if err := s.saveBindings(others, cleared); err != nil {
 		// The end is recorded, so a restart clears the binding: do it now.
-		s.logger.Warn("checkpoint: the end is recorded but the cleared binding was not saved; a restart clears it", "err", err)
+		s.logger.Warn("checkpoint: the end is recorded but the cleared binding was not saved; a restart clears it", "actor_uid", actorUID, "err", err)
 	}
-	s.publish(nil, ended) // the record and the forgetting, seen together
-	s.lastCleared = actorUID
+	s.publish(others, ended) // the record and the forgetting, seen together
+	s.cleared = cleared
 	closeBinding(old, s.logger)
 	return e, nil
 }
 
-// InLifecycle reports whether a lifecycle call is in progress now. It does not
-// wait.
-func (s *Store) InLifecycle() bool {
-	if s.lifecycle.TryLock() {
-		s.lifecycle.Unlock()
-		return false
+// without returns a new list of bindings less actorUID's.
+func without(bindings []*Binding, actorUID string) []*Binding {
+	out := make([]*Binding, 0, len(bindings)+1)
+	for _, b := range bindings {
+		if b.Identity.ActorUID != actorUID {
+			out = append(out, b)
+		}
 	}
-	return true
+	return out
 }
 
-// HoldLifecycle takes the lifecycle lock until release is called, as a long
-// Run/Restore would. For tests that prove reads never wait for it.
-func (s *Store) HoldLifecycle() (release func()) {
-	s.lifecycle.Lock()
-	return s.lifecycle.Unlock
+// addCleared returns cleared with actorUID last, at most max long (the
+// oldest dropped). It never modifies cleared.
+func addCleared(cleared []string, actorUID string, max int) []string {
+	out := append(removeCleared(cleared, actorUID), actorUID)
+	if over := len(out) - max; over > 0 {
+		out = out[over:]
+	}
+	return out
 }
 
-// Close stops the baseline takers and closes the current binding's sources
-// (at daemon shutdown). The binding itself stays persisted.
+// removeCleared returns cleared less actorUID. It never modifies cleared.
+func removeCleared(cleared []string, actorUID string) []string {
+	out := make([]string, 0, len(cleared)+1)
+	for _, a := range cleared {
+		if a != actorUID {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+// InLifecycle reports whether a lifecycle call of actorUID is in progress
+// now. It does not wait.
+func (s *Store) InLifecycle(actorUID string) bool {
+	s.actorMu.Lock()
+	defer s.actorMu.Unlock()
+	return s.actorLocks[actorUID] != nil
+}
+
+// HoldLifecycle takes actorUID's lifecycle lock until release is called, as
+// a long Run/Restore of that actor would. For tests that prove reads never
+// wait for it.
+func (s *Store) HoldLifecycle(actorUID string) (release func()) {
+	return s.lockActor(actorUID)
+}
+
+// Close stops the baseline takers and closes the bindings' sources (at
+// daemon shutdown). The bindings themselves stay persisted.
 func (s *Store) Close() {
 	s.bgStop()
 	s.bg.Wait()
-	if b := s.Current(); b != nil {
+	for _, b := range s.Bindings() {
 		closeBinding(b, s.logger)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -21,10 +22,17 @@ var (
 	refB = source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/a.sock:1024", ContainerIDs: []string{"c1"}}
 )
 
-// fakeClock ticks one second per call so epochs differ.
+// fakeClock ticks one second per call so epochs differ. Safe for
+// concurrent use.
 func fakeClock() func() time.Time {
+	var mu sync.Mutex
 	t := time.Unix(1_700_000_000, 0)
-	return func() time.Time { t = t.Add(time.Second); return t }
+	return func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		t = t.Add(time.Second)
+		return t
+	}
 }
 
 func newStore(t *testing.T, dir string) *Store {
@@ -38,14 +46,14 @@ func newStore(t *testing.T, dir string) *Store {
 
 func TestBindReleaseLifecycle(t *testing.T) {
 	s := newStore(t, t.TempDir())
-	if s.Current() != nil {
+	if s.Bound("actor-a") != nil {
 		t.Fatal("new store has a binding")
 	}
 	b1, _, err := s.Bind(context.Background(), OpRun, idA, refA)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Current(); got != b1 {
+	if got := s.Bound("actor-a"); got != b1 {
 		t.Fatalf("Current = %+v, want the Run binding", got)
 	}
 
@@ -55,13 +63,13 @@ func TestBindReleaseLifecycle(t *testing.T) {
 			t.Fatalf("retry = %p, %v; want the same binding %p", b, err, b1)
 		}
 	})
-	t.Run("other actor is refused and changes nothing", func(t *testing.T) {
-		_, _, err := s.Bind(context.Background(), OpRun, idB, refB)
+	t.Run("another actor naming the same sandbox is refused and changes nothing", func(t *testing.T) {
+		_, _, err := s.Bind(context.Background(), OpRun, idB, refA)
 		if !errors.Is(err, ErrOtherWorkload) {
 			t.Fatalf("err = %v, want ErrOtherWorkload", err)
 		}
-		if s.Current() != b1 {
-			t.Fatal("binding changed")
+		if s.Bound("actor-a") != b1 || s.Bound("actor-b") != nil {
+			t.Fatal("bindings changed")
 		}
 	})
 	t.Run("invalid request changes nothing", func(t *testing.T) {
@@ -69,7 +77,7 @@ func TestBindReleaseLifecycle(t *testing.T) {
 		if !errors.Is(err, ErrInvalid) {
 			t.Fatalf("err = %v, want ErrInvalid", err)
 		}
-		if s.Current() != b1 {
+		if s.Bound("actor-a") != b1 {
 			t.Fatal("binding changed")
 		}
 	})
@@ -91,7 +99,7 @@ func TestBindReleaseLifecycle(t *testing.T) {
 		if _, err := s.Release(context.Background(), "actor-a"); err != nil {
 			t.Fatal(err)
 		}
-		if s.Current() != nil {
+		if s.Bound("actor-a") != nil {
 			t.Fatal("still bound after checkpoint")
 		}
 		if _, err := s.Release(context.Background(), "actor-a"); err != nil {
@@ -118,7 +126,7 @@ func TestRestartKeepsBinding(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	got := s2.Current()
+	got := s2.Bound("actor-a")
 	if got == nil {
 		t.Fatal("restarted store lost the binding")
 	}
@@ -136,7 +144,7 @@ func TestRestartKeepsBinding(t *testing.T) {
 		t.Fatal(err)
 	}
 	s3 := newStore(t, dir)
-	if s3.Current() != nil {
+	if s3.Bound("actor-a") != nil {
 		t.Fatal("binding came back after checkpoint and restart")
 	}
 	if _, err := s3.Release(context.Background(), "actor-a"); err != nil {
@@ -161,7 +169,7 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 				t.Fatal(err)
 			}
 			s := newStore(t, dir)
-			if s.Current() != nil {
+			if s.Bound("actor-a") != nil {
 				t.Fatal("bound from a corrupt state file")
 			}
 			aside, _ := filepath.Glob(p + ".corrupt-*")
@@ -182,7 +190,7 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(dir, stateFileName), []byte(valid), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		if s := newStore(t, dir); s.Current() == nil || s.Current().Identity.ActorUID != "actor-a" {
+		if s := newStore(t, dir); s.Bound("actor-a") == nil || s.Bound("actor-a").Identity.ActorUID != "actor-a" {
 			t.Fatal("valid state not loaded")
 		}
 	})
@@ -190,11 +198,11 @@ func TestCorruptStateIsMovedAside(t *testing.T) {
 
 func TestHoldLifecycle(t *testing.T) {
 	s := newStore(t, "")
-	if s.InLifecycle() {
+	if s.InLifecycle("actor-a") {
 		t.Fatal("idle store reports a lifecycle call")
 	}
-	release := s.HoldLifecycle()
-	if !s.InLifecycle() {
+	release := s.HoldLifecycle("actor-a")
+	if !s.InLifecycle("actor-a") {
 		t.Fatal("held lock not reported")
 	}
 	release()
