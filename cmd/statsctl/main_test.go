@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -99,7 +100,10 @@ func startDaemonAt(t *testing.T, stats string, with ...func(*identity.Config)) *
 	clock := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
 	d.clock = clock
 	cfg := identity.Config{
-		Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) {
+		Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
+			if ref.CgroupPath == bootingPath {
+				return &scriptedSource{err: fmt.Errorf("gvisor: %s: no such cgroup yet: %w", ref.CgroupPath, source.ErrNotMeasurable)}, nil, nil
+			}
 			if d.seq != nil {
 				return d.seq, d.host, nil
 			}
@@ -156,6 +160,9 @@ func golden(t *testing.T, name, got string) {
 	testenv.Golden(t, name, []byte(got))
 }
 
+// bootingPath is a sandbox the golden daemon opens as not measurable yet.
+const bootingPath = "/statstest/booting"
+
 func TestGolden(t *testing.T) {
 	d := startDaemon(t)
 	gv := []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
@@ -192,7 +199,7 @@ func TestGolden(t *testing.T) {
 		{name: "active-no-workload", args: []string{"active", "--socket", "$STATS"}},
 		{name: "stats-no-workload", args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}, code: exitError},
 		{name: "run-workload", args: gv},
-		{name: "run-workload-other", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "other", "--class", "gvisor", "--sentry-pid", "42"}, code: exitError},
+		{name: "run-workload-other", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "other", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"}, code: exitError},
 		{name: "run-workload-invalid", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--class", "gvisor", "--cgroup-path", "relative"}, code: exitError},
 		{name: "run-workload-pid-out-of-range", args: []string{"run-workload", "--actor-uid", "x", "--class", "gvisor", "--sentry-pid", "4294967297"}, code: exitUsage},
 		{name: "run-workload-bad-class", args: []string{"run-workload", "--actor-uid", "x", "--class", "docker"}, code: exitUsage},
@@ -217,6 +224,14 @@ func TestGolden(t *testing.T) {
 		{name: "checkpoint-retry", args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"}},
 		{name: "activations", args: []string{"activations", "--socket", "$STATS"}},
 		{name: "activations-json", args: []string{"activations", "--socket", "$STATS", "-o", "json"}},
+		{name: "run-workload-again", reading: v1, args: gv},
+		{name: "run-workload-second", reading: v1, args: append(slices.Clone(gv), "--actor-uid", "actor-9a1d", "--cgroup-path", "/statstest/pod2")},
+		{name: "run-workload-third", reading: v1, args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-b007", "--class", "gvisor", "--cgroup-path", bootingPath}},
+		{name: "run-workload-same-sandbox", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-c0de", "--class", "gvisor", "--cgroup-path", "/statstest/pod2"}, code: exitError},
+		{name: "active-several", reading: v1, args: []string{"active", "--socket", "$STATS"}},
+		{name: "stats-several-mismatch", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "someone-else"}, code: exitError},
+		{name: "checkpoint-one-of-several", reading: v1, args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-9a1d"}},
+		{name: "activations-several", args: []string{"activations", "--socket", "$STATS"}},
 		{name: "stray-argument", args: []string{"active", "--socket", "$STATS", "extra"}, code: exitUsage},
 		{name: "unknown-command", args: []string{"frobnicate"}, code: exitUsage},
 		{name: "help", args: []string{"--help"}},

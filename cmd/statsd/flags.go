@@ -32,6 +32,7 @@ type config struct {
 	driftGrace      time.Duration
 	endedRetention  time.Duration
 	endedMax        int
+	maxWorkloads    int
 	hostMinInterval time.Duration
 	memoryLimit     int64
 	logLevel        slog.Level
@@ -118,6 +119,8 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	fs.DurationVar(&c.driftGrace, "drift-grace", 15*time.Minute, "after a Run/Restore, how long before the drift check looks (also how long an agent may stay silent)")
 	fs.DurationVar(&c.endedRetention, "ended-retention", identity.DefaultEndedRetention, "how long an ended activation's record (its final sample) is kept for pollers")
 	fs.IntVar(&c.endedMax, "ended-max", identity.DefaultEndedMax, "most ended-activation records kept (the oldest go first)")
+	fs.IntVar(&c.maxWorkloads, "max-workloads", identity.DefaultMaxWorkloads,
+		fmt.Sprintf("most workloads (actors) bound at once; one more is RESOURCE_EXHAUSTED TOO_MANY_WORKLOADS (1 to %d)", identity.LimitMaxWorkloads))
 	fs.DurationVar(&c.hostMinInterval, "host-min-interval", hoststat.DefaultMinInterval, "a host view (StatsHost, include_host) is sampled at most once per this interval and served to every reader meanwhile; 0 samples on every read")
 	fs.Var(idsFlag{ids: &c.lifecycleUIDs, set: &lifecycleUIDsSet}, "lifecycle-allow-uids", "comma-separated `uids` served on the lifecycle socket (checked with SO_PEERCRED, whatever the socket's mode); default: statsd's own euid")
 	fs.Var(idsFlag{ids: &c.readUIDs, set: &readUIDsSet}, "read-allow-uids", "comma-separated `uids` served on the read socket (SO_PEERCRED); default: root and statsd's own euid")
@@ -147,6 +150,9 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.endedRetention <= 0 || c.endedMax <= 0 {
 		return c, errors.New("--ended-retention and --ended-max must be positive")
+	}
+	if c.maxWorkloads < 1 || c.maxWorkloads > identity.LimitMaxWorkloads {
+		return c, fmt.Errorf("--max-workloads must be 1 to %d, not %d", identity.LimitMaxWorkloads, c.maxWorkloads)
 	}
 	if c.listen == c.lifecycleListen {
 		return c, errors.New("--listen and --lifecycle-listen must differ")

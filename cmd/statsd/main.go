@@ -80,6 +80,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		ReadTimeout:    cfg.readTimeout,
 		EndedRetention: cfg.endedRetention,
 		EndedMax:       cfg.endedMax,
+		MaxWorkloads:   cfg.maxWorkloads,
 	})
 	if err != nil {
 		return err

@@ -11,10 +11,13 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -170,6 +173,7 @@ func TestStatsdKeepsWorkloadAcrossRestart(t *testing.T) {
 			"--listen", filepath.Join(dir, "statsd.sock"),
 			"--lifecycle-listen", filepath.Join(dir, "lifecycle.sock"),
 			"--state-dir", filepath.Join(dir, "state"),
+			"--max-workloads", "1",
 		}, io.Discard)
 	}()
 	waitForSocket(t, filepath.Join(dir, "statsd.sock"))
@@ -185,8 +189,9 @@ func TestStatsdKeepsWorkloadAcrossRestart(t *testing.T) {
 		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-b"},
 		Sandbox:  &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, SentryPid: 1},
 	})
-	if err == nil {
-		t.Fatal("another workload bound over the restored one")
+	// The restored binding counts against the ceiling.
+	if status.Code(err) != codes.ResourceExhausted || api.ReasonOf(err) != "TOO_MANY_WORKLOADS" {
+		t.Fatalf("a second workload beside the restored one with --max-workloads 1: %v, want RESOURCE_EXHAUSTED TOO_MANY_WORKLOADS", err)
 	}
 	cancel2()
 	<-errc

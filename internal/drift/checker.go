@@ -7,6 +7,7 @@ import (
 	"maps"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -145,8 +146,9 @@ type Checker struct {
 	events  []Event
 	status  Status
 	persist bool // something changed since the last save
-	// lastSkipped is the previous cycle's skipped comparisons.
-	lastSkipped []string
+	// lastSkipped is each bound workload's skipped comparisons in its last
+	// check.
+	lastSkipped map[string][]string
 }
 
 // New returns a Checker with the findings persisted under cfg.StateDir. A
@@ -161,7 +163,7 @@ func New(cfg Config) (*Checker, error) {
 	if cfg.MaxEvents <= 0 {
 		cfg.MaxEvents = 100
 	}
-	c := &Checker{cfg: cfg, open: map[string]Finding{}, status: Status{Enabled: cfg.Interval > 0}}
+	c := &Checker{cfg: cfg, open: map[string]Finding{}, lastSkipped: map[string][]string{}, status: Status{Enabled: cfg.Interval > 0}}
 	if cfg.StateDir == "" {
 		return c, nil
 	}
@@ -189,78 +191,100 @@ func (c *Checker) Run(ctx context.Context) {
 	}
 }
 
-// Cycle runs one check now. The observation runs without the lock that
-// OpenCount takes, so a poll never waits for a slow read of the check.
+// Cycle runs one check now, of every bound workload in turn. The
+// observations run without the lock that OpenCount takes, so a poll never
+// waits for a slow read of the check.
 func (c *Checker) Cycle(ctx context.Context) {
 	c.cycle.Lock()
 	defer c.cycle.Unlock()
 	now := c.cfg.Now()
-	b := c.prepare(now)
-	// While the observation runs, the status of the previous cycle stands.
-	if b == nil {
+	todo, outcomes := c.prepare(now)
+	// While the observations run, the status of the previous cycle stands.
+	if len(todo) == 0 && len(outcomes) == 0 {
 		return
 	}
-	obs := c.cfg.Observer.Observe(ctx, b)
-	c.apply(now, b, obs)
+	for _, b := range todo {
+		obs := c.cfg.Observer.Observe(ctx, b)
+		outcomes[b.Identity.ActorUID] = c.apply(now, b, obs)
+	}
+	c.finish(now, outcomes)
 }
 
-// prepare drops findings of workloads no longer bound and returns the binding
-// to check, or nil when this cycle skips it.
-func (c *Checker) prepare(now time.Time) *identity.Binding {
+// prepare drops findings of workloads no longer bound (or bound anew) and
+// returns the bindings to check, and the outcome of each one this cycle
+// skips. With nothing bound it sets the status itself and returns neither.
+func (c *Checker) prepare(now time.Time) ([]*identity.Binding, map[string]checkOutcome) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.save()
-	skip := func(outcome string) *identity.Binding {
-		c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now, Outcome: outcome}
-		return nil
+	bindings := c.cfg.Store.Bindings()
+	epochOf := make(map[string]int64, len(bindings))
+	for _, b := range bindings {
+		epochOf[b.Identity.ActorUID] = b.EpochUnixNano
 	}
-
-	if c.cfg.Store.InLifecycle() {
-		return skip("skipped: lifecycle call in progress")
-	}
-	b := c.cfg.Store.Current()
 	for k, f := range c.open {
+		epoch, bound := epochOf[f.ActorUID]
 		switch {
-		case b == nil || f.ActorUID != b.Identity.ActorUID:
+		case !bound:
 			delete(c.open, k)
 			c.event(now, EventDropped, f, "workload %q is no longer bound; finding dropped", f.ActorUID)
-		case f.Epoch != b.EpochUnixNano:
+		case f.Epoch != epoch:
 			delete(c.open, k)
 			c.event(now, EventDropped, f, "a new Run/Restore of %q began; finding dropped", f.ActorUID)
 		}
 	}
-	if b == nil {
-		return skip("skipped: no workload")
+	for a := range c.lastSkipped {
+		if _, bound := epochOf[a]; !bound {
+			delete(c.lastSkipped, a)
+		}
 	}
-	if age := now.Sub(time.Unix(0, b.EpochUnixNano)); age < c.cfg.Grace {
-		return skip(fmt.Sprintf("skipped: within grace (%s of %s)", age.Round(time.Second), c.cfg.Grace))
+	if len(bindings) == 0 {
+		c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now, Outcome: "skipped: no workload"}
+		return nil, nil
 	}
-	return b
+	var todo []*identity.Binding
+	outcomes := map[string]checkOutcome{}
+	for _, b := range bindings {
+		switch age := now.Sub(time.Unix(0, b.EpochUnixNano)); {
+		case c.cfg.Store.InLifecycle(b.Identity.ActorUID):
+			outcomes[b.Identity.ActorUID] = checkOutcome{outcome: "skipped: lifecycle call in progress"}
+		case age < c.cfg.Grace:
+			outcomes[b.Identity.ActorUID] = checkOutcome{outcome: fmt.Sprintf("skipped: within grace (%s of %s)", age.Round(time.Second), c.cfg.Grace)}
+		default:
+			todo = append(todo, b)
+		}
+	}
+	return todo, outcomes
 }
 
-// apply turns an observation into events: new findings open, findings of
-// comparisons that ran and no longer see them clear, findings of skipped
-// comparisons stay as they are.
-func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
+// apply turns an observation of b into events: new findings open, findings
+// of comparisons that ran and no longer see them clear, findings of skipped
+// comparisons stay as they are. It returns the outcome for b.
+func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) checkOutcome {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.save()
-	c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now}
-	if c.cfg.Store.Current() != b {
-		c.status.Outcome = "skipped: the binding changed during the cycle"
-		return
+	actor := b.Identity.ActorUID
+	if !c.cfg.Store.IsBound(b) {
+		return checkOutcome{outcome: "skipped: the binding changed during the cycle"}
 	}
 	seen := map[string]Finding{}
 	for _, f := range obs.Findings {
-		f.ActorUID, f.Epoch = b.Identity.ActorUID, b.EpochUnixNano
+		f.ActorUID, f.Epoch = actor, b.EpochUnixNano
 		f.Subject, f.Detail = foreign.Bound(f.Subject, maxSubjectBytes), foreign.Bound(f.Detail, maxDetailBytes)
 		seen[f.key()] = f
 	}
+	open := 0
 	for k, f := range c.open {
+		if f.ActorUID != actor {
+			continue
+		}
 		if _, still := seen[k]; !still && obs.Ran[comparisonOf(f.Kind)] {
 			delete(c.open, k)
 			c.event(now, EventCleared, f, "%s %s matches again", f.Kind, f.Subject)
+			continue
 		}
+		open++
 	}
 	var overCap int
 	for _, k := range slices.Sorted(maps.Keys(seen)) {
@@ -268,27 +292,60 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) {
 		if _, already := c.open[k]; already {
 			continue
 		}
-		if len(c.open) >= maxOpenFindings {
+		// The cap is each workload's own: a hostile one fills only its
+		// part.
+		if open >= maxOpenFindings {
 			overCap++
 			continue
 		}
 		f.FirstSeen = now
 		c.open[k] = f
+		open++
 		c.event(now, EventOpened, f, "%s %s: %s", f.Kind, f.Subject, f.Detail)
 	}
-	c.status.Outcome = "checked"
+	outcome := "checked"
 	if overCap > 0 {
-		c.status.Outcome = fmt.Sprintf("checked; %d more findings not recorded (at most %d are open)", overCap, maxOpenFindings)
+		outcome = fmt.Sprintf("checked; %d more findings not recorded (at most %d are open per workload)", overCap, maxOpenFindings)
 	}
+	var skipped []string
 	for cmp, why := range obs.Skipped {
-		c.status.Skipped = append(c.status.Skipped, fmt.Sprintf("%s: %s", cmp, foreign.Bound(why, maxDetailBytes)))
+		skipped = append(skipped, fmt.Sprintf("%s: %s", cmp, foreign.Bound(why, maxDetailBytes)))
 	}
-	sort.Strings(c.status.Skipped)
+	sort.Strings(skipped)
 	// Say so when the set of skipped comparisons changes, not every cycle.
-	if !slices.Equal(c.status.Skipped, c.lastSkipped) && len(c.status.Skipped) > 0 {
-		c.cfg.Logger.Info("drift: comparisons skipped, their findings kept", "actor_uid", b.Identity.ActorUID, "skipped", c.status.Skipped)
+	if !slices.Equal(skipped, c.lastSkipped[actor]) && len(skipped) > 0 {
+		c.cfg.Logger.Info("drift: comparisons skipped, their findings kept", "actor_uid", actor, "skipped", skipped)
 	}
-	c.lastSkipped = c.status.Skipped
+	c.lastSkipped[actor] = skipped
+	return checkOutcome{outcome: outcome, skipped: skipped}
+}
+
+// checkOutcome is what one cycle did for one workload.
+type checkOutcome struct {
+	outcome string
+	skipped []string // the comparisons that could not be made, with why
+}
+
+// finish sets the status of a cycle from each workload's outcome: with one
+// workload its outcome and skipped comparisons as they are; with several,
+// each prefixed by its actor.
+func (c *Checker) finish(now time.Time, outcomes map[string]checkOutcome) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.status = Status{Enabled: c.cfg.Interval > 0, LastCycle: now}
+	actors := slices.Sorted(maps.Keys(outcomes))
+	if len(actors) == 1 {
+		c.status.Outcome, c.status.Skipped = outcomes[actors[0]].outcome, outcomes[actors[0]].skipped
+		return
+	}
+	var parts []string
+	for _, a := range actors {
+		parts = append(parts, fmt.Sprintf("%s: %s", a, outcomes[a].outcome))
+		for _, sk := range outcomes[a].skipped {
+			c.status.Skipped = append(c.status.Skipped, fmt.Sprintf("%s: %s", a, sk))
+		}
+	}
+	c.status.Outcome = strings.Join(parts, "; ")
 }
 
 // event records and logs one change: WARN for a new finding, INFO otherwise.

@@ -167,7 +167,7 @@ func TestUnreadableSideKeepsItsFindings(t *testing.T) {
 
 func TestSkipsMidOperationAndWithinGrace(t *testing.T) {
 	f := newFixture(t, "", obs(all, nil, dead))
-	release := f.store.HoldLifecycle()
+	release := f.store.HoldLifecycle("actor-a")
 	f.cycle()
 	release()
 	if f.obs.calls.Load() != 0 || !strings.Contains(f.checker.Status().Outcome, "lifecycle") {

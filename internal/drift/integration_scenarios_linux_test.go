@@ -309,7 +309,7 @@ func deadPID(t *testing.T) int {
 func TestIntegrationScenarioMidOperation(t *testing.T) {
 	agent := kataagentfake.New(t, t.TempDir(), kataagentfake.WithContainer("web", kataagentfake.V2(kataagentfake.Container{UsageBytes: 1 << 20})))
 	s := newScenario(t, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: agent.Address(), ContainerIDs: []string{"web"}}, time.Minute)
-	release := s.store.HoldLifecycle() // a Restore in progress
+	release := s.store.HoldLifecycle(s.store.Bindings()[0].Identity.ActorUID) // a Restore in progress
 	s.cycle()
 	release()
 	if n := s.reads.Load(); n != 0 {

@@ -54,7 +54,7 @@ func TestWireGuestBaseline(t *testing.T) {
 	epoch := resp.GetEpochUnixNano()
 	// The store's baseline taker reads right after the Restore (the
 	// harness clock moves a second a call, so later than the epoch).
-	for deadline := time.Now().Add(5 * time.Second); h.store.Current().Activation.Baseline() == nil; time.Sleep(5 * time.Millisecond) {
+	for deadline := time.Now().Add(5 * time.Second); h.store.Bound("actor-a").Activation.Baseline() == nil; time.Sleep(5 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatal("no baseline 5 s after the Restore")
 		}

@@ -91,6 +91,12 @@ var hostCuts = sampleCuts[4:9]
 // maxSampleBytes by sampleCuts, naming each cut in s.Absent. nil is left
 // alone.
 func capSample(s *sandboxstatsv1.WorkloadStatsSample) {
+	capSampleTo(s, maxSampleBytes, "the sample")
+}
+
+// capSampleTo keeps s within limit bytes by sampleCuts, naming each cut (and
+// name, what the limit is) in s.Absent. nil is left alone.
+func capSampleTo(s *sandboxstatsv1.WorkloadStatsSample, limit int, name string) {
 	if s == nil {
 		return
 	}
@@ -98,7 +104,7 @@ func capSample(s *sandboxstatsv1.WorkloadStatsSample) {
 	if fr := s.GetEpochBaseline().GetFirstRead(); fr != nil {
 		p.samples = append(p.samples, fr)
 	}
-	s.Absent = applyCuts(func() int { return proto.Size(s) }, maxSampleBytes, "the sample", sampleCuts, p, s.Absent, sampleAbsentField)
+	s.Absent = applyCuts(func() int { return proto.Size(s) }, limit, name, sampleCuts, p, s.Absent, sampleAbsentField)
 }
 
 // capHostView keeps r's host view within maxHostViewBytes by hostCuts,

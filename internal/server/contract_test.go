@@ -345,13 +345,34 @@ func TestStatsActiveWorkloadsStates(t *testing.T) {
 			t.Fatalf("resp = %v, want one sample of actor-a", resp)
 		}
 	})
-	t.Run("a real read failure is an error", func(t *testing.T) {
-		h := newHarness(t)
-		h.run(t, identA, gvRef)
-		h.src.set(source.Reading{}, fmt.Errorf("%w: memory.current", source.ErrTimeout))
-		_, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
-		wantStatus(t, err, codes.DeadlineExceeded, sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT)
-	})
+	// A read failure is the workload's state, not the answer's: it is
+	// pending with its reason, beside whatever else is bound.
+	for _, tc := range []struct {
+		err    error
+		reason sandboxstatsv1.ErrorReason
+	}{
+		{fmt.Errorf("%w: memory.current", source.ErrTimeout), sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT},
+		{fmt.Errorf("%w: memory.current: token \"x\"", source.ErrMalformed), sandboxstatsv1.ErrorReason_ERROR_REASON_MALFORMED_SOURCE},
+		{fmt.Errorf("%w: no cgroup yet", source.ErrNotMeasurable), sandboxstatsv1.ErrorReason_ERROR_REASON_NOT_MEASURABLE},
+	} {
+		t.Run("a read failure is pending: "+tc.reason.String(), func(t *testing.T) {
+			h := newHarness(t)
+			epoch := h.run(t, identA, gvRef)
+			h.src.set(source.Reading{}, tc.err)
+			resp, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			want := &sandboxstatsv1.StatsActiveWorkloadsResponse{
+				NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET, NoSampleDetail: tc.err.Error(),
+				Pending: []*sandboxstatsv1.PendingWorkload{{Identity: identA, SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR,
+					EpochUnixNano: epoch, Reason: tc.reason, Detail: tc.err.Error()}},
+			}
+			if diff := cmp.Diff(want, resp, protocmp.Transform()); diff != "" {
+				t.Fatalf("answer (-want +got):\n%s", diff)
+			}
+		})
+	}
 }
 
 func TestLifecycle(t *testing.T) {
@@ -372,7 +393,7 @@ func TestLifecycle(t *testing.T) {
 		wantStatus(t, err, codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_WORKLOAD_BOUND)
 	})
 	t.Run("a run that fails validation changes nothing", func(t *testing.T) {
-		before := h.store.Current()
+		before := h.store.Bound("actor-a")
 		for _, req := range []*sandboxstatsv1.RunWorkloadRequest{
 			{Identity: identA, Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: "/../etc"}},
 			{Identity: identA, Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, AgentAddress: "tcp://1.2.3.4:1", ContainerIds: []string{"c"}}},
@@ -382,7 +403,7 @@ func TestLifecycle(t *testing.T) {
 			_, err := h.lifecycle.RunWorkload(ctx, req)
 			wantStatus(t, err, codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST)
 		}
-		if h.store.Current() != before {
+		if h.store.Bound("actor-a") != before {
 			t.Fatal("a refused Run changed the binding")
 		}
 	})
@@ -425,7 +446,7 @@ func TestLifecycle(t *testing.T) {
 func TestReadNotBlockedByLifecycle(t *testing.T) {
 	h := newHarness(t)
 	h.run(t, identA, gvRef)
-	release := h.store.HoldLifecycle()
+	release := h.store.HoldLifecycle("actor-a")
 	defer release()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()

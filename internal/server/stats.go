@@ -53,15 +53,19 @@ func (s *StatsService) bound(actorUID string) (*identity.Binding, error) {
 	if err := identity.ValidateActorUID(actorUID); err != nil {
 		return nil, statusError(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_ACTOR_UID, "%v", err)
 	}
-	b := s.store.Current()
-	if b == nil {
+	if b := s.store.Bound(actorUID); b != nil {
+		return b, nil
+	}
+	switch n := len(s.store.Bindings()); n {
+	case 0:
 		return nil, statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD, "no workload is bound to this statsd")
-	}
-	if b.Identity.ActorUID != actorUID {
+	case 1:
 		return nil, statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH,
-			"statsd is measuring actor %q, not the requested %q", b.Identity.ActorUID, actorUID)
+			"statsd is measuring another actor, not the requested %q", actorUID)
+	default:
+		return nil, statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH,
+			"actor %q is not among the %d workloads this statsd measures", actorUID, n)
 	}
-	return b, nil
 }
 
 // sample reads b's source (and host views if asked) and re-checks that b is
@@ -84,7 +88,7 @@ func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeH
 	if s.afterRead != nil {
 		s.afterRead()
 	}
-	if s.store.Current() != b {
+	if !s.store.IsBound(b) {
 		return nil, errBindingChanged
 	}
 	if err != nil {
@@ -126,34 +130,6 @@ func (s *StatsService) StatsWorkload(ctx context.Context, req *sandboxstatsv1.St
 		return nil, readError(err)
 	}
 	return &sandboxstatsv1.StatsWorkloadResponse{Sample: sample}, nil
-}
-
-// StatsActiveWorkloads is the discovery read: every normal state is an answer.
-func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
-	// The binding and the ended activations are one state (an activation
-	// is either bound or ended in it, never both nor neither): the answer is
-	// the state before a concurrent Checkpoint or the one after, never a mix.
-	b, ended := s.store.Snapshot()
-	if b == nil {
-		return withEnded(noWorkload(), ended), nil
-	}
-	sample, err := s.sample(ctx, b, req.GetIncludeHost())
-	switch {
-	case errors.Is(err, errBindingChanged):
-		// A lifecycle call moved on during the read: answer the state it
-		// left, with no sample of the old binding.
-		now, endedNow := s.store.Snapshot()
-		if now == nil {
-			return withEnded(noWorkload(), endedNow), nil
-		}
-		return withEnded(notMeasurableYet("the binding changed while the sample was being read"), endedNow), nil
-	case errors.Is(err, source.ErrTimeout), errors.Is(err, source.ErrMalformed),
-		errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
-		return nil, readError(err)
-	case err != nil:
-		return withEnded(notMeasurableYet(foreign.Bound(err.Error(), maxStatusMessage)), ended), nil
-	}
-	return withEnded(&sandboxstatsv1.StatsActiveWorkloadsResponse{Samples: []*sandboxstatsv1.WorkloadStatsSample{sample}}, ended), nil
 }
 
 // withEnded gives r the first page of ended (oldest first): as many records
@@ -212,7 +188,7 @@ func (s *StatsService) StatsHost(ctx context.Context, req *sandboxstatsv1.StatsH
 	if s.afterRead != nil {
 		s.afterRead()
 	}
-	if s.store.Current() != b {
+	if !s.store.IsBound(b) {
 		return nil, statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED,
 			"the binding of actor %q changed while the host view was being read", b.Identity.ActorUID)
 	}

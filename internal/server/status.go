@@ -35,18 +35,27 @@ func statusError(code codes.Code, reason sandboxstatsv1.ErrorReason, format stri
 
 // readError maps an error from a source read to a status.
 func readError(err error) error {
-	switch {
-	case errors.Is(err, source.ErrTimeout), errors.Is(err, context.DeadlineExceeded):
-		return statusError(codes.DeadlineExceeded, sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT, "%v", err)
-	case errors.Is(err, source.ErrMalformed):
-		return statusError(codes.Internal, sandboxstatsv1.ErrorReason_ERROR_REASON_MALFORMED_SOURCE, "%v", err)
-	case errors.Is(err, context.Canceled):
+	if errors.Is(err, context.Canceled) && !errors.Is(err, source.ErrTimeout) {
 		return status.Error(codes.Canceled, foreign.Bound(err.Error(), maxStatusMessage))
+	}
+	code, reason := readReason(err)
+	return statusError(code, reason, "%v", err)
+}
+
+// readReason classifies an error from a source read: the code and reason a
+// keyed read answers, and the reason a discovery read's pending entry
+// carries.
+func readReason(err error) (codes.Code, sandboxstatsv1.ErrorReason) {
+	switch {
+	case errors.Is(err, source.ErrTimeout), errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return codes.DeadlineExceeded, sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT
+	case errors.Is(err, source.ErrMalformed):
+		return codes.Internal, sandboxstatsv1.ErrorReason_ERROR_REASON_MALFORMED_SOURCE
 	default:
 		// ErrNotMeasurable, and anything a source could not classify (a
 		// permission error, a vanished file): the workload is here but
 		// cannot be measured right now.
-		return statusError(codes.Unavailable, sandboxstatsv1.ErrorReason_ERROR_REASON_NOT_MEASURABLE, "%v", err)
+		return codes.Unavailable, sandboxstatsv1.ErrorReason_ERROR_REASON_NOT_MEASURABLE
 	}
 }
 
@@ -55,6 +64,8 @@ func lifecycleError(err error) error {
 	switch {
 	case errors.Is(err, identity.ErrInvalid):
 		return statusError(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST, "%v", err)
+	case errors.Is(err, identity.ErrTooManyWorkloads):
+		return statusError(codes.ResourceExhausted, sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_WORKLOADS, "%v", err)
 	case errors.Is(err, identity.ErrOtherWorkload):
 		return statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_WORKLOAD_BOUND, "%v", err)
 	case errors.Is(err, identity.ErrActorMismatch):

@@ -170,7 +170,7 @@ func (h *harness) runWithBaseline(t testing.TB, ref *sandboxstatsv1.SandboxRef, 
 		return
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for h.store.Current().Activation.Baseline() == nil {
+	for h.store.Bound("actor-a").Activation.Baseline() == nil {
 		if time.Now().After(deadline) {
 			t.Fatal("no baseline within 10 s")
 		}

@@ -160,7 +160,7 @@ func TestPollReadsEveryPage(t *testing.T) {
 	})
 	t.Run("activations ending between pages", func(t *testing.T) {
 		d := startRealDaemon(t)
-		sampled := d.store.Current().EpochUnixNano
+		sampled := d.store.Bound("actor-a").EpochUnixNano
 		first := true
 		d.churn = func() {
 			if first { // the sampled activation ends, another begins

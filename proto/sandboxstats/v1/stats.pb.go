@@ -41,9 +41,9 @@ const (
 	ErrorReason_ERROR_REASON_UNSPECIFIED ErrorReason = 0
 	// actor_uid empty, longer than 128 bytes, or not printable ASCII.
 	ErrorReason_ERROR_REASON_INVALID_ACTOR_UID ErrorReason = 1
-	// No workload is bound to this daemon.
+	// No workload at all is bound to this daemon.
 	ErrorReason_ERROR_REASON_NO_WORKLOAD ErrorReason = 2
-	// A different workload is bound.
+	// Workloads are bound here, but not the named actor.
 	ErrorReason_ERROR_REASON_ACTOR_MISMATCH ErrorReason = 3
 	// The binding changed while the sample was being read.
 	ErrorReason_ERROR_REASON_ACTOR_CHANGED ErrorReason = 4
@@ -55,7 +55,9 @@ const (
 	ErrorReason_ERROR_REASON_MALFORMED_SOURCE ErrorReason = 7
 	// A lifecycle request failed validation; nothing changed.
 	ErrorReason_ERROR_REASON_INVALID_REQUEST ErrorReason = 8
-	// Run/Restore while a different workload is bound.
+	// Run/Restore naming a sandbox (its cgroup, sentry pid, agent address,
+	// VMM or QMP socket) that a different actor's binding names: a sandbox is
+	// measured for one actor only.
 	ErrorReason_ERROR_REASON_WORKLOAD_BOUND ErrorReason = 9
 	// A lifecycle call could not write its state file (disk full, quota,
 	// read-only file system: UNAVAILABLE, retry once writable; any other
@@ -63,6 +65,14 @@ const (
 	ErrorReason_ERROR_REASON_STATE_NOT_PERSISTED ErrorReason = 10
 	// ListEndedActivations got a page_token it did not make.
 	ErrorReason_ERROR_REASON_INVALID_PAGE_TOKEN ErrorReason = 11
+	// RESOURCE_EXHAUSTED: Run/Restore of an actor not bound while as many
+	// workloads are bound as statsd --max-workloads allows. Nothing changed;
+	// checkpoint one first.
+	ErrorReason_ERROR_REASON_TOO_MANY_WORKLOADS ErrorReason = 12
+	// In StatsActiveWorkloadsResponse.pending only: the workload's sample did
+	// not fit its share of the answer even with every cut; read it with
+	// StatsWorkload.
+	ErrorReason_ERROR_REASON_ANSWER_FULL ErrorReason = 13
 )
 
 // Enum value maps for ErrorReason.
@@ -80,6 +90,8 @@ var (
 		9:  "ERROR_REASON_WORKLOAD_BOUND",
 		10: "ERROR_REASON_STATE_NOT_PERSISTED",
 		11: "ERROR_REASON_INVALID_PAGE_TOKEN",
+		12: "ERROR_REASON_TOO_MANY_WORKLOADS",
+		13: "ERROR_REASON_ANSWER_FULL",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":         0,
@@ -94,6 +106,8 @@ var (
 		"ERROR_REASON_WORKLOAD_BOUND":      9,
 		"ERROR_REASON_STATE_NOT_PERSISTED": 10,
 		"ERROR_REASON_INVALID_PAGE_TOKEN":  11,
+		"ERROR_REASON_TOO_MANY_WORKLOADS":  12,
+		"ERROR_REASON_ANSWER_FULL":         13,
 	}
 )
 
@@ -950,10 +964,12 @@ func (x *StatsActiveWorkloadsRequest) GetIncludeHost() bool {
 
 type StatsActiveWorkloadsResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
-	// The workloads measured here. Repeated so that several workloads per
-	// daemon is not a wire break; today at most one.
+	// The workloads measured here, one sample per bound workload that could be
+	// read, sorted by identity.actor_uid.
 	Samples []*WorkloadStatsSample `protobuf:"bytes,1,rep,name=samples,proto3" json:"samples,omitempty"`
-	// Set only when samples is empty.
+	// Set only when samples is empty: NO_WORKLOAD when nothing is bound,
+	// NOT_MEASURABLE_YET when workloads are bound (pending says why each has
+	// no sample).
 	NoSampleReason NoSampleReason `protobuf:"varint,2,opt,name=no_sample_reason,json=noSampleReason,proto3,enum=sandboxstats.v1.NoSampleReason" json:"no_sample_reason,omitempty"`
 	// Human-readable detail for no_sample_reason.
 	NoSampleDetail string `protobuf:"bytes,3,opt,name=no_sample_detail,json=noSampleDetail,proto3" json:"no_sample_detail,omitempty"`
@@ -969,8 +985,11 @@ type StatsActiveWorkloadsResponse struct {
 	// than this answer, so it may hold the record of an activation sampled
 	// here (it ended meanwhile): that record is the later state.
 	EndedNextPageToken string `protobuf:"bytes,5,opt,name=ended_next_page_token,json=endedNextPageToken,proto3" json:"ended_next_page_token,omitempty"`
-	unknownFields      protoimpl.UnknownFields
-	sizeCache          protoimpl.SizeCache
+	// The bound workloads without a sample in this answer, sorted by
+	// identity.actor_uid, each with why: its numbers are absent, not zero.
+	Pending       []*PendingWorkload `protobuf:"bytes,6,rep,name=pending,proto3" json:"pending,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *StatsActiveWorkloadsResponse) Reset() {
@@ -1038,6 +1057,95 @@ func (x *StatsActiveWorkloadsResponse) GetEndedNextPageToken() string {
 	return ""
 }
 
+func (x *StatsActiveWorkloadsResponse) GetPending() []*PendingWorkload {
+	if x != nil {
+		return x.Pending
+	}
+	return nil
+}
+
+// PendingWorkload is a workload bound to this daemon that has no sample in a
+// StatsActiveWorkloads answer.
+type PendingWorkload struct {
+	state        protoimpl.MessageState `protogen:"open.v1"`
+	Identity     *WorkloadIdentity      `protobuf:"bytes,1,opt,name=identity,proto3" json:"identity,omitempty"`
+	SandboxClass SandboxClass           `protobuf:"varint,2,opt,name=sandbox_class,json=sandboxClass,proto3,enum=sandboxstats.v1.SandboxClass" json:"sandbox_class,omitempty"`
+	// The activation, as WorkloadStatsSample.epoch_unix_nano.
+	EpochUnixNano int64 `protobuf:"varint,3,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
+	// Why there is no sample: NOT_MEASURABLE, READ_TIMEOUT, MALFORMED_SOURCE,
+	// ACTOR_CHANGED (the binding changed under the read) or ANSWER_FULL.
+	Reason ErrorReason `protobuf:"varint,4,opt,name=reason,proto3,enum=sandboxstats.v1.ErrorReason" json:"reason,omitempty"`
+	// Human-readable detail (at most 1 KiB).
+	Detail        string `protobuf:"bytes,5,opt,name=detail,proto3" json:"detail,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PendingWorkload) Reset() {
+	*x = PendingWorkload{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PendingWorkload) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PendingWorkload) ProtoMessage() {}
+
+func (x *PendingWorkload) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PendingWorkload.ProtoReflect.Descriptor instead.
+func (*PendingWorkload) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *PendingWorkload) GetIdentity() *WorkloadIdentity {
+	if x != nil {
+		return x.Identity
+	}
+	return nil
+}
+
+func (x *PendingWorkload) GetSandboxClass() SandboxClass {
+	if x != nil {
+		return x.SandboxClass
+	}
+	return SandboxClass_SANDBOX_CLASS_UNSPECIFIED
+}
+
+func (x *PendingWorkload) GetEpochUnixNano() int64 {
+	if x != nil {
+		return x.EpochUnixNano
+	}
+	return 0
+}
+
+func (x *PendingWorkload) GetReason() ErrorReason {
+	if x != nil {
+		return x.Reason
+	}
+	return ErrorReason_ERROR_REASON_UNSPECIFIED
+}
+
+func (x *PendingWorkload) GetDetail() string {
+	if x != nil {
+		return x.Detail
+	}
+	return ""
+}
+
 type StatsHostRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The actor the caller believes runs here. Required.
@@ -1048,7 +1156,7 @@ type StatsHostRequest struct {
 
 func (x *StatsHostRequest) Reset() {
 	*x = StatsHostRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1060,7 +1168,7 @@ func (x *StatsHostRequest) String() string {
 func (*StatsHostRequest) ProtoMessage() {}
 
 func (x *StatsHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1073,7 +1181,7 @@ func (x *StatsHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsHostRequest.ProtoReflect.Descriptor instead.
 func (*StatsHostRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{6}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatsHostRequest) GetActorUid() string {
@@ -1105,7 +1213,7 @@ type StatsHostResponse struct {
 
 func (x *StatsHostResponse) Reset() {
 	*x = StatsHostResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1117,7 +1225,7 @@ func (x *StatsHostResponse) String() string {
 func (*StatsHostResponse) ProtoMessage() {}
 
 func (x *StatsHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1130,7 +1238,7 @@ func (x *StatsHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsHostResponse.ProtoReflect.Descriptor instead.
 func (*StatsHostResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{7}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatsHostResponse) GetIdentity() *WorkloadIdentity {
@@ -1185,7 +1293,7 @@ type AbsentValue struct {
 
 func (x *AbsentValue) Reset() {
 	*x = AbsentValue{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1197,7 +1305,7 @@ func (x *AbsentValue) String() string {
 func (*AbsentValue) ProtoMessage() {}
 
 func (x *AbsentValue) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1210,7 +1318,7 @@ func (x *AbsentValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbsentValue.ProtoReflect.Descriptor instead.
 func (*AbsentValue) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{8}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *AbsentValue) GetField() string {
@@ -1322,7 +1430,7 @@ type WorkloadStatsSample struct {
 
 func (x *WorkloadStatsSample) Reset() {
 	*x = WorkloadStatsSample{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1334,7 +1442,7 @@ func (x *WorkloadStatsSample) String() string {
 func (*WorkloadStatsSample) ProtoMessage() {}
 
 func (x *WorkloadStatsSample) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1347,7 +1455,7 @@ func (x *WorkloadStatsSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkloadStatsSample.ProtoReflect.Descriptor instead.
 func (*WorkloadStatsSample) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{9}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *WorkloadStatsSample) GetActorUid() string {
@@ -1553,7 +1661,7 @@ type EpochBaseline struct {
 
 func (x *EpochBaseline) Reset() {
 	*x = EpochBaseline{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1565,7 +1673,7 @@ func (x *EpochBaseline) String() string {
 func (*EpochBaseline) ProtoMessage() {}
 
 func (x *EpochBaseline) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1578,7 +1686,7 @@ func (x *EpochBaseline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochBaseline.ProtoReflect.Descriptor instead.
 func (*EpochBaseline) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{10}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *EpochBaseline) GetKind() BaselineKind {
@@ -1664,7 +1772,7 @@ type EndedActivation struct {
 
 func (x *EndedActivation) Reset() {
 	*x = EndedActivation{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1676,7 +1784,7 @@ func (x *EndedActivation) String() string {
 func (*EndedActivation) ProtoMessage() {}
 
 func (x *EndedActivation) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1689,7 +1797,7 @@ func (x *EndedActivation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndedActivation.ProtoReflect.Descriptor instead.
 func (*EndedActivation) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EndedActivation) GetIdentity() *WorkloadIdentity {
@@ -1809,7 +1917,7 @@ type ListEndedActivationsRequest struct {
 
 func (x *ListEndedActivationsRequest) Reset() {
 	*x = ListEndedActivationsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1821,7 +1929,7 @@ func (x *ListEndedActivationsRequest) String() string {
 func (*ListEndedActivationsRequest) ProtoMessage() {}
 
 func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1834,7 +1942,7 @@ func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *ListEndedActivationsRequest) GetPageToken() string {
@@ -1857,7 +1965,7 @@ type ListEndedActivationsResponse struct {
 
 func (x *ListEndedActivationsResponse) Reset() {
 	*x = ListEndedActivationsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1869,7 +1977,7 @@ func (x *ListEndedActivationsResponse) String() string {
 func (*ListEndedActivationsResponse) ProtoMessage() {}
 
 func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1882,7 +1990,7 @@ func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListEndedActivationsResponse) GetEnded() []*EndedActivation {
@@ -1913,7 +2021,7 @@ type ContainerReadError struct {
 
 func (x *ContainerReadError) Reset() {
 	*x = ContainerReadError{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1925,7 +2033,7 @@ func (x *ContainerReadError) String() string {
 func (*ContainerReadError) ProtoMessage() {}
 
 func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1938,7 +2046,7 @@ func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerReadError.ProtoReflect.Descriptor instead.
 func (*ContainerReadError) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ContainerReadError) GetContainerId() string {
@@ -1965,7 +2073,7 @@ type RunWorkloadRequest struct {
 
 func (x *RunWorkloadRequest) Reset() {
 	*x = RunWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1977,7 +2085,7 @@ func (x *RunWorkloadRequest) String() string {
 func (*RunWorkloadRequest) ProtoMessage() {}
 
 func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1990,7 +2098,7 @@ func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RunWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *RunWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2020,7 +2128,7 @@ type RunWorkloadResponse struct {
 
 func (x *RunWorkloadResponse) Reset() {
 	*x = RunWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2032,7 +2140,7 @@ func (x *RunWorkloadResponse) String() string {
 func (*RunWorkloadResponse) ProtoMessage() {}
 
 func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2045,7 +2153,7 @@ func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RunWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2072,7 +2180,7 @@ type RestoreWorkloadRequest struct {
 
 func (x *RestoreWorkloadRequest) Reset() {
 	*x = RestoreWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2084,7 +2192,7 @@ func (x *RestoreWorkloadRequest) String() string {
 func (*RestoreWorkloadRequest) ProtoMessage() {}
 
 func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2097,7 +2205,7 @@ func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RestoreWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2127,7 +2235,7 @@ type RestoreWorkloadResponse struct {
 
 func (x *RestoreWorkloadResponse) Reset() {
 	*x = RestoreWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2139,7 +2247,7 @@ func (x *RestoreWorkloadResponse) String() string {
 func (*RestoreWorkloadResponse) ProtoMessage() {}
 
 func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2152,7 +2260,7 @@ func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RestoreWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2179,7 +2287,7 @@ type CheckpointWorkloadRequest struct {
 
 func (x *CheckpointWorkloadRequest) Reset() {
 	*x = CheckpointWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2191,7 +2299,7 @@ func (x *CheckpointWorkloadRequest) String() string {
 func (*CheckpointWorkloadRequest) ProtoMessage() {}
 
 func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2204,7 +2312,7 @@ func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *CheckpointWorkloadRequest) GetActorUid() string {
@@ -2224,7 +2332,7 @@ type CheckpointWorkloadResponse struct {
 
 func (x *CheckpointWorkloadResponse) Reset() {
 	*x = CheckpointWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2236,7 +2344,7 @@ func (x *CheckpointWorkloadResponse) String() string {
 func (*CheckpointWorkloadResponse) ProtoMessage() {}
 
 func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2249,7 +2357,7 @@ func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CheckpointWorkloadResponse) GetEnded() *EndedActivation {
@@ -2277,7 +2385,7 @@ type DriftFinding struct {
 
 func (x *DriftFinding) Reset() {
 	*x = DriftFinding{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2289,7 +2397,7 @@ func (x *DriftFinding) String() string {
 func (*DriftFinding) ProtoMessage() {}
 
 func (x *DriftFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2302,7 +2410,7 @@ func (x *DriftFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftFinding.ProtoReflect.Descriptor instead.
 func (*DriftFinding) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *DriftFinding) GetKind() DriftKind {
@@ -2352,7 +2460,7 @@ type DriftEvent struct {
 
 func (x *DriftEvent) Reset() {
 	*x = DriftEvent{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2364,7 +2472,7 @@ func (x *DriftEvent) String() string {
 func (*DriftEvent) ProtoMessage() {}
 
 func (x *DriftEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2377,7 +2485,7 @@ func (x *DriftEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftEvent.ProtoReflect.Descriptor instead.
 func (*DriftEvent) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DriftEvent) GetAtUnixNano() int64 {
@@ -2427,7 +2535,7 @@ type DriftCheckStatus struct {
 
 func (x *DriftCheckStatus) Reset() {
 	*x = DriftCheckStatus{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2439,7 +2547,7 @@ func (x *DriftCheckStatus) String() string {
 func (*DriftCheckStatus) ProtoMessage() {}
 
 func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2452,7 +2560,7 @@ func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftCheckStatus.ProtoReflect.Descriptor instead.
 func (*DriftCheckStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DriftCheckStatus) GetEnabled() bool {
@@ -2491,7 +2599,7 @@ type ListDriftFindingsRequest struct {
 
 func (x *ListDriftFindingsRequest) Reset() {
 	*x = ListDriftFindingsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2503,7 +2611,7 @@ func (x *ListDriftFindingsRequest) String() string {
 func (*ListDriftFindingsRequest) ProtoMessage() {}
 
 func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2516,7 +2624,7 @@ func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsRequest.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
 }
 
 type ListDriftFindingsResponse struct {
@@ -2531,7 +2639,7 @@ type ListDriftFindingsResponse struct {
 
 func (x *ListDriftFindingsResponse) Reset() {
 	*x = ListDriftFindingsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2543,7 +2651,7 @@ func (x *ListDriftFindingsResponse) String() string {
 func (*ListDriftFindingsResponse) ProtoMessage() {}
 
 func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2556,7 +2664,7 @@ func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsResponse.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ListDriftFindingsResponse) GetFindings() []*DriftFinding {
@@ -2612,13 +2720,20 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x15StatsWorkloadResponse\x12<\n" +
 	"\x06sample\x18\x01 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\x06sample\"@\n" +
 	"\x1bStatsActiveWorkloadsRequest\x12!\n" +
-	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\xbe\x02\n" +
+	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\xfa\x02\n" +
 	"\x1cStatsActiveWorkloadsResponse\x12>\n" +
 	"\asamples\x18\x01 \x03(\v2$.sandboxstats.v1.WorkloadStatsSampleR\asamples\x12I\n" +
 	"\x10no_sample_reason\x18\x02 \x01(\x0e2\x1f.sandboxstats.v1.NoSampleReasonR\x0enoSampleReason\x12(\n" +
 	"\x10no_sample_detail\x18\x03 \x01(\tR\x0enoSampleDetail\x126\n" +
 	"\x05ended\x18\x04 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\x121\n" +
-	"\x15ended_next_page_token\x18\x05 \x01(\tR\x12endedNextPageToken\"/\n" +
+	"\x15ended_next_page_token\x18\x05 \x01(\tR\x12endedNextPageToken\x12:\n" +
+	"\apending\x18\x06 \x03(\v2 .sandboxstats.v1.PendingWorkloadR\apending\"\x8a\x02\n" +
+	"\x0fPendingWorkload\x12=\n" +
+	"\bidentity\x18\x01 \x01(\v2!.sandboxstats.v1.WorkloadIdentityR\bidentity\x12B\n" +
+	"\rsandbox_class\x18\x02 \x01(\x0e2\x1d.sandboxstats.v1.SandboxClassR\fsandboxClass\x12&\n" +
+	"\x0fepoch_unix_nano\x18\x03 \x01(\x03R\repochUnixNano\x124\n" +
+	"\x06reason\x18\x04 \x01(\x0e2\x1c.sandboxstats.v1.ErrorReasonR\x06reason\x12\x16\n" +
+	"\x06detail\x18\x05 \x01(\tR\x06detail\"/\n" +
 	"\x10StatsHostRequest\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"\xa4\x02\n" +
 	"\x11StatsHostResponse\x12=\n" +
@@ -2733,7 +2848,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x19ListDriftFindingsResponse\x129\n" +
 	"\bfindings\x18\x01 \x03(\v2\x1d.sandboxstats.v1.DriftFindingR\bfindings\x123\n" +
 	"\x06events\x18\x02 \x03(\v2\x1b.sandboxstats.v1.DriftEventR\x06events\x129\n" +
-	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\x9f\x03\n" +
+	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\xe2\x03\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eERROR_REASON_INVALID_ACTOR_UID\x10\x01\x12\x1c\n" +
@@ -2747,7 +2862,9 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x1bERROR_REASON_WORKLOAD_BOUND\x10\t\x12$\n" +
 	" ERROR_REASON_STATE_NOT_PERSISTED\x10\n" +
 	"\x12#\n" +
-	"\x1fERROR_REASON_INVALID_PAGE_TOKEN\x10\v*b\n" +
+	"\x1fERROR_REASON_INVALID_PAGE_TOKEN\x10\v\x12#\n" +
+	"\x1fERROR_REASON_TOO_MANY_WORKLOADS\x10\f\x12\x1c\n" +
+	"\x18ERROR_REASON_ANSWER_FULL\x10\r*b\n" +
 	"\fSandboxClass\x12\x1d\n" +
 	"\x19SANDBOX_CLASS_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SANDBOX_CLASS_GVISOR\x10\x01\x12\x19\n" +
@@ -2815,7 +2932,7 @@ func file_sandboxstats_v1_stats_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 26)
+var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
 var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(ErrorReason)(0),                     // 0: sandboxstats.v1.ErrorReason
 	(SandboxClass)(0),                    // 1: sandboxstats.v1.SandboxClass
@@ -2832,100 +2949,105 @@ var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(*StatsWorkloadResponse)(nil),        // 12: sandboxstats.v1.StatsWorkloadResponse
 	(*StatsActiveWorkloadsRequest)(nil),  // 13: sandboxstats.v1.StatsActiveWorkloadsRequest
 	(*StatsActiveWorkloadsResponse)(nil), // 14: sandboxstats.v1.StatsActiveWorkloadsResponse
-	(*StatsHostRequest)(nil),             // 15: sandboxstats.v1.StatsHostRequest
-	(*StatsHostResponse)(nil),            // 16: sandboxstats.v1.StatsHostResponse
-	(*AbsentValue)(nil),                  // 17: sandboxstats.v1.AbsentValue
-	(*WorkloadStatsSample)(nil),          // 18: sandboxstats.v1.WorkloadStatsSample
-	(*EpochBaseline)(nil),                // 19: sandboxstats.v1.EpochBaseline
-	(*EndedActivation)(nil),              // 20: sandboxstats.v1.EndedActivation
-	(*ListEndedActivationsRequest)(nil),  // 21: sandboxstats.v1.ListEndedActivationsRequest
-	(*ListEndedActivationsResponse)(nil), // 22: sandboxstats.v1.ListEndedActivationsResponse
-	(*ContainerReadError)(nil),           // 23: sandboxstats.v1.ContainerReadError
-	(*RunWorkloadRequest)(nil),           // 24: sandboxstats.v1.RunWorkloadRequest
-	(*RunWorkloadResponse)(nil),          // 25: sandboxstats.v1.RunWorkloadResponse
-	(*RestoreWorkloadRequest)(nil),       // 26: sandboxstats.v1.RestoreWorkloadRequest
-	(*RestoreWorkloadResponse)(nil),      // 27: sandboxstats.v1.RestoreWorkloadResponse
-	(*CheckpointWorkloadRequest)(nil),    // 28: sandboxstats.v1.CheckpointWorkloadRequest
-	(*CheckpointWorkloadResponse)(nil),   // 29: sandboxstats.v1.CheckpointWorkloadResponse
-	(*DriftFinding)(nil),                 // 30: sandboxstats.v1.DriftFinding
-	(*DriftEvent)(nil),                   // 31: sandboxstats.v1.DriftEvent
-	(*DriftCheckStatus)(nil),             // 32: sandboxstats.v1.DriftCheckStatus
-	(*ListDriftFindingsRequest)(nil),     // 33: sandboxstats.v1.ListDriftFindingsRequest
-	(*ListDriftFindingsResponse)(nil),    // 34: sandboxstats.v1.ListDriftFindingsResponse
-	(*HostStats)(nil),                    // 35: sandboxstats.v1.HostStats
-	(*MemorySignals)(nil),                // 36: sandboxstats.v1.MemorySignals
-	(*CpuThrottling)(nil),                // 37: sandboxstats.v1.CpuThrottling
-	(*Pressure)(nil),                     // 38: sandboxstats.v1.Pressure
-	(*Pids)(nil),                         // 39: sandboxstats.v1.Pids
-	(*NetworkStats)(nil),                 // 40: sandboxstats.v1.NetworkStats
-	(*BlockIo)(nil),                      // 41: sandboxstats.v1.BlockIo
+	(*PendingWorkload)(nil),              // 15: sandboxstats.v1.PendingWorkload
+	(*StatsHostRequest)(nil),             // 16: sandboxstats.v1.StatsHostRequest
+	(*StatsHostResponse)(nil),            // 17: sandboxstats.v1.StatsHostResponse
+	(*AbsentValue)(nil),                  // 18: sandboxstats.v1.AbsentValue
+	(*WorkloadStatsSample)(nil),          // 19: sandboxstats.v1.WorkloadStatsSample
+	(*EpochBaseline)(nil),                // 20: sandboxstats.v1.EpochBaseline
+	(*EndedActivation)(nil),              // 21: sandboxstats.v1.EndedActivation
+	(*ListEndedActivationsRequest)(nil),  // 22: sandboxstats.v1.ListEndedActivationsRequest
+	(*ListEndedActivationsResponse)(nil), // 23: sandboxstats.v1.ListEndedActivationsResponse
+	(*ContainerReadError)(nil),           // 24: sandboxstats.v1.ContainerReadError
+	(*RunWorkloadRequest)(nil),           // 25: sandboxstats.v1.RunWorkloadRequest
+	(*RunWorkloadResponse)(nil),          // 26: sandboxstats.v1.RunWorkloadResponse
+	(*RestoreWorkloadRequest)(nil),       // 27: sandboxstats.v1.RestoreWorkloadRequest
+	(*RestoreWorkloadResponse)(nil),      // 28: sandboxstats.v1.RestoreWorkloadResponse
+	(*CheckpointWorkloadRequest)(nil),    // 29: sandboxstats.v1.CheckpointWorkloadRequest
+	(*CheckpointWorkloadResponse)(nil),   // 30: sandboxstats.v1.CheckpointWorkloadResponse
+	(*DriftFinding)(nil),                 // 31: sandboxstats.v1.DriftFinding
+	(*DriftEvent)(nil),                   // 32: sandboxstats.v1.DriftEvent
+	(*DriftCheckStatus)(nil),             // 33: sandboxstats.v1.DriftCheckStatus
+	(*ListDriftFindingsRequest)(nil),     // 34: sandboxstats.v1.ListDriftFindingsRequest
+	(*ListDriftFindingsResponse)(nil),    // 35: sandboxstats.v1.ListDriftFindingsResponse
+	(*HostStats)(nil),                    // 36: sandboxstats.v1.HostStats
+	(*MemorySignals)(nil),                // 37: sandboxstats.v1.MemorySignals
+	(*CpuThrottling)(nil),                // 38: sandboxstats.v1.CpuThrottling
+	(*Pressure)(nil),                     // 39: sandboxstats.v1.Pressure
+	(*Pids)(nil),                         // 40: sandboxstats.v1.Pids
+	(*NetworkStats)(nil),                 // 41: sandboxstats.v1.NetworkStats
+	(*BlockIo)(nil),                      // 42: sandboxstats.v1.BlockIo
 }
 var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	1,  // 0: sandboxstats.v1.SandboxRef.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	18, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
-	18, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
+	19, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
+	19, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
 	3,  // 3: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
-	20, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 5: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 6: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	35, // 7: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
-	17, // 8: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
-	1,  // 9: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 10: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	35, // 11: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	23, // 12: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
-	17, // 13: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	19, // 14: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
-	36, // 15: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
-	37, // 16: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
-	38, // 17: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
-	39, // 18: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
-	40, // 19: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
-	41, // 20: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
-	4,  // 21: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
-	18, // 22: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
-	9,  // 23: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 24: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 25: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
-	5,  // 26: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
-	6,  // 27: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
-	18, // 28: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
-	17, // 29: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
-	20, // 30: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 31: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 32: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	20, // 33: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 34: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 35: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	20, // 36: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	20, // 37: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	7,  // 38: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
-	8,  // 39: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
-	30, // 40: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
-	30, // 41: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
-	31, // 42: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
-	32, // 43: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
-	11, // 44: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	13, // 45: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	15, // 46: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	33, // 47: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
-	21, // 48: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
-	24, // 49: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	26, // 50: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	28, // 51: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	12, // 52: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	14, // 53: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	16, // 54: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	34, // 55: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
-	22, // 56: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
-	25, // 57: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	27, // 58: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	29, // 59: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	52, // [52:60] is the sub-list for method output_type
-	44, // [44:52] is the sub-list for method input_type
-	44, // [44:44] is the sub-list for extension type_name
-	44, // [44:44] is the sub-list for extension extendee
-	0,  // [0:44] is the sub-list for field type_name
+	21, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	15, // 5: sandboxstats.v1.StatsActiveWorkloadsResponse.pending:type_name -> sandboxstats.v1.PendingWorkload
+	9,  // 6: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 7: sandboxstats.v1.PendingWorkload.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	0,  // 8: sandboxstats.v1.PendingWorkload.reason:type_name -> sandboxstats.v1.ErrorReason
+	9,  // 9: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 10: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	36, // 11: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
+	18, // 12: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
+	1,  // 13: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 14: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
+	36, // 15: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	24, // 16: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	18, // 17: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
+	20, // 18: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
+	37, // 19: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
+	38, // 20: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
+	39, // 21: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
+	40, // 22: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
+	41, // 23: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
+	42, // 24: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
+	4,  // 25: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
+	19, // 26: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
+	9,  // 27: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 28: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 29: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
+	5,  // 30: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
+	6,  // 31: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
+	19, // 32: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
+	18, // 33: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
+	21, // 34: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 35: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 36: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	21, // 37: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 38: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 39: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	21, // 40: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	21, // 41: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	7,  // 42: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	8,  // 43: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	31, // 44: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	31, // 45: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	32, // 46: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	33, // 47: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	11, // 48: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	13, // 49: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	16, // 50: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	34, // 51: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	22, // 52: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
+	25, // 53: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	27, // 54: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	29, // 55: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	12, // 56: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	14, // 57: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	17, // 58: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	35, // 59: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	23, // 60: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
+	26, // 61: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	28, // 62: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	30, // 63: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	56, // [56:64] is the sub-list for method output_type
+	48, // [48:56] is the sub-list for method input_type
+	48, // [48:48] is the sub-list for extension type_name
+	48, // [48:48] is the sub-list for extension extendee
+	0,  // [0:48] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }
@@ -2935,15 +3057,15 @@ func file_sandboxstats_v1_stats_proto_init() {
 	}
 	file_sandboxstats_v1_host_proto_init()
 	file_sandboxstats_v1_signals_proto_init()
-	file_sandboxstats_v1_stats_proto_msgTypes[9].OneofWrappers = []any{}
-	file_sandboxstats_v1_stats_proto_msgTypes[11].OneofWrappers = []any{}
+	file_sandboxstats_v1_stats_proto_msgTypes[10].OneofWrappers = []any{}
+	file_sandboxstats_v1_stats_proto_msgTypes[12].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_stats_proto_rawDesc), len(file_sandboxstats_v1_stats_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   26,
+			NumMessages:   27,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

@@ -56,9 +56,11 @@ type WorkloadStatsServiceClient interface {
 	//
 	//	INVALID_ARGUMENT    INVALID_ACTOR_UID: actor_uid empty, over 128 bytes or
 	//	                    not printable ASCII.
-	//	FAILED_PRECONDITION NO_WORKLOAD: no workload is bound to this daemon.
-	//	FAILED_PRECONDITION ACTOR_MISMATCH: a different workload is bound; the
-	//	                    caller's belief is wrong, retrying will not help.
+	//	FAILED_PRECONDITION NO_WORKLOAD: no workload at all is bound to this
+	//	                    daemon.
+	//	FAILED_PRECONDITION ACTOR_MISMATCH: workloads are bound here, but not
+	//	                    the named actor; the caller's belief is wrong,
+	//	                    retrying will not help. Never another's numbers.
 	//	FAILED_PRECONDITION ACTOR_CHANGED: the binding changed while the sample
 	//	                    was being read; the numbers were discarded.
 	//	UNAVAILABLE         NOT_MEASURABLE: the workload is bound but cannot be
@@ -69,11 +71,16 @@ type WorkloadStatsServiceClient interface {
 	//	                    malformed; the message names the path or call.
 	StatsWorkload(ctx context.Context, in *StatsWorkloadRequest, opts ...grpc.CallOption) (*StatsWorkloadResponse, error)
 	// StatsActiveWorkloads is the discovery read for a poller that does not
-	// know which workload runs here. Every normal state is an answer, not an
-	// error: an empty list comes with a no_sample_reason. It fails only for a
-	// real read failure (DEADLINE_EXCEEDED READ_TIMEOUT, INTERNAL
-	// MALFORMED_SOURCE). Attribute each sample solely from the identity echoed
-	// inside it.
+	// know which workloads run here: one sample per bound workload, read at
+	// once (at most 32 reads in flight). Every state of a workload is an
+	// answer, not an error: a workload whose read failed, timed out or did not
+	// fit is listed in `pending` with the reason, beside the others' samples;
+	// an empty list of samples comes with a no_sample_reason. Each workload's
+	// read is bounded by the read timeout and by three quarters of the time
+	// left before the caller's deadline, so a hung neighbour never costs the
+	// others their samples. It fails only when the caller's own deadline or
+	// cancellation ends it. Attribute each sample solely from the identity
+	// echoed inside it.
 	StatsActiveWorkloads(ctx context.Context, in *StatsActiveWorkloadsRequest, opts ...grpc.CallOption) (*StatsActiveWorkloadsResponse, error)
 	// StatsHost returns only the runner-layer (host) view of the named
 	// workload's sandbox. It is identity-checked like StatsWorkload (same
@@ -181,9 +188,11 @@ type WorkloadStatsServiceServer interface {
 	//
 	//	INVALID_ARGUMENT    INVALID_ACTOR_UID: actor_uid empty, over 128 bytes or
 	//	                    not printable ASCII.
-	//	FAILED_PRECONDITION NO_WORKLOAD: no workload is bound to this daemon.
-	//	FAILED_PRECONDITION ACTOR_MISMATCH: a different workload is bound; the
-	//	                    caller's belief is wrong, retrying will not help.
+	//	FAILED_PRECONDITION NO_WORKLOAD: no workload at all is bound to this
+	//	                    daemon.
+	//	FAILED_PRECONDITION ACTOR_MISMATCH: workloads are bound here, but not
+	//	                    the named actor; the caller's belief is wrong,
+	//	                    retrying will not help. Never another's numbers.
 	//	FAILED_PRECONDITION ACTOR_CHANGED: the binding changed while the sample
 	//	                    was being read; the numbers were discarded.
 	//	UNAVAILABLE         NOT_MEASURABLE: the workload is bound but cannot be
@@ -194,11 +203,16 @@ type WorkloadStatsServiceServer interface {
 	//	                    malformed; the message names the path or call.
 	StatsWorkload(context.Context, *StatsWorkloadRequest) (*StatsWorkloadResponse, error)
 	// StatsActiveWorkloads is the discovery read for a poller that does not
-	// know which workload runs here. Every normal state is an answer, not an
-	// error: an empty list comes with a no_sample_reason. It fails only for a
-	// real read failure (DEADLINE_EXCEEDED READ_TIMEOUT, INTERNAL
-	// MALFORMED_SOURCE). Attribute each sample solely from the identity echoed
-	// inside it.
+	// know which workloads run here: one sample per bound workload, read at
+	// once (at most 32 reads in flight). Every state of a workload is an
+	// answer, not an error: a workload whose read failed, timed out or did not
+	// fit is listed in `pending` with the reason, beside the others' samples;
+	// an empty list of samples comes with a no_sample_reason. Each workload's
+	// read is bounded by the read timeout and by three quarters of the time
+	// left before the caller's deadline, so a hung neighbour never costs the
+	// others their samples. It fails only when the caller's own deadline or
+	// cancellation ends it. Attribute each sample solely from the identity
+	// echoed inside it.
 	StatsActiveWorkloads(context.Context, *StatsActiveWorkloadsRequest) (*StatsActiveWorkloadsResponse, error)
 	// StatsHost returns only the runner-layer (host) view of the named
 	// workload's sandbox. It is identity-checked like StatsWorkload (same
@@ -410,27 +424,33 @@ const (
 // own socket, mode 0600, to the uids of --lifecycle-allow-uids). Calls are
 // serialized; reads never wait for them. A call whose state file cannot be
 // written answers UNAVAILABLE STATE_NOT_PERSISTED (disk full, quota,
-// read-only) and changes nothing.
+// read-only) and changes nothing. Several workloads may be bound at once,
+// one per actor (up to statsd --max-workloads); calls for one actor are
+// serialized, calls for different actors are not.
 type WorkloadLifecycleServiceClient interface {
 	// RunWorkload binds a workload to this daemon before its sandbox is
 	// measurable, so a workload that dies while booting is still attributable.
 	// It starts a new epoch; repeating the same call (same identity and
-	// sandbox) is a retry that keeps the current epoch. FAILED_PRECONDITION
-	// WORKLOAD_BOUND while another workload is bound (checkpoint it first);
-	// INVALID_ARGUMENT INVALID_REQUEST when validation fails, which changes
-	// nothing.
+	// sandbox) is a retry that keeps the current epoch; the same actor with
+	// another sandbox ends its activation (replaced) and starts a new one. An
+	// actor not bound is added beside the others. RESOURCE_EXHAUSTED
+	// TOO_MANY_WORKLOADS when --max-workloads are bound already;
+	// FAILED_PRECONDITION WORKLOAD_BOUND when another actor's binding names the
+	// same sandbox (checkpoint it first); INVALID_ARGUMENT INVALID_REQUEST when
+	// validation fails. A refused call changes nothing.
 	RunWorkload(ctx context.Context, in *RunWorkloadRequest, opts ...grpc.CallOption) (*RunWorkloadResponse, error)
 	// RestoreWorkload is RunWorkload for a workload restored from a
 	// checkpoint. Same contract; it starts a new epoch.
 	RestoreWorkload(ctx context.Context, in *RestoreWorkloadRequest, opts ...grpc.CallOption) (*RestoreWorkloadResponse, error)
-	// CheckpointWorkload forgets the bound workload (teardown, checkpoint or a
-	// failed boot). Before it forgets, it takes one last bounded sample (within
+	// CheckpointWorkload forgets the named actor's workload (teardown,
+	// checkpoint or a failed boot); the others stay bound. Before it forgets, it takes one last bounded sample (within
 	// --read-timeout; a read already in flight is joined, never waited on
 	// longer) and records the ended activation with it; if that read fails the
 	// final is the last good sample a poll read in the epoch. Repeating it for
-	// the actor just cleared succeeds and returns the same record, so a retry
-	// is safe; naming any other actor is FAILED_PRECONDITION ACTOR_MISMATCH (or
-	// NO_WORKLOAD when nothing is bound).
+	// an actor cleared and not bound since succeeds and returns the same
+	// record, so a retry is safe; naming any other actor not bound is
+	// FAILED_PRECONDITION ACTOR_MISMATCH (or NO_WORKLOAD when nothing is
+	// bound).
 	CheckpointWorkload(ctx context.Context, in *CheckpointWorkloadRequest, opts ...grpc.CallOption) (*CheckpointWorkloadResponse, error)
 }
 
@@ -480,27 +500,33 @@ func (c *workloadLifecycleServiceClient) CheckpointWorkload(ctx context.Context,
 // own socket, mode 0600, to the uids of --lifecycle-allow-uids). Calls are
 // serialized; reads never wait for them. A call whose state file cannot be
 // written answers UNAVAILABLE STATE_NOT_PERSISTED (disk full, quota,
-// read-only) and changes nothing.
+// read-only) and changes nothing. Several workloads may be bound at once,
+// one per actor (up to statsd --max-workloads); calls for one actor are
+// serialized, calls for different actors are not.
 type WorkloadLifecycleServiceServer interface {
 	// RunWorkload binds a workload to this daemon before its sandbox is
 	// measurable, so a workload that dies while booting is still attributable.
 	// It starts a new epoch; repeating the same call (same identity and
-	// sandbox) is a retry that keeps the current epoch. FAILED_PRECONDITION
-	// WORKLOAD_BOUND while another workload is bound (checkpoint it first);
-	// INVALID_ARGUMENT INVALID_REQUEST when validation fails, which changes
-	// nothing.
+	// sandbox) is a retry that keeps the current epoch; the same actor with
+	// another sandbox ends its activation (replaced) and starts a new one. An
+	// actor not bound is added beside the others. RESOURCE_EXHAUSTED
+	// TOO_MANY_WORKLOADS when --max-workloads are bound already;
+	// FAILED_PRECONDITION WORKLOAD_BOUND when another actor's binding names the
+	// same sandbox (checkpoint it first); INVALID_ARGUMENT INVALID_REQUEST when
+	// validation fails. A refused call changes nothing.
 	RunWorkload(context.Context, *RunWorkloadRequest) (*RunWorkloadResponse, error)
 	// RestoreWorkload is RunWorkload for a workload restored from a
 	// checkpoint. Same contract; it starts a new epoch.
 	RestoreWorkload(context.Context, *RestoreWorkloadRequest) (*RestoreWorkloadResponse, error)
-	// CheckpointWorkload forgets the bound workload (teardown, checkpoint or a
-	// failed boot). Before it forgets, it takes one last bounded sample (within
+	// CheckpointWorkload forgets the named actor's workload (teardown,
+	// checkpoint or a failed boot); the others stay bound. Before it forgets, it takes one last bounded sample (within
 	// --read-timeout; a read already in flight is joined, never waited on
 	// longer) and records the ended activation with it; if that read fails the
 	// final is the last good sample a poll read in the epoch. Repeating it for
-	// the actor just cleared succeeds and returns the same record, so a retry
-	// is safe; naming any other actor is FAILED_PRECONDITION ACTOR_MISMATCH (or
-	// NO_WORKLOAD when nothing is bound).
+	// an actor cleared and not bound since succeeds and returns the same
+	// record, so a retry is safe; naming any other actor not bound is
+	// FAILED_PRECONDITION ACTOR_MISMATCH (or NO_WORKLOAD when nothing is
+	// bound).
 	CheckpointWorkload(context.Context, *CheckpointWorkloadRequest) (*CheckpointWorkloadResponse, error)
 	mustEmbedUnimplementedWorkloadLifecycleServiceServer()
 }

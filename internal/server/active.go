@@ -1,0 +1,214 @@
+package server
+
+// This file is the discovery read over several bindings: every bound
+// workload is read at once (at most activeFanOut reads in flight), each
+// under its own bound, and the answer's bytes are shared fairly among them.
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+const (
+	// activeFanOut bounds the reads one discovery read has in flight
+	// (upstream's statsFanOut).
+	activeFanOut = 32
+	// endedReserve is what the samples and pending entries of a discovery
+	// answer leave of its page for the ended records (the rest of them is
+	// paged).
+	endedReserve = 8 << 10
+	// maxPendingDetail bounds a pending entry's detail.
+	maxPendingDetail = 1 << 10
+)
+
+// activeResult is what the discovery read got for one binding.
+type activeResult struct {
+	b      *identity.Binding
+	sample *sandboxstatsv1.WorkloadStatsSample
+	err    error
+}
+
+// StatsActiveWorkloads is the discovery read: every normal state is an
+// answer. Each bound workload is read at once under the read bound
+// (readBound); one that yields no sample is listed in pending with why.
+func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
+	bindings, ended := s.store.Snapshot()
+	if len(bindings) == 0 {
+		return withEnded(noWorkload(), ended), nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, s.readBound(ctx))
+	defer cancel()
+	results := make([]activeResult, len(bindings))
+	if len(bindings) == 1 {
+		results[0] = s.readOne(rctx, bindings[0], req.GetIncludeHost())
+	} else {
+		slots := make(chan struct{}, activeFanOut)
+		var wg sync.WaitGroup
+		for i, b := range bindings {
+			slots <- struct{}{}
+			wg.Go(func() {
+				defer func() { <-slots }()
+				results[i] = s.readOne(rctx, b, req.GetIncludeHost())
+			})
+		}
+		wg.Wait()
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, status.FromContextError(err).Err()
+	}
+	// The answer is the state after the reads: a binding that ended or was
+	// replaced meanwhile gives no sample (its record is among the ended
+	// ones, or its successor is pending), so a sample never stands beside
+	// its own record.
+	now, ended := s.store.Snapshot()
+	resp := &sandboxstatsv1.StatsActiveWorkloadsResponse{}
+	read := make(map[*identity.Binding]activeResult, len(results))
+	bindingOf := make(map[*sandboxstatsv1.WorkloadStatsSample]*identity.Binding, len(results))
+	for _, r := range results {
+		read[r.b] = r
+	}
+	for _, b := range now {
+		r, ok := read[b]
+		switch {
+		case !ok:
+			resp.Pending = append(resp.Pending, pendingOf(b, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED,
+				"bound while the answer was being read"))
+		case r.err == errBindingChanged:
+			resp.Pending = append(resp.Pending, pendingOf(b, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED,
+				"the binding changed while the sample was being read"))
+		case r.err != nil:
+			_, reason := readReason(r.err)
+			resp.Pending = append(resp.Pending, pendingOf(b, reason, r.err.Error()))
+		default:
+			resp.Samples = append(resp.Samples, r.sample)
+			bindingOf[r.sample] = b
+		}
+	}
+	shareAnswer(resp, func(s *sandboxstatsv1.WorkloadStatsSample) *identity.Binding { return bindingOf[s] })
+	if len(resp.Samples) == 0 {
+		resp.NoSampleReason = sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET
+		resp.NoSampleDetail = "no bound workload could be read: see pending"
+		if len(now) == 0 {
+			resp.NoSampleReason, resp.NoSampleDetail = noWorkload().NoSampleReason, noWorkload().NoSampleDetail
+		} else if len(resp.Pending) == 1 {
+			resp.NoSampleDetail = resp.Pending[0].Detail
+		}
+	}
+	return withEnded(resp, ended), nil
+}
+
+// readOne reads b for the discovery read.
+func (s *StatsService) readOne(ctx context.Context, b *identity.Binding, includeHost bool) activeResult {
+	sample, err := s.sample(ctx, b, includeHost)
+	return activeResult{b: b, sample: sample, err: err}
+}
+
+// readBound is how long each read of a discovery read may take: the read
+// timeout, and at most three quarters of what is left before the caller's
+// deadline, so the answer (with a hung neighbour's pending entry) reaches
+// the caller in time.
+func (s *StatsService) readBound(ctx context.Context) time.Duration {
+	bound := s.store.ReadTimeout()
+	if dl, ok := ctx.Deadline(); ok {
+		bound = min(bound, time.Until(dl)*3/4)
+	}
+	return bound
+}
+
+func pendingOf(b *identity.Binding, reason sandboxstatsv1.ErrorReason, detail string) *sandboxstatsv1.PendingWorkload {
+	return &sandboxstatsv1.PendingWorkload{
+		Identity:      identityToProto(b.Identity),
+		SandboxClass:  classToProto(b.Ref.Class),
+		EpochUnixNano: b.EpochUnixNano,
+		Reason:        reason,
+		Detail:        foreign.Bound(detail, maxPendingDetail),
+	}
+}
+
+// The field numbers of StatsActiveWorkloadsResponse's samples and pending.
+const (
+	activeSamplesField = 1
+	activePendingField = 6
+)
+
+// shareAnswer keeps r's samples within what the page leaves them beside the
+// pending entries and the ended reserve, shared fairly: a sample under its
+// share is kept whole and leaves the rest to the others; one over its share
+// is cut to it (each cut named in its absent list); one that still does
+// not fit moves to pending (ANSWER_FULL), the largest first. One binding
+// cannot starve the rest.
+func shareAnswer(r *sandboxstatsv1.StatsActiveWorkloadsResponse, bindingOf func(*sandboxstatsv1.WorkloadStatsSample) *identity.Binding) {
+	budget := func() int {
+		n := pageBytes - maxTokenField - endedReserve
+		for _, p := range r.Pending {
+			n -= protowire.SizeTag(activePendingField) + protowire.SizeBytes(proto.Size(p))
+		}
+		return n
+	}
+	wire := func(s *sandboxstatsv1.WorkloadStatsSample) int {
+		return protowire.SizeTag(activeSamplesField) + protowire.SizeBytes(proto.Size(s))
+	}
+	sizes := make([]int, len(r.Samples))
+	total := 0
+	for i, s := range r.Samples {
+		sizes[i] = wire(s)
+		total += sizes[i]
+	}
+	if total <= budget() {
+		return
+	}
+	// The fair share: the smallest samples are kept whole while they are
+	// under an equal split of what is left.
+	order := make([]int, len(r.Samples))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortFunc(order, func(a, b int) int { return sizes[a] - sizes[b] })
+	left, n, share := budget(), len(order), 0
+	for _, i := range order {
+		share = left / n
+		if sizes[i] > share {
+			break
+		}
+		left -= sizes[i]
+		n--
+	}
+	for i, s := range r.Samples {
+		if sizes[i] > share {
+			// The share is the wire size; the cap is the message's.
+			capSampleTo(s, max(share-protowire.SizeTag(activeSamplesField)-3, 0), "the sample (its fair share of a StatsActiveWorkloads answer)")
+		}
+	}
+	for {
+		total = 0
+		largest := -1
+		for i, s := range r.Samples {
+			sizes[i] = wire(s)
+			total += sizes[i]
+			if largest < 0 || sizes[i] > sizes[largest] {
+				largest = i
+			}
+		}
+		if total <= budget() || largest < 0 {
+			break
+		}
+		r.Pending = append(r.Pending, pendingOf(bindingOf(r.Samples[largest]), sandboxstatsv1.ErrorReason_ERROR_REASON_ANSWER_FULL,
+			"cut: the sample did not fit its share of the answer even with every cut; read it with StatsWorkload"))
+		r.Samples = slices.Delete(r.Samples, largest, largest+1)
+		sizes = sizes[:len(r.Samples)]
+	}
+	slices.SortFunc(r.Pending, func(a, b *sandboxstatsv1.PendingWorkload) int {
+		return strings.Compare(a.GetIdentity().GetActorUid(), b.GetIdentity().GetActorUid())
+	})
+}
