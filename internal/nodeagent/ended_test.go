@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -21,7 +22,7 @@ func endedOf(s *sandboxstatsv1.WorkloadStatsSample, end time.Time, cpuUsec uint6
 	final := proto.Clone(s).(*sandboxstatsv1.WorkloadStatsSample)
 	final.CpuUsageUsec = proto.Uint64(cpuUsec)
 	return &sandboxstatsv1.EndedActivation{
-		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: s.GetActorUid(), ActorName: s.GetActorName(),
+		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: s.GetActorUid(), ActorName: s.GetActorName(), ActorNamespace: s.GetActorNamespace(),
 			TemplateNamespace: s.GetTemplateNamespace(), TemplateName: s.GetTemplateName()},
 		SandboxClass: s.GetSandboxClass(), Source: s.GetSource(),
 		EpochUnixNano: s.GetEpochUnixNano(), EndUnixNano: end.UnixNano(),
@@ -89,5 +90,42 @@ func TestEndedActivationsCharged(t *testing.T) {
 	}
 	if r.ActorUID != "w2" || r.Outcome != "oom-killed" || r.Charge != "whole" || r.ChargedSeconds != 1.25 || *r.CPUSeconds != 1.25 || r.FinalProvenance != "read-at-end" {
 		t.Errorf("log record %+v", r)
+	}
+}
+
+// TestSeveralActorsOfOneDaemonCharged: one statsd serving several actors
+// answers their samples and records in one result; each actor is charged
+// its own head, body and tail, and a whole activation ended between two
+// sweeps, however the records of the others interleave.
+func TestSeveralActorsOfOneDaemonCharged(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	m, err := newMetrics(reg, metricsConfig{LabelActor: true, Grace: 5 * time.Minute, Started: t0}, discard())
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(s *sandboxstatsv1.WorkloadStatsSample, epoch, observed time.Duration) *sandboxstatsv1.WorkloadStatsSample {
+		s.EpochUnixNano, s.ObservedAtUnixNano = t0.Add(epoch).UnixNano(), t0.Add(observed).UnixNano()
+		return s
+	}
+	// Both begin after the agent started: their heads are charged.
+	m.Apply([]sweep.DaemonResult{okResult("1", at(sample("a1", 2_000_000, 64<<20), 10*time.Second, 40*time.Second),
+		at(sample("a2", 1_000_000, 32<<20), 20*time.Second, 40*time.Second))}, t0.Add(40*time.Second), 0)
+	a1 := at(sample("a1", 5_000_000, 64<<20), 10*time.Second, 100*time.Second)
+	m.Apply([]sweep.DaemonResult{okResult("1", a1, at(sample("a2", 3_000_000, 32<<20), 20*time.Second, 100*time.Second))}, t0.Add(100*time.Second), 0)
+	// a1 ends at 6.5 s; a3 runs 1.25 s between two sweeps; a2 goes on.
+	a3 := at(sample("a3", 0, 8<<20), 110*time.Second, 110*time.Second)
+	r := okResult("1", at(sample("a2", 4_000_000, 32<<20), 20*time.Second, 160*time.Second))
+	r.Ended = []*sandboxstatsv1.EndedActivation{endedOf(a1, t0.Add(120*time.Second), 6_500_000), endedOf(a3, t0.Add(125*time.Second), 1_250_000)}
+	for i := range 2 { // served twice: charged once
+		m.Apply([]sweep.DaemonResult{r}, t0.Add(time.Duration(160+60*i)*time.Second), 0)
+	}
+	got := pick(gather(t, reg), metricCPUSeconds)
+	want := map[string]float64{}
+	for actor, cpu := range map[string]float64{"a1": 6.5, "a2": 4, "a3": 1.25} {
+		want[fmt.Sprintf("{actor_name=%s-name,actor_namespace=team-a,actor_uid=%s,sandbox_class=gvisor,source=cgroup,template_name=python,template_namespace=templates}", actor, actor)] = cpu
+	}
+	if diff := cmp.Diff(want, got, approx()); diff != "" {
+		t.Errorf("cpu per actor (-want +got):\n%s", diff)
 	}
 }

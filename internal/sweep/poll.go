@@ -161,9 +161,16 @@ func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonR
 		}
 	} else {
 		r = DaemonResult{Status: StatusOK, Samples: resp.GetSamples()}
-		if slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
+		// A workload without a sample beside the others (its read timed
+		// out, its sandbox may be gone): drift may say why, as for a
+		// daemon that answered no sample.
+		if len(resp.GetPending()) > 0 || slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
 			p.listDrift(ctx, client, socket, &r)
 		}
+	}
+	r.Pending = resp.GetPending()
+	if len(r.Pending) > p.limits.MaxSamples {
+		r.Pending, r.Capped = nil, append(r.Capped, "pending")
 	}
 	if token := resp.GetEndedNextPageToken(); token != "" {
 		ended, err := readEndedPages(ctx, client, p.limits, resp.GetEnded(), token, proto.Size(resp))

@@ -38,6 +38,9 @@ type DaemonResult struct {
 	Status Status
 	// Samples as the daemon returned them (StatusOK).
 	Samples []*sandboxstatsv1.WorkloadStatsSample
+	// Pending are the daemon's bound workloads without a sample in its
+	// answer, each with why (StatusOK and StatusNoSample).
+	Pending []*sandboxstatsv1.PendingWorkload
 	// NoSampleReason and NoSampleDetail explain StatusNoSample.
 	NoSampleReason sandboxstatsv1.NoSampleReason
 	NoSampleDetail string
@@ -74,7 +77,8 @@ type DaemonResult struct {
 	EndedErr error
 	// Capped lists the parts of the answer dropped whole for being over
 	// their cap: "samples" (then the result is an error,
-	// ResourceExhausted), "drift-findings", "ended", "reply-bytes" (an
+	// ResourceExhausted), "pending" (over Limits.MaxSamples entries),
+	// "drift-findings", "ended", "reply-bytes" (an
 	// answer over Limits.MaxReplyBytes: an error, ResourceExhausted).
 	Capped []string
 	// PeerRefused: the server's uid (SO_PEERCRED) is not an allowed one;
