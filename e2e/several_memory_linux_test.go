@@ -67,7 +67,6 @@ func contextSwitches(t testing.TB, pid int) uint64 {
 	return n
 }
 
-
 // TestIntegrationSeveralWorkloadsMemory measures, in one run, what serving
 // 32 workloads costs the node: one statsd bound to 32 real cgroups against
 // 32 statsd bound to one each, after 20 polls of every workload. The one
