@@ -132,6 +132,7 @@ func TestIntegrationUpstreamLeafLayout(t *testing.T) {
 	}
 	testenv.NeedRunsc(t)
 	pod := testenv.MakeWorkerPod(t)
+	pod.HostView = t.TempDir()
 	worker := pod.StartChild(t, "TestHelperWorkerPod", "TestHelperLeafReader")
 	ask := func(cmd string) string {
 		t.Helper()
@@ -222,8 +223,17 @@ func TestIntegrationUpstreamLeafLayout(t *testing.T) {
 			}
 		}
 	}
+	// The host's cgroup mount, bound into the worker's mount namespace
+	// (pod.HostView), is not rooted in the worker's cgroup namespace: the
+	// sentry's namespace-relative path cannot be read through it. Said so,
+	// never "sandbox gone" (the sandbox is alive), never another cgroup.
+	ans := worker.Ask(t, "sample pid "+strconv.Itoa(actors[0].sb.PID)+" "+pod.HostView)
+	t.Logf("by sentry pid through the host's cgroup mount in the worker's namespace: %s", ans)
+	if !strings.HasPrefix(ans, "err ") || !strings.Contains(ans, "outside this process's cgroup namespace") || strings.Contains(ans, source.ErrSandboxGone.Error()) {
+		t.Errorf("by sentry pid through the host's mount: %s, want refused as mounted outside the namespace (not gone)", ans)
+	}
 	// The host's path of a leaf is not in the worker's view: no cgroup there.
-	ans := worker.Ask(t, "sample path "+actors[0].sb.CgroupPath)
+	ans = worker.Ask(t, "sample path "+actors[0].sb.CgroupPath)
 	t.Logf("the host's path %s from inside the worker's namespace: %s", actors[0].sb.CgroupPath, ans)
 	if !strings.HasPrefix(ans, "err ") || !strings.Contains(ans, source.ErrNotMeasurable.Error()) {
 		t.Errorf("the host's path %s read from inside the namespace: %s, want not measurable", actors[0].sb.CgroupPath, ans)
