@@ -85,30 +85,6 @@ func TestHelperLeafReader(t *testing.T) {
 	os.Exit(0)
 }
 
-// leafFigures are one leaf's figures as its kernel files say them, read
-// from the host: v2 memory.current, memory.peak and cpu.stat usage_usec;
-// v1 memory.usage_in_bytes, memory.max_usage_in_bytes and cpuacct.usage
-// (ns, shown in µs as the source does).
-type leafFigures struct{ Current, Peak, CPUUsec uint64 }
-
-func readLeaf(t *testing.T, pod *testenv.WorkerPod, leaf string) leafFigures {
-	t.Helper()
-	if testenv.CgroupV2() {
-		dir := pod.Dir("", leaf)
-		return leafFigures{
-			Current: testenv.CgroupUint(t, dir, "memory.current", ""),
-			Peak:    testenv.CgroupUint(t, dir, "memory.peak", ""),
-			CPUUsec: testenv.CgroupUint(t, dir, "cpu.stat", "usage_usec"),
-		}
-	}
-	mem := pod.Dir("memory", leaf)
-	return leafFigures{
-		Current: testenv.CgroupUint(t, mem, "memory.usage_in_bytes", ""),
-		Peak:    testenv.CgroupUint(t, mem, "memory.max_usage_in_bytes", ""),
-		CPUUsec: testenv.CgroupUint(t, pod.Dir("cpuacct", leaf), "cpuacct.usage", "") / 1000,
-	}
-}
-
 // TestIntegrationUpstreamLeafLayout is upstream's multi-actor worker on real
 // cgroups with real runsc: a pod cgroup whose private cgroup namespace the
 // worker runs in, the worker in the pod's /worker leaf and three actors
@@ -164,11 +140,11 @@ func TestIntegrationUpstreamLeafLayout(t *testing.T) {
 		sb.Exec(t, "/bin/dd", "if=/dev/zero", "of=/dev/shm/fill", "bs=1M", "count="+strconv.Itoa(32*(i+1)))
 		actors = append(actors, actor{uid: uid, leaf: testenv.PauseLeaf(uid), sb: sb})
 	}
-	all := func() []leafFigures {
+	all := func() []testenv.LeafFigures {
 		t.Helper()
-		var k []leafFigures
+		var k []testenv.LeafFigures
 		for _, a := range actors {
-			k = append(k, readLeaf(t, pod, a.leaf))
+			k = append(k, pod.Figures(t, a.leaf))
 		}
 		return k
 	}

@@ -119,6 +119,31 @@ func (p *WorkerPod) Dir(ctl, leaf string) string {
 	return filepath.Join(CgroupRoot, ctl, p.Name, leaf)
 }
 
+// LeafFigures are a leaf's figures as its kernel files say them, read from
+// the host: v2 memory.current, memory.peak and cpu.stat usage_usec; v1
+// memory.usage_in_bytes, memory.max_usage_in_bytes and cpuacct.usage (ns,
+// shown in µs as statsd does).
+type LeafFigures struct{ Current, Peak, CPUUsec uint64 }
+
+// Figures reads leaf's LeafFigures.
+func (p *WorkerPod) Figures(t testing.TB, leaf string) LeafFigures {
+	t.Helper()
+	if p.hiers[0] == "." {
+		dir := p.Dir("", leaf)
+		return LeafFigures{
+			Current: CgroupUint(t, dir, "memory.current", ""),
+			Peak:    CgroupUint(t, dir, "memory.peak", ""),
+			CPUUsec: CgroupUint(t, dir, "cpu.stat", "usage_usec"),
+		}
+	}
+	mem := p.Dir("memory", leaf)
+	return LeafFigures{
+		Current: CgroupUint(t, mem, "memory.usage_in_bytes", ""),
+		Peak:    CgroupUint(t, mem, "memory.max_usage_in_bytes", ""),
+		CPUUsec: CgroupUint(t, p.Dir("cpuacct", leaf), "cpuacct.usage", "") / 1000,
+	}
+}
+
 // Command returns a command that runs args (args[0] a path) as the pod's
 // worker: helper is the name of the test binary's helper test whose body is
 // RunWorkerPod. It joins the pod, starts a process in a new cgroup and mount
