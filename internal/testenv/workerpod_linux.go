@@ -154,9 +154,14 @@ func (p *WorkerPod) Figures(t testing.TB, leaf string) LeafFigures {
 // takes the worker with it; SIGTERM and SIGINT are passed on.
 func (p *WorkerPod) Command(helper string, args ...string) *exec.Cmd {
 	cmd := exec.Command(os.Args[0], append([]string{"-test.run=^" + helper + "$", "-test.count=1", "--"}, args...)...)
-	cmd.Env = append(os.Environ(), workerPodRoleEnv+"="+workerPodLauncher, workerPodNameEnv+"="+p.Name,
-		workerPodHiersEnv+"="+strings.Join(p.hiers, ","), workerPodViewEnv+"="+p.HostView)
+	cmd.Env = append(os.Environ(), p.env()...)
 	return cmd
+}
+
+// env is what the launcher is told: its role and the pod.
+func (p *WorkerPod) env() []string {
+	return []string{workerPodRoleEnv + "=" + workerPodLauncher, workerPodNameEnv + "=" + p.Name,
+		workerPodHiersEnv + "=" + strings.Join(p.hiers, ","), workerPodViewEnv + "=" + p.HostView}
 }
 
 // StartChild starts the test binary's helper test childHelper (whose body is
@@ -181,7 +186,7 @@ func (p *WorkerPod) WrapStatsd(t testing.TB, binDir, helper string) string {
 	cmd := p.Command(helper, filepath.Join(binDir, "statsd"))
 	var script strings.Builder
 	script.WriteString("#!/bin/sh\n")
-	for _, e := range cmd.Env[len(cmd.Env)-4:] {
+	for _, e := range p.env() {
 		fmt.Fprintf(&script, "export %s\n", shellQuote(e))
 	}
 	script.WriteString("exec")
@@ -200,7 +205,9 @@ func (p *WorkerPod) WrapStatsd(t testing.TB, binDir, helper string) string {
 //
 //	func TestHelperWorkerPod(t *testing.T) { testenv.RunWorkerPod(t) }
 //
-// Run normally it skips.
+// Run normally it skips. Its roles end the process: the launcher exits as
+// the worker does, the init becomes the worker; either returns only to
+// report why it could not.
 func RunWorkerPod(t *testing.T) {
 	var err error
 	switch os.Getenv(workerPodRoleEnv) {
