@@ -37,11 +37,12 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 			{Name: "gvisor", Binary: testenv.BuildTestBinary(t, dir, "internal/gvisor"), Tests: []string{
 				"TestIntegrationRealCgroup", "TestIntegrationThrottling", "TestIntegrationPressure", "TestIntegrationBlockIO",
 				"TestIntegrationGVisorSentryPID", "TestIntegrationGVisorMemoryLimit", "TestIntegrationGVisorNetworkNone",
+				"TestIntegrationUpstreamLeafLayout",
 			}},
 			{Name: "drift", Binary: testenv.BuildTestBinary(t, dir, "internal/drift"), Tests: []string{"TestIntegrationOOMKilled"}},
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
 				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationGVisorSentryDiedProcessesLeft",
-				"TestIntegrationWorkerCgroupNamespace",
+				"TestIntegrationWorkerCgroupNamespace", "TestIntegrationRunscUpstreamLayout",
 				"TestIntegrationActivationChurnCgroup",
 			}},
 			{Name: "microvm", Binary: testenv.BuildTestBinary(t, dir, "internal/microvm"), Tests: []string{"TestIntegrationVsockLoopback"}},

@@ -33,13 +33,15 @@
 // file gives which field.
 //
 // The files, one job each: source.go (Config, Open, Sample, Close),
-// sentry.go (a sentry pid to its cgroup, pinned by start time), location.go
-// (which cgroup paths to read), dircache.go (the open directory handles),
+// sentry.go (a sentry pid to its cgroup, pinned by start time), mount.go
+// (where each cgroup mount is rooted in this process's cgroup namespace, from
+// /proc/self/mountinfo), location.go (which cgroup paths to read), dircache.go (the open directory handles),
 // hierarchies.go (the v1 cpu, pids, blkio and hybrid unified mounts),
 // files.go (the per-file reads of a Sample), memory.go, v1.go and v2.go (the
 // readers), signals.go, signals_v1.go, signals_v2.go and blkio_v1.go (the
 // signal and block IO parts), network.go (the sentry's net/dev), parse.go,
-// parse_signals.go and parse_traffic.go (the pure parsers of kernel text)
+// parse_signals.go, parse_traffic.go and parse_mountinfo.go (the pure parsers
+// of kernel text)
 // and mode*.go (the host's cgroup layout).
 //
 //	src, err := gvisor.Open(source.SandboxRef{Class: source.ClassGVisor, SentryPID: pid},

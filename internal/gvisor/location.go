@@ -49,30 +49,31 @@ func samePath(p string) auxPaths {
 }
 
 // selectAux picks the paths of the other hierarchies from a parsed
-// /proc/<pid>/cgroup on a v1 or hybrid host. A missing line, a path outside
-// the namespace or the hierarchy's root (whose numbers would be the whole
-// host's) leaves that hierarchy without a path, with the reason.
-func selectAux(pc procCgroup, mode Mode) auxPaths {
-	v1 := func(ctl string) ctlPath {
+// /proc/<pid>/cgroup on a v1 or hybrid host, inside their mounts mr. A
+// missing line, a path outside the namespace or the mount, or the
+// hierarchy's root (whose numbers would be the whole host's) leaves that
+// hierarchy without a path, with the reason.
+func selectAux(pc procCgroup, mode Mode, mr mountRoots) auxPaths {
+	v1 := func(ctl string, m mountRoot) ctlPath {
 		p, ok := pc.V1[ctl]
 		if !ok {
 			return ctlPath{Why: "the sentry is in no " + ctl + " cgroup (no " + ctl + " line in its /proc/<pid>/cgroup)"}
 		}
-		return auxPath(p, "the sentry's "+ctl+" cgroup is the root of that hierarchy: its numbers would be the whole host's")
+		return auxPath(p, m, "the sentry's "+ctl+" cgroup is the root of that hierarchy: its numbers would be the whole host's")
 	}
-	a := auxPaths{CFS: v1("cpu"), Pids: v1("pids"), Blkio: v1("blkio")}
+	a := auxPaths{CFS: v1("cpu", mr.cfs), Pids: v1("pids", mr.pids), Blkio: v1("blkio", mr.blkio)}
 	switch {
 	case mode != ModeHybrid:
 		a.Unified = ctlPath{Why: "a pure cgroup v1 host: the kernel keeps pressure stall information per cgroup only on cgroup v2"}
 	case !pc.HasUnified:
 		a.Unified = ctlPath{Why: "the sentry is in no unified (v2) cgroup (no \"0::\" line)"}
 	default:
-		a.Unified = auxPath(pc.Unified, "the sentry is in the root of the unified (v2) hierarchy (runsc puts a sandbox in no v2 cgroup on a hybrid host): its pressure would be the whole host's")
+		a.Unified = auxPath(pc.Unified, mr.unified, "the sentry is in the root of the unified (v2) hierarchy (runsc puts a sandbox in no v2 cgroup on a hybrid host): its pressure would be the whole host's")
 	}
 	return a
 }
 
-func auxPath(p, rootWhy string) ctlPath {
+func auxPath(p string, m mountRoot, rootWhy string) ctlPath {
 	np, err := namespacePath(p)
 	switch {
 	case err != nil:
@@ -80,16 +81,20 @@ func auxPath(p, rootWhy string) ctlPath {
 	case np == "/":
 		return ctlPath{Why: rootWhy}
 	}
+	if np, err = m.inMount(np); err != nil {
+		return ctlPath{Why: err.Error()}
+	}
 	return ctlPath{Path: np}
 }
 
 // selectLocation picks the paths to read from a parsed /proc/<pid>/cgroup:
 // the "0::" path on a unified host; the memory and cpuacct lines on a v1 or
 // hybrid host (where the "0::" line is there too but has no memory
-// controller). Paths are relative to the reader's cgroup namespace, which is
-// also the root of a cgroup mount made inside it; a path outside the
-// namespace shows as "/.." and cannot be read.
-func selectLocation(pc procCgroup, mode Mode) (*location, error) {
+// controller). /proc shows paths relative to the reader's cgroup namespace (a
+// path outside it shows as "/.." and cannot be read); mr says where each
+// mount is rooted in that namespace (mount.go), and the paths returned are
+// inside the mounts.
+func selectLocation(pc procCgroup, mode Mode, mr mountRoots) (*location, error) {
 	if mode == ModeUnified {
 		if !pc.HasUnified {
 			return nil, errors.New("no cgroup v2 (\"0::\") line")
@@ -100,6 +105,9 @@ func selectLocation(pc procCgroup, mode Mode) (*location, error) {
 		}
 		if p == "/" {
 			return nil, errRootCgroup
+		}
+		if p, err = mr.mem.inMount(p); err != nil {
+			return nil, err
 		}
 		return &location{mem: p, cpu: p}, nil
 	}
@@ -114,6 +122,9 @@ func selectLocation(pc procCgroup, mode Mode) (*location, error) {
 	if mem == "/" {
 		return nil, errRootCgroup
 	}
+	if mem, err = mr.mem.inMount(mem); err != nil {
+		return nil, err
+	}
 	loc := &location{mem: mem}
 	if cp, ok := pc.V1["cpuacct"]; ok {
 		if loc.cpu, err = namespacePath(cp); err != nil {
@@ -124,6 +135,8 @@ func selectLocation(pc procCgroup, mode Mode) (*location, error) {
 		// whole host's, not the sandbox's.
 		if loc.cpu == "/" {
 			loc.cpu, loc.cpuWhy = "", "the sentry's cpuacct cgroup is the root: its counter would be the whole host's CPU"
+		} else if loc.cpu, err = mr.cpu.inMount(loc.cpu); err != nil {
+			return nil, err
 		}
 	}
 	return loc, nil

@@ -28,3 +28,13 @@ func detectMode(root string) (Mode, error) {
 	}
 	return ModeAuto, fmt.Errorf("gvisor: %w: %s is neither a cgroup2 mount nor holds a v1 memory hierarchy", source.ErrNotMeasurable, root)
 }
+
+// mountID returns the id of the mount holding path (statx STATX_MNT_ID,
+// Linux 5.8+), as /proc/<pid>/mountinfo numbers mounts.
+func mountID(path string) (int, bool) {
+	var stx unix.Statx_t
+	if err := unix.Statx(unix.AT_FDCWD, path, 0, unix.STATX_MNT_ID, &stx); err != nil || stx.Mask&unix.STATX_MNT_ID == 0 {
+		return 0, false
+	}
+	return int(stx.Mnt_id), true
+}

@@ -159,10 +159,18 @@ func TestInRootOnly(t *testing.T) {
 }
 
 func TestSelectLocation(t *testing.T) {
+	// Mounts as a worker in a private cgroup namespace may have them: made
+	// inside it (root "/"), the host's inherited into it (root "/.."), or a
+	// container's own cgroup bind-mounted without a namespace.
+	inNS := mountRoots{mem: mountRoot{"/sys/fs/cgroup", "/"}, cpu: mountRoot{"/sys/fs/cgroup", "/"}}
+	hostInNS := mountRoots{mem: mountRoot{"/sys/fs/cgroup", "/.."}, cpu: mountRoot{"/sys/fs/cgroup", "/.."}}
+	bound := mountRoots{mem: mountRoot{"/sys/fs/cgroup/memory", "/kubepods/pod1"}, cpu: mountRoot{"/sys/fs/cgroup/cpuacct", "/kubepods/pod1"}}
+	const leaf = "/8a649775-1366-4797-880d-37b0af097baf-_pause"
 	for _, tc := range []struct {
 		name    string
 		in      string
 		mode    Mode
+		mr      mountRoots
 		want    *location
 		wantErr string
 	}{
@@ -176,13 +184,27 @@ func TestSelectLocation(t *testing.T) {
 		{name: "outside the namespace", in: "0::/../x\n", mode: ModeUnified, wantErr: "outside this cgroup namespace"},
 		{name: "deleted", in: "0::/x (deleted)\n", mode: ModeUnified, wantErr: "no such cgroup"},
 		{name: "hybrid without memory", in: "0::/x\n", mode: ModeHybrid, wantErr: "no v1 memory line"},
+		{name: "upstream leaf, mount made in the namespace", in: "0::" + leaf + "\n", mode: ModeUnified, mr: inNS,
+			want: &location{mem: leaf, cpu: leaf}},
+		{name: "upstream leaf, the host's mount in the namespace", in: "0::" + leaf + "\n", mode: ModeUnified, mr: hostInNS,
+			wantErr: `the cgroup mount at /sys/fs/cgroup is rooted at "/..", outside this process's cgroup namespace`},
+		{name: "v1, the host's memory mount in the namespace", in: "4:memory:" + leaf + "\n2:cpuacct:" + leaf + "\n", mode: ModeLegacy, mr: hostInNS,
+			wantErr: "outside this process's cgroup namespace"},
+		{name: "v1, a container's cgroup bind-mounted", in: "4:memory:/kubepods/pod1" + leaf + "\n2:cpuacct:/kubepods/pod1" + leaf + "\n0::/\n", mode: ModeHybrid, mr: bound,
+			want: &location{mem: leaf, cpu: leaf}},
+		{name: "v1, the mount's own root", in: "4:memory:/kubepods/pod1\n2:cpuacct:/kubepods/pod1\n", mode: ModeLegacy, mr: bound,
+			want: &location{mem: "/", cpu: "/"}},
+		{name: "v1, outside the bind-mounted cgroup", in: "4:memory:/kubepods/pod2" + leaf + "\n", mode: ModeLegacy, mr: bound,
+			wantErr: `cgroup "/kubepods/pod2` + leaf + `" is outside the cgroup mount at /sys/fs/cgroup/memory, whose root is "/kubepods/pod1"`},
+		{name: "v1, a sibling whose name extends the mount's root", in: "4:memory:/kubepods/pod10" + leaf + "\n", mode: ModeLegacy, mr: bound,
+			wantErr: "is outside the cgroup mount"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			pc, err := parseProcCgroup([]byte(tc.in))
 			if err != nil {
 				t.Fatal(err)
 			}
-			got, err := selectLocation(pc, tc.mode)
+			got, err := selectLocation(pc, tc.mode, tc.mr)
 			if tc.wantErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
 					t.Fatalf("selectLocation = %+v, %v; want error containing %q", got, err, tc.wantErr)
@@ -282,7 +304,7 @@ func FuzzParseProcCgroup(f *testing.F) {
 			}
 		}
 		for _, m := range []Mode{ModeUnified, ModeHybrid, ModeLegacy} {
-			loc, err := selectLocation(pc, m)
+			loc, err := selectLocation(pc, m, mountRoots{})
 			if err != nil {
 				continue
 			}

@@ -97,12 +97,12 @@ func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)
 	}
-	loc, err := selectLocation(pc, s.mode)
+	loc, err := selectLocation(pc, s.mode, s.mroots)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: sentry pid %d (%s): %w", source.ErrNotMeasurable, pid, p, err)
 	}
 	if s.mode != ModeUnified {
-		loc.aux = selectAux(pc, s.mode)
+		loc.aux = selectAux(pc, s.mode, s.mroots)
 	}
 	s.log.Debug("resolved sentry cgroup", "pid", pid, "start", snap.start, "memory", loc.mem, "cpu", loc.cpu)
 	return loc, nil

@@ -60,6 +60,10 @@ type cgroupSource struct {
 	aux auxRoots
 	// pageSize decides which v1 memory.limit_in_bytes means no limit.
 	pageSize uint64
+	// mroots: where the mounts are rooted in this process's cgroup
+	// namespace (mount.go), found at Open for a source bound by sentry pid,
+	// whose /proc/<pid>/cgroup paths are relative to that namespace.
+	mroots mountRoots
 
 	mu   sync.Mutex
 	loc  *location             // nil until resolved (by sentry pid: at Open or a Sample); replaced when the cgroup disappears
@@ -150,6 +154,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		s.sentry, s.pinned = process.Pin{PID: ref.SentryPID, StartTicks: ref.SentryStartTicks}, true
 	}
 	if ref.SentryPID != 0 {
+		s.mroots = findMountRoots(context.Background(), s.g, cfg.CgroupRoot, s.mode, cfg.ProcRoot, s.log)
 		// Resolve (and pin) the sentry's cgroup now, while the sentry is
 		// most likely alive: a sentry that dies before the first Sample (an
 		// early OOM kill) leaves its cgroup, and its memory.events, behind,

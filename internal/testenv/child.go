@@ -28,7 +28,7 @@ const childEnv = "SANDBOXSTATS_TEST_CHILD"
 //	free         drop it and return it to the kernel  -> "ok"
 //	burn <ms>    spin until this process used <ms> more CPU -> "ok <usec used>"
 func RunChild(t *testing.T) {
-	if os.Getenv(childEnv) != "1" {
+	if !InChild() {
 		t.Skip("helper process: the workload child testenv.StartChild starts")
 	}
 	var hold [][]byte
@@ -64,6 +64,11 @@ func RunChild(t *testing.T) {
 	os.Exit(0)
 }
 
+// InChild reports whether this process is a child StartChild (or
+// WorkerPod.StartChild) started, for a helper test that answers commands of
+// its own.
+func InChild() bool { return os.Getenv(childEnv) == "1" }
+
 func selfCPUUsec() int64 {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
@@ -85,6 +90,13 @@ func StartChild(t testing.TB, helper string) *Child {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^"+helper+"$", "-test.count=1")
 	cmd.Env = append(os.Environ(), childEnv+"=1")
+	return startChild(t, cmd)
+}
+
+// startChild starts cmd with pipes on its stdin and stdout, its stderr the
+// test's, and kills it in the test's cleanup.
+func startChild(t testing.TB, cmd *exec.Cmd) *Child {
+	t.Helper()
 	inR, inW, err := os.Pipe()
 	if err != nil {
 		t.Fatal(err)
@@ -124,6 +136,16 @@ func (c *Child) Answer(t testing.TB, line string) string {
 		t.Fatalf("child %q: %q", line, ans)
 	}
 	return ans
+}
+
+// Ask sends one command and returns the child's answer, whatever it is.
+func (c *Child) Ask(t testing.TB, line string) string {
+	t.Helper()
+	c.Send(t, line)
+	if !c.out.Scan() {
+		t.Fatalf("child %q: no answer: %v", line, c.out.Err())
+	}
+	return c.out.Text()
 }
 
 // Send sends one command without waiting for its answer (read it with

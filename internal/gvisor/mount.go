@@ -1,0 +1,148 @@
+// This file finds where each cgroup mount the source reads is rooted, as
+// this process's cgroup namespace sees it, and turns the paths of
+// /proc/<pid>/cgroup (relative to that namespace) into paths inside the
+// mount.
+
+package gvisor
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"path/filepath"
+	"strings"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// mountRoot is one cgroup mount: its directory and its root as this
+// process's cgroup namespace sees it (mountInfo.Root). root is "" when it
+// is not known (no mountinfo, or dir is no cgroup mount: a fixture tree);
+// the paths of /proc/<pid>/cgroup are then read as they are, as for "/".
+type mountRoot struct{ dir, root string }
+
+// mountRoots are the mounts of the paths a location holds: mem and cpu
+// (v2: both the unified mount; v1: the memory and cpuacct hierarchies) and
+// those of auxPaths.
+type mountRoots struct {
+	mem, cpu                  mountRoot
+	cfs, pids, blkio, unified mountRoot
+}
+
+// inMount turns p, a cgroup path as /proc/<pid>/cgroup shows it (relative
+// to this process's cgroup namespace; namespacePath checked it), into its
+// path inside m. A mount made in the namespace (or on a host without one)
+// is rooted at "/" and p is its own path there. A mount rooted at a
+// sub-cgroup (a container's cgroup bind-mounted as its /sys/fs/cgroup)
+// holds the paths below its root. A mount made outside the namespace (the
+// host's, bound or inherited into a worker's private cgroup namespace) is
+// rooted at "/.." or "/../x": nothing /proc shows can be found in it, and
+// reading p there would read another cgroup or none (which would pass for
+// a dead sandbox).
+func (m mountRoot) inMount(p string) (string, error) {
+	switch {
+	case m.root == "" || m.root == "/":
+		return p, nil
+	case hasDotDot(m.root):
+		return "", fmt.Errorf("the cgroup mount at %s is rooted at %q, outside this process's cgroup namespace (it was mounted outside it): "+
+			"the paths /proc/<pid>/cgroup shows are relative to the namespace and cannot be read through it; mount the cgroup file system inside the namespace", m.dir, m.root)
+	case p == m.root:
+		return "/", nil
+	case strings.HasPrefix(p, m.root+"/"):
+		return p[len(m.root):], nil
+	}
+	return "", fmt.Errorf("cgroup %q is outside the cgroup mount at %s, whose root is %q", p, m.dir, m.root)
+}
+
+func hasDotDot(p string) bool {
+	for e := range strings.SplitSeq(p, "/") {
+		if e == ".." {
+			return true
+		}
+	}
+	return false
+}
+
+// findMountRoots reads <procRoot>/self/mountinfo once (bounded by g) and
+// finds the mounts of the hierarchies a source in mode reads under root. A
+// mount it cannot place keeps root "" (read as "/", as before mountinfo was
+// read), with a Debug log.
+func findMountRoots(ctx context.Context, g *bounded.Group, root string, mode Mode, procRoot string, log *slog.Logger) mountRoots {
+	p := filepath.Join(procRoot, "self", "mountinfo")
+	mounts, err := bounded.Do(ctx, g, "mountinfo\x00"+p, func() ([]mountInfo, error) {
+		b, err := bounded.ReadFile(p, bounded.MaxFileBytes)
+		if err != nil {
+			return nil, err
+		}
+		m, err := parseMountinfo(b)
+		if err != nil {
+			return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)
+		}
+		return m, nil
+	})
+	find := func(dir string) mountRoot {
+		if err != nil {
+			return mountRoot{dir: dir}
+		}
+		return findMountRoot(mounts, dir, log)
+	}
+	if err != nil {
+		log.Debug("no mountinfo: reading the sentry's cgroup paths as they are", "path", p, "err", err)
+	}
+	if mode == ModeUnified {
+		u := find(root)
+		return mountRoots{mem: u, cpu: u}
+	}
+	mr := mountRoots{
+		mem:   find(filepath.Join(root, "memory")),
+		cpu:   find(filepath.Join(root, "cpuacct")),
+		cfs:   find(filepath.Join(root, "cpu")),
+		pids:  find(filepath.Join(root, "pids")),
+		blkio: find(filepath.Join(root, "blkio")),
+	}
+	if mode == ModeHybrid {
+		mr.unified = find(filepath.Join(root, "unified"))
+	}
+	return mr
+}
+
+// findMountRoot finds the mount holding dir among mounts: by the mount id
+// statx reports for dir (mountID), else the last (topmost) mount whose mount
+// point is dir. dir inside a mount has the mount's root and its path below
+// the mount point as root. A mount that is not a cgroup file system (a
+// fixture tree) leaves root "".
+func findMountRoot(mounts []mountInfo, dir string, log *slog.Logger) mountRoot {
+	m := mountRoot{dir: dir}
+	real, err := filepath.EvalSymlinks(dir)
+	if err == nil {
+		real, err = filepath.Abs(real)
+	}
+	if err != nil {
+		log.Debug("cgroup mount's root unknown: reading the sentry's cgroup paths as they are", "dir", dir, "err", err)
+		return m
+	}
+	var found *mountInfo
+	if id, ok := mountID(real); ok {
+		for i := range mounts {
+			if mounts[i].ID == id {
+				found = &mounts[i]
+			}
+		}
+	}
+	if found == nil {
+		for i := range mounts {
+			if mounts[i].MountPoint == real {
+				found = &mounts[i]
+			}
+		}
+	}
+	if found == nil || (found.FSType != "cgroup" && found.FSType != "cgroup2") {
+		return m
+	}
+	m.root = found.Root
+	if sub, err := filepath.Rel(found.MountPoint, real); err == nil && sub != "." && !strings.HasPrefix(sub, "..") {
+		m.root = strings.TrimSuffix(found.Root, "/") + "/" + sub
+	}
+	return m
+}
