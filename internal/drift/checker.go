@@ -100,6 +100,12 @@ type Observer interface {
 	Observe(ctx context.Context, b *identity.Binding) Observation
 }
 
+// pruner is an Observer that remembers something per actor's epoch: each
+// cycle tells it the bound actors and their epochs, so it forgets the rest.
+type pruner interface {
+	Prune(bound map[string]int64)
+}
+
 // Config configures a Checker.
 type Config struct {
 	Store    *identity.Store
@@ -232,6 +238,9 @@ func (c *Checker) prepare(now time.Time) ([]*identity.Binding, map[string]checkO
 			delete(c.open, k)
 			c.event(now, EventDropped, f, "a new Run/Restore of %q began; finding dropped", f.ActorUID)
 		}
+	}
+	if p, ok := c.cfg.Observer.(pruner); ok {
+		p.Prune(epochOf)
 	}
 	for a := range c.lastSkipped {
 		if _, bound := epochOf[a]; !bound {

@@ -29,9 +29,16 @@ type SystemObserver struct {
 	now        func() time.Time
 
 	mu sync.Mutex
-	// Per epoch: when the agent last answered, the sentry's cgroup file at
-	// the first look, to notice it moving, and the OOM kill count at the
-	// first look that had one, to notice it rising.
+	// states holds what each bound actor's current epoch was first seen
+	// with, by actor uid: one workload's never stands for another's.
+	states map[string]*epochState
+}
+
+// epochState is what the looks at one actor's epoch remember: when the
+// agent last answered, the sentry's cgroup file at the first look, to
+// notice it moving, and the OOM kill count at the first look that had one,
+// to notice it rising. Guarded by SystemObserver.mu.
+type epochState struct {
 	epoch        int64
 	lastAnswer   time.Time
 	sentryCgroup []byte
@@ -48,18 +55,37 @@ func NewSystemObserver(procRoot string, readTimeout, agentGrace time.Duration, n
 	if now == nil {
 		now = time.Now
 	}
-	return &SystemObserver{procRoot: procRoot, reads: bounded.New(readTimeout), agentGrace: agentGrace, now: now, vmm: process.NewTracker(procRoot)}
+	return &SystemObserver{procRoot: procRoot, reads: bounded.New(readTimeout), agentGrace: agentGrace, now: now, states: map[string]*epochState{}}
+}
+
+// Prune forgets what it remembers of actors no longer bound, or bound anew
+// (bound: each bound actor's epoch).
+func (o *SystemObserver) Prune(bound map[string]int64) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for actor, st := range o.states {
+		if epoch, ok := bound[actor]; !ok || epoch != st.epoch {
+			delete(o.states, actor)
+		}
+	}
+}
+
+// stateOf returns b's epoch state, new at the first look at its epoch.
+func (o *SystemObserver) stateOf(b *identity.Binding) *epochState {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	st := o.states[b.Identity.ActorUID]
+	if st == nil || st.epoch != b.EpochUnixNano {
+		st = &epochState{epoch: b.EpochUnixNano, vmm: process.NewTracker(o.procRoot)}
+		o.states[b.Identity.ActorUID] = st
+	}
+	return st
 }
 
 // Observe implements Observer.
 func (o *SystemObserver) Observe(ctx context.Context, b *identity.Binding) Observation {
 	obs := newObservation()
-	o.mu.Lock()
-	if o.epoch != b.EpochUnixNano {
-		o.epoch, o.lastAnswer, o.sentryCgroup, o.oomBase = b.EpochUnixNano, time.Time{}, nil, nil
-		o.vmm.Reset()
-	}
-	o.mu.Unlock()
+	st := o.stateOf(b)
 
 	var (
 		reading source.Reading
@@ -70,14 +96,14 @@ func (o *SystemObserver) Observe(ctx context.Context, b *identity.Binding) Obser
 	}
 	switch b.Ref.Class {
 	case source.ClassGVisor:
-		o.observeCgroup(&obs, b, reading, err)
+		o.observeCgroup(&obs, st, b, reading, err)
 		if b.Ref.SentryPID > 0 {
-			o.observeSentry(ctx, &obs, b.Ref.SentryPID)
+			o.observeSentry(ctx, &obs, st, b.Ref.SentryPID)
 		}
 	case source.ClassMicroVM:
-		o.observeAgent(&obs, b, reading, err)
+		o.observeAgent(&obs, st, b, reading, err)
 	}
-	vmmPID, guest, known := o.observeVMM(ctx, &obs, b.Ref)
+	vmmPID, guest, known := o.observeVMM(ctx, &obs, st, b)
 	if known {
 		o.observeStrays(ctx, &obs, vmmPID, guest)
 	} else if guest != "" {
@@ -88,12 +114,12 @@ func (o *SystemObserver) Observe(ctx context.Context, b *identity.Binding) Obser
 	return obs
 }
 
-func (o *SystemObserver) observeCgroup(obs *Observation, b *identity.Binding, r source.Reading, err error) {
+func (o *SystemObserver) observeCgroup(obs *Observation, st *epochState, b *identity.Binding, r source.Reading, err error) {
 	subject := b.Ref.CgroupPath
 	if subject == "" {
 		subject = fmt.Sprintf("cgroup of sentry pid %d", b.Ref.SentryPID)
 	}
-	base, kills, rose := o.oomKills(r, err)
+	base, kills, rose := o.oomKills(st, r, err)
 	switch {
 	case err == nil && r.SandboxProcesses != nil && *r.SandboxProcesses == 0 && rose:
 		// Dead by OOM: this finding says more than SANDBOX_DEAD and
@@ -117,21 +143,21 @@ func (o *SystemObserver) observeCgroup(obs *Observation, b *identity.Binding, r 
 // and whether it rose. The first reading of an epoch that has a count is
 // its baseline, so a kill before that look (within the grace) does not
 // count: a reused cgroup may carry kills from an earlier epoch.
-func (o *SystemObserver) oomKills(r source.Reading, err error) (base, now uint64, rose bool) {
+func (o *SystemObserver) oomKills(st *epochState, r source.Reading, err error) (base, now uint64, rose bool) {
 	if err != nil || r.Memory == nil || r.Memory.OOMKills == nil {
 		return 0, 0, false
 	}
 	now = *r.Memory.OOMKills
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.oomBase == nil {
+	if st.oomBase == nil {
 		first := now
-		o.oomBase = &first
+		st.oomBase = &first
 	}
-	return *o.oomBase, now, now > *o.oomBase
+	return *st.oomBase, now, now > *st.oomBase
 }
 
-func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pid int) {
+func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, st *epochState, pid int) {
 	subject := fmt.Sprintf("pid %d", pid)
 	cg, err := o.reads.ReadFile(ctx, filepath.Join(o.procRoot, strconv.Itoa(pid), "cgroup"))
 	switch {
@@ -144,18 +170,18 @@ func (o *SystemObserver) observeSentry(ctx context.Context, obs *Observation, pi
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if o.sentryCgroup == nil {
-		o.sentryCgroup = cg
+	if st.sentryCgroup == nil {
+		st.sentryCgroup = cg
 	}
-	if !bytes.Equal(o.sentryCgroup, cg) {
+	if !bytes.Equal(st.sentryCgroup, cg) {
 		obs.find(cmpSentry, KindSentryMoved, subject,
-			fmt.Sprintf("the sentry's cgroups changed from %q to %q", oneLine(o.sentryCgroup), oneLine(cg)))
+			fmt.Sprintf("the sentry's cgroups changed from %q to %q", oneLine(st.sentryCgroup), oneLine(cg)))
 		return
 	}
 	obs.ran(cmpSentry)
 }
 
-func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r source.Reading, err error) {
+func (o *SystemObserver) observeAgent(obs *Observation, st *epochState, b *identity.Binding, r source.Reading, err error) {
 	now := o.now()
 	// A garbled reply is still an answer, and so is "unknown container" for
 	// every id (the reading then fails as a whole but lists why).
@@ -167,9 +193,9 @@ func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r s
 	// An agent that answers with errors answered too: silence is no answer.
 	answered := err == nil || errors.Is(err, source.ErrMalformed) || errors.Is(err, source.ErrAnswered)
 	if answered {
-		o.lastAnswer = now
+		st.lastAnswer = now
 	}
-	last := o.lastAnswer
+	last := st.lastAnswer
 	o.mu.Unlock()
 
 	if last.IsZero() {
@@ -199,7 +225,8 @@ func (o *SystemObserver) observeAgent(obs *Observation, b *identity.Binding, r s
 // pid, the guest name it serves ("" if none), and whether the pid is known
 // (false when a pid file names none this cycle). A VMM_GONE finding has one
 // subject however it is seen: the pid file if the ref names one, else the pid.
-func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref source.SandboxRef) (int, string, bool) {
+func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, st *epochState, b *identity.Binding) (int, string, bool) {
+	ref := b.Ref
 	pid := ref.VMMPID
 	guest := ""
 	subject := fmt.Sprintf("pid %d", pid)
@@ -221,7 +248,7 @@ func (o *SystemObserver) observeVMM(ctx context.Context, obs *Observation, ref s
 	if pid == 0 {
 		return 0, guest, true // no VMM named: nothing is bound, any claimant is a stray
 	}
-	_, err := bounded.Do(ctx, o.reads, "pin\x00"+strconv.Itoa(pid), func() (process.Pin, error) { return o.vmm.Check(pid) })
+	_, err := bounded.Do(ctx, o.reads, "pin\x00"+b.Identity.ActorUID+"\x00"+strconv.Itoa(pid), func() (process.Pin, error) { return st.vmm.Check(pid) })
 	switch {
 	case errors.Is(err, process.ErrReused):
 		obs.find(cmpVMM, KindVMMGone, subject, fmt.Sprintf("the VMM process (pid %d) exited and its pid now names another process: %v", pid, err))
