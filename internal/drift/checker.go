@@ -131,8 +131,20 @@ type Config struct {
 const (
 	maxDetailBytes  = 512
 	maxSubjectBytes = 256
-	maxOpenFindings = 64
+	// maxOpenFindings bounds one workload's open findings, and
+	// maxOpenFindingsTotal all of them (what a node agent takes from one
+	// ListDriftFindings answer, sweep.DefaultLimits.MaxFindings): with
+	// several workloads bound each gets an equal share of the total, at
+	// least minOpenFindings.
+	maxOpenFindings      = 64
+	maxOpenFindingsTotal = 256
+	minOpenFindings      = 4
 )
+
+// openCap is each workload's cap on open findings with n bound.
+func openCap(n int) int {
+	return min(maxOpenFindings, max(minOpenFindings, maxOpenFindingsTotal/max(n, 1)))
+}
 
 // Status describes the last cycle.
 type Status struct {
@@ -296,6 +308,7 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) che
 		open++
 	}
 	var overCap int
+	limit := openCap(len(c.cfg.Store.Bindings()))
 	for _, k := range slices.Sorted(maps.Keys(seen)) {
 		f := seen[k]
 		if _, already := c.open[k]; already {
@@ -303,7 +316,7 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) che
 		}
 		// The cap is each workload's own: a hostile one fills only its
 		// part.
-		if open >= maxOpenFindings {
+		if open >= limit {
 			overCap++
 			continue
 		}
@@ -314,7 +327,7 @@ func (c *Checker) apply(now time.Time, b *identity.Binding, obs Observation) che
 	}
 	outcome := "checked"
 	if overCap > 0 {
-		outcome = fmt.Sprintf("checked; %d more findings not recorded (at most %d are open per workload)", overCap, maxOpenFindings)
+		outcome = fmt.Sprintf("checked; %d more findings not recorded (at most %d are open per workload)", overCap, limit)
 	}
 	var skipped []string
 	for cmp, why := range obs.Skipped {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -92,4 +94,62 @@ func TestSeveralWorkloadsChecked(t *testing.T) {
 			t.Errorf("finding %+v is not its actor's", f)
 		}
 	}
+}
+
+// TestFindingsBoundedAcrossWorkloads: 63 hostile workloads flood findings at
+// the longest subject and detail beside one good workload. The open findings
+// stay within the total a node agent takes from one answer, each workload
+// gets its share, and drift.json keeps them all across a restart (before
+// the per-workload share, 64 each overflowed the file's cap and a restart
+// moved it aside: every workload's findings lost).
+func TestFindingsBoundedAcrossWorkloads(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	clock := &fakeClock{t: time.Unix(1_800_000_000, 0)}
+	store, err := identity.NewStore(identity.Config{Now: clock.now, MaxWorkloads: identity.LimitMaxWorkloads})
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := perActorObserver{"good": obs(all, nil, vmmGone)}
+	bind := func(actor string) {
+		t.Helper()
+		if _, _, err := store.Bind(ctx, identity.OpRun, identity.Identity{ActorUID: actor}, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/pod/" + actor}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range identity.LimitMaxWorkloads - 1 {
+		actor := fmt.Sprintf("hostile-%02d", i)
+		bind(actor)
+		var flood []Finding
+		for k := range 200 {
+			flood = append(flood, Finding{Kind: KindStrayVMM, Subject: fmt.Sprintf("pid %d ", k) + strings.Repeat("s", maxSubjectBytes),
+				Detail: strings.Repeat("d", maxDetailBytes)})
+		}
+		o[actor] = obs(all, nil, flood...)
+	}
+	bind("good")
+	c, err := New(Config{Store: store, Observer: o, Interval: time.Minute, StateDir: dir, Now: clock.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.advance(time.Hour)
+	c.Cycle(ctx)
+	if n := len(c.Open()); n > maxOpenFindingsTotal {
+		t.Fatalf("%d open findings, over the total of %d", n, maxOpenFindingsTotal)
+	}
+	if got := c.OpenCount("good"); got != 1 {
+		t.Fatalf("the good workload has %d open findings, want 1", got)
+	}
+	restarted, err := New(Config{Store: store, Observer: o, Interval: time.Minute, StateDir: dir, Now: clock.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if diff := cmp.Diff(c.Open(), restarted.Open()); diff != "" {
+		t.Fatalf("open findings after a restart (-before +after):\n%s", diff)
+	}
+	fi, err := os.Stat(filepath.Join(dir, stateFileName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d workloads: %d open findings (%d each at most), drift.json %d bytes", identity.LimitMaxWorkloads, len(c.Open()), openCap(identity.LimitMaxWorkloads), fi.Size())
 }

@@ -20,8 +20,9 @@ import (
 const stateFileName = "drift.json"
 
 // maxStateFileBytes caps drift.json: save drops the oldest events to stay
-// under it, and load takes a larger file for corrupt.
-const maxStateFileBytes = 64 << 10
+// under it, and load takes a larger file for corrupt. The open findings
+// alone (at most maxOpenFindingsTotal, each under 1 KiB) fit.
+const maxStateFileBytes = 512 << 10
 
 const stateVersion = 1
 
