@@ -23,12 +23,18 @@ const (
 	endedFileName = "ended.json"
 )
 
-// Size caps of the state files: a binding is a few hundred bytes (at most
-// LimitMaxWorkloads of them); the ended records are kept under maxEndedBytes
-// by dropping the oldest.
+// Size caps of the state files. A binding is a few hundred bytes, but one
+// of a guest agent carries its epoch's first read, up to about 41 KiB (64
+// interfaces, 64 devices: what the micro-VM source admits); binding.json
+// holds up to LimitMaxWorkloads of them and is refused over maxStateBytes
+// at write, never only at read. The ended records are kept under
+// maxEndedBytes by dropping the oldest.
 const (
-	maxStateBytes = 256 << 10
+	maxStateBytes = 4 << 20
 	maxEndedBytes = 1 << 20
+	// maxEndedSlack is what ended.json is read with beyond maxEndedBytes
+	// (one record saved alone may pass the cap).
+	maxEndedSlack = 256 << 10
 )
 
 // stateVersion is the version of both state files. binding.json of
@@ -168,7 +174,7 @@ func decodeState(b []byte, st *stateFile) error {
 
 func (s *Store) loadEnded() ([]*Ended, error) {
 	var out []*Ended
-	err := s.loadState(endedFileName, maxEndedBytes+maxStateBytes, func(b []byte) error {
+	err := s.loadState(endedFileName, maxEndedBytes+maxEndedSlack, func(b []byte) error {
 		out = nil
 		if b == nil {
 			return nil
@@ -201,6 +207,11 @@ func (s *Store) save(name string, v any) error {
 	b, err := encodeState(v)
 	if err != nil {
 		return fmt.Errorf("%w: encode %s: %w", ErrNotPersisted, name, err)
+	}
+	if name == stateFileName && len(b) > maxStateBytes {
+		// A file the next start would take for corrupt: refuse the call
+		// instead, with nothing changed.
+		return fmt.Errorf("%w: %s would be %d bytes, over its %d-byte cap", ErrNotPersisted, name, len(b), maxStateBytes)
 	}
 	err = atomicfile.Write(s.cfg.StateDir, name, b, 0o600)
 	switch {
