@@ -176,6 +176,18 @@ func (s *cgroupSource) SentryStartTicks() (ticks uint64, ok bool) {
 	return s.sentry.StartTicks, s.pinned
 }
 
+// SandboxCgroup is the sandbox's memory cgroup path under its mount: the
+// ref's path, or where the sentry was found; ok is false while a source
+// bound by sentry pid has not found it yet.
+func (s *cgroupSource) SandboxCgroup() (path string, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.loc == nil {
+		return "", false
+	}
+	return s.loc.mem, true
+}
+
 // Close releases the handles on the cgroup mounts. It is safe to call more
 // than once; a read still hung in the kernel keeps its own file open.
 func (s *cgroupSource) Close() error {

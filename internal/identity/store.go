@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/microvm"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -344,15 +345,19 @@ func (s *Store) lockActor(actorUID string) (unlock func()) {
 	}
 }
 
-// admit reports why actor may not bind ref beside the bindings of v: the
-// ceiling (for an actor not bound yet) and a sandbox measured for another
-// actor. Nil admits it.
-func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef) error {
+// admit reports why actor may not bind ref (its sources src, once opened)
+// beside the bindings of v: the ceiling (for an actor not bound yet) and a
+// sandbox measured for another actor. Nil admits it.
+func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef, src source.Source) error {
 	for _, b := range v.bindings {
 		if b.Identity.ActorUID == actorUID {
 			continue
 		}
-		if what := sameSandbox(b.Ref, ref); what != "" {
+		what := sameSandbox(b.Ref, ref)
+		if what == "" {
+			what = sameCgroup(cgroupOf(b.Ref, b.Source), cgroupOf(ref, src))
+		}
+		if what != "" {
 			return fmt.Errorf("%w: %s is measured for actor %q; checkpoint it before binding %q", ErrOtherWorkload, what, b.Identity.ActorUID, actorUID)
 		}
 	}
@@ -363,15 +368,19 @@ func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef) error {
 }
 
 // sameSandbox names what a and b share that makes them one sandbox (a
-// cgroup, a sentry, a guest agent, a VMM), or "".
+// cgroup or one nested in the other, a sentry, a guest, a VMM), or "".
 func sameSandbox(a, b source.SandboxRef) string {
 	switch {
-	case a.CgroupPath != "" && a.CgroupPath == b.CgroupPath:
-		return fmt.Sprintf("cgroup %q", a.CgroupPath)
+	case a.CgroupPath != "" && b.CgroupPath != "":
+		if what := sameCgroup(a.CgroupPath, b.CgroupPath); what != "" {
+			return what
+		}
 	case a.SentryPID != 0 && a.SentryPID == b.SentryPID:
 		return fmt.Sprintf("sentry pid %d", a.SentryPID)
-	case a.AgentAddress != "" && a.AgentAddress == b.AgentAddress:
-		return fmt.Sprintf("agent address %q", a.AgentAddress)
+	}
+	switch {
+	case a.AgentAddress != "" && b.AgentAddress != "" && sameGuest(a.AgentAddress, b.AgentAddress):
+		return fmt.Sprintf("the guest of agent address %q", b.AgentAddress)
 	case a.VMMPID != 0 && a.VMMPID == b.VMMPID:
 		return fmt.Sprintf("vmm pid %d", a.VMMPID)
 	case a.VMMPIDFile != "" && a.VMMPIDFile == b.VMMPIDFile:
@@ -380,6 +389,54 @@ func sameSandbox(a, b source.SandboxRef) string {
 		return fmt.Sprintf("qmp socket %q", a.QMPSocket)
 	}
 	return ""
+}
+
+// sameCgroup names the cgroup when a and b (paths under one mount, "" for
+// unknown) are one cgroup or one holds the other (a parent's numbers hold
+// its children's), or "".
+func sameCgroup(a, b string) string {
+	switch {
+	case a == "" || b == "":
+		return ""
+	case a == b:
+		return fmt.Sprintf("cgroup %q", a)
+	case strings.HasPrefix(b, strings.TrimSuffix(a, "/")+"/"):
+		return fmt.Sprintf("cgroup %q (holding %q)", a, b)
+	case strings.HasPrefix(a, strings.TrimSuffix(b, "/")+"/"):
+		return fmt.Sprintf("cgroup %q (inside %q)", a, b)
+	}
+	return ""
+}
+
+// sandboxCgrouper is a source that knows its sandbox's cgroup (the gVisor
+// source, once it found the sentry).
+type sandboxCgrouper interface {
+	SandboxCgroup() (path string, ok bool)
+}
+
+// cgroupOf is the cgroup ref measures: its path, or where its source found
+// the sentry; "" when unknown.
+func cgroupOf(ref source.SandboxRef, src source.Source) string {
+	if ref.CgroupPath != "" {
+		return ref.CgroupPath
+	}
+	if c, ok := src.(sandboxCgrouper); ok {
+		if p, ok := c.SandboxCgroup(); ok {
+			return p
+		}
+	}
+	return ""
+}
+
+// sameGuest reports whether two agent addresses reach one guest: one
+// hybrid-vsock socket (any port) or one vsock CID (any port).
+func sameGuest(a, b string) bool {
+	pa, errA := microvm.ParseAddress(a)
+	pb, errB := microvm.ParseAddress(b)
+	if errA != nil || errB != nil {
+		return a == b
+	}
+	return pa.Scheme == pb.Scheme && pa.Path == pb.Path && pa.CID == pb.CID
 }
 
 // Bind binds a workload (Run or Restore). The same call repeated (same op,
@@ -406,7 +463,7 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	if old != nil && old.Op == op && old.Identity == id && old.Ref.Equal(ref) {
 		return old, nil, nil
 	}
-	if err := s.admit(s.view.Load(), id.ActorUID, ref); err != nil {
+	if err := s.admit(s.view.Load(), id.ActorUID, ref, nil); err != nil {
 		return nil, nil, err
 	}
 	var replaced *Ended
@@ -430,7 +487,7 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	defer s.commit.Unlock()
 	v := s.view.Load()
 	// Another actor's call may have committed while the sources opened.
-	if err := s.admit(v, id.ActorUID, ref); err != nil {
+	if err := s.admit(v, id.ActorUID, ref, b.Source); err != nil {
 		closeBinding(b, s.logger)
 		return nil, nil, err
 	}

@@ -148,9 +148,27 @@ func TestSameSandboxRefused(t *testing.T) {
 		{"same vmm pid", gv, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/x", VMMPID: 77}},
 		{"same agent address, other containers", vm, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: vm.AgentAddress, ContainerIDs: []string{"c2"}}},
 		{"same qmp socket", vm, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/b.sock:1024", ContainerIDs: []string{"c1"}, QMPSocket: vm.QMPSocket}},
+		{"the parent cgroup", actorRef(0), source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/pod"}},
+		{"a child cgroup", actorRef(0), source.SandboxRef{Class: source.ClassGVisor, CgroupPath: actorRef(0).CgroupPath + "/child"}},
+		{"the same hybrid-vsock socket, another port", vm, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/a.sock:1025", ContainerIDs: []string{"c2"}}},
+		{"the same vsock cid, another port", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1024", ContainerIDs: []string{"x"}},
+			source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1025", ContainerIDs: []string{"y"}}},
+		{"a sentry pid whose cgroup is bound by path", actorRef(0), source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4343}},
+		{"a cgroup path a sentry pid was found in", source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4343}, actorRef(0)},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s := multiStore(t, t.TempDir(), &perRefSources{}, 4)
+			// The sentry 4343 runs in actor 0's cgroup.
+			srcs := &perRefSources{}
+			s, err := NewStore(Config{Now: fakeClock(), MaxWorkloads: 4, Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
+				if ref.SentryPID == 4343 {
+					return &foundSentry{path: actorRef(0).CgroupPath}, nil, nil
+				}
+				return srcs.open(ref)
+			}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s.Close()
 			b, _, err := s.Bind(ctx, OpRun, actorID(0), tc.bound)
 			if err != nil {
 				t.Fatal(err)
@@ -168,6 +186,14 @@ func TestSameSandboxRefused(t *testing.T) {
 		})
 	}
 }
+
+// foundSentry is a gVisor source that found its sentry in path.
+type foundSentry struct {
+	scriptedSource
+	path string
+}
+
+func (f *foundSentry) SandboxCgroup() (string, bool) { return f.path, true }
 
 func TestRestartKeepsEveryBinding(t *testing.T) {
 	ctx := context.Background()
