@@ -1,8 +1,9 @@
 package server
 
 // This file is the discovery read over several bindings: every bound
-// workload is read at once (at most activeFanOut reads in flight), each
-// under its own bound, and the answer's bytes are shared fairly among them.
+// workload is read at once (at most identity.LimitMaxWorkloads reads, each
+// source sharing its own reads in flight), each under its own bound, and
+// the answer's bytes are shared fairly among them.
 
 import (
 	"context"
@@ -21,15 +22,15 @@ import (
 )
 
 const (
-	// activeFanOut bounds the reads one discovery read has in flight
-	// (upstream's statsFanOut).
-	activeFanOut = 32
 	// endedReserve is what the samples and pending entries of a discovery
-	// answer leave of its page for the ended records (the rest of them is
-	// paged).
+	// answer leave of its page for the ended records at least (the first
+	// record always goes in, whatever its size; the rest is paged).
 	endedReserve = 8 << 10
-	// maxPendingDetail bounds a pending entry's detail.
+	// maxPendingDetail bounds a pending entry's detail; cutPendingDetail is
+	// what each is cut to when the pending entries would take more than
+	// half the page.
 	maxPendingDetail = 1 << 10
+	cutPendingDetail = 96
 )
 
 // activeResult is what the discovery read got for one binding.
@@ -47,20 +48,15 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 	if len(bindings) == 0 {
 		return withEnded(noWorkload(), ended), nil
 	}
-	rctx, cancel := context.WithTimeout(ctx, s.readBound(ctx))
-	defer cancel()
+	// Every binding is read at once, each under its own bound: a hung
+	// one holds nobody else's time.
 	results := make([]activeResult, len(bindings))
 	if len(bindings) == 1 {
-		results[0] = s.readOne(rctx, bindings[0], req.GetIncludeHost())
+		results[0] = s.readOne(ctx, bindings[0], req.GetIncludeHost())
 	} else {
-		slots := make(chan struct{}, activeFanOut)
 		var wg sync.WaitGroup
 		for i, b := range bindings {
-			slots <- struct{}{}
-			wg.Go(func() {
-				defer func() { <-slots }()
-				results[i] = s.readOne(rctx, b, req.GetIncludeHost())
-			})
+			wg.Go(func() { results[i] = s.readOne(ctx, b, req.GetIncludeHost()) })
 		}
 		wg.Wait()
 	}
@@ -95,7 +91,14 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 			bindingOf[r.sample] = b
 		}
 	}
-	shareAnswer(resp, func(s *sandboxstatsv1.WorkloadStatsSample) *identity.Binding { return bindingOf[s] })
+	reserve := endedReserve
+	if len(ended) > 0 {
+		first, _ := endedPage(ended, 0, 0, activeEndedField)
+		if len(first) == 1 {
+			reserve = max(reserve, protowire.SizeTag(activeEndedField)+protowire.SizeBytes(proto.Size(first[0])))
+		}
+	}
+	shareAnswer(resp, reserve, func(s *sandboxstatsv1.WorkloadStatsSample) *identity.Binding { return bindingOf[s] })
 	if len(resp.Samples) == 0 {
 		resp.NoSampleReason = sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET
 		resp.NoSampleDetail = "no bound workload could be read: see pending"
@@ -108,8 +111,10 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 	return withEnded(resp, ended), nil
 }
 
-// readOne reads b for the discovery read.
+// readOne reads b for the discovery read, under readBound from now.
 func (s *StatsService) readOne(ctx context.Context, b *identity.Binding, includeHost bool) activeResult {
+	ctx, cancel := context.WithTimeout(ctx, s.readBound(ctx))
+	defer cancel()
 	sample, err := s.sample(ctx, b, includeHost)
 	return activeResult{b: b, sample: sample, err: err}
 }
@@ -142,20 +147,25 @@ const (
 	activePendingField = 6
 )
 
-// shareAnswer keeps r's samples within what the page leaves them beside the
-// pending entries and the ended reserve, shared fairly: a sample under its
-// share is kept whole and leaves the rest to the others; one over its share
-// is cut to it (each cut named in its absent list); one that still does
-// not fit moves to pending (ANSWER_FULL), the largest first. One binding
-// cannot starve the rest.
-func shareAnswer(r *sandboxstatsv1.StatsActiveWorkloadsResponse, bindingOf func(*sandboxstatsv1.WorkloadStatsSample) *identity.Binding) {
-	budget := func() int {
-		n := pageBytes - maxTokenField - endedReserve
+// shareAnswer keeps r's samples and pending entries within what the page
+// leaves them beside reserve bytes of ended records, shared fairly. Pending
+// entries take at most half of it: over that, their details are cut, then
+// their identities to the actor uid (each cut named in the detail). A
+// sample under its share of the rest is kept whole and leaves the rest to
+// the others; one over its share is cut to it (each cut named in its absent
+// list); one that still does not fit moves to pending (ANSWER_FULL), the
+// largest first. One binding cannot starve the rest.
+func shareAnswer(r *sandboxstatsv1.StatsActiveWorkloadsResponse, reserve int, bindingOf func(*sandboxstatsv1.WorkloadStatsSample) *identity.Binding) {
+	page := pageBytes - maxTokenField - reserve
+	pendingBytes := func() int {
+		n := 0
 		for _, p := range r.Pending {
-			n -= protowire.SizeTag(activePendingField) + protowire.SizeBytes(proto.Size(p))
+			n += protowire.SizeTag(activePendingField) + protowire.SizeBytes(proto.Size(p))
 		}
 		return n
 	}
+	cutPending(r.Pending, pendingBytes, page/2)
+	budget := func() int { return page - pendingBytes() }
 	wire := func(s *sandboxstatsv1.WorkloadStatsSample) int {
 		return protowire.SizeTag(activeSamplesField) + protowire.SizeBytes(proto.Size(s))
 	}
@@ -207,8 +217,32 @@ func shareAnswer(r *sandboxstatsv1.StatsActiveWorkloadsResponse, bindingOf func(
 			"cut: the sample did not fit its share of the answer even with every cut; read it with StatsWorkload"))
 		r.Samples = slices.Delete(r.Samples, largest, largest+1)
 		sizes = sizes[:len(r.Samples)]
+		cutPending(r.Pending, pendingBytes, page/2)
 	}
 	slices.SortFunc(r.Pending, func(a, b *sandboxstatsv1.PendingWorkload) int {
 		return strings.Compare(a.GetIdentity().GetActorUid(), b.GetIdentity().GetActorUid())
 	})
+}
+
+// cutPending cuts the pending entries while size() is over limit: first
+// every detail to cutPendingDetail bytes, then every identity to its actor
+// uid; each cut says so in the detail.
+func cutPending(pending []*sandboxstatsv1.PendingWorkload, size func() int, limit int) {
+	if size() <= limit {
+		return
+	}
+	for _, p := range pending {
+		if len(p.Detail) > cutPendingDetail {
+			p.Detail = foreign.Bound(p.Detail, cutPendingDetail)
+		}
+	}
+	if size() <= limit {
+		return
+	}
+	for _, p := range pending {
+		if id := p.GetIdentity(); proto.Size(id) > len(id.GetActorUid())+3 {
+			p.Identity = &sandboxstatsv1.WorkloadIdentity{ActorUid: id.GetActorUid()}
+			p.Detail = foreign.Bound("cut: identity to its actor uid; "+p.Detail, cutPendingDetail+48)
+		}
+	}
 }

@@ -72,7 +72,7 @@ type WorkloadStatsServiceClient interface {
 	StatsWorkload(ctx context.Context, in *StatsWorkloadRequest, opts ...grpc.CallOption) (*StatsWorkloadResponse, error)
 	// StatsActiveWorkloads is the discovery read for a poller that does not
 	// know which workloads run here: one sample per bound workload, read at
-	// once (at most 32 reads in flight). Every state of a workload is an
+	// once, each under its own bound. Every state of a workload is an
 	// answer, not an error: a workload whose read failed, timed out or did not
 	// fit is listed in `pending` with the reason, beside the others' samples;
 	// an empty list of samples comes with a no_sample_reason. Each workload's
@@ -204,7 +204,7 @@ type WorkloadStatsServiceServer interface {
 	StatsWorkload(context.Context, *StatsWorkloadRequest) (*StatsWorkloadResponse, error)
 	// StatsActiveWorkloads is the discovery read for a poller that does not
 	// know which workloads run here: one sample per bound workload, read at
-	// once (at most 32 reads in flight). Every state of a workload is an
+	// once, each under its own bound. Every state of a workload is an
 	// answer, not an error: a workload whose read failed, timed out or did not
 	// fit is listed in `pending` with the reason, beside the others' samples;
 	// an empty list of samples comes with a no_sample_reason. Each workload's
