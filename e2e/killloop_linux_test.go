@@ -32,13 +32,14 @@ func (s boundState) String() string {
 	return fmt.Sprintf("%s %s %s", s.Op, s.Actor, s.Cgroup)
 }
 
-// readStateFiles reads binding.json and ended.json as a restarted statsd
-// left them; a file that does not parse fails the test.
-func readStateFiles(t *testing.T, dir string) (boundState, map[int64]bool) {
+// readStateFiles reads binding.json (version 2: every binding, by actor)
+// and ended.json as a restarted statsd left them; a file that does not
+// parse fails the test. An actor with no binding is absent from the map.
+func readStateFiles(t *testing.T, dir string) (map[string]boundState, map[int64]bool) {
 	t.Helper()
 	var st struct {
-		Version int `json:"version"`
-		Binding *struct {
+		Version  int `json:"version"`
+		Bindings []struct {
 			Identity struct {
 				ActorUID string `json:"actor_uid"`
 			} `json:"identity"`
@@ -46,15 +47,18 @@ func readStateFiles(t *testing.T, dir string) (boundState, map[int64]bool) {
 				CgroupPath string `json:"cgroup_path"`
 			} `json:"ref"`
 			Op string `json:"op"`
-		} `json:"binding"`
+		} `json:"bindings"`
 	}
-	var got boundState
+	got := map[string]boundState{}
 	if b, err := os.ReadFile(filepath.Join(dir, "binding.json")); err == nil {
-		if err := json.Unmarshal(b, &st); err != nil || st.Version != 1 {
+		if err := json.Unmarshal(b, &st); err != nil || st.Version != 2 {
 			t.Fatalf("binding.json is corrupt (%v):\n%s", err, b)
 		}
-		if st.Binding != nil {
-			got = boundState{Actor: st.Binding.Identity.ActorUID, Cgroup: st.Binding.Ref.CgroupPath, Op: st.Binding.Op}
+		for _, b := range st.Bindings {
+			if _, dup := got[b.Identity.ActorUID]; dup {
+				t.Fatalf("binding.json binds %s twice", b.Identity.ActorUID)
+			}
+			got[b.Identity.ActorUID] = boundState{Actor: b.Identity.ActorUID, Cgroup: b.Ref.CgroupPath, Op: b.Op}
 		}
 	} else if !os.IsNotExist(err) {
 		t.Fatal(err)
@@ -67,7 +71,7 @@ func readStateFiles(t *testing.T, dir string) (boundState, map[int64]bool) {
 				Epoch int64 `json:"epoch_unix_nano"`
 			} `json:"ended"`
 		}
-		if err := json.Unmarshal(b, &ef); err != nil || ef.Version != 1 {
+		if err := json.Unmarshal(b, &ef); err != nil || ef.Version != 2 {
 			t.Fatalf("ended.json is corrupt (%v):\n%s", err, b)
 		}
 		for _, e := range ef.Ended {
@@ -113,7 +117,14 @@ func TestIntegrationKillLoop(t *testing.T) {
 			tempsLeft++
 		}
 		restart(t, d)
-		got, ended := readStateFiles(t, d.StateDir)
+		states, ended := readStateFiles(t, d.StateDir)
+		if len(states) > 1 {
+			t.Fatalf("restart after kill %d: binding.json binds %d actors, this loop binds one at a time: %v", kill, len(states), states)
+		}
+		var got boundState // cleared unless one actor is bound
+		for _, s := range states {
+			got = s
+		}
 		switch {
 		case got == acked:
 		case inFlight != nil && got == *inFlight:
