@@ -32,10 +32,11 @@ func (s boundState) String() string {
 	return fmt.Sprintf("%s %s %s", s.Op, s.Actor, s.Cgroup)
 }
 
-// readStateFiles reads binding.json (version 2: every binding, by actor)
-// and ended.json as a restarted statsd left them; a file that does not
-// parse fails the test. An actor with no binding is absent from the map.
-func readStateFiles(t *testing.T, dir string) (map[string]boundState, map[int64]bool) {
+// readStateFiles reads binding.json (version 2: every binding, and its
+// epoch, by actor) and ended.json (the epochs it holds) as a restarted
+// statsd left them; a file that does not parse fails the test. An actor
+// with no binding is absent from the maps.
+func readStateFiles(t *testing.T, dir string) (bound map[string]boundState, epochs map[string]int64, ended map[int64]bool) {
 	t.Helper()
 	var st struct {
 		Version  int `json:"version"`
@@ -46,24 +47,26 @@ func readStateFiles(t *testing.T, dir string) (map[string]boundState, map[int64]
 			Ref struct {
 				CgroupPath string `json:"cgroup_path"`
 			} `json:"ref"`
-			Op string `json:"op"`
+			Op    string `json:"op"`
+			Epoch int64  `json:"epoch_unix_nano"`
 		} `json:"bindings"`
 	}
-	got := map[string]boundState{}
+	bound, epochs = map[string]boundState{}, map[string]int64{}
 	if b, err := os.ReadFile(filepath.Join(dir, "binding.json")); err == nil {
 		if err := json.Unmarshal(b, &st); err != nil || st.Version != 2 {
 			t.Fatalf("binding.json is corrupt (%v):\n%s", err, b)
 		}
 		for _, b := range st.Bindings {
-			if _, dup := got[b.Identity.ActorUID]; dup {
+			if _, dup := bound[b.Identity.ActorUID]; dup {
 				t.Fatalf("binding.json binds %s twice", b.Identity.ActorUID)
 			}
-			got[b.Identity.ActorUID] = boundState{Actor: b.Identity.ActorUID, Cgroup: b.Ref.CgroupPath, Op: b.Op}
+			bound[b.Identity.ActorUID] = boundState{Actor: b.Identity.ActorUID, Cgroup: b.Ref.CgroupPath, Op: b.Op}
+			epochs[b.Identity.ActorUID] = b.Epoch
 		}
 	} else if !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	ended := map[int64]bool{}
+	ended = map[int64]bool{}
 	if b, err := os.ReadFile(filepath.Join(dir, "ended.json")); err == nil {
 		var ef struct {
 			Version int `json:"version"`
@@ -80,7 +83,7 @@ func readStateFiles(t *testing.T, dir string) (map[string]boundState, map[int64]
 	} else if !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	return got, ended
+	return bound, epochs, ended
 }
 
 // TestIntegrationKillLoop: statsd killed with SIGKILL at least 100 times,
@@ -117,7 +120,7 @@ func TestIntegrationKillLoop(t *testing.T) {
 			tempsLeft++
 		}
 		restart(t, d)
-		states, ended := readStateFiles(t, d.StateDir)
+		states, _, ended := readStateFiles(t, d.StateDir)
 		if len(states) > 1 {
 			t.Fatalf("restart after kill %d: binding.json binds %d actors, this loop binds one at a time: %v", kill, len(states), states)
 		}
