@@ -2,11 +2,14 @@ package e2e
 
 // The end-to-end proofs of several workloads bound to one statsd: each
 // actor on its own real cgroup in upstream's layout and answered from it
-// only, and a hung guest beside them costing them nothing.
+// only, a hung guest beside them costing them nothing, the churn of
+// activations across the actors of one statsd charged right through
+// statsagent, and the kill loop with a call of every actor in flight.
 
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"path/filepath"
 	"slices"
@@ -16,7 +19,9 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
@@ -447,5 +452,356 @@ func TestIntegrationSeveralWorkloadsHungAgent(t *testing.T) {
 		if p != vm+" ERROR_REASON_READ_TIMEOUT" {
 			t.Errorf("a discovery read without a deadline: %s, want %s pending READ_TIMEOUT", p, vm)
 		}
+	}
+}
+
+// leafActivation runs one activation of actor in its leaf cgroup cg of
+// the statsd behind lc, the leaf made afresh (a new sandbox of the same
+// name, its counters from 0): Run, a workload child burning CPU for a
+// quarter of lifetime (four lanes share two CPUs), the cgroup's own CPU
+// once the workload idles, Checkpoint, the child killed and the leaf
+// removed. It returns that CPU, in usec.
+func leafActivation(t *testing.T, lc sandboxstatsv1.WorkloadLifecycleServiceClient, actor, cg string, lifetime time.Duration) uint64 {
+	t.Helper()
+	for _, dir := range cgroupDirs(cg) {
+		if err := os.Mkdir(dir, 0o755); err != nil && !os.IsExist(err) {
+			t.Fatal(err)
+		}
+	}
+	w := testenv.StartChild(t, "TestWorkloadChild")
+	start := time.Now()
+	run(t, lc, actor, cgroupRef(cg))
+	moveTo(t, cg, w.Cmd.Process.Pid)
+	w.Do(t, fmt.Sprintf("burn %d", lifetime.Milliseconds()/4))
+	if rest := lifetime - time.Since(start); rest > 0 {
+		time.Sleep(rest)
+	}
+	truth := cgroupCPUUsec(t, cg)
+	e := checkpoint(t, lc, actor)
+	lived := time.Since(start)
+	w.Kill()
+	for _, dir := range cgroupDirs(cg) {
+		if err := testenv.RmdirRetry(dir); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("%s: lived %v (%.2f intervals), cgroup CPU %d us, record %d us (%s)", actor, lived.Round(time.Millisecond),
+		float64(lived)/float64(churnInterval), truth, e.GetCpuUsec(), e.GetFinalProvenance())
+	return truth
+}
+
+// byActor sums the series of metric (named as testenv.Scrape keys them)
+// from the cgroup source by their actor_uid label.
+func byActor(m map[string]float64, metric string) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range m {
+		labels, ok := strings.CutPrefix(k, metric+"{")
+		if !ok || !strings.Contains(labels, "source=cgroup") {
+			continue
+		}
+		for l := range strings.SplitSeq(strings.TrimSuffix(labels, "}"), ",") {
+			if uid, ok := strings.CutPrefix(l, "actor_uid="); ok {
+				out[uid] += v
+			}
+		}
+	}
+	return out
+}
+
+// TestIntegrationSeveralWorkloadsChurn: the churn of activations across
+// four actors of one statsd, polled by the statsagent binary (per actor,
+// --label-actor) every second and scraped by a real Prometheus. Each actor
+// runs activations of 0.25 to 2.5 intervals one after another in its leaf
+// of one pod cgroup (made afresh for each), burning real CPU; the four
+// actors' Runs and Checkpoints interleave. The CPU the agent exports for
+// each actor equals the sum of its own cgroups' counters at each end within
+// 1% (the heads before a first poll and the tails after the last included),
+// so does the total (in the agent and in Prometheus) and the activation
+// histogram's _sum, and every activation has exactly one record, read at
+// its end.
+func TestIntegrationSeveralWorkloadsChurn(t *testing.T) {
+	needCgroups(t)
+	c := startChurn(t, "--label-actor")
+	d := startStatsdIn(t, c.bin, c.dir, "four")
+	lanes := []struct {
+		actor     string
+		intervals []float64
+	}{
+		{"actor-a", []float64{0.25, 2, 0.5}},
+		{"actor-b", []float64{1.5, 0.3, 1}},
+		{"actor-c", []float64{0.75, 2.5}},
+		{"actor-d", []float64{1, 0.4, 0.6, 0.8}},
+	}
+	var actors []string
+	for _, l := range lanes {
+		actors = append(actors, l.actor)
+	}
+	leaves := podLeaves(t, "churn", actors...)
+	var (
+		mu    sync.Mutex
+		truth = map[string]uint64{} // actor -> its cgroups' own CPU at each end, summed, usec
+		acts  = map[string]int{}
+	)
+	// The four lanes at once (subtests run from goroutines, not gated by
+	// -parallel).
+	var wg sync.WaitGroup
+	for _, l := range lanes {
+		wg.Go(func() {
+			t.Run(l.actor, func(t *testing.T) {
+				lc := lifecycleClient(t, d.Lifecycle)
+				for _, n := range l.intervals {
+					u := leafActivation(t, lc, l.actor, leaves[l.actor], time.Duration(n*float64(churnInterval)))
+					mu.Lock()
+					truth[l.actor] += u
+					acts[l.actor]++
+					mu.Unlock()
+				}
+			})
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	testenv.WaitNewSweeps(t, c.agentURL)      // the last ends seen ...
+	m := testenv.WaitNewSweeps(t, c.agentURL) // ... and charged
+	exported := byActor(m, "sandboxstats_workload_cpu_seconds_total")
+	var sumTruth, sumExported, hist float64
+	for k, v := range m {
+		if strings.HasPrefix(k, "sandboxstats_activation_cpu_seconds_sum{") && strings.Contains(k, "source=cgroup") {
+			hist += v
+		}
+	}
+	for _, a := range actors {
+		tr := float64(truth[a]) / 1e6
+		sumTruth += tr
+		sumExported += exported[a]
+		t.Logf("%s: %d activations, its cgroups used %.3f CPU-s; statsagent exported %.3f (%.4f of it)", a, acts[a], tr, exported[a], exported[a]/tr)
+		if !within(exported[a], tr, 0.01) {
+			t.Errorf("%s: exported CPU %.3f s, its cgroups' own %.3f s: off by more than 1%%", a, exported[a], tr)
+		}
+	}
+	t.Logf("all four: cgroups used %.3f CPU-s; statsagent exported %.3f (%.4f), activation histogram _sum %.3f (%.4f); today's rules (before activation accounting) %.3f (%.3f)",
+		sumTruth, sumExported, sumExported/sumTruth, hist, hist/sumTruth, c.legacy.total(), c.legacy.total()/sumTruth)
+	if !within(sumExported, sumTruth, 0.01) || !within(hist, sumTruth, 0.01) {
+		t.Errorf("exported %.3f s and histogram _sum %.3f s, the cgroups' own %.3f s: off by more than 1%%", sumExported, hist, sumTruth)
+	}
+	if len(exported) != len(actors) {
+		t.Errorf("CPU exported for actors %v, want %v", exported, actors)
+	}
+
+	recs := map[string]int{}
+	epochs := map[string]bool{}
+	charges := map[string]int{} // how the agent charged each end: whole (never seen alive) or its tail
+	for _, r := range c.recordList(t) {
+		recs[r.ActorUID]++
+		charges[r.Charge]++
+		key := fmt.Sprintf("%s@%d", r.ActorUID, r.EpochUnixNano)
+		if epochs[key] {
+			t.Errorf("activation %s logged twice", key)
+		}
+		epochs[key] = true
+		if r.FinalProvenance != "read-at-end" || r.CPUSeconds == nil {
+			t.Errorf("record %+v, want its CPU read at its end", r)
+		}
+	}
+	if diff := cmp.Diff(acts, recs); diff != "" {
+		t.Errorf("activation records by actor (-want +got):\n%s", diff)
+	}
+	t.Logf("activation records by actor %v, charged at the end %v", recs, charges)
+
+	if c.prom == nil {
+		t.Log("no Prometheus in the VM lane's guest: the host's run of this test checks it")
+		return
+	}
+	time.Sleep(1500 * time.Millisecond) // at least two scrapes after the agent's last sweep
+	q := c.prom.Query(t, `sum by (actor_uid) (sandboxstats_workload_cpu_seconds_total{source="cgroup"})`)
+	got := map[string]float64{}
+	for _, s := range q {
+		got[s.Labels["actor_uid"]] = s.Value
+	}
+	for _, a := range actors {
+		if tr := float64(truth[a]) / 1e6; !within(got[a], tr, 0.01) {
+			t.Errorf("prometheus: %s's CPU %.3f s, its cgroups' own %.3f s", a, got[a], tr)
+		}
+	}
+	t.Logf("prometheus: CPU by actor %v", got)
+}
+
+// killLoopActor is one actor of the kill loop of several workloads: its
+// state as acknowledged, its call in flight at the kill, and its
+// acknowledged ends.
+type killLoopActor struct {
+	uid      string
+	seq      int
+	acked    boundState
+	epoch    int64 // of the acknowledged binding
+	inFlight *boundState
+	ends     []int64 // epochs whose end (a Checkpoint) was acknowledged or found done
+	err      error   // a call that failed before the kill
+}
+
+// untilKilled makes the actor's lifecycle calls back to back on its own
+// connection (Run or Restore of a fresh cgroup path, Checkpoint, ...) until
+// one fails, which must be after killed closed: that call is in flight.
+func (l *killLoopActor) untilKilled(socket string, killed <-chan struct{}) {
+	cc, err := grpc.NewClient("unix://"+socket, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		l.err = err
+		return
+	}
+	defer cc.Close()
+	lc := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc)
+	for {
+		l.seq++
+		next := boundState{}
+		var epoch int64
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		id := &sandboxstatsv1.WorkloadIdentity{ActorUid: l.uid}
+		switch {
+		case l.acked.Actor != "":
+			_, err = lc.CheckpointWorkload(ctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: l.uid})
+		case l.seq%2 == 0:
+			next = boundState{Actor: l.uid, Cgroup: fmt.Sprintf("/kill-%s-%d", l.uid, l.seq), Op: "run"}
+			var r *sandboxstatsv1.RunWorkloadResponse
+			r, err = lc.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: cgroupRef(next.Cgroup)})
+			epoch = r.GetEpochUnixNano()
+		default:
+			next = boundState{Actor: l.uid, Cgroup: fmt.Sprintf("/kill-%s-%d", l.uid, l.seq), Op: "restore"}
+			var r *sandboxstatsv1.RestoreWorkloadResponse
+			r, err = lc.RestoreWorkload(ctx, &sandboxstatsv1.RestoreWorkloadRequest{Identity: id, Sandbox: cgroupRef(next.Cgroup)})
+			epoch = r.GetEpochUnixNano()
+		}
+		cancel()
+		if err != nil {
+			select {
+			case <-killed:
+				l.inFlight = &next
+			default:
+				l.err = fmt.Errorf("%s: call %d before the kill: %w", l.uid, l.seq, err)
+			}
+			return
+		}
+		if next.Actor == "" {
+			l.ends = append(l.ends, l.epoch)
+		}
+		l.acked, l.epoch = next, epoch
+	}
+}
+
+// TestIntegrationKillLoopSeveralWorkloads: the kill loop with four actors
+// bound at once. Each actor is a stream of its own lifecycle calls (Run,
+// Checkpoint, Restore, Checkpoint, ...) on its own connection, the four at
+// once, and statsd is killed with SIGKILL 50 times among them, each time
+// with a call of every actor in flight. After every restart binding.json
+// binds only these actors, each to the state of its own last acknowledged
+// call or of its call in flight (never another's, never a torn file), every
+// acknowledged end and every in-flight Checkpoint found done is in
+// ended.json, and no temp or corrupt file is left.
+func TestIntegrationKillLoopSeveralWorkloads(t *testing.T) {
+	if testing.Short() {
+		t.Skip("kills and restarts the statsd binary 50 times")
+	}
+	bin := testenv.BuildBinaries(t)
+	dir := t.TempDir()
+	d := testenv.StartStatsdAt(t, bin, filepath.Join(dir, "stats.sock"), filepath.Join(dir, "life.sock"), filepath.Join(dir, "state"),
+		"--drift-interval", "0", "--ended-max", "100000")
+	var loops []*killLoopActor
+	for _, a := range []string{"actor-a", "actor-b", "actor-c", "actor-d"} {
+		loops = append(loops, &killLoopActor{uid: a})
+	}
+	// How often an actor's call in flight was found done, how often a kill
+	// left a temp file, how many restarts were checked, and the most actors
+	// bound at once after a restart.
+	var foundInFlight, tempsLeft, checked, mostBound int
+	restartAndCheck := func(kill int) {
+		t.Helper()
+		if m, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*")); len(m) > 0 {
+			tempsLeft++
+		}
+		restart(t, d)
+		states, epochs, ended := readStateFiles(t, d.StateDir)
+		mostBound = max(mostBound, len(states))
+		for a := range states {
+			if !slices.ContainsFunc(loops, func(l *killLoopActor) bool { return l.uid == a }) {
+				t.Fatalf("restart after kill %d: binding.json binds %q, no actor of the loop", kill, a)
+			}
+		}
+		for _, l := range loops {
+			got := states[l.uid] // cleared when absent
+			switch {
+			case got == l.acked:
+			case l.inFlight != nil && got == *l.inFlight:
+				// The call in flight was done after all.
+				foundInFlight++
+				if got.Actor == "" {
+					l.ends = append(l.ends, l.epoch)
+				}
+				l.acked, l.epoch = got, epochs[l.uid]
+			default:
+				want := l.acked.String()
+				if l.inFlight != nil {
+					want += " or " + l.inFlight.String()
+				}
+				t.Fatalf("restart after kill %d: binding.json holds %s for %s, want %s", kill, got, l.uid, want)
+			}
+			for _, e := range l.ends {
+				if !ended[e] {
+					t.Fatalf("restart after kill %d: the end of %s's epoch %d is not in ended.json", kill, l.uid, e)
+				}
+			}
+		}
+		left, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*"))
+		corrupt, _ := filepath.Glob(filepath.Join(d.StateDir, "*.corrupt-*"))
+		if len(left) > 0 || len(corrupt) > 0 {
+			t.Fatalf("restart after kill %d: temp files %v, corrupt files %v", kill, left, corrupt)
+		}
+		checked++
+	}
+	const kills = 50
+	rng := rand.New(rand.NewPCG(2, uint64(time.Now().UnixNano())))
+	for kill := range kills {
+		if kill > 0 {
+			restartAndCheck(kill)
+		}
+		killAt := time.Now().Add(time.Duration(5+rng.IntN(40)) * time.Millisecond)
+		killed := make(chan struct{}) // closed just before the kill
+		go func() {
+			time.Sleep(time.Until(killAt))
+			close(killed)
+			d.Cmd.Process.Kill()
+		}()
+		var wg sync.WaitGroup
+		for _, l := range loops {
+			l.inFlight = nil
+			wg.Go(func() { l.untilKilled(d.Lifecycle, killed) })
+		}
+		wg.Wait()
+		<-killed
+		d.Cmd.Wait()
+		for _, l := range loops {
+			if l.err != nil {
+				t.Fatal(l.err)
+			}
+		}
+	}
+	restartAndCheck(kills)
+	if checked != kills {
+		t.Fatalf("%d restarts checked after %d kills", checked, kills)
+	}
+	calls, ends := 0, 0
+	for _, l := range loops {
+		calls += l.seq
+		ends += len(l.ends)
+	}
+	fi, err := os.Stat(filepath.Join(d.StateDir, "ended.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("measured: %d SIGKILLs among %d lifecycle calls of %d actors (each with a call in flight at every kill); all %d restarts found each actor's acknowledged or in-flight state "+
+		"(an in-flight one %d times), at most %d bound at once; %d kills left a temp file, all swept; %d ends all kept (ended.json %d bytes)",
+		kills, calls, len(loops), checked, foundInFlight, mostBound, tempsLeft, ends, fi.Size())
+	if logs, _ := os.ReadFile(d.Log); strings.Contains(string(logs), "unreadable") {
+		t.Errorf("a state file was found unreadable:\n%s", logs)
 	}
 }
