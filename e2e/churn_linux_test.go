@@ -44,13 +44,14 @@ type churn struct {
 	truth map[string]uint64 // actor -> the cgroup's own CPU at the end, usec
 }
 
-func startChurn(t *testing.T) *churn {
+// startChurn starts the node: the agent with agentArgs added.
+func startChurn(t *testing.T, agentArgs ...string) *churn {
 	t.Helper()
 	c := &churn{bin: testenv.BuildBinaries(t, "statsagent"), dir: fleetDir(t), truth: map[string]uint64{}}
 	c.actLog = filepath.Join(c.dir, "activations.jsonl")
 	glob := filepath.Join(c.dir, "stats", "*.sock")
-	c.agentURL = testenv.StartStatsagent(t, c.bin, c.dir, "--sockets", glob, "--interval", churnInterval.String(),
-		"--min-interval", "100ms", "--timeout", "5s", "--grace", "2m", "--activation-log", c.actLog)
+	c.agentURL = testenv.StartStatsagent(t, c.bin, c.dir, append([]string{"--sockets", glob, "--interval", churnInterval.String(),
+		"--min-interval", "100ms", "--timeout", "5s", "--grace", "2m", "--activation-log", c.actLog}, agentArgs...)...)
 	if !testenv.InVMLane() { // the VM lane's guest has no Prometheus: the host's run holds those assertions
 		u, _ := url.Parse(c.agentURL)
 		c.prom = testenv.StartPrometheus(t, []string{u.Host}, 500*time.Millisecond)
@@ -202,25 +203,39 @@ func (c *churn) truthSum() (sum float64, n int) {
 	return sum, len(c.truth)
 }
 
-// records reads the activation log.
+// records reads the activation log, by actor (each actor has one
+// activation).
 func (c *churn) records(t *testing.T) map[string]nodeagent.ActivationRecord {
+	t.Helper()
+	out := map[string]nodeagent.ActivationRecord{}
+	for _, r := range c.recordList(t) {
+		if _, dup := out[r.ActorUID]; dup {
+			t.Errorf("activation of %s logged twice", r.ActorUID)
+		}
+		out[r.ActorUID] = r
+	}
+	return out
+}
+
+// recordList reads the activation log, in its order.
+func (c *churn) recordList(t *testing.T) []nodeagent.ActivationRecord {
 	t.Helper()
 	f, err := os.Open(c.actLog)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	out := map[string]nodeagent.ActivationRecord{}
+	var out []nodeagent.ActivationRecord
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
 		var r nodeagent.ActivationRecord
 		if err := json.Unmarshal(sc.Bytes(), &r); err != nil {
 			t.Fatalf("activation log line %q: %v", sc.Text(), err)
 		}
-		if _, dup := out[r.ActorUID]; dup {
-			t.Errorf("activation of %s logged twice", r.ActorUID)
-		}
-		out[r.ActorUID] = r
+		out = append(out, r)
+	}
+	if err := sc.Err(); err != nil {
+		t.Fatal(err)
 	}
 	return out
 }

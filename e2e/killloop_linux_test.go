@@ -32,34 +32,41 @@ func (s boundState) String() string {
 	return fmt.Sprintf("%s %s %s", s.Op, s.Actor, s.Cgroup)
 }
 
-// readStateFiles reads binding.json and ended.json as a restarted statsd
-// left them; a file that does not parse fails the test.
-func readStateFiles(t *testing.T, dir string) (boundState, map[int64]bool) {
+// readStateFiles reads binding.json (version 2: every binding, and its
+// epoch, by actor) and ended.json (the epochs it holds) as a restarted
+// statsd left them; a file that does not parse fails the test. An actor
+// with no binding is absent from the maps.
+func readStateFiles(t *testing.T, dir string) (bound map[string]boundState, epochs map[string]int64, ended map[int64]bool) {
 	t.Helper()
 	var st struct {
-		Version int `json:"version"`
-		Binding *struct {
+		Version  int `json:"version"`
+		Bindings []struct {
 			Identity struct {
 				ActorUID string `json:"actor_uid"`
 			} `json:"identity"`
 			Ref struct {
 				CgroupPath string `json:"cgroup_path"`
 			} `json:"ref"`
-			Op string `json:"op"`
-		} `json:"binding"`
+			Op    string `json:"op"`
+			Epoch int64  `json:"epoch_unix_nano"`
+		} `json:"bindings"`
 	}
-	var got boundState
+	bound, epochs = map[string]boundState{}, map[string]int64{}
 	if b, err := os.ReadFile(filepath.Join(dir, "binding.json")); err == nil {
-		if err := json.Unmarshal(b, &st); err != nil || st.Version != 1 {
+		if err := json.Unmarshal(b, &st); err != nil || st.Version != 2 {
 			t.Fatalf("binding.json is corrupt (%v):\n%s", err, b)
 		}
-		if st.Binding != nil {
-			got = boundState{Actor: st.Binding.Identity.ActorUID, Cgroup: st.Binding.Ref.CgroupPath, Op: st.Binding.Op}
+		for _, b := range st.Bindings {
+			if _, dup := bound[b.Identity.ActorUID]; dup {
+				t.Fatalf("binding.json binds %s twice", b.Identity.ActorUID)
+			}
+			bound[b.Identity.ActorUID] = boundState{Actor: b.Identity.ActorUID, Cgroup: b.Ref.CgroupPath, Op: b.Op}
+			epochs[b.Identity.ActorUID] = b.Epoch
 		}
 	} else if !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	ended := map[int64]bool{}
+	ended = map[int64]bool{}
 	if b, err := os.ReadFile(filepath.Join(dir, "ended.json")); err == nil {
 		var ef struct {
 			Version int `json:"version"`
@@ -67,7 +74,7 @@ func readStateFiles(t *testing.T, dir string) (boundState, map[int64]bool) {
 				Epoch int64 `json:"epoch_unix_nano"`
 			} `json:"ended"`
 		}
-		if err := json.Unmarshal(b, &ef); err != nil || ef.Version != 1 {
+		if err := json.Unmarshal(b, &ef); err != nil || ef.Version != 2 {
 			t.Fatalf("ended.json is corrupt (%v):\n%s", err, b)
 		}
 		for _, e := range ef.Ended {
@@ -76,7 +83,7 @@ func readStateFiles(t *testing.T, dir string) (boundState, map[int64]bool) {
 	} else if !os.IsNotExist(err) {
 		t.Fatal(err)
 	}
-	return got, ended
+	return bound, epochs, ended
 }
 
 // TestIntegrationKillLoop: statsd killed with SIGKILL at least 100 times,
@@ -113,7 +120,14 @@ func TestIntegrationKillLoop(t *testing.T) {
 			tempsLeft++
 		}
 		restart(t, d)
-		got, ended := readStateFiles(t, d.StateDir)
+		states, _, ended := readStateFiles(t, d.StateDir)
+		if len(states) > 1 {
+			t.Fatalf("restart after kill %d: binding.json binds %d actors, this loop binds one at a time: %v", kill, len(states), states)
+		}
+		var got boundState // cleared unless one actor is bound
+		for _, s := range states {
+			got = s
+		}
 		switch {
 		case got == acked:
 		case inFlight != nil && got == *inFlight:

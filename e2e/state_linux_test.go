@@ -56,11 +56,12 @@ func TestIntegrationStateDiskFull(t *testing.T) {
 			t.Fatalf("Checkpoint on a full disk: %v %q, want UNAVAILABLE STATE_NOT_PERSISTED", st.Code(), api.ReasonOf(err))
 		}
 	}
-	// Nothing changed: the workload is still bound.
+	// Nothing changed: the workload is still bound (another actor naming
+	// its sandbox is refused).
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err = lc.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: "actor-other"},
-		Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: "/x"}})
+		Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: "/sandboxstats-disk-full"}})
 	if api.ReasonOf(err) != api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_WORKLOAD_BOUND) {
 		t.Fatalf("after the failed Checkpoint: %v, want the workload still bound", err)
 	}

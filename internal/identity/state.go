@@ -37,8 +37,10 @@ const (
 	maxEndedSlack = 256 << 10
 )
 
-// stateVersion is the version of both state files. binding.json of
-// version 1 (one binding, one last cleared actor) still loads.
+// stateVersion is the version of both state files. Both still load at
+// version 1: binding.json's one binding and one last cleared actor, and
+// ended.json, whose records version 2 did not change (refusing them would
+// move aside, at the upgrade, the ends the node agent has not polled yet).
 const (
 	stateVersion    = 2
 	stateVersionOne = 1
@@ -183,7 +185,7 @@ func (s *Store) loadEnded() ([]*Ended, error) {
 		if err := json.Unmarshal(b, &f); err != nil {
 			return fmt.Errorf("parse: %w", err)
 		}
-		if f.Version != stateVersion {
+		if f.Version != stateVersion && f.Version != stateVersionOne {
 			return fmt.Errorf("unknown ended-activations version %d", f.Version)
 		}
 		for i, e := range f.Ended {

@@ -256,6 +256,44 @@ func TestVersionOneStateLoads(t *testing.T) {
 	}
 }
 
+// TestVersionOneEndedLoads: the ended.json a statsd of one binding wrote
+// (version 1, the same records) still loads after the upgrade, beside its
+// version 1 binding.json. The records the node agent has not polled yet are
+// kept, not moved aside as corrupt; and a binding whose end is among them
+// (statsd stopped between the two writes of an end) is cleared, not bound
+// again as if its acknowledged Checkpoint had not happened.
+func TestVersionOneEndedLoads(t *testing.T) {
+	dir := t.TempDir()
+	// Within the retention of the store's clock (fakeClock).
+	const c, a int64 = 1_699_999_900_000_000_000, 1_699_999_950_000_000_000
+	for name, content := range map[string]string{
+		stateFileName: fmt.Sprintf(`{"version": 1, "binding": {"identity": {"actor_uid": "actor-a"}, "ref": {"class": 1, "cgroup_path": "/statstest/a"}, "op": "run", "epoch_unix_nano": %d}}`, a),
+		endedFileName: fmt.Sprintf(`{"version": 1, "ended": [`+
+			`{"identity": {"actor_uid": "actor-c"}, "class": 1, "epoch_unix_nano": %d, "end_unix_nano": %d, "outcome": 1, "provenance": 1, "cpu_usec": 700},`+
+			`{"identity": {"actor_uid": "actor-a"}, "class": 1, "epoch_unix_nano": %d, "end_unix_nano": %d, "outcome": 1, "provenance": 1, "cpu_usec": 900}]}`,
+			c, c+1e9, a, a+1e9),
+	} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s := multiStore(t, dir, &perRefSources{}, 4)
+	var got []string
+	for _, e := range s.Ended() {
+		got = append(got, fmt.Sprintf("%s epoch %d cpu %d", e.Identity.ActorUID, e.EpochUnixNano, *e.CPUUsec))
+	}
+	want := []string{fmt.Sprintf("actor-c epoch %d cpu 700", c), fmt.Sprintf("actor-a epoch %d cpu 900", a)}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("ended activations after the upgrade (-want +got):\n%s", diff)
+	}
+	if b := s.Bound("actor-a"); b != nil {
+		t.Errorf("actor-a bound again (epoch %d) though its end is recorded", b.EpochUnixNano)
+	}
+	if aside, _ := filepath.Glob(filepath.Join(dir, "*.corrupt-*")); len(aside) > 0 {
+		t.Errorf("moved aside as corrupt: %v", aside)
+	}
+}
+
 // TestLifecycleOfOneActorDoesNotWaitForAnother: a Checkpoint whose final
 // read hangs (a guest agent that stopped answering) holds only its own
 // actor: another actor binds and checkpoints meanwhile.

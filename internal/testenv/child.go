@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bufio"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -183,19 +184,42 @@ func (c *Child) Kill() {
 // the thread that makes them.
 func (c *Child) Favor(t testing.TB) {
 	t.Helper()
-	for _, tid := range c.threads(t) {
-		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, -20); err != nil {
-			t.Fatalf("setpriority thread %d of the child: %v", tid, err)
+	setNice(t, c.Cmd.Process.Pid, -20)
+}
+
+// FavorProcess is Child.Favor for any process (a daemon under test, or the
+// test binary itself, os.Getpid()) and returns a function that gives its
+// threads, those made meanwhile too, the nice the process had back. A test
+// measuring latencies favors both ends of the calls, so that it measures
+// them and not the waits the machine's other tenants impose.
+func FavorProcess(t testing.TB, pid int) (restore func()) {
+	t.Helper()
+	raw, err := syscall.Getpriority(syscall.PRIO_PROCESS, pid)
+	if err != nil {
+		t.Fatalf("getpriority %d: %v", pid, err)
+	}
+	was := 20 - raw // the raw syscall answers 20 - nice
+	setNice(t, pid, -20)
+	return func() { setNice(t, pid, was) }
+}
+
+// setNice sets the nice of every thread of pid; a thread that exited
+// meanwhile is skipped.
+func setNice(t testing.TB, pid, nice int) {
+	t.Helper()
+	for _, tid := range threads(t, pid) {
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, syscall.ESRCH) {
+			t.Fatalf("setpriority thread %d of %d: %v", tid, pid, err)
 		}
 	}
 }
 
-// threads lists the child's threads (scheduling attributes such as nice and
-// the CPU mask are per thread: a Go child runs several, any of which may
+// threads lists the threads of pid (scheduling attributes such as nice and
+// the CPU mask are per thread: a Go process runs several, any of which may
 // run its busy loop).
-func (c *Child) threads(t testing.TB) []int {
+func threads(t testing.TB, pid int) []int {
 	t.Helper()
-	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", c.Cmd.Process.Pid))
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	if err != nil {
 		t.Fatal(err)
 	}

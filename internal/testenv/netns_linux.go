@@ -101,7 +101,7 @@ func (c *Child) Pin(t testing.TB, cpu int) {
 	t.Helper()
 	var set unix.CPUSet
 	set.Set(cpu)
-	for _, tid := range c.threads(t) {
+	for _, tid := range threads(t, c.Cmd.Process.Pid) {
 		if err := unix.SchedSetaffinity(tid, &set); err != nil {
 			t.Fatalf("sched_setaffinity thread %d of the child: %v", tid, err)
 		}
