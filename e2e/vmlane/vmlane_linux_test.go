@@ -42,7 +42,7 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 			{Name: "drift", Binary: testenv.BuildTestBinary(t, dir, "internal/drift"), Tests: []string{"TestIntegrationOOMKilled"}},
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
 				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationGVisorSentryDiedProcessesLeft",
-				"TestIntegrationWorkerCgroupNamespace", "TestIntegrationRunscUpstreamLayout",
+				"TestIntegrationWorkerCgroupNamespace", "TestIntegrationRunscUpstreamLayout", "TestIntegrationSeveralWorkloads",
 				"TestIntegrationActivationChurnCgroup",
 			}},
 			{Name: "microvm", Binary: testenv.BuildTestBinary(t, dir, "internal/microvm"), Tests: []string{"TestIntegrationVsockLoopback"}},
