@@ -65,7 +65,8 @@ func do[T any](ctx context.Context, g *Group, key string, start func(*call) func
 	if !ok {
 		c = &call{done: make(chan struct{})}
 		g.calls[key] = c
-		go g.run(key, c, start(c))
+		fn := start(c)
+		spawn(func() { g.run(key, c, fn) })
 	}
 	g.mu.Unlock()
 
