@@ -4,7 +4,10 @@
 //
 // Convention: a benchmark group has a sub-benchmark named "baseline" (a raw
 // file read, a bare ttrpc round trip, runsc events --stats, ...); every other
-// sub-benchmark of the same group is printed as a ratio to it.
+// sub-benchmark of the same group is printed as a ratio to it. A variant
+// declares the ratio it must stay under by reporting it as a metric of the
+// unit "goal-x" (b.ReportMetric(1.3, "goal-x")): the table prints the goal
+// beside the ratio, says whether it holds, and ends with the goals missed.
 //
 //	go test -run '^$' -bench . ./... | go run ./internal/benchtable
 package main
@@ -23,8 +26,12 @@ import (
 type result struct {
 	group, variant string
 	nsPerOp        float64
+	goal           float64  // the ratio the variant must stay under; 0: none
 	extra          []string // allocs/op and custom metrics, as printed
 }
+
+// goalUnit is the unit of the metric by which a variant declares its goal.
+const goalUnit = "goal-x"
 
 func main() {
 	if err := run(os.Stdin, os.Stdout); err != nil {
@@ -74,9 +81,12 @@ func parseLine(line string) (result, bool) {
 		if err != nil {
 			return result{}, false
 		}
-		if f[i+1] == "ns/op" {
+		switch f[i+1] {
+		case "ns/op":
 			r.nsPerOp = v
-		} else {
+		case goalUnit:
+			r.goal = v
+		default:
 			r.extra = append(r.extra, f[i]+" "+f[i+1])
 		}
 	}
@@ -94,13 +104,39 @@ func printTable(out io.Writer, results []result) error {
 	fmt.Fprintln(out)
 	fmt.Fprintln(out, "Ratios measured in this run (variant ns/op / baseline ns/op of the same group):")
 	tw := tabwriter.NewWriter(out, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "GROUP\tVARIANT\tNS/OP\tRATIO\tOTHER")
+	fmt.Fprintln(tw, "GROUP\tVARIANT\tNS/OP\tRATIO\tGOAL\tOTHER")
+	var missed []string
+	held := 0
 	for _, r := range results {
-		ratio := "-"
-		if b, ok := base[r.group]; ok && b > 0 {
+		ratio, goal := "-", "-"
+		b, ok := base[r.group]
+		if ok && b > 0 {
 			ratio = fmt.Sprintf("%.3gx", r.nsPerOp/b)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\n", r.group, r.variant, r.nsPerOp, ratio, strings.Join(r.extra, ", "))
+		if r.goal > 0 {
+			switch {
+			case !ok || b <= 0:
+				goal = fmt.Sprintf("<=%.3gx no baseline", r.goal)
+				missed = append(missed, r.group+"/"+r.variant+" (no baseline)")
+			case r.nsPerOp/b <= r.goal:
+				goal = fmt.Sprintf("<=%.3gx held", r.goal)
+				held++
+			default:
+				goal = fmt.Sprintf("<=%.3gx MISSED", r.goal)
+				missed = append(missed, fmt.Sprintf("%s/%s (%.3gx)", r.group, r.variant, r.nsPerOp/b))
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.0f\t%s\t%s\t%s\n", r.group, r.variant, r.nsPerOp, ratio, goal, strings.Join(r.extra, ", "))
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if held+len(missed) > 0 {
+		fmt.Fprintf(out, "\nGoals: %d held, %d missed", held, len(missed))
+		if len(missed) > 0 {
+			fmt.Fprintf(out, ": %s", strings.Join(missed, ", "))
+		}
+		fmt.Fprintln(out)
+	}
+	return nil
 }

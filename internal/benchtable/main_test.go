@@ -13,6 +13,11 @@ BenchmarkStatsWorkloadAgent/unix-socket-2 	    7459	    150000 ns/op	   15676 B/
 BenchmarkSweep/concurrency-8-2            	      15	  70000000 ns/op	        65.00 cpu-ms/op
 BenchmarkSweep/baseline-2                 	       7	 140000000 ns/op
 BenchmarkStatsWorkload-2                  	   30242	     35621 ns/op
+BenchmarkStatsWorkloadCgroup/baseline-2   	    2000	    500000 ns/op
+BenchmarkStatsWorkloadCgroup/unix-socket-2	    2500	    450000 ns/op	         1.300 goal-x	   28838 B/op	     389 allocs/op
+BenchmarkNoBase/variant-2                 	    2500	    450000 ns/op	         1.300 goal-x
+BenchmarkSlow/baseline-2                  	    2500	       100 ns/op
+BenchmarkSlow/variant-2                   	    2500	       200 ns/op	         1.300 goal-x
 PASS
 `
 	var out bytes.Buffer
@@ -25,9 +30,14 @@ PASS
 		rows[strings.Join(strings.Fields(line), " ")] = true
 	}
 	for _, want := range []string{
-		"StatsWorkloadAgent unix-socket 150000 3x 15676 B/op, 294 allocs/op",
-		"Sweep concurrency-8 70000000 0.5x 65.00 cpu-ms/op",
-		"StatsWorkload 35621 -",
+		"StatsWorkloadAgent unix-socket 150000 3x - 15676 B/op, 294 allocs/op",
+		"Sweep concurrency-8 70000000 0.5x - 65.00 cpu-ms/op",
+		"StatsWorkload 35621 - -",
+		"StatsWorkloadCgroup unix-socket 450000 0.9x <=1.3x held 28838 B/op, 389 allocs/op",
+		"StatsWorkloadAgent unix-socket 150000 3x - 15676 B/op, 294 allocs/op",
+		"NoBase variant 450000 - <=1.3x no baseline",
+		"Slow variant 200 2x <=1.3x MISSED",
+		"Goals: 1 held, 2 missed: NoBase/variant (no baseline), Slow/variant (2x)",
 	} {
 		if !rows[want] {
 			t.Errorf("table lacks the row %q:\n%s", want, got)

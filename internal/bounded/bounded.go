@@ -12,7 +12,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -30,9 +29,10 @@ type Group struct {
 }
 
 type call struct {
-	done chan struct{}
-	val  any
-	err  error
+	done  chan struct{}
+	val   any
+	err   error
+	batch *Batch // DoBatch's: names the file in progress at a deadline
 }
 
 // New returns a Group whose calls each get at most timeout (0 means only the
@@ -47,6 +47,14 @@ func New(timeout time.Duration) *Group {
 // error wraps source.ErrTimeout and the call goes on alone, still shared, until
 // it returns. fn gets no context: it is the blocking part.
 func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) (T, error) {
+	return do[T](ctx, g, key, func(*call) func() (any, error) {
+		return func() (any, error) { return fn() }
+	})
+}
+
+// do is Do and DoBatch: start makes the function of a new call (given the
+// call, to keep what a caller at its deadline may ask about it).
+func do[T any](ctx context.Context, g *Group, key string, start func(*call) func() (any, error)) (T, error) {
 	if g.timeout > 0 {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, g.timeout)
@@ -57,7 +65,8 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 	if !ok {
 		c = &call{done: make(chan struct{})}
 		g.calls[key] = c
-		go g.run(key, c, func() (any, error) { return fn() })
+		fn := start(c)
+		spawn(func() { g.run(key, c, fn) })
 	}
 	g.mu.Unlock()
 
@@ -71,6 +80,11 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 		return v, nil
 	case <-ctx.Done():
 		what := strings.ReplaceAll(key, "\x00", "/")
+		if c.batch != nil {
+			if f := c.batch.current(); f != "" {
+				what = f
+			}
+		}
 		if errors.Is(ctx.Err(), context.Canceled) {
 			// The caller went away; that is not the read's fault.
 			return zero, fmt.Errorf("%s: %w", what, ctx.Err())
@@ -112,18 +126,4 @@ func (g *Group) ReadFile(ctx context.Context, path string) ([]byte, error) {
 // the Group's bound, as the package-level ReadRegularFile does.
 func (g *Group) ReadRegularFile(ctx context.Context, path string, max int) ([]byte, error) {
 	return Do(ctx, g, "regular\x00"+path, func() ([]byte, error) { return ReadRegularFile(path, max) })
-}
-
-// ReadRootFile is ReadFile for a name inside root: the open cannot escape
-// root, through ".." or a symlink. key should name root and name together.
-func (g *Group) ReadRootFile(ctx context.Context, root *os.Root, name string) ([]byte, error) {
-	key := root.Name() + "\x00" + name
-	return Do(ctx, g, key, func() ([]byte, error) {
-		f, err := root.Open(name)
-		if err != nil {
-			return nil, err
-		}
-		defer f.Close()
-		return readAllLimited(f, root.Name()+"/"+name, MaxFileBytes)
-	})
 }

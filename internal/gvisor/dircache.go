@@ -4,26 +4,28 @@
 package gvisor
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io/fs"
 	"os"
+	"syscall"
 
-	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// dirKey names dir of root in the cache and in shared reads: a plain
-// concatenation, cheaper per file than display's filepath.Join.
-func dirKey(root *os.Root, dir string) string { return root.Name() + "\x00" + dir }
+// dirID names dir of root in the cache (a comparable key that costs no
+// allocation to make).
+type dirID struct {
+	root *os.Root
+	dir  string
+}
 
 // dirHandle is an open cgroup directory and the number of reads using it
 // (guarded by cgroupSource.mu). A handle dropped from the cache (its
 // directory was removed, or the source closed) is closed by the last read
 // that uses it, so no handle (and no dying memcg) is pinned until Close.
 type dirHandle struct {
-	r       *os.Root
+	f       *os.File // the directory, opened inside its root
 	users   int
 	dropped bool
 }
@@ -33,43 +35,40 @@ var errClosed = fmt.Errorf("gvisor: %w: source closed", source.ErrNotMeasurable)
 
 // acquireDir returns the cgroup directory dir of root, opened once (inside
 // root, so it cannot escape) and cached, so that each file read is a single
-// openat. The caller uses it until releaseDir.
-func (s *cgroupSource) acquireDir(ctx context.Context, root *os.Root, dir string) (*dirHandle, error) {
-	key := dirKey(root, dir)
+// openat relative to it. It blocks (the open is a file system call): it runs
+// inside a sample's bounded read. The caller uses it until releaseDir.
+func (s *cgroupSource) acquireDir(root *os.Root, dir string) (*dirHandle, error) {
+	id := dirID{root, dir}
 	s.mu.Lock()
 	if s.closed {
 		s.mu.Unlock()
 		return nil, errClosed
 	}
-	if h := s.dirs[key]; h != nil {
+	if h := s.dirs[id]; h != nil {
 		h.users++
 		s.mu.Unlock()
 		return h, nil
 	}
 	s.mu.Unlock()
-	d, err := bounded.Do(ctx, s.g, "dir\x00"+key, func() (*os.Root, error) {
-		d, err := root.OpenRoot(rel(dir))
-		if testHook != nil {
-			testHook("open")
-		}
-		return d, err
-	})
+	f, err := root.OpenFile(rel(dir), os.O_RDONLY|syscall.O_DIRECTORY, 0)
+	if testHook != nil {
+		testHook("open")
+	}
 	if err != nil {
 		return nil, err
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed { // Close ran while the directory was being opened
-		d.Close()
+		f.Close()
 		return nil, errClosed
 	}
-	h := s.dirs[key]
-	switch {
-	case h != nil && h.r != d: // another caller won
-		d.Close()
-	case h == nil:
-		h = &dirHandle{r: d}
-		s.dirs[key] = h
+	h := s.dirs[id]
+	if h != nil { // another read opened it meanwhile
+		f.Close()
+	} else {
+		h = &dirHandle{f: f}
+		s.dirs[id] = h
 	}
 	h.users++
 	return h, nil
@@ -83,7 +82,7 @@ func (s *cgroupSource) releaseDir(h *dirHandle) {
 	s.mu.Lock()
 	h.users--
 	if h.dropped && h.users == 0 {
-		h.r.Close()
+		h.f.Close()
 	}
 	s.mu.Unlock()
 }
@@ -95,55 +94,40 @@ func (s *cgroupSource) dropLocked(h *dirHandle) {
 	}
 	h.dropped = true
 	if h.users == 0 {
-		h.r.Close()
+		h.f.Close()
 	}
 }
 
 // forgetDir drops a cached directory that was removed (or removed and made
 // again). Concurrent reads may still use it: the last of them closes it.
 func (s *cgroupSource) forgetDir(root *os.Root, dir string, h *dirHandle) {
-	key := dirKey(root, dir)
+	id := dirID{root, dir}
 	s.mu.Lock()
-	if s.dirs[key] == h {
-		delete(s.dirs, key)
+	if s.dirs[id] == h {
+		delete(s.dirs, id)
 		s.dropLocked(h)
 	}
 	s.mu.Unlock()
 }
 
-// testHook, when a test sets it, runs inside the shared stat ("stat") and
-// the open ("open", after it) of a cgroup directory, to hold that call.
+// testHook, when a test sets it, runs inside the open ("open", after it) of
+// a cgroup directory, to hold that call.
 var testHook func(op string)
 
-// dirState says whether dir exists in root and, when d is not nil, whether it
-// is still the directory d holds open. The stat of dir is one bounded call
-// shared by concurrent callers, which may hold different handles: it returns
-// only what it found, and each caller compares that with its own handle.
-func (s *cgroupSource) dirState(ctx context.Context, root *os.Root, dir string, d *os.Root) (exists, same bool, err error) {
-	type found struct{ fi fs.FileInfo } // nil fi: no such directory
-	cur, err := bounded.Do(ctx, s.g, "stat\x00"+dirKey(root, dir), func() (found, error) {
-		if testHook != nil {
-			testHook("stat")
-		}
-		fi, err := root.Stat(rel(dir))
-		if errors.Is(err, fs.ErrNotExist) {
-			return found{}, nil
-		}
-		return found{fi}, err
-	})
-	if err != nil || cur.fi == nil {
-		return false, false, err
+// dirState says whether dir exists in root and, when h is not nil, whether
+// it is still the directory h holds open. It blocks (two stats): it runs
+// inside a sample's bounded read.
+func dirState(root *os.Root, dir string, h *dirHandle) (exists, same bool, err error) {
+	cur, err := root.Stat(rel(dir))
+	if errors.Is(err, fs.ErrNotExist) {
+		return false, false, nil
 	}
-	if d == nil {
+	if err != nil || h == nil {
+		return err == nil, false, err
+	}
+	held, err := h.f.Stat()
+	if err != nil {
 		return true, false, nil
 	}
-	// This handle's own stat, shared only with callers holding the same one.
-	held, err := bounded.Do(ctx, s.g, fmt.Sprintf("held\x00%p", d), func() (found, error) {
-		fi, err := d.Stat(".")
-		return found{fi}, err
-	})
-	if errors.Is(err, source.ErrTimeout) {
-		return false, false, err
-	}
-	return true, err == nil && os.SameFile(cur.fi, held.fi), nil
+	return true, os.SameFile(cur, held), nil
 }

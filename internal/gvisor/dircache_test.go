@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -41,11 +43,10 @@ func TestCgroupRemadeIsReadAfresh(t *testing.T) {
 	}
 }
 
-// TestSharedDirStatPerHandle: two callers hold different handles on the same
-// cgroup path (one on a removed directory, one on the directory made again)
-// and share one stat of that path. Each must get "same" for its own handle,
-// not the answer computed for the other's.
-func TestSharedDirStatPerHandle(t *testing.T) {
+// TestDirStatPerHandle: two handles on the same cgroup path, one on a
+// removed directory and one on the directory made again. dirState must say
+// "same" for the fresh handle only, and "gone" once the path is removed.
+func TestDirStatPerHandle(t *testing.T) {
 	cg := copyTree(t, "testdata/cgroup/v2")
 	src, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"},
 		Config{CgroupRoot: cg, Mode: ModeUnified, ReadTimeout: 10 * time.Second, Logger: discard()})
@@ -54,61 +55,39 @@ func TestSharedDirStatPerHandle(t *testing.T) {
 	}
 	defer src.Close()
 	s := src.(*cgroupSource)
-	stale, err := s.unified.OpenRoot("sandbox")
-	if err != nil {
-		t.Fatal(err)
+	open := func() *dirHandle {
+		f, err := s.unified.Open("sandbox")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { f.Close() })
+		return &dirHandle{f: f}
 	}
-	defer stale.Close()
+	stale := open()
 	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.CopyFS(filepath.Join(cg, "sandbox"), os.DirFS("testdata/cgroup/v2/sandbox")); err != nil {
 		t.Fatal(err)
 	}
-	fresh, err := s.unified.OpenRoot("sandbox")
-	if err != nil {
+	fresh := open()
+
+	type result struct{ Exists, Same bool }
+	state := func(h *dirHandle) result {
+		e, same, err := dirState(s.unified, "/sandbox", h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return result{e, same}
+	}
+	got := map[string]result{"fresh": state(fresh), "stale": state(stale), "none": state(nil)}
+	if err := os.RemoveAll(filepath.Join(cg, "sandbox")); err != nil {
 		t.Fatal(err)
 	}
-	defer fresh.Close()
-
-	entered, release := make(chan struct{}), make(chan struct{})
-	var once sync.Once
-	testHook = func(op string) {
-		if op != "stat" {
-			return
-		}
-		once.Do(func() { close(entered) })
-		<-release
-	}
-	defer func() { testHook = nil }()
-
-	type result struct{ exists, same bool }
-	ctx := context.Background()
-	var freshRes, staleRes result
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		e, same, err := s.dirState(ctx, s.unified, "/sandbox", fresh)
-		if err != nil {
-			t.Errorf("fresh handle: %v", err)
-		}
-		freshRes = result{e, same}
-	})
-	<-entered // the first caller's shared stat is in flight and held
-	wg.Go(func() {
-		e, same, err := s.dirState(ctx, s.unified, "/sandbox", stale)
-		if err != nil {
-			t.Errorf("stale handle: %v", err)
-		}
-		staleRes = result{e, same}
-	})
-	time.Sleep(100 * time.Millisecond) // let the second caller join the held call
-	close(release)
-	wg.Wait()
-	if want := (result{true, true}); freshRes != want {
-		t.Errorf("fresh handle: %+v, want %+v", freshRes, want)
-	}
-	if want := (result{true, false}); staleRes != want {
-		t.Errorf("stale handle (joined the fresh caller's stat): %+v, want %+v", staleRes, want)
+	got["removed"] = state(fresh)
+	want := map[string]result{"fresh": {true, true}, "stale": {true, false}, "none": {true, false}, "removed": {false, false}}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("dirState (-want +got):\n%s", diff)
 	}
 }
 

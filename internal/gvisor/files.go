@@ -1,6 +1,7 @@
-// This file reads the files of one Sample: the per-file requests, read
-// concurrently through the directory cache (retried once when the directory
-// was replaced), and their required and optional values.
+// This file reads the files of one Sample: the per-file requests, read one
+// after another in one bounded call through the directory cache (a file
+// retried once when its directory was replaced), and their required and
+// optional values.
 
 package gvisor
 
@@ -11,40 +12,184 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
-	"sync"
+	"strconv"
+	"strings"
 	"syscall"
 
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// fileReq is one file a Sample reads; the reads of one Sample run
-// concurrently, each bounded.
+// fileReq is one file a Sample reads; the reads of one Sample run in one
+// bounded call (readAll).
 type fileReq struct {
 	root      *os.Root
 	dir, name string
 	// optional marks a signal file: a missing one is absent, so its read
 	// skips the check of the directory that a required file's read makes
-	// (readOptional).
+	// (readBatch).
 	optional bool
 	b        []byte
 	err      error
 }
 
-func (s *cgroupSource) readAll(ctx context.Context, reqs []*fileReq) {
-	var wg sync.WaitGroup
-	for _, r := range reqs[1:] {
-		wg.Go(func() { r.read(ctx, s) })
-	}
-	reqs[0].read(ctx, s)
-	wg.Wait()
+// fileResult is what the shared read found for one request.
+type fileResult struct {
+	b   []byte
+	err error
 }
 
-func (r *fileReq) read(ctx context.Context, s *cgroupSource) {
-	if r.optional {
-		r.b, r.err = s.readOptional(ctx, r.root, r.dir, r.name)
-		return
+// readAll reads the files of reqs in one bounded call (bounded.DoBatch) that
+// concurrent Samples of the same cgroup share: one goroutine, the
+// directories from the cache, each file read into one buffer with no
+// allocation of its own. At the deadline every request gets the timeout,
+// naming the file the read is blocked in.
+func (s *cgroupSource) readAll(ctx context.Context, reqs []*fileReq) {
+	res, err := bounded.DoBatch(ctx, s.g, batchKey(reqs), int(s.batchBytes.Load()), func(b *bounded.Batch) ([]fileResult, error) {
+		out := s.readBatch(b, reqs)
+		s.batchBytes.Store(int64(b.Len()))
+		return out, nil
+	})
+	for i, r := range reqs {
+		if err != nil {
+			r.b, r.err = nil, wrapRead(err)
+			continue
+		}
+		r.b, r.err = res[i].b, res[i].err
 	}
-	r.b, r.err = s.readFile(ctx, r.root, r.dir, r.name)
+}
+
+// batchKey names the shared read of reqs: their directories and how many
+// files. Samples of one source with the same directories read the same
+// files, in the same order.
+func batchKey(reqs []*fileReq) string {
+	n := len("cgroup files ()") + 8
+	for i, r := range reqs {
+		if i == 0 || r.root != reqs[i-1].root || r.dir != reqs[i-1].dir {
+			n += len(r.root.Name()) + len(r.dir) + 2
+		}
+	}
+	var k strings.Builder
+	k.Grow(n)
+	k.WriteString("cgroup files (")
+	k.WriteString(strconv.Itoa(len(reqs)))
+	k.WriteString(")")
+	for i, r := range reqs {
+		if i == 0 || r.root != reqs[i-1].root || r.dir != reqs[i-1].dir {
+			k.WriteString(" ")
+			k.WriteString(r.root.Name())
+			k.WriteString(r.dir)
+		}
+	}
+	return k.String()
+}
+
+// readBatch reads every file of reqs through b. It blocks: it is the body of
+// readAll's bounded call, and must not write to reqs (a caller may have left
+// at its deadline and be reading them).
+func (s *cgroupSource) readBatch(b *bounded.Batch, reqs []*fileReq) []fileResult {
+	out := make([]fileResult, len(reqs))
+	var dirs batchDirs
+	defer dirs.release(s)
+	for i, r := range reqs {
+		out[i].b, out[i].err = s.readReq(b, &dirs, r)
+	}
+	return out
+}
+
+// batchDirs are the directories one batch has acquired (a few: one per
+// hierarchy), and those it found missing.
+type batchDirs struct {
+	held []heldDir
+}
+
+type heldDir struct {
+	id   dirID
+	h    *dirHandle // nil: missing, with err
+	err  error
+	gone bool // dirState said the directory is not there
+}
+
+// get returns the held entry of root's dir, acquiring the directory the
+// first time the batch needs it.
+func (d *batchDirs) get(s *cgroupSource, root *os.Root, dir string) *heldDir {
+	id := dirID{root, dir}
+	for i := range d.held {
+		if d.held[i].id == id {
+			return &d.held[i]
+		}
+	}
+	h, err := s.acquireDir(root, dir)
+	d.held = append(d.held, heldDir{id: id, h: h, err: err})
+	return &d.held[len(d.held)-1]
+}
+
+// reacquire replaces a held directory that was replaced on disk by the one
+// there now.
+func (d *batchDirs) reacquire(s *cgroupSource, e *heldDir) {
+	s.releaseDir(e.h)
+	e.h, e.err = s.acquireDir(e.id.root, e.id.dir)
+	e.gone = false
+}
+
+func (d *batchDirs) release(s *cgroupSource) {
+	for _, e := range d.held {
+		s.releaseDir(e.h)
+	}
+}
+
+// readReq reads one request. A required file that is missing is reported
+// as fs.ErrNotExist when its directory is there, and as errCgroupGone (with
+// source.ErrNotMeasurable) when the directory is gone; when the directory
+// held open was replaced by a new one, the new one is read. An optional file
+// skips that check: its directory missing is errCgroupGone, the file missing
+// fs.ErrNotExist. A handle held on a directory that was just removed and
+// made again can make an optional file read as missing for one sample
+// (absent, never a wrong number); the required files of the same sample
+// find the new directory.
+func (s *cgroupSource) readReq(b *bounded.Batch, dirs *batchDirs, r *fileReq) ([]byte, error) {
+	gone := func() error {
+		return fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(r.root, r.dir), errCgroupGone)
+	}
+	for attempt := 0; ; attempt++ {
+		e := dirs.get(s, r.root, r.dir)
+		if e.gone {
+			return nil, gone()
+		}
+		err := e.err
+		if err == nil {
+			var data []byte
+			if data, err = b.Read(e.h.f, r.name, bounded.MaxFileBytes); err == nil {
+				return data, nil
+			}
+		}
+		if !errors.Is(err, fs.ErrNotExist) {
+			return nil, wrapRead(err)
+		}
+		if r.optional {
+			if e.h == nil {
+				e.gone = true
+				return nil, gone()
+			}
+			return nil, err
+		}
+		// Is the directory still there, and still the one held open?
+		exists, same, serr := dirState(r.root, r.dir, e.h)
+		if serr != nil {
+			return nil, wrapRead(serr)
+		}
+		if e.h != nil && !same {
+			s.forgetDir(r.root, r.dir, e.h)
+		}
+		if !exists {
+			e.gone = true
+			return nil, gone()
+		}
+		if same || attempt > 0 {
+			return nil, err // the file alone is missing: the caller decides
+		}
+		dirs.reacquire(s, e)
+	}
 }
 
 // optional marks reqs as signal files and returns them.
@@ -121,71 +266,6 @@ func procs(r *source.Reading, f *fileReq) error {
 	}
 	r.SandboxProcesses = &n
 	return nil
-}
-
-// readFile reads name in the cgroup dir of root. A missing file is reported
-// as fs.ErrNotExist when the directory is there, and as errCgroupGone (with
-// source.ErrNotMeasurable) when the directory is gone.
-func (s *cgroupSource) readFile(ctx context.Context, root *os.Root, dir, name string) ([]byte, error) {
-	for attempt := 0; ; attempt++ {
-		if b, again, err := s.readFileOnce(ctx, root, dir, name, attempt); !again {
-			return b, err
-		}
-	}
-}
-
-// readFileOnce is one attempt of readFile; again is true when the directory
-// held open was replaced by a new one, which the next attempt opens.
-func (s *cgroupSource) readFileOnce(ctx context.Context, root *os.Root, dir, name string, attempt int) (b []byte, again bool, err error) {
-	h, err := s.acquireDir(ctx, root, dir)
-	defer s.releaseDir(h)
-	var d *os.Root
-	if err == nil {
-		d = h.r
-		if b, err = s.g.ReadRootFile(ctx, d, name); err == nil {
-			return b, false, nil
-		}
-	}
-	if !errors.Is(err, fs.ErrNotExist) {
-		return nil, false, wrapRead(err)
-	}
-	// Is the directory still there, and still the one we hold open?
-	exists, same, serr := s.dirState(ctx, root, dir, d)
-	if serr != nil {
-		return nil, false, wrapRead(serr)
-	}
-	if h != nil && !same {
-		s.forgetDir(root, dir, h)
-	}
-	if !exists {
-		return nil, false, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
-	}
-	if same || attempt > 0 {
-		return nil, false, err // the file alone is missing: the caller decides
-	}
-	return nil, true, nil
-}
-
-// readOptional reads an optional file of dir through the directory cache
-// without readFile's check of the directory on a missing file: the
-// directory missing is errCgroupGone, the file missing fs.ErrNotExist. A
-// handle held on a directory that was just removed and made again can make
-// an optional file read as missing for one sample (absent, never a wrong
-// number); the required files of the same sample find the new directory.
-func (s *cgroupSource) readOptional(ctx context.Context, root *os.Root, dir, name string) ([]byte, error) {
-	h, err := s.acquireDir(ctx, root, dir)
-	defer s.releaseDir(h)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(root, dir), errCgroupGone)
-	}
-	if err != nil {
-		return nil, wrapRead(err)
-	}
-	b, err := s.g.ReadRootFile(ctx, h.r, name)
-	if err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return nil, wrapRead(err)
-	}
-	return b, err
 }
 
 // wrapRead gives a read error that is neither a timeout nor malformed the

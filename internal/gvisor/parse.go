@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 )
 
 // The parsers below take the bytes of one kernel file and know nothing of
@@ -16,18 +18,88 @@ import (
 // newline, such as memory.current or cpuacct.usage. "max" (the v2 spelling of
 // unlimited) is not a number and is rejected: no usage file may hold it.
 func parseSingleUint(b []byte) (uint64, error) {
-	s := strings.TrimSpace(string(b))
-	if s == "" {
-		return 0, errors.New("empty file")
-	}
-	if strings.ContainsAny(s, " \t\n") {
-		return 0, fmt.Errorf("token %q: want one number", s)
-	}
-	v, err := strconv.ParseUint(s, 10, 64)
+	t, err := oneToken(b, "one number")
 	if err != nil {
-		return 0, fmt.Errorf("token %q: %w", s, err)
+		return 0, err
+	}
+	v, err := strconv.ParseUint(string(t), 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("token %q: %w", t, err)
 	}
 	return v, nil
+}
+
+// oneToken returns the only token of a one-value file (surrounding white
+// space trimmed), a slice of b; want says what the token should be.
+func oneToken(b []byte, want string) ([]byte, error) {
+	t := bytes.TrimSpace(b)
+	if len(t) == 0 {
+		return nil, errors.New("empty file")
+	}
+	if bytes.ContainsAny(t, " \t\n") {
+		return nil, fmt.Errorf("token %q: want %s", t, want)
+	}
+	return t, nil
+}
+
+// nextField returns the first field of b and what follows it, splitting
+// where strings.Fields splits (on unicode.IsSpace), without allocating;
+// field is empty when b holds none.
+func nextField(b []byte) (field, rest []byte) {
+	i := 0
+	for i < len(b) {
+		r, n := rune(b[i]), 1
+		if r >= utf8.RuneSelf {
+			r, n = utf8.DecodeRune(b[i:])
+		}
+		if !unicode.IsSpace(r) {
+			break
+		}
+		i += n
+	}
+	j := i
+	for j < len(b) {
+		r, n := rune(b[j]), 1
+		if r >= utf8.RuneSelf {
+			r, n = utf8.DecodeRune(b[j:])
+		}
+		if unicode.IsSpace(r) {
+			break
+		}
+		j += n
+	}
+	return b[i:j], b[j:]
+}
+
+// countFields counts the fields of b as strings.Fields would (for error
+// messages).
+func countFields(b []byte) int {
+	n := 0
+	for f, rest := nextField(b); len(f) > 0; f, rest = nextField(rest) {
+		n++
+	}
+	return n
+}
+
+// eachKeyed calls fn with each "key value" line of a flat keyed file
+// (memory.stat, cpu.stat, memory.oom_control), in order, without
+// allocating. Every line must have that shape and a number for its value; a
+// malformed line anywhere makes the file malformed (even after fn has seen
+// earlier lines). key is a slice of b.
+func eachKeyed(b []byte, fn func(key []byte, v uint64)) error {
+	for n := 1; len(b) > 0; n++ {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		if len(bytes.TrimSpace(line)) == 0 {
+			continue
+		}
+		k, v, err := parseKeyedLine(line)
+		if err != nil {
+			return fmt.Errorf("line %d %q: %w", n, line, err)
+		}
+		fn(k, v)
+	}
+	return nil
 }
 
 // parseKeyed finds key in a flat keyed file ("key value" per line, as
@@ -36,44 +108,41 @@ func parseSingleUint(b []byte) (uint64, error) {
 // when the file is well formed but has no such key. The first occurrence of
 // key wins.
 func parseKeyed(b []byte, key string) (v uint64, ok bool, err error) {
-	for n := 1; len(b) > 0; n++ {
-		var line []byte
-		line, b, _ = bytes.Cut(b, []byte{'\n'})
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue
-		}
-		k, val, err := parseKeyedLine(line)
-		if err != nil {
-			return 0, false, fmt.Errorf("line %d %q: %w", n, line, err)
-		}
-		if !ok && k == key {
+	err = eachKeyed(b, func(k []byte, val uint64) {
+		if !ok && string(k) == key {
 			v, ok = val, true
 		}
+	})
+	if err != nil {
+		return 0, false, err
 	}
 	return v, ok, nil
 }
 
-func parseKeyedLine(line []byte) (string, uint64, error) {
-	f := strings.Fields(string(line))
-	if len(f) != 2 {
-		return "", 0, fmt.Errorf("want \"key value\", got %d fields", len(f))
+func parseKeyedLine(line []byte) ([]byte, uint64, error) {
+	k, rest := nextField(line)
+	val, rest := nextField(rest)
+	if extra, _ := nextField(rest); len(val) == 0 || len(extra) > 0 {
+		return nil, 0, fmt.Errorf("want \"key value\", got %d fields", countFields(line))
 	}
-	v, err := strconv.ParseUint(f[1], 10, 64)
+	v, err := strconv.ParseUint(string(val), 10, 64)
 	if err != nil {
-		return "", 0, fmt.Errorf("token %q: %w", f[1], err)
+		return nil, 0, fmt.Errorf("token %q: %w", val, err)
 	}
-	return f[0], v, nil
+	return k, v, nil
 }
 
 // parseProcs counts the processes listed in cgroup.procs (one pid a line).
 func parseProcs(b []byte) (uint32, error) {
 	var n uint32
-	for _, line := range strings.Split(string(b), "\n") {
-		line = strings.TrimSpace(line)
-		if line == "" {
+	for len(b) > 0 {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 {
 			continue
 		}
-		if pid, err := strconv.ParseUint(line, 10, 32); err != nil || pid == 0 {
+		if pid, err := strconv.ParseUint(string(line), 10, 32); err != nil || pid == 0 {
 			return 0, fmt.Errorf("token %q: not a pid", line)
 		}
 		n++

@@ -16,29 +16,17 @@ import (
 // of one kernel file, know nothing of paths and name the token in their
 // errors.
 
-// oneToken returns the only token of a one-value file.
-func oneToken(b []byte) (string, error) {
-	s := strings.TrimSpace(string(b))
-	if s == "" {
-		return "", errors.New("empty file")
-	}
-	if strings.ContainsAny(s, " \t\n") {
-		return "", fmt.Errorf("token %q: want one value", s)
-	}
-	return s, nil
-}
-
 // parseLimit parses a limit file in which the kernel writes "max" for no
 // limit: v2 memory.max and memory.high, pids.max (v1 and v2).
 func parseLimit(b []byte) (source.Limit, error) {
-	s, err := oneToken(b)
+	s, err := oneToken(b, "one value")
 	if err != nil {
 		return source.Limit{}, err
 	}
-	if s == "max" {
+	if string(s) == "max" {
 		return source.Limit{Unlimited: true}, nil
 	}
-	v, err := strconv.ParseUint(s, 10, 64)
+	v, err := strconv.ParseUint(string(s), 10, 64)
 	if err != nil {
 		return source.Limit{}, fmt.Errorf("token %q: want a number or \"max\": %w", s, err)
 	}
@@ -71,14 +59,14 @@ func parseV1MemLimit(b []byte, pageSize uint64) (source.Limit, error) {
 // parseCFSQuota parses v1 cpu.cfs_quota_us: microseconds per period, -1 for
 // no quota. Any other negative value or "max" is malformed.
 func parseCFSQuota(b []byte) (source.Limit, error) {
-	s, err := oneToken(b)
+	s, err := oneToken(b, "one value")
 	if err != nil {
 		return source.Limit{}, err
 	}
-	if s == "-1" {
+	if string(s) == "-1" {
 		return source.Limit{Unlimited: true}, nil
 	}
-	v, err := strconv.ParseUint(s, 10, 64)
+	v, err := strconv.ParseUint(string(s), 10, 64)
 	if err != nil {
 		return source.Limit{}, fmt.Errorf("token %q: want microseconds or -1: %w", s, err)
 	}
@@ -106,19 +94,13 @@ func parseCPUMax(b []byte) (quota source.Limit, period uint64, err error) {
 // makes the file malformed; the first occurrence of a key wins.
 func parseKeyedMap(b []byte) (map[string]uint64, error) {
 	m := map[string]uint64{}
-	for n := 1; len(b) > 0; n++ {
-		var line []byte
-		line, b, _ = bytes.Cut(b, []byte{'\n'})
-		if len(bytes.TrimSpace(line)) == 0 {
-			continue
+	err := eachKeyed(b, func(k []byte, v uint64) {
+		if _, seen := m[string(k)]; !seen {
+			m[string(k)] = v
 		}
-		k, v, err := parseKeyedLine(line)
-		if err != nil {
-			return nil, fmt.Errorf("line %d %q: %w", n, line, err)
-		}
-		if _, seen := m[k]; !seen {
-			m[k] = v
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	return m, nil
 }

@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"strconv"
@@ -94,39 +95,47 @@ var blkioOps = map[string]bool{"Read": true, "Write": true, "Sync": true, "Async
 // per device and a last "Total <n>" line, which must be there. It returns
 // each device's Read and Write and the file's Total.
 func parseBlkioRWStat(b []byte) (devs []rwStat, total uint64, err error) {
-	index := map[[2]uint32]int{}
+	var index map[[2]uint32]int // made at the first device line
 	sawTotal := false
-	for n, line := range strings.Split(string(b), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
+	for n := 1; len(b) > 0; n++ {
+		var line []byte
+		line, b, _ = bytes.Cut(b, []byte{'\n'})
+		f0, rest := nextField(line)
+		if len(f0) == 0 {
 			continue
 		}
 		bad := func(err error) ([]rwStat, uint64, error) {
-			return nil, 0, fmt.Errorf("line %d %q: %w", n+1, line, err)
+			return nil, 0, fmt.Errorf("line %d %q: %w", n, line, err)
 		}
 		if sawTotal {
 			return bad(errors.New("a line after the Total line"))
 		}
-		if len(f) == 2 && f[0] == "Total" {
-			if total, err = strconv.ParseUint(f[1], 10, 64); err != nil {
-				return bad(fmt.Errorf("token %q: %w", f[1], err))
+		f1, rest := nextField(rest)
+		f2, rest := nextField(rest)
+		f3, _ := nextField(rest)
+		if string(f0) == "Total" && len(f1) > 0 && len(f2) == 0 {
+			if total, err = strconv.ParseUint(string(f1), 10, 64); err != nil {
+				return bad(fmt.Errorf("token %q: %w", f1, err))
 			}
 			sawTotal = true
 			continue
 		}
-		if len(f) != 3 {
-			return bad(fmt.Errorf("want \"MAJ:MIN <op> <n>\" or \"Total <n>\", got %d fields", len(f)))
+		if len(f2) == 0 || len(f3) > 0 {
+			return bad(fmt.Errorf("want \"MAJ:MIN <op> <n>\" or \"Total <n>\", got %d fields", countFields(line)))
 		}
-		ma, mi, err := parseDevice(f[0])
+		ma, mi, err := parseDevice(string(f0))
 		if err != nil {
 			return bad(err)
 		}
-		if !blkioOps[f[1]] {
-			return bad(fmt.Errorf("token %q: not an operation", f[1]))
+		if !blkioOps[string(f1)] {
+			return bad(fmt.Errorf("token %q: not an operation", f1))
 		}
-		v, err := strconv.ParseUint(f[2], 10, 64)
+		v, err := strconv.ParseUint(string(f2), 10, 64)
 		if err != nil {
-			return bad(fmt.Errorf("token %q: %w", f[2], err))
+			return bad(fmt.Errorf("token %q: %w", f2, err))
+		}
+		if index == nil {
+			index = map[[2]uint32]int{}
 		}
 		key := [2]uint32{ma, mi}
 		i, ok := index[key]
@@ -135,7 +144,7 @@ func parseBlkioRWStat(b []byte) (devs []rwStat, total uint64, err error) {
 			index[key] = i
 			devs = append(devs, rwStat{Major: ma, Minor: mi})
 		}
-		switch f[1] {
+		switch string(f1) {
 		case "Read":
 			devs[i].Read = v
 		case "Write":

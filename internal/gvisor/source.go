@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
@@ -66,8 +67,11 @@ type cgroupSource struct {
 	mroots mountRoots
 
 	mu   sync.Mutex
-	loc  *location             // nil until resolved (by sentry pid: at Open or a Sample); replaced when the cgroup disappears
-	dirs map[string]*dirHandle // open cgroup directories, by dirKey
+	loc  *location            // nil until resolved (by sentry pid: at Open or a Sample); replaced when the cgroup disappears
+	dirs map[dirID]*dirHandle // open cgroup directories
+	// batchBytes is what the last sample read, the size of the next one's
+	// buffer.
+	batchBytes atomic.Int64
 	// closed is set by Close: a directory opened afterwards is closed, not
 	// cached.
 	closed bool
@@ -115,7 +119,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		mode:     cfg.Mode,
 		procRoot: cfg.ProcRoot,
 		g:        bounded.New(cfg.ReadTimeout),
-		dirs:     map[string]*dirHandle{},
+		dirs:     map[dirID]*dirHandle{},
 		pageSize: uint64(os.Getpagesize()),
 	}
 	if p := ref.CgroupPath; p != "" {

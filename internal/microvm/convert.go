@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 
 	katagrpc "github.com/sandboxstats/sandboxstats/proto/kata/grpc"
@@ -212,13 +213,14 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 	}
 
 	var d strings.Builder
-	fmt.Fprintf(&d, "guest agent %s, agent_version %s", addr, v)
-	guestNames := make([]string, len(guests))
+	d.WriteString("guest agent " + addr + ", agent_version " + v.String() + "; guest cgroup ")
 	for i, g := range guests {
-		guestNames[i] = g.String()
+		if i > 0 {
+			d.WriteByte('+')
+		}
+		d.WriteString(g.String())
 	}
-	fmt.Fprintf(&d, "; guest cgroup %s", strings.Join(guestNames, "+"))
-	fmt.Fprintf(&d, "; %d container(s) summed", read)
+	d.WriteString("; " + strconv.Itoa(read) + " container(s) summed")
 	if fromMicros {
 		d.WriteString("; CPU corrected from us (agent < 3.9.0 on a cgroup v2 guest)")
 	}

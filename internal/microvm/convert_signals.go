@@ -102,11 +102,11 @@ func throttling(td *katagrpc.ThrottlingData, g guestCgroup, v agentVersion) *con
 		// turn v2's throttled_usec into ns.
 		t.ThrottledUsec, t.ThrottledKnown = td.GetThrottledTime()/1000, true
 	case g == guestV2 && v.Known:
-		t.ThrottledWhy = fmt.Sprintf("agent %s %s", v, bug)
+		t.ThrottledWhy = "agent " + v.String() + " " + bug
 	case g == guestV2:
-		t.ThrottledWhy = fmt.Sprintf("agent version %s is not a release number, and an agent before the fix %s", v, bug)
+		t.ThrottledWhy = "agent version " + v.String() + " is not a release number, and an agent before the fix " + bug
 	default:
-		t.ThrottledWhy = fmt.Sprintf("the guest's cgroup version cannot be told from the reply, and agent %s, unless fixed, %s", v, bug)
+		t.ThrottledWhy = "the guest's cgroup version cannot be told from the reply, and agent " + v.String() + ", unless fixed, " + bug
 	}
 	return t
 }

@@ -1,7 +1,6 @@
 package microvm
 
 import (
-	"fmt"
 	"strconv"
 	"strings"
 )
@@ -61,5 +60,5 @@ func (v agentVersion) String() string {
 	if v.Raw == "" {
 		return `""`
 	}
-	return fmt.Sprintf("%q", v.Raw)
+	return strconv.Quote(v.Raw)
 }

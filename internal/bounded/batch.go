@@ -1,0 +1,169 @@
+package bounded
+
+// This file is the batched read: the small files of one sample, each a name
+// in a directory held open, read one after another into one buffer inside a
+// single bounded call.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// batchMinBytes is the smallest buffer a Batch starts with: the files of one
+// cgroup sample (a memory.stat of about 1 KiB and a dozen one-line files)
+// fit in it.
+const batchMinBytes = 4 << 10
+
+// Batch reads small files, each a name in a directory held open, one after
+// another into one buffer: per file an openat relative to the directory, an
+// fstat that refuses anything but a regular file, reads into the buffer and
+// a close; no allocation per file. What Read returns stays valid and
+// unchanged for as long as it is referenced: the Batch only appends (a full
+// buffer is replaced by a larger one, never written over).
+//
+// A Batch belongs to one call of DoBatch, which bounds it: a read that
+// blocks (a FIFO with no writer where a kernel file should be) costs the
+// callers the deadline, and the deadline's error names the file the batch
+// is blocked in.
+type Batch struct {
+	buf   []byte
+	total int    // bytes of the files read whole
+	cname []byte // the name being opened, NUL-terminated (reused)
+
+	mu      sync.Mutex // guards the file in progress, read by a caller at its deadline
+	curDir  *os.File
+	curName string
+}
+
+// Read reads name in the open directory dir, at most limit bytes (0 means
+// MaxFileBytes); a larger file is an error wrapping source.ErrMalformed.
+// name is one path element: the open never follows a symlink and never
+// leaves dir. A file that is not a regular file is refused with
+// ErrNotRegular (after opening it: an open that blocks is the deadline's to
+// bound). Errors name the path; fs.ErrNotExist stays detectable with
+// errors.Is.
+func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
+	if limit <= 0 {
+		limit = MaxFileBytes
+	}
+	if name == "" || name == "." || name == ".." || strings.IndexByte(name, '/') >= 0 {
+		return nil, fmt.Errorf("%s/%s: not a name in the directory", dir.Name(), name)
+	}
+	b.mu.Lock()
+	b.curDir, b.curName = dir, name
+	b.mu.Unlock()
+	defer func() {
+		b.mu.Lock()
+		b.curDir, b.curName = nil, ""
+		b.mu.Unlock()
+	}()
+
+	fd, err := b.openat(dir, name)
+	if err != nil {
+		return nil, &fs.PathError{Op: "openat", Path: dir.Name() + "/" + name, Err: err}
+	}
+	defer syscall.Close(fd)
+	var st syscall.Stat_t
+	if err := retryEINTR(func() error { return syscall.Fstat(fd, &st) }); err != nil {
+		return nil, &fs.PathError{Op: "fstat", Path: dir.Name() + "/" + name, Err: err}
+	}
+	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
+		return nil, fmt.Errorf("%s/%s: %w (%s)", dir.Name(), name, ErrNotRegular, typeName(fileMode(uint32(st.Mode))))
+	}
+	start := len(b.buf)
+	for {
+		if len(b.buf) == cap(b.buf) {
+			// Full: a buffer twice as large takes the file in progress;
+			// what earlier reads returned stays in the old one.
+			nb := make([]byte, len(b.buf)-start, max(2*cap(b.buf), batchMinBytes))
+			copy(nb, b.buf[start:])
+			b.buf, start = nb, 0
+		}
+		// At most limit+1 bytes of this file: one more than limit says it is
+		// too large.
+		room := b.buf[len(b.buf):min(cap(b.buf), start+limit+1)]
+		var n int
+		err := retryEINTR(func() (err error) {
+			n, err = syscall.Read(fd, room)
+			return err
+		})
+		if err != nil {
+			b.buf = b.buf[:start]
+			return nil, fmt.Errorf("read %s/%s: %w", dir.Name(), name, err)
+		}
+		if n == 0 {
+			break
+		}
+		b.buf = b.buf[:len(b.buf)+n]
+		if len(b.buf)-start > limit {
+			b.buf = b.buf[:start]
+			return nil, fmt.Errorf("%w: %s/%s is larger than %d bytes", source.ErrMalformed, dir.Name(), name, limit)
+		}
+	}
+	b.total += len(b.buf) - start
+	// The full slice expression keeps a caller's append from writing into
+	// the next file.
+	return b.buf[start:len(b.buf):len(b.buf)], nil
+}
+
+// Len returns how many bytes the batch has read so far: a size hint for the
+// next batch of the same files.
+func (b *Batch) Len() int { return b.total }
+
+// current names the file the batch is reading now ("" between files).
+func (b *Batch) current() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.curDir == nil {
+		return ""
+	}
+	return b.curDir.Name() + "/" + b.curName
+}
+
+func retryEINTR(f func() error) error {
+	for {
+		if err := f(); !errors.Is(err, syscall.EINTR) {
+			return err
+		}
+	}
+}
+
+// fileMode turns a stat mode's type bits into an fs.FileMode (for
+// typeName).
+func fileMode(m uint32) fs.FileMode {
+	switch m & syscall.S_IFMT {
+	case syscall.S_IFDIR:
+		return fs.ModeDir
+	case syscall.S_IFLNK:
+		return fs.ModeSymlink
+	case syscall.S_IFIFO:
+		return fs.ModeNamedPipe
+	case syscall.S_IFSOCK:
+		return fs.ModeSocket
+	case syscall.S_IFCHR:
+		return fs.ModeDevice | fs.ModeCharDevice
+	case syscall.S_IFBLK:
+		return fs.ModeDevice
+	}
+	return fs.ModeIrregular
+}
+
+// DoBatch is Do for a batch of file reads: fn reads them through one Batch
+// (whose buffer starts at sizeHint bytes, at least 4 KiB), in the one call
+// that every caller of key shares. A caller that gives up at the deadline
+// gets an error wrapping source.ErrTimeout that names the file the batch is
+// blocked in.
+func DoBatch[T any](ctx context.Context, g *Group, key string, sizeHint int, fn func(b *Batch) (T, error)) (T, error) {
+	return do[T](ctx, g, key, func(c *call) func() (any, error) {
+		c.batch = &Batch{buf: make([]byte, 0, max(sizeHint, batchMinBytes))}
+		return func() (any, error) { return fn(c.batch) }
+	})
+}
