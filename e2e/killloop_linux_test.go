@@ -92,6 +92,18 @@ func readStateFiles(t *testing.T, dir string) (bound map[string]boundState, epoc
 // state of the last acknowledged call or of the one in flight (never
 // anything else, never a torn file), every acknowledged Checkpoint's
 // ended record is in ended.json, and no temp file is left.
+// noLeftovers fails unless the state dir a restart after kill found holds
+// no temp file an interrupted write left and no file moved aside as
+// corrupt.
+func noLeftovers(t *testing.T, stateDir string, kill int) {
+	t.Helper()
+	left, _ := filepath.Glob(filepath.Join(stateDir, "*.tmp-*"))
+	corrupt, _ := filepath.Glob(filepath.Join(stateDir, "*.corrupt-*"))
+	if len(left) > 0 || len(corrupt) > 0 {
+		t.Fatalf("restart after kill %d: temp files %v, corrupt files %v", kill, left, corrupt)
+	}
+}
+
 func TestIntegrationKillLoop(t *testing.T) {
 	if testing.Short() {
 		t.Skip("kills and restarts the statsd binary 100 times")
@@ -145,11 +157,7 @@ func TestIntegrationKillLoop(t *testing.T) {
 				t.Fatalf("restart after kill %d: the acknowledged end of epoch %d is not in ended.json", kill, e)
 			}
 		}
-		left, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*"))
-		corrupt, _ := filepath.Glob(filepath.Join(d.StateDir, "*.corrupt-*"))
-		if len(left) > 0 || len(corrupt) > 0 {
-			t.Fatalf("restart after kill %d: temp files %v, corrupt files %v", kill, left, corrupt)
-		}
+		noLeftovers(t, d.StateDir, kill)
 		checked++
 	}
 	const kills = 100

@@ -751,11 +751,7 @@ func TestIntegrationKillLoopSeveralWorkloads(t *testing.T) {
 				}
 			}
 		}
-		left, _ := filepath.Glob(filepath.Join(d.StateDir, "*.tmp-*"))
-		corrupt, _ := filepath.Glob(filepath.Join(d.StateDir, "*.corrupt-*"))
-		if len(left) > 0 || len(corrupt) > 0 {
-			t.Fatalf("restart after kill %d: temp files %v, corrupt files %v", kill, left, corrupt)
-		}
+		noLeftovers(t, d.StateDir, kill)
 		checked++
 	}
 	const kills = 50

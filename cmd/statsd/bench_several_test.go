@@ -4,19 +4,13 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/sandboxstats/sandboxstats/internal/identity"
-	"github.com/sandboxstats/sandboxstats/internal/server"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -49,22 +43,7 @@ func serveSeveral(b *testing.B, n int) *severalBench {
 			b.Fatal(err)
 		}
 	}
-	sock := filepath.Join(b.TempDir(), "statsd.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		b.Fatal(err)
-	}
-	srv := grpc.NewServer(append(serverOptions(), server.UnaryInterceptors(logger))...)
-	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, nil, logger))
-	healthpb.RegisterHealthServer(srv, health.NewServer())
-	go srv.Serve(lis)
-	b.Cleanup(srv.Stop)
-	cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cc.Close() })
-	sb.stats, sb.health = sandboxstatsv1.NewWorkloadStatsServiceClient(cc), healthpb.NewHealthClient(cc)
+	sb.stats, sb.health = serveStoreForBench(b, store, logger)
 	return sb
 }
 

@@ -38,6 +38,14 @@ func serveForBenchWithHealth(b *testing.B, ref source.SandboxRef) (sandboxstatsv
 	if _, _, err := store.Bind(context.Background(), identity.OpRun, identity.Identity{ActorUID: "bench"}, ref); err != nil {
 		b.Fatal(err)
 	}
+	return serveStoreForBench(b, store, logger)
+}
+
+// serveStoreForBench serves store's stats service and health, with
+// statsd's server options, on a Unix socket and returns their clients on
+// one connection.
+func serveStoreForBench(b *testing.B, store *identity.Store, logger *slog.Logger) (sandboxstatsv1.WorkloadStatsServiceClient, healthpb.HealthClient) {
+	b.Helper()
 	sock := filepath.Join(b.TempDir(), "statsd.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
