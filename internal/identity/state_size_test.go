@@ -33,7 +33,9 @@ func (bigBaselineSource) Close() error { return nil }
 func TestStateFileHoldsEveryLargeBinding(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
-	cfg := Config{StateDir: dir, MaxWorkloads: LimitMaxWorkloads, Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) { return bigBaselineSource{}, nil, nil }}
+	cfg := Config{StateDir: dir, MaxWorkloads: LimitMaxWorkloads, Open: func(source.SandboxRef) (source.Source, source.HostSampler, error) {
+		return bigBaselineSource{}, nil, nil
+	}}
 	s, err := NewStore(cfg)
 	if err != nil {
 		t.Fatal(err)
