@@ -16,7 +16,7 @@ import (
 // first, in the table and in JSON.
 func TestActivationsReadsEveryPage(t *testing.T) {
 	d := startDaemon(t)
-	d.src.reading = source.Reading{Kind: source.KindCgroup, Detail: strings.Repeat("d", 8<<10), MemoryCurrentBytes: 1 << 20, CPUUsageUsec: cpuUsec(1)}
+	d.src.set(source.Reading{Kind: source.KindCgroup, Detail: strings.Repeat("d", 8<<10), MemoryCurrentBytes: 1 << 20, CPUUsageUsec: cpuUsec(1)}, nil)
 	ctx := context.Background()
 	var want []string
 	for i := range identity.DefaultEndedMax {
@@ -65,7 +65,7 @@ func TestActivationsReadsEveryPage(t *testing.T) {
 func TestActivationsBeyondTheAgentsCap(t *testing.T) {
 	const n = 300
 	d := startDaemonAt(t, "", func(c *identity.Config) { c.EndedMax = n; c.EndedRetention = 1 << 62 })
-	d.src.reading = source.Reading{Kind: source.KindCgroup, MemoryCurrentBytes: 1 << 20, CPUUsageUsec: cpuUsec(1)}
+	d.src.set(source.Reading{Kind: source.KindCgroup, MemoryCurrentBytes: 1 << 20, CPUUsageUsec: cpuUsec(1)}, nil)
 	ctx := context.Background()
 	for i := range n {
 		id := identity.Identity{ActorUID: fmt.Sprintf("actor-%03d", i)}

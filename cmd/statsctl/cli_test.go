@@ -61,7 +61,7 @@ func TestGoldenCLI(t *testing.T) {
 			for i, a := range tc.args {
 				args[i] = strings.ReplaceAll(a, "$DIR", "/nonexistent")
 			}
-			d.src.reading = v1Reading()
+			d.src.set(v1Reading(), nil)
 			out, errOut, code := d.ctl(t, args...)
 			if code != tc.code {
 				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, errOut)

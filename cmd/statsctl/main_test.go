@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -29,12 +30,26 @@ import (
 )
 
 // scriptedSource answers every Sample with one reading or error.
+// scriptedSource answers a settable reading or error. Safe for concurrent
+// use: the store's baseline taker reads a guest's source in the background.
 type scriptedSource struct {
+	mu      sync.Mutex
 	reading source.Reading
 	err     error
 }
 
-func (s *scriptedSource) Sample(context.Context) (source.Reading, error) { return s.reading, s.err }
+func (s *scriptedSource) Sample(context.Context) (source.Reading, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.reading, s.err
+}
+
+// set makes r and err the answer of every later Sample.
+func (s *scriptedSource) set(r source.Reading, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.reading, s.err = r, err
+}
 func (s *scriptedSource) Close() error                                   { return nil }
 
 var (
@@ -237,7 +252,7 @@ func TestGolden(t *testing.T) {
 		{name: "help", args: []string{"--help"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			d.src.reading, d.src.err = tc.reading, tc.err
+			d.src.set(tc.reading, tc.err)
 			out, errOut, code := d.ctl(t, tc.args...)
 			if code != tc.code {
 				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, errOut)
@@ -263,7 +278,7 @@ func runGolden(t *testing.T, d *daemon, cases []goldenCase) {
 	t.Helper()
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			d.src.reading, d.src.err = tc.reading, tc.err
+			d.src.set(tc.reading, tc.err)
 			out, errOut, code := d.ctl(t, tc.args...)
 			if code != tc.code {
 				t.Errorf("exit code %d, want %d; stderr: %s", code, tc.code, errOut)
@@ -327,7 +342,7 @@ func TestGoldenDrift(t *testing.T) {
 	}
 	for i, st := range steps {
 		procs := st.procs
-		d.src.reading = source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, SandboxProcesses: &procs}
+		d.src.set(source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, SandboxProcesses: &procs}, nil)
 		if i > 0 {
 			d.checker.Cycle(context.Background())
 		}
@@ -395,7 +410,7 @@ func TestGoldenPoll(t *testing.T) {
 	}
 	stale.(*net.UnixListener).SetUnlinkOnClose(false)
 	stale.Close()
-	bound.src.reading = source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, MemoryWorkingSetBytes: 12 << 20, MemoryPeakBytes: &peak, CPUUsageUsec: cpuUsec(2_500_000)}
+	bound.src.set(source.Reading{Kind: source.KindCgroup, Detail: "cgroup v1", MemoryCurrentBytes: 13 << 20, MemoryWorkingSetBytes: 12 << 20, MemoryPeakBytes: &peak, CPUUsageUsec: cpuUsec(2_500_000)}, nil)
 	if _, errOut, code := bound.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--template-namespace", "templates", "--template-name", "python", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
 		t.Fatal(errOut)
 	}
