@@ -50,7 +50,7 @@ func (s *scriptedSource) set(r source.Reading, err error) {
 	defer s.mu.Unlock()
 	s.reading, s.err = r, err
 }
-func (s *scriptedSource) Close() error                                   { return nil }
+func (s *scriptedSource) Close() error { return nil }
 
 var (
 	peak  = uint64(224_350_208)
