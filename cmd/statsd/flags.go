@@ -35,6 +35,7 @@ type config struct {
 	maxWorkloads    int
 	hostMinInterval time.Duration
 	memoryLimit     int64
+	releaseAfter    time.Duration
 	logLevel        slog.Level
 
 	// Who is served (SO_PEERCRED), and the read socket's group.
@@ -128,6 +129,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.socketGroup, "socket-group", "", "group (name or gid) of the read socket; default: the group it is created with")
 	fs.IntVar(&c.maxReadConns, "max-read-connections", 128, "most connections served at once on the read socket (lowered to keep a quarter of RLIMIT_NOFILE, at least 64 descriptors, for the lifecycle socket and state files); more are closed on accept")
 	fs.Int64Var(&c.memoryLimit, "memory-limit", 48<<20, "soft limit of the Go heap in bytes (runtime/debug.SetMemoryLimit; GOMEMLIMIT, if set, wins); the collector works harder near it; 0 sets none")
+	fs.DurationVar(&c.releaseAfter, "release-after", 5*time.Second, "once no RPC has come for this long (and the heap was collected since the last time), return the free heap to the system (runtime/debug.FreeOSMemory); 0 never does")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
 	fs.BoolVar(&showVersion, "version", false, "print the version (module, VCS revision and time, Go) and exit")
 	if err := fs.Parse(args); err != nil {
@@ -172,6 +174,9 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.maxReadConns <= 0 {
 		return c, errors.New("--max-read-connections must be positive")
+	}
+	if c.releaseAfter < 0 {
+		return c, errors.New("--release-after must not be negative")
 	}
 	return c, nil
 }

@@ -110,13 +110,15 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	defer driftDone.Wait() // before the store closes its sources
 	defer stopDrift()
 
+	rel := newReleaser(cfg.releaseAfter, nil, nil)
+	defer rel.stop()
 	healthSrv := health.NewServer()
-	statsSrv := grpc.NewServer(append(serverOptions(), server.UnaryInterceptors(logger.With("component", "stats")))...)
+	statsSrv := grpc.NewServer(append(append(serverOptions(), rel.options()...), server.UnaryInterceptors(logger.With("component", "stats")))...)
 	sandboxstatsv1.RegisterWorkloadStatsServiceServer(statsSrv, server.NewStatsService(store, nil, logger.With("component", "stats")).WithDrift(checker))
 	healthpb.RegisterHealthServer(statsSrv, healthSrv)
 	reflection.Register(statsSrv)
 
-	lifeSrv := grpc.NewServer(append(serverOptions(), server.UnaryInterceptors(logger.With("component", "lifecycle")))...)
+	lifeSrv := grpc.NewServer(append(append(serverOptions(), rel.options()...), server.UnaryInterceptors(logger.With("component", "lifecycle")))...)
 	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(lifeSrv, server.NewLifecycleService(store, logger.With("component", "lifecycle")))
 	healthpb.RegisterHealthServer(lifeSrv, healthSrv)
 	reflection.Register(lifeSrv)

@@ -21,3 +21,18 @@ func ProcMemory(pid int) (rss, peak int64, err error) {
 	}
 	return int64(st.VmRSS), int64(st.VmHWM), nil
 }
+
+// ProcAnonymous returns a process's anonymous memory and its proportional
+// set size (Anonymous and Pss of /proc/<pid>/smaps_rollup, read through
+// procfs), in bytes.
+func ProcAnonymous(pid int) (anon, pss uint64, err error) {
+	p, err := procfs.NewProc(pid)
+	if err != nil {
+		return 0, 0, err
+	}
+	r, err := p.ProcSMapsRollup()
+	if err != nil {
+		return 0, 0, err
+	}
+	return r.Anonymous, r.Pss, nil
+}

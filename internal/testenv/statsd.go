@@ -157,18 +157,46 @@ func (d *Statsd) Restart(t testing.TB) {
 	d.start(t)
 }
 
+// BuildProgram builds the main package in the module's directory pkg (a
+// test-only program kept in a testdata directory, out of ./...: for
+// example "e2e/testdata/grpcfloor") into a temporary directory that the
+// test's cleanup removes, and returns the binary's path. Where
+// PrebuiltBinEnv names a directory, the binary of that name there is
+// returned.
+func BuildProgram(t testing.TB, pkg string) string {
+	t.Helper()
+	name := filepath.Base(pkg)
+	if dir := os.Getenv(PrebuiltBinEnv); dir != "" {
+		p := filepath.Join(dir, name)
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s=%s: %v", PrebuiltBinEnv, dir, err)
+		}
+		return p
+	}
+	dir := t.TempDir()
+	goBuildPackages(t, dir, nil, nil, module+"/"+pkg)
+	return filepath.Join(dir, name)
+}
+
 // goBuild builds the module's commands (names under ./cmd) into dir with
 // `go build`, flags before the packages and env added to the environment.
 func goBuild(t testing.TB, dir string, env, flags []string, cmds ...string) {
 	t.Helper()
-	args := append(append([]string{"build"}, flags...), "-o", dir+"/")
-	for _, c := range cmds {
-		args = append(args, module+"/cmd/"+c)
+	pkgs := make([]string, len(cmds))
+	for i, c := range cmds {
+		pkgs[i] = module + "/cmd/" + c
 	}
+	goBuildPackages(t, dir, env, flags, pkgs...)
+}
+
+// goBuildPackages is goBuild for packages named by import path.
+func goBuildPackages(t testing.TB, dir string, env, flags []string, pkgs ...string) {
+	t.Helper()
+	args := append(append(append([]string{"build"}, flags...), "-o", dir+"/"), pkgs...)
 	cmd := exec.Command(goTool(t), args...)
 	cmd.Env = append(os.Environ(), env...)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("go build %s: %v\n%s", strings.Join(cmds, " "), err, out)
+		t.Fatalf("go build %s: %v\n%s", strings.Join(pkgs, " "), err, out)
 	}
 }
 
