@@ -64,9 +64,10 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 		return nil, status.FromContextError(err).Err()
 	}
 	// The answer is the state after the reads: a binding that ended or was
-	// replaced meanwhile gives no sample (its record is among the ended
-	// ones, or its successor is pending), so a sample never stands beside
-	// its own record.
+	// replaced meanwhile is not in it and gives no sample (its record is
+	// among the ended ones, or its successor is pending), so a sample never
+	// stands beside its own record; a read that saw its binding change
+	// (errBindingChanged) is of such a binding.
 	now, ended := s.store.Snapshot()
 	resp := &sandboxstatsv1.StatsActiveWorkloadsResponse{}
 	read := make(map[*identity.Binding]activeResult, len(results))
@@ -80,9 +81,6 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 		case !ok:
 			resp.Pending = append(resp.Pending, pendingOf(b, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED,
 				"bound while the answer was being read"))
-		case r.err == errBindingChanged:
-			resp.Pending = append(resp.Pending, pendingOf(b, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED,
-				"the binding changed while the sample was being read"))
 		case r.err != nil:
 			_, reason := readReason(r.err)
 			resp.Pending = append(resp.Pending, pendingOf(b, reason, r.err.Error()))
@@ -91,8 +89,10 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 			bindingOf[r.sample] = b
 		}
 	}
+	// One sample and one ended record always fit a page (budget.go): the
+	// first record is measured (converted once more) only beside several.
 	reserve := endedReserve
-	if len(ended) > 0 {
+	if len(ended) > 0 && len(resp.Samples)+len(resp.Pending) > 1 {
 		first, _ := endedPage(ended, 0, 0, activeEndedField)
 		if len(first) == 1 {
 			reserve = max(reserve, protowire.SizeTag(activeEndedField)+protowire.SizeBytes(proto.Size(first[0])))
