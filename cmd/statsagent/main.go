@@ -8,6 +8,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"flag"
@@ -23,9 +24,11 @@ import (
 	"syscall"
 	"time"
 
+	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
+	"github.com/sandboxstats/sandboxstats/internal/otlp"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	"github.com/sandboxstats/sandboxstats/internal/version"
@@ -78,6 +81,27 @@ type options struct {
 	listen          string
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
+	otlp            otlp.Config
+	otlpHeaders     headerFlag
+	otlpPeriodic    int
+	nodeName        string
+}
+
+// headerFlag is a repeatable NAME=VALUE flag.
+type headerFlag map[string]string
+
+func (h *headerFlag) String() string { return "" }
+
+func (h *headerFlag) Set(v string) error {
+	name, value, ok := strings.Cut(v, "=")
+	if !ok || strings.TrimSpace(name) == "" {
+		return fmt.Errorf("%q: want NAME=VALUE", v)
+	}
+	if *h == nil {
+		*h = headerFlag{}
+	}
+	(*h)[strings.TrimSpace(name)] = value
+	return nil
 }
 
 // parseFlags turns args into options. Warnings (a clamped interval) go to
@@ -118,11 +142,22 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once; must exceed statsd's --ended-retention")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
+	fs.StringVar(&o.otlp.Endpoint, "otlp-endpoint", "", "also push metrics and usage events over OTLP to this OpenTelemetry Collector: http://HOST:PORT (plaintext), https://HOST:PORT (TLS) or unix:///PATH; off when empty (Prometheus is served either way)")
+	fs.StringVar(&o.otlp.Protocol, "otlp-protocol", otlp.ProtocolGRPC, "OTLP transport: grpc or http/protobuf")
+	fs.StringVar(&o.otlp.CAFile, "otlp-ca-file", "", "PEM CA certificates that verify an https:// collector (default: the system's roots)")
+	fs.StringVar(&o.otlp.CertFile, "otlp-client-cert", "", "PEM client certificate for an https:// collector (with --otlp-client-key)")
+	fs.StringVar(&o.otlp.KeyFile, "otlp-client-key", "", "PEM key of --otlp-client-cert")
+	fs.Var(&o.otlpHeaders, "otlp-header", "`NAME=VALUE` sent with every OTLP export (repeatable), e.g. an authorization header")
+	fs.DurationVar(&o.otlp.Timeout, "otlp-timeout", otlp.DefaultTimeout, "bound of each OTLP export")
+	fs.IntVar(&o.otlp.QueueRecords, "otlp-queue-events", otlp.DefaultQueueRecords, "most usage events waiting to be sent; more are dropped and counted (initial and periodic ones may fill three quarters)")
+	fs.IntVar(&o.otlp.QueueBytes, "otlp-queue-bytes", otlp.DefaultQueueBytes, "most bytes of usage events waiting to be sent; more are dropped and counted")
+	fs.IntVar(&o.otlpPeriodic, "otlp-periodic-every", 1, "send a periodic usage event of every workload at every Nth sweep; 0: none (initial and final events are always sent)")
+	fs.StringVar(&o.nodeName, "node-name", "", "the node's name on the OTLP resource (k8s.node.name; default $NODE_NAME)")
 	fs.BoolVar(&showVersion, "version", false, "print the version (module, VCS revision and time, Go) and exit")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fs.SetOutput(stderr)
-			fmt.Fprintf(stderr, "Usage: statsagent [flags]\n\nPolls every statsd on the node and serves Prometheus metrics (/metrics, /healthz).\n\nFlags:\n")
+			fmt.Fprintf(stderr, "Usage: statsagent [flags]\n\nPolls every statsd on the node and serves Prometheus metrics (/metrics, /healthz);\nwith --otlp-endpoint it also pushes them, and a usage event per activation, over OTLP.\n\nFlags:\n")
 			fs.PrintDefaults()
 			fmt.Fprint(stderr, exitStatusHelp)
 		}
@@ -147,9 +182,19 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 		return o, nil, errors.New("--ended-horizon must be positive")
 	case o.agent.SweepTimeout < 0:
 		return o, nil, errors.New("--sweep-timeout must not be negative")
+	case o.otlp.Timeout <= 0 || o.otlp.QueueRecords < 1 || o.otlp.QueueBytes < 1:
+		return o, nil, errors.New("--otlp-timeout, --otlp-queue-events and --otlp-queue-bytes must be positive")
+	case o.otlpPeriodic < 0:
+		return o, nil, errors.New("--otlp-periodic-every must not be negative")
 	case o.agent.Limits.MaxSamples < 1 || o.agent.Limits.MaxFindings < 1 || o.agent.Limits.MaxEnded < 1 || o.agent.Limits.MaxReplyBytes < 1:
 		return o, nil, errors.New("--max-samples, --max-findings, --max-ended and --max-reply-bytes must be positive")
 	}
+	if o.otlp.Endpoint != "" {
+		if _, err := otlp.ParseEndpoint(o.otlp.Endpoint); err != nil {
+			return o, nil, fmt.Errorf("--otlp-endpoint: %w", err)
+		}
+	}
+	o.otlp.Headers = o.otlpHeaders
 	if o.allowUIDs != "" {
 		for _, f := range strings.Split(o.allowUIDs, ",") {
 			uid, err := strconv.ParseUint(strings.TrimSpace(f), 10, 32)
@@ -178,6 +223,18 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 		o.agent.Grace = floor
 	}
 	return o, warnings, nil
+}
+
+// resourceAttrs describe this agent on the OTLP resource.
+func resourceAttrs(node string) []attribute.KeyValue {
+	kv := []attribute.KeyValue{attribute.String("service.name", "statsagent"), attribute.String("service.version", cmp.Or(version.Get().Revision, version.Get().Version))}
+	if h, err := os.Hostname(); err == nil {
+		kv = append(kv, attribute.String("host.name", h))
+	}
+	if node != "" {
+		kv = append(kv, attribute.String("k8s.node.name", node))
+	}
+	return kv
 }
 
 // allowed describes the allowed uids for the log.
@@ -210,9 +267,23 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		defer f.Close()
 		o.agent.ActivationLog = f
 	}
+	var pipeline *otlp.Pipeline
+	if o.otlp.Endpoint != "" {
+		o.otlp.Resource = resourceAttrs(cmp.Or(o.nodeName, os.Getenv("NODE_NAME")))
+		pipeline, err = otlp.New(o.otlp, logger.With("component", "otlp"))
+		if err != nil {
+			return err
+		}
+		o.agent.OTel = &nodeagent.OTel{Meters: pipeline.Meters(), Loggers: pipeline.Loggers(), PeriodicEvery: o.otlpPeriodic, Swept: pipeline.Swept}
+	}
 	a, err := nodeagent.New(o.agent, logger.With("component", "agent"))
 	if err != nil {
 		return err
+	}
+	if pipeline != nil {
+		if err := a.RegisterLive(pipeline.Collectors()...); err != nil {
+			return err
+		}
 	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
@@ -236,6 +307,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return nil
 	})
 	g.Go(func() error { return a.Run(gctx) })
+	if pipeline != nil {
+		logger.Info("pushing OTLP", "endpoint", o.otlp.Endpoint, "protocol", o.otlp.Protocol, "periodic_every", o.otlpPeriodic)
+		g.Go(func() error { return pipeline.Run(gctx) })
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(gctx), o.shutdownTimeout)

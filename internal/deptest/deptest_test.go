@@ -55,9 +55,17 @@ func badDeps() map[string]map[string]string {
 	for _, p := range daemonPackages {
 		statsctl[module+"/"+p] = "a daemon package: statsctl talks to statsd over the API only"
 	}
+	otlp := map[string]string{
+		"go.opentelemetry.io/otel/sdk":       "the OpenTelemetry SDK: statsagent's OTLP export only",
+		"go.opentelemetry.io/otel/exporters": "the OTLP exporters: statsagent only",
+		module + "/internal/otlp":            "the OTLP export: statsagent only",
+	}
+	statsd := map[string]string{"github.com/prometheus/client_golang": "statsd serves no metrics (statsagent does)"}
+	maps.Copy(statsd, otlp)
+	maps.Copy(statsctl, otlp)
 	rules := map[string]map[string]string{
 		module + "/cmd/statsctl":   statsctl,
-		module + "/cmd/statsd":     {"github.com/prometheus/client_golang": "statsd serves no metrics (statsagent does)"},
+		module + "/cmd/statsd":     statsd,
 		module + "/cmd/statsagent": {},
 	}
 	for _, r := range rules {

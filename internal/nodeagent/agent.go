@@ -48,6 +48,9 @@ type Config struct {
 	Grace          time.Duration
 	EndedHorizon   time.Duration
 	ActivationLog  io.Writer
+	// OTel, when set, gets the metrics and the usage events over
+	// OpenTelemetry (metricsConfig.OTel).
+	OTel *OTel
 }
 
 // Agent sweeps on a timer and serves the result as Prometheus metrics.
@@ -78,13 +81,24 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	live.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
 	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
-		Started: started, EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog}, logger)
+		Started: started, EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
 	pool := sweep.Config{Concurrency: cfg.Concurrency, Timeout: cfg.Timeout, SweepTimeout: cmp.Or(cfg.SweepTimeout, max(cfg.Interval, cfg.Timeout)),
 		Limits: cfg.Limits, AllowUIDs: cfg.AllowUIDs}.NewPool()
 	return &Agent{cfg: cfg, logger: logger, reg: reg, live: live, metrics: m, pool: pool, started: started}, nil
+}
+
+// RegisterLive adds collectors gathered at every scrape (not once per
+// sweep), such as the OTLP pipeline's.
+func (a *Agent) RegisterLive(cs ...prometheus.Collector) error {
+	for _, c := range cs {
+		if err := a.live.Register(c); err != nil {
+			return fmt.Errorf("agent: register metrics: %w", err)
+		}
+	}
+	return nil
 }
 
 // Close closes the connections the agent keeps to its daemons (Run does
@@ -125,6 +139,9 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	now := time.Now()
 	a.metrics.Apply(results, now, took)
 	a.lastDone.Store(now.UnixNano())
+	if a.cfg.OTel != nil && a.cfg.OTel.Swept != nil {
+		a.cfg.OTel.Swept()
+	}
 	for _, r := range results {
 		switch r.Status {
 		case sweep.StatusError:

@@ -1,7 +1,11 @@
 package nodeagent
 
 import (
+	"context"
 	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
@@ -39,6 +43,9 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 		snap.daemons[r.Status]++
 		if r.Status == sweep.StatusError {
 			m.pollErrors.WithLabelValues(codeLabel(r.Code)).Inc()
+			if m.otel != nil {
+				m.otel.pollErrors.Add(context.Background(), 1, metric.WithAttributes(attribute.String(attrGRPCCode, codeLabel(r.Code))))
+			}
 		}
 		for _, part := range r.Capped {
 			m.capped.WithLabelValues(part).Inc()
@@ -74,6 +81,9 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 	m.lastSweep.Set(took.Seconds())
 	m.lastSweepTime.Set(float64(now.UnixNano()) / 1e9)
 	m.sweeps.Inc()
+	if m.otel != nil {
+		m.otel.swept(took)
+	}
 	// Last: a new snapshot is a new sweep for the Handler's gatherer
 	// (sweepGatherer), which gathers each sweep's metrics once.
 	m.snap.Store(snap)
@@ -127,6 +137,9 @@ func (m *metrics) conflicting(results []sweep.DaemonResult) map[string]bool {
 	}
 	for actor := range suspect {
 		m.conflicts.Inc()
+		if m.otel != nil {
+			m.otel.conflicts.Add(context.Background(), 1)
+		}
 		m.logger.Warn("one actor reported by more than one daemon: none of its samples or records believed",
 			"actor_uid", cut(actor), "sockets", sockets[actor])
 	}
@@ -176,7 +189,16 @@ func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.Wor
 		return // not measured, or a layer this build does not know: counted, no numbers
 	}
 	charges, ev := m.acct.Sample(s, now)
+	_, seen := m.owners[rate.KeyOf(s)]
 	m.owners[rate.KeyOf(s)] = owner{socket: socket, lastSeen: now}
+	if m.otel != nil && ev != rate.EventEnded {
+		switch {
+		case !seen:
+			m.otel.sampleEvent(KindInitial, socket, s, now)
+		case m.otel.periodic():
+			m.otel.sampleEvent(KindPeriodic, socket, s, now)
+		}
+	}
 	sv.current = addSat(sv.current, s.GetMemoryCurrentBytes())
 	sv.wset = addSat(sv.wset, s.GetMemoryWorkingSetBytes())
 	if s.MemoryPeakBytes == nil {
@@ -248,6 +270,10 @@ func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now
 	m.actDuration.WithLabelValues(tl...).Observe(duration.Seconds())
 	m.logger.Debug("activation ended", "actor_uid", cut(id.GetActorUid()), "epoch_unix_nano", e.GetEpochUnixNano(),
 		"outcome", api.OutcomeName(e.GetOutcome()), "charged_usec", charged, "charge", string(how), "socket", socket)
+	if m.otel != nil {
+		m.otel.endedCounted(tmpl, e)
+		m.otel.finalEvent(socket, e, charged, how, now)
+	}
 	if m.actLog != nil {
 		if err := m.actLog.Encode(activationRecord(socket, e, charged, how)); err != nil {
 			m.logger.Warn("activation log write failed", "err", err)

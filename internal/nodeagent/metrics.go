@@ -82,6 +82,9 @@ type metricsConfig struct {
 	// interface label, at most rate.MaxInterfaces of a sample) instead of
 	// their total over the interfaces but loopback.
 	LabelInterface bool
+	// OTel, when set, gets the same metrics over OpenTelemetry and the
+	// usage events.
+	OTel *OTel
 }
 
 // metrics is a prometheus.Collector over the latest sweep: the workload
@@ -99,6 +102,7 @@ type metrics struct {
 	// socket's sample or record of it is a conflict (never believed).
 	owners map[rate.ActivationKey]owner
 	actLog *json.Encoder // nil: no activation log
+	otel   *otelMetrics  // nil: no OpenTelemetry export
 
 	snap atomic.Pointer[snapshot]
 
@@ -306,6 +310,13 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		m.actLog = json.NewEncoder(cfg.ActivationLog)
 	}
 	m.snap.Store(&snapshot{})
+	if cfg.OTel != nil {
+		o, err := newOTelMetrics(*cfg.OTel, m)
+		if err != nil {
+			return nil, err
+		}
+		m.otel = o
+	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
 		m.conflicts, m.capped, m.refused, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration} {
 		if err := reg.Register(c); err != nil {

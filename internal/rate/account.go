@@ -183,6 +183,17 @@ func ownValue(s *sandboxstatsv1.WorkloadStatsSample, id CounterID, v uint64) (ow
 	return v, 0, false, false
 }
 
+// OwnCPU returns the CPU s's activation used itself (its counter minus the
+// epoch baseline's), in µs, and whether it is known: false when s has no
+// CPU counter or (a guest agent's sample) no baseline to subtract.
+func OwnCPU(s *sandboxstatsv1.WorkloadStatsSample) (usec uint64, ok bool) {
+	if s.CpuUsageUsec == nil {
+		return 0, false
+	}
+	own, _, withBaseline, _ := ownValue(s, CounterID{Counter: CounterCPU}, s.GetCpuUsageUsec())
+	return own, withBaseline
+}
+
 // Sample records s, seen at now (the poller's clock, for the horizon), and
 // returns what it charges to each counter it carries, and how it relates to
 // the previous sample of its activation: EventNotMeasured, EventEnded, or

@@ -1,0 +1,412 @@
+// Package otlp pushes the node agent's metrics and usage events to an
+// OpenTelemetry Collector over OTLP (gRPC or HTTP/protobuf), and never in a
+// sweep's way: a sweep only wakes the metrics export and queues events;
+// the exports run on their own goroutines, each bounded by a timeout, the
+// event queue by a count and a byte size, and whatever is dropped is
+// counted.
+//
+// Metrics are cumulative: an export that fails is superseded by the next,
+// which carries every counter whole, so an outage loses resolution, never
+// totals. Events are kept and sent again while the collector cannot be
+// reached (connection refused, Unavailable), up to the queue's bounds; a
+// batch the collector may have taken (a timeout) is never sent twice.
+package otlp
+
+import (
+	"cmp"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploggrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlplog/otlploghttp"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetricgrpc"
+	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
+	otellog "go.opentelemetry.io/otel/log"
+	"go.opentelemetry.io/otel/metric"
+	sdklog "go.opentelemetry.io/otel/sdk/log"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	"go.opentelemetry.io/otel/sdk/resource"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+)
+
+// Protocols.
+const (
+	ProtocolGRPC = "grpc"
+	ProtocolHTTP = "http/protobuf"
+)
+
+// Defaults of Config's bounds.
+const (
+	DefaultTimeout      = 10 * time.Second
+	DefaultQueueRecords = 8192
+	DefaultQueueBytes   = 16 << 20
+	// maxBatch is the most event records in one export.
+	maxBatch = 512
+	// maxBackoff is the longest wait before an event batch is sent again
+	// to a collector that could not be reached.
+	maxBackoff = 5 * time.Second
+)
+
+// Config configures a Pipeline.
+type Config struct {
+	// Endpoint is the collector: http://HOST:PORT (plaintext),
+	// https://HOST:PORT (TLS) or unix:///PATH (plaintext over a Unix
+	// socket).
+	Endpoint string
+	// Protocol is ProtocolGRPC (default) or ProtocolHTTP.
+	Protocol string
+	// CAFile verifies an https endpoint's certificate (default: the
+	// system's roots); CertFile and KeyFile are a client certificate.
+	CAFile, CertFile, KeyFile string
+	// Headers are sent with every export (e.g. an authorization header).
+	Headers map[string]string
+	// Timeout bounds each export (DefaultTimeout where zero).
+	Timeout time.Duration
+	// QueueRecords and QueueBytes bound the events waiting to be sent
+	// (defaults where zero). Initial and periodic events may fill three
+	// quarters of either; finals all of it.
+	QueueRecords, QueueBytes int
+	// Resource describes this agent (service.name and the like).
+	Resource []attribute.KeyValue
+}
+
+// Pipeline is an OTLP export: its providers are what nodeagent.OTel
+// takes. Run exports until its context ends.
+type Pipeline struct {
+	cfg    Config
+	logger *slog.Logger
+
+	meters  *sdkmetric.MeterProvider
+	reader  *sdkmetric.ManualReader
+	loggers *sdklog.LoggerProvider
+	queue   *eventQueue
+
+	metricExp sdkmetric.Exporter
+	logExp    sdklog.Exporter
+	conn      *grpc.ClientConn // nil over HTTP
+
+	wake chan struct{} // a sweep finished: export the metrics
+
+	exports *prometheus.CounterVec // signal, result
+}
+
+// New returns a Pipeline to cfg's endpoint. Nothing is dialled before the
+// first export.
+func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
+	cfg.Protocol = cmp.Or(cfg.Protocol, ProtocolGRPC)
+	cfg.Timeout = cmp.Or(cfg.Timeout, DefaultTimeout)
+	cfg.QueueRecords = cmp.Or(cfg.QueueRecords, DefaultQueueRecords)
+	cfg.QueueBytes = cmp.Or(cfg.QueueBytes, DefaultQueueBytes)
+	if cfg.Timeout < 0 || cfg.QueueRecords < 0 || cfg.QueueBytes < 0 {
+		return nil, errors.New("otlp: negative timeout or queue bound")
+	}
+	ep, err := ParseEndpoint(cfg.Endpoint)
+	if err != nil {
+		return nil, err
+	}
+	tlsConf, err := tlsConfig(ep, cfg)
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{cfg: cfg, logger: logger, wake: make(chan struct{}, 1)}
+	ctx := context.Background()
+	switch cfg.Protocol {
+	case ProtocolGRPC:
+		creds := insecure.NewCredentials()
+		if tlsConf != nil {
+			creds = credentials.NewTLS(tlsConf)
+		}
+		p.conn, err = grpc.NewClient(ep.grpcTarget(), grpc.WithTransportCredentials(creds))
+		if err != nil {
+			return nil, fmt.Errorf("otlp: endpoint %q: %w", cfg.Endpoint, err)
+		}
+		p.metricExp, err = otlpmetricgrpc.New(ctx, otlpmetricgrpc.WithGRPCConn(p.conn), otlpmetricgrpc.WithHeaders(cfg.Headers),
+			otlpmetricgrpc.WithTimeout(cfg.Timeout), otlpmetricgrpc.WithRetry(otlpmetricgrpc.RetryConfig{Enabled: false}))
+		if err == nil {
+			p.logExp, err = otlploggrpc.New(ctx, otlploggrpc.WithGRPCConn(p.conn), otlploggrpc.WithHeaders(cfg.Headers),
+				otlploggrpc.WithTimeout(cfg.Timeout), otlploggrpc.WithRetry(otlploggrpc.RetryConfig{Enabled: false}))
+		}
+	case ProtocolHTTP:
+		client := ep.httpClient(tlsConf, cfg.Timeout)
+		p.metricExp, err = otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpointURL(ep.httpURL("/v1/metrics")), otlpmetrichttp.WithHTTPClient(client),
+			otlpmetrichttp.WithHeaders(cfg.Headers), otlpmetrichttp.WithTimeout(cfg.Timeout), otlpmetrichttp.WithRetry(otlpmetrichttp.RetryConfig{Enabled: false}))
+		if err == nil {
+			p.logExp, err = otlploghttp.New(ctx, otlploghttp.WithEndpointURL(ep.httpURL("/v1/logs")), otlploghttp.WithHTTPClient(client),
+				otlploghttp.WithHeaders(cfg.Headers), otlploghttp.WithTimeout(cfg.Timeout), otlploghttp.WithRetry(otlploghttp.RetryConfig{Enabled: false}))
+		}
+	default:
+		return nil, fmt.Errorf("otlp: protocol %q: want %s or %s", cfg.Protocol, ProtocolGRPC, ProtocolHTTP)
+	}
+	if err != nil {
+		p.closeConn()
+		return nil, fmt.Errorf("otlp: exporter: %w", err)
+	}
+	res, err := resource.Merge(resource.Empty(), resource.NewSchemaless(cfg.Resource...))
+	if err != nil {
+		p.closeConn()
+		return nil, fmt.Errorf("otlp: resource: %w", err)
+	}
+	p.reader = sdkmetric.NewManualReader()
+	p.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader), sdkmetric.WithResource(res))
+	p.queue = newEventQueue(cfg.QueueRecords, cfg.QueueBytes, logger)
+	p.loggers = sdklog.NewLoggerProvider(sdklog.WithProcessor(p.queue), sdklog.WithResource(res))
+	p.exports = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "sandboxstats_agent_otlp_exports_total",
+		Help: "OTLP exports by signal (metrics, logs) and result: ok; failed (metrics: superseded by the next export, which carries every counter whole; logs: see " + metricEventsDropped + "); retry (logs: the collector could not be reached, the batch is kept and sent again).",
+	}, []string{"signal", "result"})
+	return p, nil
+}
+
+// Collectors are the pipeline's own Prometheus metrics: its exports and
+// its event queue.
+func (p *Pipeline) Collectors() []prometheus.Collector {
+	return append([]prometheus.Collector{p.exports}, p.queue.collectors()...)
+}
+
+// Meters are the metrics' provider (nodeagent.OTel.Meters).
+func (p *Pipeline) Meters() metric.MeterProvider { return p.meters }
+
+// Loggers are the usage events' provider (nodeagent.OTel.Loggers).
+func (p *Pipeline) Loggers() otellog.LoggerProvider { return p.loggers }
+
+// Swept wakes the metrics export (nodeagent.OTel.Swept): it never blocks;
+// a sweep that finishes while an export runs is exported next, once.
+func (p *Pipeline) Swept() {
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Run exports until ctx ends, then sends what is queued once more within
+// Timeout and shuts the exporters down.
+func (p *Pipeline) Run(ctx context.Context) error {
+	defer p.closeConn()
+	var wg sync.WaitGroup
+	wg.Go(func() { p.exportMetricsLoop(ctx) })
+	wg.Go(func() { p.exportEventsLoop(ctx) })
+	wg.Wait()
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
+	defer cancel()
+	p.exportMetrics(sctx)
+	p.queue.drainOnce(sctx, p.sendEvents)
+	p.queue.dropAll("shutdown")
+	return errors.Join(p.metricExp.Shutdown(sctx), p.logExp.Shutdown(sctx), p.meters.Shutdown(sctx), p.loggers.Shutdown(sctx))
+}
+
+func (p *Pipeline) closeConn() {
+	if p.conn != nil {
+		p.conn.Close()
+	}
+}
+
+func (p *Pipeline) exportMetricsLoop(ctx context.Context) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-p.wake:
+		}
+		p.exportMetrics(ctx)
+	}
+}
+
+// exportMetrics collects the latest sweep and sends it once, within
+// Timeout: a failed export is counted, not sent again (the next one carries
+// every cumulative counter whole).
+func (p *Pipeline) exportMetrics(ctx context.Context) {
+	var rm metricdata.ResourceMetrics
+	if err := p.reader.Collect(ctx, &rm); err != nil {
+		p.logger.Warn("otlp: collect metrics", "err", err)
+		return
+	}
+	ectx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	if err := p.metricExp.Export(ectx, &rm); err != nil {
+		p.exports.WithLabelValues("metrics", "failed").Inc()
+		p.queue.warn("otlp: metrics export failed (the next export carries every counter whole)", err)
+		return
+	}
+	p.exports.WithLabelValues("metrics", "ok").Inc()
+}
+
+// exportEventsLoop sends queued events as they come, and after a failure
+// to reach the collector, again after a backoff.
+func (p *Pipeline) exportEventsLoop(ctx context.Context) {
+	backoff := time.Duration(0)
+	for {
+		if backoff > 0 {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(backoff):
+			}
+		} else {
+			select {
+			case <-ctx.Done():
+				return
+			case <-p.queue.wake:
+			}
+		}
+		if p.queue.drainOnce(ctx, p.sendEvents) {
+			backoff = min(max(2*backoff, 250*time.Millisecond), maxBackoff)
+		} else {
+			backoff = 0
+		}
+	}
+}
+
+// sendEvents exports batch within Timeout and says what became of it.
+func (p *Pipeline) sendEvents(ctx context.Context, batch []sdklog.Record) sendResult {
+	ectx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	defer cancel()
+	err := p.logExp.Export(ectx, batch)
+	switch {
+	case err == nil:
+		p.exports.WithLabelValues("logs", "ok").Inc()
+		return sent
+	case unreachable(err):
+		p.exports.WithLabelValues("logs", "retry").Inc()
+		p.queue.warn("otlp: collector not reached; events kept and sent again", err)
+		return keep
+	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
+		p.exports.WithLabelValues("logs", "failed").Inc()
+		p.queue.warn("otlp: events export timed out; the collector may have taken them, so they are not sent again", err)
+		return uncertain
+	default:
+		p.exports.WithLabelValues("logs", "failed").Inc()
+		p.queue.warn("otlp: events refused by the collector", err)
+		return rejected
+	}
+}
+
+// unreachable reports whether err says the collector did not take the
+// export: it could not be reached, or it asked to be sent again later.
+func unreachable(err error) bool {
+	switch status.Code(err) {
+	case codes.Unavailable, codes.ResourceExhausted:
+		return true
+	}
+	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) ||
+		strings.Contains(err.Error(), "retry-able request failure") // otlploghttp: 429, 502, 503, 504
+}
+
+// Endpoint is a parsed Config.Endpoint.
+type Endpoint struct {
+	Scheme string // http, https or unix
+	Host   string // HOST:PORT; empty for unix
+	Path   string // the socket, for unix
+}
+
+// ParseEndpoint parses an endpoint flag: http://HOST:PORT,
+// https://HOST:PORT or unix:///PATH.
+func ParseEndpoint(s string) (Endpoint, error) {
+	u, err := url.Parse(s)
+	if err != nil {
+		return Endpoint{}, fmt.Errorf("otlp: endpoint %q: %w", s, err)
+	}
+	switch u.Scheme {
+	case "http", "https":
+		if u.Host == "" || u.Port() == "" || (u.Path != "" && u.Path != "/") {
+			return Endpoint{}, fmt.Errorf("otlp: endpoint %q: want %s://HOST:PORT", s, u.Scheme)
+		}
+		return Endpoint{Scheme: u.Scheme, Host: u.Host}, nil
+	case "unix":
+		if u.Host != "" || !strings.HasPrefix(u.Path, "/") {
+			return Endpoint{}, fmt.Errorf("otlp: endpoint %q: want unix:///ABSOLUTE/PATH", s)
+		}
+		return Endpoint{Scheme: "unix", Path: u.Path}, nil
+	}
+	return Endpoint{}, fmt.Errorf("otlp: endpoint %q: want http://HOST:PORT, https://HOST:PORT or unix:///PATH", s)
+}
+
+func (e Endpoint) grpcTarget() string {
+	if e.Scheme == "unix" {
+		return "unix://" + e.Path
+	}
+	return "dns:///" + e.Host
+}
+
+func (e Endpoint) httpURL(path string) string {
+	switch e.Scheme {
+	case "unix":
+		return "http://localhost" + path
+	default:
+		return e.Scheme + "://" + e.Host + path
+	}
+}
+
+func (e Endpoint) httpClient(tlsConf *tls.Config, timeout time.Duration) *http.Client {
+	tr := &http.Transport{TLSClientConfig: tlsConf, MaxIdleConns: 2, IdleConnTimeout: time.Minute, ResponseHeaderTimeout: timeout}
+	d := &net.Dialer{Timeout: timeout}
+	if e.Scheme == "unix" {
+		tr.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", e.Path) }
+	} else {
+		tr.DialContext = d.DialContext
+	}
+	return &http.Client{Transport: tr, Timeout: timeout}
+}
+
+// tlsConfig is nil for a plaintext endpoint; for https the system's roots
+// or CAFile, and the client certificate if given.
+func tlsConfig(ep Endpoint, cfg Config) (*tls.Config, error) {
+	if ep.Scheme != "https" {
+		if cfg.CAFile != "" || cfg.CertFile != "" || cfg.KeyFile != "" {
+			return nil, fmt.Errorf("otlp: endpoint %q is plaintext: TLS files need https://", cfg.Endpoint)
+		}
+		return nil, nil
+	}
+	c := &tls.Config{MinVersion: tls.VersionTLS12}
+	if cfg.CAFile != "" {
+		pem, err := readBounded(cfg.CAFile)
+		if err != nil {
+			return nil, err
+		}
+		c.RootCAs = x509.NewCertPool()
+		if !c.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("otlp: %s: no PEM certificate", cfg.CAFile)
+		}
+	}
+	if (cfg.CertFile == "") != (cfg.KeyFile == "") {
+		return nil, errors.New("otlp: a client certificate needs both its cert and its key file")
+	}
+	if cfg.CertFile != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.CertFile, cfg.KeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("otlp: client certificate: %w", err)
+		}
+		c.Certificates = []tls.Certificate{cert}
+	}
+	return c, nil
+}
+
+// maxPEMBytes bounds a CA file.
+const maxPEMBytes = 1 << 20
+
+func readBounded(path string) ([]byte, error) {
+	b, err := bounded.ReadFile(path, maxPEMBytes)
+	if err != nil {
+		return nil, fmt.Errorf("otlp: CA file: %w", err)
+	}
+	return b, nil
+}

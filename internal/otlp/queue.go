@@ -1,0 +1,212 @@
+package otlp
+
+import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
+	sdklog "go.opentelemetry.io/otel/sdk/log"
+)
+
+// Metric names of the event queue.
+const (
+	metricEventsSent    = "sandboxstats_agent_otlp_events_sent_total"
+	metricEventsDropped = "sandboxstats_agent_otlp_events_dropped_total"
+	metricQueueRecords  = "sandboxstats_agent_otlp_queue_records"
+	metricQueueBytes    = "sandboxstats_agent_otlp_queue_bytes"
+)
+
+// kindKey is the event attribute the queue keeps finals by
+// (nodeagent's sandboxstats.stats.kind).
+const kindKey = "sandboxstats.stats.kind"
+
+// recordOverhead is what a record costs beyond its attributes' bytes: its
+// timestamps, severity, event name, the slice and the SDK's fields.
+const recordOverhead = 256
+
+// warnEvery bounds the queue's warnings: at most one a warnEvery.
+const warnEvery = 30 * time.Second
+
+// eventQueue is the LoggerProvider's processor: it keeps each record the
+// agent emits until an export took it, within a count and a byte bound.
+// Initial and periodic events may fill three quarters of either bound;
+// finals (one per activation, its whole account) all of it.
+type eventQueue struct {
+	maxRecords, maxBytes int
+	logger               *slog.Logger
+	wake                 chan struct{}
+
+	mu       sync.Mutex
+	recs     []queued
+	bytes    int
+	lastWarn time.Time
+
+	sentC    *prometheus.CounterVec // kind
+	dropped  *prometheus.CounterVec // kind, reason
+	recordsG prometheus.GaugeFunc
+	bytesG   prometheus.GaugeFunc
+}
+
+type queued struct {
+	rec   sdklog.Record
+	kind  string
+	bytes int
+}
+
+// sendResult is what became of a batch.
+type sendResult int
+
+const (
+	sent      sendResult = iota
+	keep                 // not taken: send again later
+	uncertain            // may have been taken: never sent again
+	rejected             // refused: dropped
+)
+
+func newEventQueue(maxRecords, maxBytes int, logger *slog.Logger) *eventQueue {
+	q := &eventQueue{maxRecords: maxRecords, maxBytes: maxBytes, logger: logger, wake: make(chan struct{}, 1)}
+	q.sentC = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: metricEventsSent, Help: "Usage events the collector took, by kind (initial, periodic, final).",
+	}, []string{"kind"})
+	q.dropped = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: metricEventsDropped, Help: "Usage events not sent, by kind and reason: queue-full (the queue's count or byte bound), uncertain (an export timed out: the collector may have taken them, so they are not sent again), rejected (the collector refused them), shutdown (still queued when the agent stopped).",
+	}, []string{"kind", "reason"})
+	q.recordsG = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: metricQueueRecords, Help: "Usage events waiting to be sent.",
+	}, func() float64 { n, _ := q.size(); return float64(n) })
+	q.bytesG = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: metricQueueBytes, Help: "Bytes of the usage events waiting to be sent (their attributes plus a fixed overhead each).",
+	}, func() float64 { _, b := q.size(); return float64(b) })
+	return q
+}
+
+func (q *eventQueue) collectors() []prometheus.Collector {
+	return []prometheus.Collector{q.sentC, q.dropped, q.recordsG, q.bytesG}
+}
+
+func (q *eventQueue) size() (records, bytes int) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return len(q.recs), q.bytes
+}
+
+// recordBytes is what r costs the queue.
+func recordBytes(r *sdklog.Record) (bytes int, kind string) {
+	bytes = recordOverhead + len(r.EventName())
+	r.WalkAttributes(func(kv attribute.KeyValue) bool {
+		bytes += len(kv.Key) + 16
+		if kv.Value.Type() == attribute.STRING {
+			bytes += len(kv.Value.AsString())
+		}
+		if kv.Key == kindKey {
+			kind = kv.Value.AsString()
+		}
+		return true
+	})
+	return bytes, kind
+}
+
+// OnEmit implements sdklog.Processor: it queues a copy of r, or counts it
+// dropped when the queue is full. It never blocks.
+func (q *eventQueue) OnEmit(_ context.Context, r *sdklog.Record) error {
+	n, kind := recordBytes(r)
+	maxRecs, maxBytes := q.maxRecords, q.maxBytes
+	if kind != "final" {
+		maxRecs, maxBytes = maxRecs*3/4, maxBytes*3/4
+	}
+	q.mu.Lock()
+	full := len(q.recs)+1 > maxRecs || q.bytes+n > maxBytes
+	if !full {
+		q.recs = append(q.recs, queued{rec: r.Clone(), kind: kind, bytes: n})
+		q.bytes += n
+	}
+	q.mu.Unlock()
+	if full {
+		q.dropped.WithLabelValues(kind, "queue-full").Inc()
+		q.warn("otlp: event queue full: events dropped (counted in "+metricEventsDropped+")", nil)
+		return nil
+	}
+	select {
+	case q.wake <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// Enabled implements sdklog.Processor.
+func (q *eventQueue) Enabled(context.Context, sdklog.EnabledParameters) bool { return true }
+
+// Shutdown implements sdklog.Processor; Pipeline.Run drains the queue.
+func (q *eventQueue) Shutdown(context.Context) error { return nil }
+
+// ForceFlush implements sdklog.Processor; Pipeline.Run drains the queue.
+func (q *eventQueue) ForceFlush(context.Context) error { return nil }
+
+// drainOnce sends the queue's records in batches until it is empty, ctx
+// ends or a batch could not reach the collector (then it returns true:
+// the batch stays at the head, to be sent again).
+func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, []sdklog.Record) sendResult) (unreached bool) {
+	for ctx.Err() == nil {
+		q.mu.Lock()
+		n := min(len(q.recs), maxBatch)
+		batch := make([]sdklog.Record, n)
+		for i := range n {
+			batch[i] = q.recs[i].rec
+		}
+		q.mu.Unlock()
+		if n == 0 {
+			return false
+		}
+		res := send(ctx, batch)
+		if res == keep {
+			return true
+		}
+		q.mu.Lock()
+		taken := q.recs[:n]
+		for _, r := range taken {
+			q.bytes -= r.bytes
+			switch res {
+			case sent:
+				q.sentC.WithLabelValues(r.kind).Inc()
+			case uncertain:
+				q.dropped.WithLabelValues(r.kind, "uncertain").Inc()
+			case rejected:
+				q.dropped.WithLabelValues(r.kind, "rejected").Inc()
+			}
+		}
+		// A new slice, so the records sent are not held by the old array.
+		q.recs = append([]queued(nil), q.recs[n:]...)
+		q.mu.Unlock()
+	}
+	return false
+}
+
+// dropAll counts whatever is still queued as dropped for reason.
+func (q *eventQueue) dropAll(reason string) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for _, r := range q.recs {
+		q.dropped.WithLabelValues(r.kind, reason).Inc()
+	}
+	q.recs, q.bytes = nil, 0
+}
+
+// warn logs msg at most once a warnEvery.
+func (q *eventQueue) warn(msg string, err error) {
+	q.mu.Lock()
+	now := time.Now()
+	if now.Sub(q.lastWarn) < warnEvery {
+		q.mu.Unlock()
+		return
+	}
+	q.lastWarn = now
+	q.mu.Unlock()
+	if err != nil {
+		q.logger.Warn(msg, "err", err)
+	} else {
+		q.logger.Warn(msg)
+	}
+}
