@@ -6,8 +6,8 @@ import (
 	"sync"
 	"time"
 
-	otellog "go.opentelemetry.io/otel/log"
 	"go.opentelemetry.io/otel/attribute"
+	otellog "go.opentelemetry.io/otel/log"
 	"go.opentelemetry.io/otel/metric"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
@@ -75,22 +75,22 @@ const (
 	attrGRPCCode      = "rpc.grpc.status_code_name"
 
 	// Event attributes besides the workload's.
-	attrKind            = "sandboxstats.stats.kind"
-	attrEpoch           = "sandboxstats.activation.epoch"
-	attrMemUsage        = "sandboxstats.stats.memory.usage"
-	attrMemWorkingSet   = "sandboxstats.stats.memory.working_set"
-	attrMemPeak         = "sandboxstats.stats.memory.peak"
-	attrMemPeakLower    = "sandboxstats.stats.memory.peak_is_lower_bound"
-	attrCPUTime         = "sandboxstats.stats.cpu.time"
-	attrEnd             = "sandboxstats.activation.end"
-	attrDuration        = "sandboxstats.activation.duration"
-	attrFinalAge        = "sandboxstats.activation.final_age"
-	attrFinalReason     = "sandboxstats.activation.final_reason"
-	attrCharged         = "sandboxstats.activation.charged_cpu_time"
-	attrCharge          = "sandboxstats.activation.charge"
-	attrBaselineDelay   = "sandboxstats.activation.baseline_delay"
-	attrDaemon          = "sandboxstats.daemon.socket"
-	attrObservedAt      = "sandboxstats.stats.observed_at"
+	attrKind          = "sandboxstats.stats.kind"
+	attrEpoch         = "sandboxstats.activation.epoch"
+	attrMemUsage      = "sandboxstats.stats.memory.usage"
+	attrMemWorkingSet = "sandboxstats.stats.memory.working_set"
+	attrMemPeak       = "sandboxstats.stats.memory.peak"
+	attrMemPeakLower  = "sandboxstats.stats.memory.peak_is_lower_bound"
+	attrCPUTime       = "sandboxstats.stats.cpu.time"
+	attrEnd           = "sandboxstats.activation.end"
+	attrDuration      = "sandboxstats.activation.duration"
+	attrFinalAge      = "sandboxstats.activation.final_age"
+	attrFinalReason   = "sandboxstats.activation.final_reason"
+	attrCharged       = "sandboxstats.activation.charged_cpu_time"
+	attrCharge        = "sandboxstats.activation.charge"
+	attrBaselineDelay = "sandboxstats.activation.baseline_delay"
+	attrDaemon        = "sandboxstats.daemon.socket"
+	attrObservedAt    = "sandboxstats.stats.observed_at"
 )
 
 // otelCounter is the OTLP counter one rate.Counter is exported as: its
@@ -370,7 +370,7 @@ func (o *otelMetrics) swept(took time.Duration) {
 
 // periodic reports whether this sweep sends periodic events.
 func (o *otelMetrics) periodic() bool {
-	return o.logger != nil && o.cfg.PeriodicEvery > 0 && o.sweepNo%uint64(o.cfg.PeriodicEvery) == 0
+	return o.logger != nil && o.cfg.PeriodicEvery > 0 && (o.sweepNo+1)%uint64(o.cfg.PeriodicEvery) == 0
 }
 
 // endedCounted records an ended activation in the OTel counters and
