@@ -39,8 +39,8 @@ func (p *recordingProcessor) OnEmit(_ context.Context, r *sdklog.Record) error {
 	return nil
 }
 func (p *recordingProcessor) Enabled(context.Context, sdklog.EnabledParameters) bool { return true }
-func (p *recordingProcessor) Shutdown(context.Context) error                          { return nil }
-func (p *recordingProcessor) ForceFlush(context.Context) error                        { return nil }
+func (p *recordingProcessor) Shutdown(context.Context) error                         { return nil }
+func (p *recordingProcessor) ForceFlush(context.Context) error                       { return nil }
 
 func (p *recordingProcessor) records() []sdklog.Record {
 	p.mu.Lock()
