@@ -41,6 +41,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -136,7 +137,12 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		if tlsConf != nil {
 			creds = credentials.NewTLS(tlsConf)
 		}
-		p.conn, err = grpc.NewClient(ep.grpcTarget(), grpc.WithTransportCredentials(creds))
+		// Reconnect soon after a collector restart (gRPC's default backoff
+		// grows to two minutes): at most maxBackoff, as events are retried.
+		p.conn, err = grpc.NewClient(ep.grpcTarget(), grpc.WithTransportCredentials(creds), grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
+			MinConnectTimeout: min(cfg.Timeout, 5*time.Second),
+		}))
 		if err != nil {
 			return nil, fmt.Errorf("otlp: endpoint %q: %w", cfg.Endpoint, err)
 		}
@@ -323,7 +329,7 @@ type Endpoint struct {
 func ParseEndpoint(s string) (Endpoint, error) {
 	u, err := url.Parse(s)
 	if err != nil {
-		return Endpoint{}, fmt.Errorf("otlp: endpoint %q: %w", s, err)
+		return Endpoint{}, fmt.Errorf("otlp: endpoint %q: want http://HOST:PORT, https://HOST:PORT or unix:///PATH (%w)", s, err)
 	}
 	switch u.Scheme {
 	case "http", "https":
