@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -148,7 +149,7 @@ type otelMetrics struct {
 	actPeak                                              metric.Int64Histogram
 
 	mu    sync.Mutex // the callback's attribute sets, by label set
-	attrs map[labelSet]attribute.Set
+	attrs map[labelSet]*labelAttrs
 
 	sweepNo uint64 // Apply's count, for PeriodicEvery (under metrics.mu)
 }
@@ -157,7 +158,7 @@ type otelMetrics struct {
 // callback that observes m's latest snapshot.
 func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	o := &otelMetrics{cfg: cfg, intCounters: map[string]metric.Int64ObservableCounter{}, floatCounters: map[string]metric.Float64ObservableCounter{},
-		attrs: map[labelSet]attribute.Set{}}
+		attrs: map[labelSet]*labelAttrs{}}
 	meter := cfg.Meters.Meter(otelScope)
 	if cfg.Loggers != nil {
 		o.logger = cfg.Loggers.Logger(otelScope)
@@ -256,17 +257,50 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	return o, nil
 }
 
-// set returns l's attributes, made once while l is in the snapshots.
-func (o *otelMetrics) set(l labelSet, withActor bool, seen map[labelSet]attribute.Set) attribute.Set {
-	if s, ok := seen[l]; ok {
-		return s
+// labelAttrs are one label set's measurement options, made once while the
+// label set is in the snapshots: its attributes alone, and with each extra
+// attribute list (a direction, a PSI resource, an interface).
+type labelAttrs struct {
+	base  metric.MeasurementOption
+	set   attribute.Set
+	extra map[string]metric.MeasurementOption
+}
+
+// with returns la's options with extra added.
+func (la *labelAttrs) with(extra ...attribute.KeyValue) metric.MeasurementOption {
+	if len(extra) == 0 {
+		return la.base
 	}
-	s, ok := o.attrs[l]
+	var key strings.Builder
+	for _, kv := range extra {
+		key.WriteString(string(kv.Key))
+		key.WriteByte(0)
+		key.WriteString(kv.Value.Emit())
+		key.WriteByte(0)
+	}
+	if opt, ok := la.extra[key.String()]; ok {
+		return opt
+	}
+	opt := metric.WithAttributeSet(attribute.NewSet(append(la.set.ToSlice(), extra...)...))
+	if la.extra == nil {
+		la.extra = map[string]metric.MeasurementOption{}
+	}
+	la.extra[key.String()] = opt
+	return opt
+}
+
+// labels returns l's options, kept in seen for the next collection.
+func (o *otelMetrics) labels(l labelSet, withActor bool, seen map[labelSet]*labelAttrs) *labelAttrs {
+	if la, ok := seen[l]; ok {
+		return la
+	}
+	la, ok := o.attrs[l]
 	if !ok {
-		s = attribute.NewSet(workloadAttrs(l, withActor)...)
+		set := attribute.NewSet(workloadAttrs(l, withActor)...)
+		la = &labelAttrs{set: set, base: metric.WithAttributeSet(set)}
 	}
-	seen[l] = s
-	return s
+	seen[l] = la
+	return la
 }
 
 func workloadAttrs(l labelSet, withActor bool) []attribute.KeyValue {
@@ -286,56 +320,54 @@ func workloadAttrs(l labelSet, withActor bool) []attribute.KeyValue {
 func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor bool) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	seen := make(map[labelSet]attribute.Set, len(o.attrs))
-	with := func(s attribute.Set, extra ...attribute.KeyValue) metric.MeasurementOption {
-		if len(extra) == 0 {
-			return metric.WithAttributeSet(s)
-		}
-		return metric.WithAttributes(append(s.ToSlice(), extra...)...)
-	}
+	seen := make(map[labelSet]*labelAttrs, len(o.attrs))
 	for l, sv := range snap.series {
-		s := o.set(l, withActor, seen)
-		obs.ObserveInt64(o.sampled, int64(sv.workloads), metric.WithAttributeSet(s))
+		la := o.labels(l, withActor, seen)
+		obs.ObserveInt64(o.sampled, int64(sv.workloads), la.base)
 		if l.source == unmeasuredSource || l.source == unknownLabel {
 			continue
 		}
-		obs.ObserveInt64(o.memUsage, clampInt64(sv.current), metric.WithAttributeSet(s))
-		obs.ObserveInt64(o.memWorkingSet, clampInt64(sv.wset), metric.WithAttributeSet(s))
+		obs.ObserveInt64(o.memUsage, clampInt64(sv.current), la.base)
+		obs.ObserveInt64(o.memWorkingSet, clampInt64(sv.wset), la.base)
 		if !sv.peakIncomplete {
-			obs.ObserveInt64(o.memPeak, clampInt64(sv.peak), metric.WithAttributeSet(s))
+			obs.ObserveInt64(o.memPeak, clampInt64(sv.peak), la.base)
 		}
 		if !sv.limitMissing {
-			obs.ObserveInt64(o.memLimit, clampInt64(sv.limit), metric.WithAttributeSet(s))
+			obs.ObserveInt64(o.memLimit, clampInt64(sv.limit), la.base)
 		}
 		if !sv.pidsMissing {
-			obs.ObserveInt64(o.pids, clampInt64(sv.pids), metric.WithAttributeSet(s))
+			obs.ObserveInt64(o.pids, clampInt64(sv.pids), la.base)
 		}
 	}
-	count := func(c rate.Counter, s attribute.Set, v uint64, extra ...attribute.KeyValue) {
+	count := func(c rate.Counter, la *labelAttrs, v uint64, iface string) {
 		oc := otelCounters[c]
+		var extra []attribute.KeyValue
 		if oc.extra.Key != "" {
 			extra = append(extra, oc.extra)
 		}
+		if iface != "" {
+			extra = append(extra, attribute.String(attrNetInterface, iface))
+		}
 		if oc.scale != 0 {
-			obs.ObserveFloat64(o.floatCounters[oc.name], float64(v)*oc.scale, with(s, extra...))
+			obs.ObserveFloat64(o.floatCounters[oc.name], float64(v)*oc.scale, la.with(extra...))
 		} else {
-			obs.ObserveInt64(o.intCounters[oc.name], clampInt64(v), with(s, extra...))
+			obs.ObserveInt64(o.intCounters[oc.name], clampInt64(v), la.with(extra...))
 		}
 	}
 	for l, cv := range snap.counters {
-		s := o.set(l, withActor, seen)
+		la := o.labels(l, withActor, seen)
 		for c, v := range cv.total {
 			if cv.has[c] {
-				count(rate.Counter(c), s, v)
+				count(rate.Counter(c), la, v, "")
 			}
 		}
 		for id, v := range cv.perInterface {
-			count(id.Counter, s, v, attribute.String(attrNetInterface, id.Interface))
+			count(id.Counter, la, v, id.Interface)
 		}
 	}
 	for k, n := range snap.drift {
-		s := o.set(k.labels, withActor, seen)
-		obs.ObserveInt64(o.drift, int64(n), with(s, attribute.String(attrDriftKind, k.kind)))
+		la := o.labels(k.labels, withActor, seen)
+		obs.ObserveInt64(o.drift, int64(n), la.with(attribute.String(attrDriftKind, k.kind)))
 	}
 	if snap.daemons != nil {
 		for _, st := range []sweep.Status{sweep.StatusOK, sweep.StatusNoSample, sweep.StatusVanished, sweep.StatusError, sweep.StatusSkipped} {

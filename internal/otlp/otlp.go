@@ -220,6 +220,14 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	return errors.Join(p.metricExp.Shutdown(sctx), p.logExp.Shutdown(sctx), p.meters.Shutdown(sctx), p.loggers.Shutdown(sctx))
 }
 
+// Flush exports the metrics and sends the queued events now, on the
+// caller's goroutine, within Timeout each (a benchmark's or a test's
+// export, without Run).
+func (p *Pipeline) Flush(ctx context.Context) {
+	p.exportMetrics(ctx)
+	p.queue.drainOnce(ctx, p.sendEvents)
+}
+
 func (p *Pipeline) closeConn() {
 	if p.conn != nil {
 		p.conn.Close()
