@@ -28,7 +28,9 @@ func (discardMetrics) Export(context.Context, *colmetrics.ExportMetricsServiceRe
 	return &colmetrics.ExportMetricsServiceResponse{}, nil
 }
 
-type discardLogs struct{ collogs.UnimplementedLogsServiceServer }
+type discardLogs struct {
+	collogs.UnimplementedLogsServiceServer
+}
 
 func (discardLogs) Export(context.Context, *collogs.ExportLogsServiceRequest) (*collogs.ExportLogsServiceResponse, error) {
 	return &collogs.ExportLogsServiceResponse{}, nil
