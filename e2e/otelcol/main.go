@@ -65,8 +65,7 @@ func main() {
 		},
 	})
 	if err := cmd.Execute(); err != nil {
-		fmt.Fprintf(os.Stderr, "otelcol: %v\n", err)
-		os.Exit(1)
+		os.Exit(1) // the command printed the error
 	}
 }
 
