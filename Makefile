@@ -71,7 +71,8 @@ lint: $(TOOLS)
 
 # deploy/: promtool check and test rules, systemd-analyze verify of the
 # units as installed, the deploy module's strict manifest and dashboard
-# tests (scripts/check-deploy.sh).
+# tests, the e2e/otelcol module's checks and `otelcol validate` of
+# deploy/otel/collector.yaml (scripts/check-deploy.sh).
 deploy-check: build $(BIN)/staticcheck
 	GO=$(GO) BIN=$(BIN) MAKE=$(MAKE) ./scripts/check-deploy.sh
 
