@@ -2,12 +2,16 @@ package otlp
 
 import (
 	"context"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -368,5 +372,50 @@ func TestRegistryPipelineMetrics(t *testing.T) {
 	slices.Sort(got)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("pipeline metrics (-registry +code):\n%s", diff)
+	}
+}
+
+// TestTLS: an https endpoint is verified with --otlp-ca-file (and refused
+// without it: the system's roots do not know a test certificate); TLS
+// files with a plaintext endpoint are refused.
+func TestTLS(t *testing.T) {
+	var mu sync.Mutex
+	got := map[string]int{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		got[r.URL.Path]++
+		mu.Unlock()
+		w.Header().Set("Content-Type", "application/x-protobuf")
+	}))
+	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+	ca := filepath.Join(t.TempDir(), "ca.pem")
+	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := srv.URL
+	p, _, emit := startPipeline(t, Config{Endpoint: endpoint, Protocol: ProtocolHTTP, CAFile: ca, Timeout: time.Second})
+	emit("a", "final")
+	p.Swept()
+	waitFor(t, "events and metrics over TLS", func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		return got["/v1/logs"] == 1 && got["/v1/metrics"] >= 1
+	})
+
+	unverified, _, emit2 := startPipeline(t, Config{Endpoint: endpoint, Protocol: ProtocolHTTP, Timeout: time.Second})
+	emit2("b", "final")
+	waitFor(t, "the unverified server's export refused", func() bool {
+		return testutil.ToFloat64(unverified.exports.WithLabelValues("logs", "failed")) >= 1
+	})
+	mu.Lock()
+	defer mu.Unlock()
+	if got["/v1/logs"] != 1 {
+		t.Errorf("a server the CA does not verify got events: %v", got)
+	}
+	if _, err := New(Config{Endpoint: "http://127.0.0.1:4318", CAFile: ca}, discard()); err == nil {
+		t.Error("a CA file with a plaintext endpoint was accepted")
 	}
 }
