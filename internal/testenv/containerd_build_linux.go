@@ -82,7 +82,9 @@ func (b *ContainerdBins) complete() bool {
 // The binaries are kept in a directory under os.TempDir named after the
 // versions and the Go toolchain, shared by every test process (a file lock
 // serialises the build) and never removed by a test: a later run finds them
-// built. A cold build takes about a minute and a half.
+// built. A cold build (empty module and build caches) took 6 to 7.5 minutes
+// on a loaded 2-core machine, about 4.5 minutes of CPU; with a warm Go build
+// cache it is a relink, about 10 s; found in the cache, nothing.
 func BuildContainerd(t testing.TB) *ContainerdBins {
 	t.Helper()
 	containerdBuild.Lock()

@@ -9,8 +9,8 @@ import (
 // TestIntegrationBuildContainerd builds (or finds built) the binaries the
 // containerd harness runs and checks that each is the pinned version. Run
 // with the unit tests, it also fills the cache that the end-to-end tests
-// then find: the cold build (a minute and a half to several minutes) is
-// spent outside their time limit.
+// then find: the cold build (minutes: see BuildContainerd) is spent outside
+// their time limit (make test runs it first, alone).
 func TestIntegrationBuildContainerd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds containerd, runc and crictl from the module proxy; not under -short")
