@@ -80,8 +80,12 @@ deploy-check: build $(BIN)/staticcheck
 # root, runsc, qemu and prometheus; with CI=true a missing prerequisite fails
 # them), the deploy/ checks, and every fuzz target for a short budget.
 # The VM lane (e2e/vmlane: a cgroup v2 kernel under QEMU TCG) runs last and
-# alone: its guest's two vCPUs are the machine's two cores.
+# alone: its guest's two vCPUs are the machine's two cores. First the
+# containerd harness's binaries (containerd, runc, crictl from the module
+# proxy; cached under /tmp by version) are built with their own time limit:
+# cold, on a loaded 2-core machine, that took 6-7.5 minutes.
 test: lint proto-check deploy-check fuzz
+	$(GO) test -count=1 -timeout 20m -run '^TestIntegrationBuildContainerd$$' ./internal/testenv
 	$(GO) test -count=1 -timeout 10m $$($(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/vmlane$$')
 	$(GO) test -count=1 -timeout 10m ./e2e
 	$(GO) test -count=1 -timeout 12m -v ./e2e/vmlane

@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/containerd/cgroups/v3 v3.1.3
 	github.com/containerd/log v0.1.0
+	github.com/containerd/nri v0.12.5
 	github.com/containerd/ttrpc v1.2.10
 	github.com/google/go-cmp v0.7.0
 	github.com/mdlayher/vsock v1.4.0
@@ -44,6 +45,7 @@ require (
 	github.com/godbus/dbus/v5 v5.1.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/grpc-ecosystem/grpc-gateway/v2 v2.30.0 // indirect
+	github.com/knqyf263/go-plugin v0.9.0 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect
 	github.com/mdlayher/socket v0.8.0 // indirect
 	github.com/moby/sys/userns v0.1.0 // indirect
@@ -51,6 +53,7 @@ require (
 	github.com/opencontainers/runtime-spec v1.3.0 // indirect
 	github.com/pandatix/go-abnf v0.5.5 // indirect
 	github.com/sirupsen/logrus v1.9.4 // indirect
+	github.com/tetratelabs/wazero v1.11.0 // indirect
 	go.opentelemetry.io/auto/sdk v1.2.1 // indirect
 	go.opentelemetry.io/otel/trace v1.47.0 // indirect
 	golang.org/x/exp v0.0.0-20241108190413-2d47ceb2692f // indirect
