@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/protobuf/testing/protocmp"
 
+	"github.com/sandboxstats/sandboxstats/internal/nrifake"
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -254,7 +255,7 @@ func TestEventsAnsweredWhileStatsdHangsThroughNRI(t *testing.T) {
 	f := fakes(t, 1)[0]
 	f.Hang(true)
 	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
-	rt := startRuntime(t, shortDir(t), nil)
+	rt := nrifake.Start(t, shortDir(t))
 	connect(t, b, rt)
 	ctx := context.Background()
 	var slowest time.Duration
