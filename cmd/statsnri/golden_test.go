@@ -18,7 +18,6 @@ func TestGoldenCLI(t *testing.T) {
 		{Name: "statsd-one-socket", Args: []string{"--statsd", "/run/statsd/lifecycle/nri-0.sock"}, Code: 2},
 		{Name: "statsd-tcp-rejected", Args: []string{"--statsd", "tcp://127.0.0.1:1,/run/statsd/nri-0.sock"}, Code: 2},
 		{Name: "statsd-twice", Args: append(ok, ok...), Code: 2},
-		{Name: "stop-wait-over-1s", Args: append(ok, "--stop-wait", "2s"), Code: 2},
 		{Name: "template-from-bad", Args: append(ok, "--template-from", "env:TEMPLATE"), Code: 2},
 		{Name: "handler-glob-bad", Args: append(ok, "--handlers", "kata["), Code: 2},
 		{Name: "no-handlers", Args: append(ok, "--handlers", ","), Code: 2},

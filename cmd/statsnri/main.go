@@ -207,7 +207,6 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 	fs.StringVar(&b.Kata.Root, "kata-root", b.Kata.Root, "Kata's run `directory` (persist.json and hybrid-vsock sockets per sandbox), mounted at the host's path")
 	fs.DurationVar(&b.CallTimeout, "call-timeout", 10*time.Second, "bound of each call to a statsd")
 	fs.DurationVar(&b.Resync, "resync", 5*time.Minute, "how often every statsd is listed and made to hold exactly its running pods; 0: only at each NRI connect")
-	fs.DurationVar(&b.StopWait, "stop-wait", 0, "how long StopPodSandbox may wait for the pod's checkpoint (its final read before teardown), at most 1s; 0 answers at once")
 	fs.IntVar(&b.MaxPods, "max-pods", 1024, "most pods tracked")
 	fs.StringVar(&allowUIDs, "allow-statsd-uids", "", "comma-separated `uids` a statsd may run as (default: root and the bridge's own uid)")
 	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9478", "TCP `address` serving /metrics and /healthz (200 once connected to NRI and synchronized, else 503); empty: none")
@@ -239,8 +238,6 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--call-timeout must be positive")
 	case b.Resync < 0:
 		return o, errors.New("--resync must not be negative")
-	case b.StopWait < 0 || b.StopWait > nribridge.MaxStopWait:
-		return o, fmt.Errorf("--stop-wait must be 0 to %s (NRI's request timeout is 2s)", nribridge.MaxStopWait)
 	case b.MaxPods < 1:
 		return o, errors.New("--max-pods must be positive")
 	}
@@ -292,7 +289,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	logger.Info("statsnri serving", "addr", addr, "nri_socket", o.connect.Socket, "statsd", strings.Join(statsd, " "),
 		"handlers", strings.Join(m.Handlers, ","), "gvisor_handlers", strings.Join(m.GVisorHandlers, ","),
 		"kata_handlers", strings.Join(m.KataHandlers, ","), "default_runtime", m.DefaultRuntime,
-		"template_from", sourcesFlag{&m.Templates}.String(), "kata_root", o.bridge.Kata.Root, "stop_wait", o.bridge.StopWait)
+		"template_from", sourcesFlag{&m.Templates}.String(), "kata_root", o.bridge.Kata.Root)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return b.Run(gctx) })

@@ -113,6 +113,7 @@ func TestServe(t *testing.T) {
 	}
 	rt := nrifake.Start(t, nriDir, pod(1, "runsc"))
 	waitFor(t, "connected", func() bool { code, _ := get(t, base+"/healthz"); return code == http.StatusOK })
+	rt.WaitPlugins(t, 1)
 	waitFor(t, "the synchronized pod bound", func() bool { _, ok := f.Bound()["uid-1"]; return ok })
 
 	rctx := context.Background()
@@ -126,7 +127,10 @@ func TestServe(t *testing.T) {
 	if err := rt.StopPodSandbox(rctx, &api.StopPodSandboxRequest{Pod: pod(1, "runsc")}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "the stopped pod checkpointed", func() bool { _, ok := f.Bound()["uid-1"]; return !ok })
+	waitFor(t, "the stopped pod checkpointed", func() bool { return strings.Contains(logs.String(), `msg="checkpointed pod"`) })
+	if _, ok := f.Bound()["uid-1"]; ok {
+		t.Error("the stopped pod is still bound")
+	}
 
 	_, metrics := get(t, base+"/metrics")
 	for _, want := range []string{

@@ -53,10 +53,6 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the retries of a failed call
 	// (defaults 500ms, 1m), doubling from one to the other.
 	MinBackoff, MaxBackoff time.Duration
-	// StopWait, if positive, makes StopPodSandbox wait up to this long for
-	// the pod's checkpoint (so that its final is read before the sandbox
-	// is torn down); 0 answers at once. At most MaxStopWait.
-	StopWait time.Duration
 	// AllowUIDs are the uids a statsd socket's server may run as (default:
 	// root and the bridge's own euid).
 	AllowUIDs []uint32
@@ -64,10 +60,6 @@ type Options struct {
 	// Registerer, if set, gets the bridge's metrics.
 	Registerer prometheus.Registerer
 }
-
-// MaxStopWait bounds Options.StopWait: NRI's default request timeout is
-// 2s, and a plugin that exceeds it is disconnected.
-const MaxStopWait = time.Second
 
 const (
 	defaultCallTimeout = 10 * time.Second
@@ -95,7 +87,6 @@ type Bridge struct {
 	synced    bool
 	since     time.Time
 	reason    string
-	stopWait  map[string][]chan struct{}
 }
 
 // pod is a running pod of a watched handler: what its binding should be.
@@ -116,9 +107,6 @@ func New(opt Options) (*Bridge, error) {
 	}
 	if err := opt.Mapping.Validate(); err != nil {
 		return nil, fmt.Errorf("nribridge: %w", err)
-	}
-	if opt.StopWait > MaxStopWait {
-		return nil, fmt.Errorf("nribridge: stop wait %s is over %s (NRI's request timeout is 2s)", opt.StopWait, MaxStopWait)
 	}
 	def := func(d *time.Duration, v time.Duration) {
 		if *d == 0 {
@@ -143,11 +131,10 @@ func New(opt Options) (*Bridge, error) {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Bridge{
-		opt:      opt,
-		log:      opt.Logger,
-		pods:     map[string]*pod{},
-		stopWait: map[string][]chan struct{}{},
-		reason:   "not connected to NRI yet",
+		opt:    opt,
+		log:    opt.Logger,
+		pods:   map[string]*pod{},
+		reason: "not connected to NRI yet",
 	}
 	b.m = newMetrics(b)
 	b.notes = newNotes(opt.Logger, b.m.logDropped)
@@ -241,24 +228,18 @@ func (b *Bridge) RunPodSandbox(p *api.PodSandbox) {
 	b.upsert(p)
 }
 
-// StopPodSandbox checkpoints the pod (waiting up to StopWait for it).
+// StopPodSandbox checkpoints the pod. Containerd and CRI-O relay it once
+// the sandbox is stopped (its task killed and deleted): there is no NRI
+// event before the teardown to read a final in (docs/nri.md).
 func (b *Bridge) StopPodSandbox(p *api.PodSandbox) {
 	b.m.event("stop-pod-sandbox")
-	if ch := b.gone(p, b.opt.StopWait > 0); ch != nil {
-		t := time.NewTimer(b.opt.StopWait)
-		defer t.Stop()
-		select {
-		case <-ch:
-		case <-t.C:
-			b.m.stopWaitTimeouts.Inc()
-		}
-	}
+	b.gone(p)
 }
 
 // RemovePodSandbox checkpoints the pod if StopPodSandbox did not.
 func (b *Bridge) RemovePodSandbox(p *api.PodSandbox) {
 	b.m.event("remove-pod-sandbox")
-	b.gone(p, false)
+	b.gone(p)
 }
 
 // ContainerCreated adds a container to a Kata pod's set.
@@ -325,18 +306,16 @@ func (b *Bridge) upsert(p *api.PodSandbox) {
 	b.touch(np.uid)
 }
 
-// gone forgets the pod's desired binding; with wait, it returns a channel
-// closed once its checkpoint is done (nil when there is nothing to wait
-// for).
-func (b *Bridge) gone(p *api.PodSandbox, wait bool) chan struct{} {
+// gone forgets the pod's desired binding.
+func (b *Bridge) gone(p *api.PodSandbox) {
 	if b.opt.Mapping.KindOf(p.GetRuntimeHandler()) == 0 {
 		b.m.ignored.WithLabelValues("handler").Inc()
-		return nil
+		return
 	}
 	uid := p.GetUid()
 	if ValidUID(uid) != nil {
 		b.m.ignored.WithLabelValues("invalid-pod-uid").Inc()
-		return nil
+		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -344,31 +323,10 @@ func (b *Bridge) gone(p *api.PodSandbox, wait bool) chan struct{} {
 		// An older sandbox of the same pod (the kubelet made a new one):
 		// the running one stays bound.
 		b.m.ignored.WithLabelValues("stale-sandbox").Inc()
-		return nil
+		return
 	}
 	delete(b.pods, uid)
 	b.touch(uid)
-	if !wait || !b.heldLocked(uid) {
-		return nil
-	}
-	ch := make(chan struct{})
-	b.stopWait[uid] = append(b.stopWait[uid], ch)
-	return ch
-}
-
-// heldLocked reports whether any statsd may hold uid.
-func (b *Bridge) heldLocked(uid string) bool {
-	return slices.ContainsFunc(b.shards, func(s *shard) bool { _, ok := s.known[uid]; return ok })
-}
-
-// wakeStopWaitersLocked wakes the StopPodSandbox calls waiting for uid's
-// checkpoint: it was attempted, or there is nothing to checkpoint. b.mu is
-// held.
-func (b *Bridge) wakeStopWaitersLocked(uid string) {
-	for _, ch := range b.stopWait[uid] {
-		close(ch)
-	}
-	delete(b.stopWait, uid)
 }
 
 func (b *Bridge) container(p *api.PodSandbox, c *api.Container, live bool) {

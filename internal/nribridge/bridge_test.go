@@ -215,7 +215,7 @@ func TestRunStopBindsAndCheckpoints(t *testing.T) {
 func TestEventsAnsweredWhileStatsdHangs(t *testing.T) {
 	f := fakes(t, 1)[0]
 	f.Hang(true)
-	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.StopWait = 0 })
+	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
 	var slowest time.Duration
 	timed := func(fn func()) {
 		start := time.Now()
@@ -490,32 +490,6 @@ func TestTransientFailuresRetried(t *testing.T) {
 	})
 	f.SetLifecycleError(nil)
 	eventually(t, "bound once the disk has room", func() bool { return slices.Equal(boundUIDs(f), uids(2, 3)) })
-}
-
-// TestStopWait: with --stop-wait, StopPodSandbox returns once the
-// checkpoint is done (its final read while the sandbox exists), and no
-// later than the wait when statsd hangs.
-func TestStopWait(t *testing.T) {
-	f := fakes(t, 1)[0]
-	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.StopWait = 300 * time.Millisecond })
-	b.RunPodSandbox(testPod(1))
-	b.RunPodSandbox(testPod(2))
-	eventually(t, "bound", func() bool { return len(f.Bound()) == 2 })
-	b.StopPodSandbox(testPod(1))
-	if _, ok := f.Bound()["uid-001"]; ok {
-		t.Error("StopPodSandbox returned before the checkpoint")
-	}
-	f.Hang(true)
-	start := time.Now()
-	b.StopPodSandbox(testPod(2))
-	if d := time.Since(start); d < 250*time.Millisecond || d > 600*time.Millisecond {
-		t.Errorf("StopPodSandbox with statsd hung took %s, want about the 300ms wait", d)
-	}
-	if n := testutil.ToFloat64(b.m.stopWaitTimeouts); n != 1 {
-		t.Errorf("stop wait timeouts %v, want 1", n)
-	}
-	f.Hang(false)
-	eventually(t, "checkpointed after all", func() bool { return len(f.Bound()) == 0 })
 }
 
 // TestKataContainersSettle: a Kata pod is bound at once with its sandbox's

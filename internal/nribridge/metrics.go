@@ -11,14 +11,13 @@ import (
 
 // metrics are the bridge's counters and gauges (docs/nri.md lists them).
 type metrics struct {
-	b                *Bridge
-	connections      prometheus.Counter
-	events           *prometheus.CounterVec
-	ignored          *prometheus.CounterVec
-	unactionable     *prometheus.CounterVec
-	calls            *prometheus.CounterVec
-	stopWaitTimeouts prometheus.Counter
-	logDropped       prometheus.Counter
+	b            *Bridge
+	connections  prometheus.Counter
+	events       *prometheus.CounterVec
+	ignored      *prometheus.CounterVec
+	unactionable *prometheus.CounterVec
+	calls        *prometheus.CounterVec
+	logDropped   prometheus.Counter
 
 	connected, pods, held, queued *prometheus.Desc
 }
@@ -36,8 +35,6 @@ func newMetrics(b *Bridge) *metrics {
 			Help: "Pods of watched handlers the bridge could not bind as they are, by reason (each also logged, at most once per reason every 10s)."}, []string{"reason"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandboxstats_nri_statsd_calls_total",
 			Help: "Calls to statsd (run, checkpoint, list) by statsd lifecycle socket and result: ok, or the ErrorInfo reason or gRPC code of the failure."}, []string{"statsd", "call", "result"}),
-		stopWaitTimeouts: prometheus.NewCounter(prometheus.CounterOpts{Name: "sandboxstats_nri_stop_wait_timeouts_total",
-			Help: "StopPodSandbox answers given before the pod's checkpoint was done, --stop-wait having passed."}),
 		logDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "sandboxstats_nri_log_records_dropped_total",
 			Help: "Log records of event handlers dropped because the log queue was full (a blocked stderr never blocks a handler)."}),
 		connected: prometheus.NewDesc("sandboxstats_nri_connected", "1 while connected to NRI and synchronized, else 0.", nil, nil),
@@ -49,7 +46,7 @@ func newMetrics(b *Bridge) *metrics {
 
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{m.connections, m.events, m.ignored, m.unactionable, m.calls, m.stopWaitTimeouts, m.logDropped, m} {
+	for _, c := range []prometheus.Collector{m.connections, m.events, m.ignored, m.unactionable, m.calls, m.logDropped, m} {
 		errs = append(errs, r.Register(c))
 	}
 	return errors.Join(errs...)

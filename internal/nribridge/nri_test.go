@@ -26,6 +26,7 @@ func connect(t *testing.T, b *testBridge, rt *nrifake.Runtime) {
 	}()
 	t.Cleanup(func() { cancel(); <-done })
 	eventually(t, "connected", func() bool { ok, _ := b.Health(); return ok })
+	rt.WaitPlugins(t, 1)
 }
 
 // TestReconnectAfterRuntimeRestart: containerd restarting closes the
@@ -53,6 +54,7 @@ func TestReconnectAfterRuntimeRestart(t *testing.T) {
 	// It comes back knowing pods 2, 3 and 4 (1 ended meanwhile).
 	rt2 := nrifake.Start(t, dir, testPod(2), testPod(3), testPod(4))
 	eventually(t, "reconnected", func() bool { ok, _ := b.Health(); return ok })
+	rt2.WaitPlugins(t, 1)
 	eventually(t, "reconciled", func() bool { return slices.Equal(boundUIDs(f), uids(2, 3, 4)) })
 	if err := rt2.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: testPod(2)}); err != nil {
 		t.Fatal(err)

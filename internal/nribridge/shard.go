@@ -232,7 +232,6 @@ func (s *shard) process(ctx context.Context, uid string) {
 		} else {
 			b.mu.Lock()
 			s.resetRetry(uid)
-			b.wakeStopWaitersLocked(uid)
 			b.mu.Unlock()
 		}
 		return
@@ -323,7 +322,6 @@ func (s *shard) checkpoint(ctx context.Context, uid string) {
 	s.gen++
 	s.changed[uid] = s.gen
 	s.resetRetry(uid)
-	b.wakeStopWaitersLocked(uid)
 }
 
 // failed schedules a retry of uid after a failed call, or parks it when
@@ -333,10 +331,6 @@ func (s *shard) failed(uid, call string, err error) {
 	reason := api.ReasonOf(err)
 	if reason == "" {
 		reason = status.Code(err).String()
-	}
-	if call == "checkpoint" {
-		// A StopPodSandbox waiting for it waits no longer than one attempt.
-		s.b.wakeStopWaitersLocked(uid)
 	}
 	if reason == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST) {
 		s.b.m.unactionable.WithLabelValues("statsd-refused").Inc()

@@ -14,6 +14,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/containerd/nri/pkg/adaptation"
 	"github.com/containerd/nri/pkg/api"
@@ -32,9 +33,10 @@ type Runtime struct {
 	Socket string
 	proxy  *proxy
 
-	mu   sync.Mutex
-	pods []*api.PodSandbox
-	ctrs []*api.Container
+	mu      sync.Mutex
+	pods    []*api.PodSandbox
+	ctrs    []*api.Container
+	plugins int
 }
 
 // Start starts the NRI runtime side on dir/nri.sock (Socket), its
@@ -53,7 +55,7 @@ func Start(t testing.TB, dir string, pods ...*api.PodSandbox) *Runtime {
 	update := func(context.Context, []*api.ContainerUpdate) ([]*api.ContainerUpdate, error) { return nil, nil }
 	a, err := adaptation.New("containerd", "v2.4.2", sync, update,
 		adaptation.WithSocketPath(inner), adaptation.WithPluginPath(filepath.Join(dir, "plugins")),
-		adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")))
+		adaptation.WithPluginConfigPath(filepath.Join(dir, "conf.d")), adaptation.WithMetrics(counter{rt}))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -64,6 +66,40 @@ func Start(t testing.TB, dir string, pods ...*api.PodSandbox) *Runtime {
 	rt.proxy = startProxy(t, rt.Socket, inner)
 	t.Cleanup(rt.Stop)
 	return rt
+}
+
+// counter keeps the adaptation's count of plugins registered.
+type counter struct{ rt *Runtime }
+
+func (c counter) RecordPluginInvocation(string, string, error)                               {}
+func (c counter) RecordPluginLatency(string, string, time.Duration)                          {}
+func (c counter) RecordPluginAdjustments(string, string, *api.ContainerAdjustment, int, int) {}
+func (c counter) UpdatePluginCount(n int) {
+	c.rt.mu.Lock()
+	defer c.rt.mu.Unlock()
+	c.rt.plugins = n
+}
+
+// WaitPlugins waits up to 10s until n plugins are registered: connected and
+// synchronized, so that the events relayed from now on reach them.
+// (containerd holds the pod events of its CRI service while a plugin
+// synchronizes; the adaptation alone relays them to the plugins registered
+// so far.)
+func (rt *Runtime) WaitPlugins(t testing.TB, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rt.mu.Lock()
+		got := rt.plugins
+		rt.mu.Unlock()
+		if got >= n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("nrifake: %d plugins registered after 10s, want %d", got, n)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }
 
 // SetContainers sets the containers the next Synchronize lists.
