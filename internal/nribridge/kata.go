@@ -107,11 +107,11 @@ func (l KataLayout) Resolve(id string) (Kata, error) {
 func fromPersisted(file string, b []byte) (Kata, error) {
 	var p persisted
 	if err := json.Unmarshal(b, &p); err != nil {
-		return Kata{}, unmappable("kata-persist", "kata %s: %v", file, err)
+		return Kata{}, unmappable("kata-persist", "kata %s: %w", file, err)
 	}
 	addr, err := agentAddress(p.AgentState.URL)
 	if err != nil {
-		return Kata{}, unmappable("kata-agent-url", "kata %s: AgentState.URL: %v", file, err)
+		return Kata{}, unmappable("kata-agent-url", "kata %s: AgentState.URL: %w", file, err)
 	}
 	k := Kata{AgentAddress: addr, Hypervisor: foreign.ASCII(p.HypervisorState.Type, 32)}
 	if p.HypervisorState.Pid > 0 && p.HypervisorState.Pid <= 1<<31-1 {

@@ -315,7 +315,7 @@ func RefOf(s Sandbox, containers []string, kata Kata) (*sandboxstatsv1.SandboxRe
 // in the samples, and the bridge counts them.
 func KataContainerIDs(sandboxID string, containers []string) ([]string, int, error) {
 	if err := validContainerID(sandboxID); err != nil {
-		return nil, 0, unmappable("invalid-sandbox-id", "sandbox id: %v", err)
+		return nil, 0, unmappable("invalid-sandbox-id", "sandbox id: %w", err)
 	}
 	ids := []string{sandboxID}
 	rest := slices.Clone(containers)
@@ -365,7 +365,7 @@ func CgroupPath(p string) (string, error) {
 		}
 		dir, err := expandSlice(slice)
 		if err != nil {
-			return "", unmappable("invalid-cgroup", "cgroups path %s: %v", foreign.Quote(p), err)
+			return "", unmappable("invalid-cgroup", "cgroups path %s: %w", foreign.Quote(p), err)
 		}
 		unit := name
 		if !strings.HasSuffix(name, ".slice") {
@@ -381,7 +381,7 @@ func CgroupPath(p string) (string, error) {
 	case strings.HasSuffix(p, ".slice") && !strings.ContainsAny(p, ":/"):
 		dir, err := expandSlice(p)
 		if err != nil {
-			return "", unmappable("invalid-cgroup", "cgroup parent %s: %v", foreign.Quote(p), err)
+			return "", unmappable("invalid-cgroup", "cgroup parent %s: %w", foreign.Quote(p), err)
 		}
 		out = dir
 	default:

@@ -36,9 +36,11 @@ type shard struct {
 	// the request that bound them (nil: bound by someone or something the
 	// bridge does not remember, as a listing found it).
 	known map[string]*sandboxstatsv1.RunWorkloadRequest
-	// gen counts the calls that changed known; changed says when (in gen)
-	// each uid was last bound or checkpointed by one, so that a listing
-	// taken before does not undo it.
+	// While a listing is in flight, gen counts the calls that changed
+	// known and changed says when (in gen) each uid was last bound or
+	// checkpointed by one, so that the listing, taken before, does not
+	// undo it; both are reset when it is applied.
+	listing bool
 	gen     uint64
 	changed map[string]uint64
 	queue   []string
@@ -48,7 +50,6 @@ type shard struct {
 	retry   map[string]*retry
 	wake    chan struct{}
 	listC   chan struct{}
-	listed  bool
 }
 
 type retry struct {
@@ -280,8 +281,7 @@ func (s *shard) process(ctx context.Context, uid string) {
 		return
 	}
 	s.known[uid] = req
-	s.gen++
-	s.changed[uid] = s.gen
+	s.noteChange(uid)
 	s.resetRetry(uid)
 	attrs := []any{"uid", uid, "namespace", req.GetIdentity().GetActorNamespace(), "name", req.GetIdentity().GetActorName(),
 		"sandbox", p.sandbox.ID, "kind", p.sandbox.Kind.String(), "statsd", s.label, "epoch_unix_nano", resp.GetEpochUnixNano()}
@@ -319,9 +319,17 @@ func (s *shard) checkpoint(ctx context.Context, uid string) {
 		return
 	}
 	delete(s.known, uid)
-	s.gen++
-	s.changed[uid] = s.gen
+	s.noteChange(uid)
 	s.resetRetry(uid)
+}
+
+// noteChange records a call's change of uid for the listing in flight.
+// b.mu is held.
+func (s *shard) noteChange(uid string) {
+	if s.listing {
+		s.gen++
+		s.changed[uid] = s.gen
+	}
 }
 
 // failed schedules a retry of uid after a failed call, or parks it when
@@ -382,6 +390,7 @@ func (s *shard) lister(ctx context.Context) {
 func (s *shard) list(ctx context.Context) error {
 	b := s.b
 	b.mu.Lock()
+	s.listing = true
 	began := s.gen
 	b.mu.Unlock()
 	cctx, cancel := context.WithTimeout(ctx, b.opt.CallTimeout)
@@ -389,6 +398,10 @@ func (s *shard) list(ctx context.Context) error {
 	cancel()
 	b.m.call(s.label, "list", err)
 	if err != nil {
+		b.mu.Lock()
+		s.listing = false
+		clear(s.changed)
+		b.mu.Unlock()
 		return fmt.Errorf("list %s: %w", s.cfg.Stats, err)
 	}
 	held := map[string]bool{}
@@ -400,7 +413,6 @@ func (s *shard) list(ctx context.Context) error {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	s.listed = true
 	// A uid bound or checkpointed by a call since the listing began is as
 	// that call left it; every other difference is looked at again.
 	stale := func(uid string) bool { return s.changed[uid] <= began }
@@ -421,11 +433,8 @@ func (s *shard) list(ctx context.Context) error {
 			s.enqueue(uid)
 		}
 	}
-	for uid, g := range s.changed {
-		if _, ok := s.known[uid]; !ok && g <= began {
-			delete(s.changed, uid)
-		}
-	}
+	s.listing = false
+	clear(s.changed)
 	b.log.Debug("listed statsd", "statsd", s.label, "held", len(held))
 	return nil
 }
