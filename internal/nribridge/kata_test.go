@@ -178,9 +178,11 @@ func TestAgentAddress(t *testing.T) {
 		"hvsock:///a\n:1024":                  "",
 		"":                                    "",
 	} {
-		got, err := agentAddress(in)
-		if (err != nil) != (want == "") || got != want {
-			t.Errorf("agentAddress(%q) = %q, %v; want %q", in, got, err, want)
-		}
+		t.Run(in, func(t *testing.T) {
+			got, err := agentAddress(in)
+			if (err != nil) != (want == "") || got != want {
+				t.Errorf("agentAddress(%q) = %q, %v; want %q", in, got, err, want)
+			}
+		})
 	}
 }

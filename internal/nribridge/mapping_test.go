@@ -57,9 +57,11 @@ func TestKindOf(t *testing.T) {
 		"youki":         0,
 		"kata/../runsc": 0, // path.Match: * does not cross /
 	} {
-		if got := c.KindOf(handler); got != want {
-			t.Errorf("KindOf(%q) = %v, want %v", handler, got, want)
-		}
+		t.Run(handler, func(t *testing.T) {
+			if got := c.KindOf(handler); got != want {
+				t.Errorf("KindOf(%q) = %v, want %v", handler, got, want)
+			}
+		})
 	}
 	c.DefaultRuntime = "crun"
 	if got := c.KindOf(""); got != 0 {
@@ -299,15 +301,22 @@ func TestParseSource(t *testing.T) {
 		"annotation:sandboxstats.dev/template": {Annotation: true, Key: "sandboxstats.dev/template"},
 		"label:a:b":                            {Key: "a:b"},
 	} {
-		got, err := ParseSource(in)
-		if err != nil || got != want || got.String() != in {
-			t.Errorf("ParseSource(%q) = %+v, %v (String %q)", in, got, err, got.String())
-		}
+		t.Run(in, func(t *testing.T) {
+			got, err := ParseSource(in)
+			if err != nil || got.String() != in {
+				t.Fatalf("ParseSource(%q) = %+v, %v (String %q)", in, got, err, got.String())
+			}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("ParseSource(%q) (-want +got):\n%s", in, diff)
+			}
+		})
 	}
 	for _, in := range []string{"", "app", "label:", "env:X"} {
-		if _, err := ParseSource(in); err == nil {
-			t.Errorf("ParseSource(%q) accepted", in)
-		}
+		t.Run("refused "+in, func(t *testing.T) {
+			if _, err := ParseSource(in); err == nil {
+				t.Errorf("ParseSource(%q) accepted", in)
+			}
+		})
 	}
 }
 
