@@ -8,7 +8,7 @@ BINDIR      ?= $(PREFIX)/bin
 UNITDIR     ?= $(PREFIX)/lib/systemd/system
 SYSUSERSDIR ?= $(PREFIX)/lib/sysusers.d
 DATADIR     ?= $(PREFIX)/share
-BINARIES    := statsd statsagent statsctl
+BINARIES    := statsd statsagent statsctl statsnri
 TOOLS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/staticcheck
 PROTO_GO := $(shell find proto internal -name '*.pb.go' 2>/dev/null)
 

@@ -163,9 +163,32 @@ func socketGID(t *testing.T) int64 {
 	return gid
 }
 
-// TestDaemonSet: the agent gets the socket directory read-only, the socket
-// group, and no privilege it does not need; it is probed on /healthz and
-// asks for resources.
+// hostPaths are the host directories the pod may mount, and the containers
+// that may mount each (always read-only).
+var hostPaths = map[string]struct {
+	path       string
+	containers []string
+}{
+	"statsd-sockets": {"/run/statsd", []string{"statsagent", "statsnri"}},
+	"nri":            {"/var/run/nri", []string{"statsnri"}},
+	"kata-run":       {"/run/vc", []string{"statsnri"}},
+}
+
+// container returns the pod's container named name.
+func container(t *testing.T, pod corev1.PodSpec, name string) corev1.Container {
+	t.Helper()
+	for _, c := range pod.Containers {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no container %q", name)
+	return corev1.Container{}
+}
+
+// TestDaemonSet: the pod shares no host namespace, mounts only the host
+// directories it needs, read-only, and each container has no privilege it
+// does not need and asks for resources.
 func TestDaemonSet(t *testing.T) {
 	ds := only[*appsv1.DaemonSet](t, objects(t), "daemonset.yaml")
 	pod := ds.Spec.Template.Spec
@@ -176,52 +199,60 @@ func TestDaemonSet(t *testing.T) {
 		t.Error("host namespaces shared")
 	}
 	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
-		t.Error("the service account token is mounted; the agent calls no Kubernetes API")
+		t.Error("the service account token is mounted; neither container calls the Kubernetes API")
 	}
 	psc := pod.SecurityContext
-	if psc == nil || psc.RunAsNonRoot == nil || !*psc.RunAsNonRoot || psc.RunAsUser == nil || *psc.RunAsUser == 0 {
-		t.Errorf("pod security context %+v: want a non-root user", psc)
+	if psc == nil || !slices.Contains(psc.SupplementalGroups, socketGID(t)) {
+		t.Errorf("pod security context %+v: the supplemental groups lack the socket group %d", psc, socketGID(t))
 	}
-	if !slices.Contains(psc.SupplementalGroups, socketGID(t)) {
-		t.Errorf("supplemental groups %v lack the socket group %d", psc.SupplementalGroups, socketGID(t))
-	}
-	if psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
+	if psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
 		t.Error("no RuntimeDefault seccomp profile")
 	}
-	var hostPath *corev1.HostPathVolumeSource
 	for _, v := range pod.Volumes {
-		if v.HostPath != nil {
-			if hostPath != nil {
-				t.Errorf("more than one hostPath volume")
-			}
-			hostPath = v.HostPath
-			if v.Name != "statsd-sockets" {
-				t.Errorf("hostPath volume %q", v.Name)
-			}
+		want, ok := hostPaths[v.Name]
+		switch {
+		case v.HostPath == nil:
+			t.Errorf("volume %q is not a hostPath", v.Name)
+		case !ok:
+			t.Errorf("hostPath volume %q (%s) not allowed", v.Name, v.HostPath.Path)
+		case v.HostPath.Path != want.path:
+			t.Errorf("hostPath volume %q is %s, want %s", v.Name, v.HostPath.Path, want.path)
 		}
 	}
-	if hostPath == nil || hostPath.Path != "/run/statsd" {
-		t.Fatalf("hostPath %+v: want /run/statsd", hostPath)
+	if len(pod.Containers) != 2 {
+		t.Fatalf("%d containers, want statsagent and statsnri", len(pod.Containers))
 	}
-	if len(pod.Containers) != 1 {
-		t.Fatalf("%d containers", len(pod.Containers))
+	for _, c := range pod.Containers {
+		sc := c.SecurityContext
+		switch {
+		case sc == nil:
+			t.Fatalf("%s: no security context", c.Name)
+		case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
+			t.Errorf("%s: privilege escalation allowed", c.Name)
+		case sc.Privileged != nil && *sc.Privileged:
+			t.Errorf("%s: privileged", c.Name)
+		case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
+			t.Errorf("%s: writable root file system", c.Name)
+		case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
+			t.Errorf("%s: capabilities %+v: want all dropped, none added", c.Name, sc.Capabilities)
+		}
+		for _, m := range c.VolumeMounts {
+			hp, ok := hostPaths[m.Name]
+			if !ok || !slices.Contains(hp.containers, c.Name) || !m.ReadOnly || m.MountPath != hp.path {
+				t.Errorf("%s mounts %+v: want only its host directories, read-only, at the host's path", c.Name, m)
+			}
+		}
+		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
+			t.Errorf("%s: resources %+v: want CPU and memory requests and a memory limit", c.Name, c.Resources)
+		}
 	}
-	c := pod.Containers[0]
-	sc := c.SecurityContext
-	switch {
-	case sc == nil:
-		t.Fatal("no container security context")
-	case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
-		t.Error("privilege escalation allowed")
-	case sc.Privileged != nil && *sc.Privileged:
-		t.Error("privileged")
-	case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
-		t.Error("writable root file system")
-	case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
-		t.Errorf("capabilities %+v: want all dropped, none added", sc.Capabilities)
+
+	c := container(t, pod, "statsagent")
+	if sc := c.SecurityContext; sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
+		t.Errorf("statsagent security context %+v: want a non-root user", sc)
 	}
-	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "statsd-sockets" || !c.VolumeMounts[0].ReadOnly || c.VolumeMounts[0].MountPath != "/run/statsd" {
-		t.Errorf("volume mounts %+v: want statsd-sockets read-only at /run/statsd", c.VolumeMounts)
+	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "statsd-sockets" {
+		t.Errorf("statsagent volume mounts %+v: want statsd-sockets only", c.VolumeMounts)
 	}
 	if !slices.Contains(c.Args, "--sockets=/run/statsd/*.sock") {
 		t.Errorf("args %q do not poll /run/statsd/*.sock", c.Args)
@@ -234,8 +265,60 @@ func TestDaemonSet(t *testing.T) {
 			t.Errorf("%s probe %+v: want GET /healthz on metrics", name, p)
 		}
 	}
-	if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-		t.Errorf("resources %+v: want CPU and memory requests and a memory limit", c.Resources)
+}
+
+// TestNRIBridge: statsnri reaches NRI's socket through its directory, binds
+// pods on statsd daemons whose stats sockets the agent polls, reads Kata's
+// layout where it mounts it, and runs as root's uid with no capability
+// (NRI's socket and the lifecycle sockets are root's).
+func TestNRIBridge(t *testing.T) {
+	ds := only[*appsv1.DaemonSet](t, objects(t), "daemonset.yaml")
+	c := container(t, ds.Spec.Template.Spec, "statsnri")
+	args := map[string][]string{}
+	for _, a := range c.Args {
+		k, v, ok := strings.Cut(a, "=")
+		if !ok || !strings.HasPrefix(k, "--") {
+			t.Errorf("arg %q: want --flag=value", a)
+			continue
+		}
+		args[k] = append(args[k], v)
+	}
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	if s := args["--nri-socket"]; len(s) != 1 || filepath.Dir(s[0]) != mounts["nri"] {
+		t.Errorf("--nri-socket %q is not in the mounted NRI directory %q (mount the directory: containerd makes a new socket when it restarts)", s, mounts["nri"])
+	}
+	agentGlob := "/run/statsd/*.sock"
+	seen := map[string]bool{}
+	if len(args["--statsd"]) == 0 {
+		t.Error("no --statsd")
+	}
+	for _, sd := range args["--statsd"] {
+		lc, st, ok := strings.Cut(sd, ",")
+		if m, _ := filepath.Match(agentGlob, st); !ok || !m || !strings.HasPrefix(lc, "/run/statsd/lifecycle/") || seen[lc] || seen[st] {
+			t.Errorf("--statsd %q: want a lifecycle socket under /run/statsd/lifecycle/ and a stats socket the agent's glob %s finds, each once", sd, agentGlob)
+		}
+		if filepath.Base(lc) != filepath.Base(st) {
+			t.Errorf("--statsd %q: the two sockets are not one statsd@ instance's", sd)
+		}
+		seen[lc], seen[st] = true, true
+	}
+	if k := args["--kata-root"]; len(k) != 1 || k[0] != mounts["kata-run"] {
+		t.Errorf("--kata-root %q, Kata's directory mounted at %q", k, mounts["kata-run"])
+	}
+	if len(args["--handlers"]) != 1 || !slices.Contains(strings.Split(args["--handlers"][0], ","), "runsc") {
+		t.Errorf("--handlers %q: want gVisor's runsc watched", args["--handlers"])
+	}
+	if len(c.Ports) != 1 || c.Ports[0].Name != "nri-metrics" || !slices.Equal(args["--metrics-listen"], []string{fmt.Sprintf("0.0.0.0:%d", c.Ports[0].ContainerPort)}) {
+		t.Errorf("ports %+v, --metrics-listen %q: want one port nri-metrics served", c.Ports, args["--metrics-listen"])
+	}
+	if sc := c.SecurityContext; sc.RunAsUser == nil || *sc.RunAsUser != 0 {
+		t.Errorf("statsnri runs as %v: NRI's socket and the lifecycle sockets are root's", sc.RunAsUser)
+	}
+	if c.LivenessProbe != nil || c.ReadinessProbe != nil {
+		t.Error("statsnri is probed: a bridge without NRI retries by itself, and would make the agent's pod unready")
 	}
 }
 
@@ -272,8 +355,18 @@ func TestServiceAndPodMonitor(t *testing.T) {
 	if podLabels[pm.Spec.JobLabel] != "statsagent" {
 		t.Errorf("PodMonitor jobLabel %q gives job %q, want statsagent (the alerting rules select up{job=\"statsagent\"})", pm.Spec.JobLabel, podLabels[pm.Spec.JobLabel])
 	}
-	if len(pm.Spec.PodMetricsEndpoints) != 1 || pm.Spec.PodMetricsEndpoints[0].Port == nil || *pm.Spec.PodMetricsEndpoints[0].Port != "metrics" {
-		t.Errorf("PodMonitor endpoints %+v: want the metrics port", pm.Spec.PodMetricsEndpoints)
+	eps := pm.Spec.PodMetricsEndpoints
+	if len(eps) != 2 || eps[0].Port == nil || *eps[0].Port != "metrics" || eps[1].Port == nil || *eps[1].Port != "nri-metrics" {
+		t.Fatalf("PodMonitor endpoints %+v: want the metrics and nri-metrics ports", eps)
+	}
+	var job string
+	for _, r := range eps[1].RelabelConfigs {
+		if r.TargetLabel == "job" && r.Replacement != nil {
+			job = *r.Replacement
+		}
+	}
+	if job != "statsnri" {
+		t.Errorf("the bridge's endpoint is job %q, want statsnri (not statsagent: the agent's alerts select job=\"statsagent\")", job)
 	}
 }
 
@@ -321,8 +414,10 @@ func TestKustomizationBuilds(t *testing.T) {
 			if o.Namespace != k.Namespace {
 				t.Errorf("DaemonSet in namespace %q", o.Namespace)
 			}
-			if img := o.Spec.Template.Spec.Containers[0].Image; !strings.HasSuffix(img, "/statsagent:"+k.Images[0].NewTag) {
-				t.Errorf("image %q not set by the kustomization", img)
+			for _, c := range o.Spec.Template.Spec.Containers {
+				if !strings.HasSuffix(c.Image, "/"+c.Name+":"+k.Images[0].NewTag) {
+					t.Errorf("%s: image %q not set by the kustomization", c.Name, c.Image)
+				}
 			}
 		case *corev1.Service:
 			kinds["Service"]++

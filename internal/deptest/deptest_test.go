@@ -33,7 +33,7 @@ var statsctlAllowed = []string{
 }
 
 // Test-only packages: fakes and end-to-end helpers.
-var testOnlyPackages = []string{"internal/statsdfake", "internal/kataagentfake", "internal/testenv"}
+var testOnlyPackages = []string{"internal/statsdfake", "internal/kataagentfake", "internal/nrifake", "internal/testenv"}
 
 // devTools are the main packages outside cmd/: run with go run by the
 // Makefile, never built by make build nor installed, so no binary rules
@@ -63,10 +63,27 @@ func badDeps() map[string]map[string]string {
 	statsd := map[string]string{"github.com/prometheus/client_golang": "statsd serves no metrics (statsagent does)"}
 	maps.Copy(statsd, otlp)
 	maps.Copy(statsctl, otlp)
+	// statsnri, the NRI bridge, is a client of statsd's API like statsctl
+	// (it links none of the daemon) and the only binary that speaks NRI.
+	// (procfs comes with client_golang, as in statsagent.)
+	statsnri := map[string]string{
+		"github.com/containerd/cgroups": "cgroup reading: daemon side",
+		"github.com/mdlayher/vsock":     "dials guest agents: daemon side (the bridge only passes an agent's address on)",
+	}
+	for _, p := range daemonPackages {
+		statsnri[module+"/"+p] = "a daemon package: the bridge talks to statsd over the API only"
+	}
+	nri := "NRI (and the WASM runtime and logrus it links): statsnri's only"
+	maps.Copy(statsnri, otlp)
 	rules := map[string]map[string]string{
 		module + "/cmd/statsctl":   statsctl,
 		module + "/cmd/statsd":     statsd,
 		module + "/cmd/statsagent": {},
+		module + "/cmd/statsnri":   statsnri,
+	}
+	for _, b := range []string{"statsctl", "statsd", "statsagent"} {
+		rules[module+"/cmd/"+b]["github.com/containerd/nri"] = nri
+		rules[module+"/cmd/"+b]["github.com/tetratelabs/wazero"] = nri
 	}
 	for _, r := range rules {
 		r["testing"] = "production code does not link the testing package"

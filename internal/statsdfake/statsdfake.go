@@ -1,8 +1,10 @@
-// Package statsdfake provides a fake statsd for tests of the node agent: a
-// real gRPC server on a real Unix socket, implementing
-// WorkloadStatsService.StatsActiveWorkloads with scripted answers, that can
-// be made to hang (never answer until the caller gives up) or be killed
-// (listener closed, socket removed).
+// Package statsdfake provides fake statsd daemons on real Unix sockets
+// (real gRPC servers) that can be made to hang (never answer until the
+// caller gives up) or be killed (listener closed, socket removed): Daemon,
+// for tests of the node agent and statsctl, implements
+// WorkloadStatsService.StatsActiveWorkloads with scripted answers;
+// Lifecycle, for tests of a launcher (the NRI bridge), keeps bindings as
+// statsd's WorkloadLifecycleService does and lists them.
 package statsdfake
 
 import (

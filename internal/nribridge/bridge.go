@@ -1,0 +1,477 @@
+package nribridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+	"github.com/prometheus/client_golang/prometheus"
+
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// Statsd names one statsd the bridge drives.
+type Statsd struct {
+	// Lifecycle is its lifecycle socket (RunWorkload, CheckpointWorkload).
+	Lifecycle string
+	// Stats is its stats socket (StatsActiveWorkloads: what it holds).
+	Stats string
+}
+
+// Options configure a Bridge. Zero durations and counts take the defaults
+// named.
+type Options struct {
+	Mapping Config
+	Kata    KataLayout
+	// Statsd are the daemons pods are spread over, by a hash of the pod
+	// uid: their order is part of the placement (a pod is found where it
+	// was bound only while the list is the same).
+	Statsd []Statsd
+	// CallTimeout bounds every call to a statsd (default 10s).
+	CallTimeout time.Duration
+	// Resync is how often every statsd is listed and made to hold exactly
+	// the running pods placed on it (default 5m; negative: only after each
+	// Synchronize).
+	Resync time.Duration
+	// MaxPods bounds the pods tracked (default 1024).
+	MaxPods int
+	// Workers per statsd (default 2): a hung statsd holds only its own.
+	Workers int
+	// Settle: a Kata pod's changed container set is bound once it has not
+	// changed for this long (default 2s), so that a pod's start or
+	// teardown is not a new activation per container.
+	Settle time.Duration
+	// MinBackoff and MaxBackoff bound the retries of a failed call
+	// (defaults 500ms, 1m), doubling from one to the other.
+	MinBackoff, MaxBackoff time.Duration
+	// AllowUIDs are the uids a statsd socket's server may run as (default:
+	// root and the bridge's own euid).
+	AllowUIDs []uint32
+	Logger    *slog.Logger
+	// Registerer, if set, gets the bridge's metrics.
+	Registerer prometheus.Registerer
+}
+
+const (
+	defaultCallTimeout = 10 * time.Second
+	defaultResync      = 5 * time.Minute
+	defaultMaxPods     = 1024
+	defaultWorkers     = 2
+	defaultSettle      = 2 * time.Second
+	defaultMinBackoff  = 500 * time.Millisecond
+	defaultMaxBackoff  = time.Minute
+)
+
+// Bridge keeps statsd's bindings equal to the running pods of the watched
+// handlers. Its event methods (RunPodSandbox, ..., Synchronize) never block
+// on statsd and never fail; Run does the work.
+type Bridge struct {
+	opt    Options
+	log    *slog.Logger
+	notes  *notes
+	m      *metrics
+	shards []*shard
+
+	mu        sync.Mutex
+	pods      map[string]*pod
+	connected bool
+	synced    bool
+	since     time.Time
+	reason    string
+}
+
+// pod is a running pod of a watched handler: what its binding should be.
+type pod struct {
+	uid      string
+	identity *sandboxstatsv1.WorkloadIdentity
+	sandbox  Sandbox
+	// containers are a Kata pod's live containers (created, not stopped);
+	// changed is when that set last changed.
+	containers map[string]bool
+	changed    time.Time
+}
+
+// New makes a Bridge; Run starts it.
+func New(opt Options) (*Bridge, error) {
+	if len(opt.Statsd) == 0 {
+		return nil, errors.New("nribridge: no statsd to drive")
+	}
+	if err := opt.Mapping.Validate(); err != nil {
+		return nil, fmt.Errorf("nribridge: %w", err)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d == 0 {
+			*d = v
+		}
+	}
+	def(&opt.CallTimeout, defaultCallTimeout)
+	def(&opt.Resync, defaultResync)
+	def(&opt.Settle, defaultSettle)
+	def(&opt.MinBackoff, defaultMinBackoff)
+	def(&opt.MaxBackoff, defaultMaxBackoff)
+	if opt.MaxPods <= 0 {
+		opt.MaxPods = defaultMaxPods
+	}
+	if opt.Workers <= 0 {
+		opt.Workers = defaultWorkers
+	}
+	if opt.AllowUIDs == nil {
+		opt.AllowUIDs = []uint32{0, uint32(os.Geteuid())}
+	}
+	if opt.Logger == nil {
+		opt.Logger = slog.New(slog.DiscardHandler)
+	}
+	b := &Bridge{
+		opt:    opt,
+		log:    opt.Logger,
+		pods:   map[string]*pod{},
+		reason: "not connected to NRI yet",
+	}
+	b.m = newMetrics(b)
+	b.notes = newNotes(opt.Logger, b.m.logDropped)
+	for i, sd := range opt.Statsd {
+		s, err := newShard(b, i, sd)
+		if err != nil {
+			b.closeShards()
+			return nil, err
+		}
+		b.shards = append(b.shards, s)
+	}
+	if opt.Registerer != nil {
+		if err := b.m.register(opt.Registerer); err != nil {
+			b.closeShards()
+			return nil, fmt.Errorf("nribridge: metrics: %w", err)
+		}
+	}
+	return b, nil
+}
+
+func (b *Bridge) closeShards() {
+	for _, s := range b.shards {
+		s.close()
+	}
+}
+
+// Run runs the workers, the listings and the log until ctx ends, then
+// closes the connections to statsd.
+func (b *Bridge) Run(ctx context.Context) error {
+	var wg sync.WaitGroup
+	wg.Go(func() { b.notes.run(ctx) })
+	for _, s := range b.shards {
+		for range b.opt.Workers {
+			wg.Go(func() { s.work(ctx) })
+		}
+		wg.Go(func() { s.lister(ctx) })
+	}
+	if b.opt.Resync > 0 {
+		wg.Go(func() {
+			t := time.NewTicker(b.opt.Resync)
+			defer t.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-t.C:
+					for _, s := range b.shards {
+						s.requestList()
+					}
+				}
+			}
+		})
+	}
+	<-ctx.Done()
+	wg.Wait()
+	b.mu.Lock()
+	for _, s := range b.shards {
+		s.stopTimers()
+	}
+	b.mu.Unlock()
+	b.closeShards()
+	return nil
+}
+
+// shardOf places a pod: a hash of its uid over the statsd list.
+func (b *Bridge) shardOf(uid string) *shard {
+	h := fnv.New32a()
+	h.Write([]byte(uid))
+	return b.shards[h.Sum32()%uint32(len(b.shards))]
+}
+
+// touch makes every statsd concerned look at uid again (its placement, and
+// any that holds it), forgetting its backoff: its desired state changed.
+// b.mu is held.
+func (b *Bridge) touch(uid string) {
+	home := b.shardOf(uid)
+	for _, s := range b.shards {
+		if _, held := s.known[uid]; held || s == home {
+			s.resetRetry(uid)
+			s.enqueue(uid)
+		}
+	}
+}
+
+// PodSandbox events. Each returns at once: it records the pod's desired
+// state and queues the work.
+
+// RunPodSandbox binds the pod (if its handler is watched).
+func (b *Bridge) RunPodSandbox(p *api.PodSandbox) {
+	b.m.event("run-pod-sandbox")
+	b.upsert(p)
+}
+
+// StopPodSandbox checkpoints the pod. Containerd and CRI-O relay it once
+// the sandbox is stopped (its task killed and deleted): there is no NRI
+// event before the teardown to read a final in (docs/nri.md).
+func (b *Bridge) StopPodSandbox(p *api.PodSandbox) {
+	b.m.event("stop-pod-sandbox")
+	b.gone(p)
+}
+
+// RemovePodSandbox checkpoints the pod if StopPodSandbox did not.
+func (b *Bridge) RemovePodSandbox(p *api.PodSandbox) {
+	b.m.event("remove-pod-sandbox")
+	b.gone(p)
+}
+
+// ContainerCreated adds a container to a Kata pod's set.
+func (b *Bridge) ContainerCreated(p *api.PodSandbox, c *api.Container) {
+	b.m.event("post-create-container")
+	b.container(p, c, true)
+}
+
+// ContainerStopped removes a container from a Kata pod's set (stopped,
+// its usage is no longer the guest's).
+func (b *Bridge) ContainerStopped(p *api.PodSandbox, c *api.Container) {
+	b.m.event("stop-container")
+	b.container(p, c, false)
+}
+
+// ContainerRemoved removes a container from a Kata pod's set.
+func (b *Bridge) ContainerRemoved(p *api.PodSandbox, c *api.Container) {
+	b.m.event("remove-container")
+	b.container(p, c, false)
+}
+
+// newPod maps p, or counts and notes why it cannot (nil).
+func (b *Bridge) newPod(p *api.PodSandbox) *pod {
+	kind := b.opt.Mapping.KindOf(p.GetRuntimeHandler())
+	if kind == 0 {
+		b.m.ignored.WithLabelValues("handler").Inc()
+		return nil
+	}
+	id, err := b.opt.Mapping.IdentityOf(p)
+	if err != nil {
+		b.unactionable(err, "pod", p.GetNamespace()+"/"+p.GetName(), "sandbox", p.GetId())
+		return nil
+	}
+	return &pod{uid: p.GetUid(), identity: id, sandbox: SandboxOf(kind, p), containers: map[string]bool{}}
+}
+
+// unactionable counts and notes (bounded) an event the bridge cannot act on.
+func (b *Bridge) unactionable(err error, attrs ...any) {
+	reason := ReasonOf(err)
+	if reason == "" {
+		reason = "other"
+	}
+	b.m.unactionable.WithLabelValues(reason).Inc()
+	b.notes.add(slog.LevelWarn, "nri: cannot bind a pod", reason, append(attrs, "reason", reason, "err", err)...)
+}
+
+func (b *Bridge) upsert(p *api.PodSandbox) {
+	np := b.newPod(p)
+	if np == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	old := b.pods[np.uid]
+	if old == nil && len(b.pods) >= b.opt.MaxPods {
+		b.m.unactionable.WithLabelValues("too-many-pods").Inc()
+		b.notes.add(slog.LevelWarn, "nri: cannot bind a pod", "too-many-pods", "uid", np.uid, "max_pods", b.opt.MaxPods)
+		return
+	}
+	if old != nil && old.sandbox.ID == np.sandbox.ID {
+		np.containers, np.changed = old.containers, old.changed
+	}
+	b.pods[np.uid] = np
+	b.touch(np.uid)
+}
+
+// gone forgets the pod's desired binding.
+func (b *Bridge) gone(p *api.PodSandbox) {
+	if b.opt.Mapping.KindOf(p.GetRuntimeHandler()) == 0 {
+		b.m.ignored.WithLabelValues("handler").Inc()
+		return
+	}
+	uid := p.GetUid()
+	if ValidUID(uid) != nil {
+		b.m.ignored.WithLabelValues("invalid-pod-uid").Inc()
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if old := b.pods[uid]; old != nil && old.sandbox.ID != p.GetId() {
+		// An older sandbox of the same pod (the kubelet made a new one):
+		// the running one stays bound.
+		b.m.ignored.WithLabelValues("stale-sandbox").Inc()
+		return
+	}
+	delete(b.pods, uid)
+	b.touch(uid)
+}
+
+func (b *Bridge) container(p *api.PodSandbox, c *api.Container, live bool) {
+	uid := p.GetUid()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	cur := b.pods[uid]
+	if cur == nil || cur.sandbox.Kind != KindKata || cur.sandbox.ID != c.GetPodSandboxId() {
+		return
+	}
+	if cur.containers[c.GetId()] == live {
+		return
+	}
+	np := *cur
+	np.containers = maps.Clone(cur.containers)
+	if live {
+		np.containers[c.GetId()] = true
+	} else {
+		delete(np.containers, c.GetId())
+	}
+	np.changed = time.Now()
+	b.pods[uid] = &np
+	b.touch(uid)
+}
+
+// Synchronize replaces the desired state with the pods that exist (those
+// with a task, pid not 0; a pod without one is stopped, not yet removed),
+// then has every statsd listed: the pods not bound are bound, the bindings
+// whose pod is gone are checkpointed.
+func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container) {
+	b.m.event("synchronize")
+	live := map[string][]string{}
+	for _, c := range containers {
+		switch c.GetState() {
+		case api.ContainerState_CONTAINER_CREATED, api.ContainerState_CONTAINER_RUNNING, api.ContainerState_CONTAINER_PAUSED:
+			live[c.GetPodSandboxId()] = append(live[c.GetPodSandboxId()], c.GetId())
+		}
+	}
+	want := map[string]*pod{}
+	for _, p := range pods {
+		if p.GetPid() == 0 {
+			continue
+		}
+		np := b.newPod(p)
+		if np == nil {
+			continue
+		}
+		if np.sandbox.Kind == KindKata {
+			for _, id := range live[np.sandbox.ID] {
+				np.containers[id] = true
+			}
+		}
+		want[np.uid] = np
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if len(want) > b.opt.MaxPods {
+		uids := slices.Sorted(maps.Keys(want))
+		for _, uid := range uids[b.opt.MaxPods:] {
+			delete(want, uid)
+			b.m.unactionable.WithLabelValues("too-many-pods").Inc()
+		}
+		b.notes.add(slog.LevelWarn, "nri: cannot bind a pod", "too-many-pods", "pods", len(uids), "max_pods", b.opt.MaxPods)
+	}
+	old := b.pods
+	for uid, np := range want {
+		if o := old[uid]; o != nil && o.sandbox.ID == np.sandbox.ID && maps.Equal(o.containers, np.containers) {
+			np.changed = o.changed
+		} else if np.sandbox.Kind == KindKata {
+			np.changed = time.Now()
+		}
+	}
+	b.pods = want
+	for uid := range old {
+		if want[uid] == nil {
+			b.touch(uid)
+		}
+	}
+	for uid := range want {
+		b.touch(uid)
+	}
+	b.synced = true
+	for _, s := range b.shards {
+		s.requestList()
+	}
+	b.notes.add(slog.LevelInfo, "nri: synchronized", "", "pods", len(pods), "containers", len(containers), "watched_running", len(want))
+}
+
+// SetConnected records the NRI connection's state (reason: why not).
+func (b *Bridge) SetConnected(connected bool, reason string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if connected != b.connected {
+		b.since = time.Now()
+	}
+	b.connected, b.reason = connected, reason
+	if !connected {
+		b.synced = false
+	} else {
+		b.m.connections.Inc()
+	}
+}
+
+// Health says whether the bridge is connected to NRI and synchronized, and
+// why not.
+func (b *Bridge) Health() (ok bool, detail string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch {
+	case b.connected && b.synced:
+		return true, fmt.Sprintf("connected to NRI and synchronized since %s; %d pods tracked", b.since.UTC().Format(time.RFC3339), len(b.pods))
+	case b.connected:
+		return false, "connected to NRI, not synchronized yet"
+	default:
+		return false, "not connected to NRI: " + b.reason
+	}
+}
+
+// request builds the RunWorkloadRequest of a pod (reading Kata's layout
+// for a Kata pod) and counts what it had to leave out.
+func (b *Bridge) request(p *pod) (*sandboxstatsv1.RunWorkloadRequest, error) {
+	var kata Kata
+	containers := slices.Sorted(maps.Keys(p.containers))
+	if p.sandbox.Kind == KindKata {
+		var err error
+		if kata, err = b.opt.Kata.Resolve(p.sandbox.ID); err != nil {
+			return nil, err
+		}
+		if _, left, err := KataContainerIDs(p.sandbox.ID, containers); err == nil && left > 0 {
+			b.m.unactionable.WithLabelValues("kata-containers-left-out").Add(float64(left))
+		}
+	}
+	ref, err := RefOf(p.sandbox, containers, kata)
+	if err != nil {
+		return nil, err
+	}
+	return &sandboxstatsv1.RunWorkloadRequest{Identity: p.identity, Sandbox: ref}, nil
+}
+
+// backoff is the delay before attempt n (from 1), jittered by ±20%.
+func (b *Bridge) backoff(n int) time.Duration {
+	d := b.opt.MinBackoff
+	for i := 1; i < n && d < b.opt.MaxBackoff; i++ {
+		d *= 2
+	}
+	d = min(d, b.opt.MaxBackoff)
+	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+}

@@ -1,0 +1,98 @@
+package nribridge
+
+import (
+	"context"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/nri/pkg/api"
+
+	"github.com/sandboxstats/sandboxstats/internal/nrifake"
+	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
+)
+
+// connect runs b.Connect to rt with short backoffs until the test ends,
+// and waits until the bridge is connected and synchronized.
+func connect(t *testing.T, b *testBridge, rt *nrifake.Runtime) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.Connect(ctx, ConnectOptions{Socket: rt.Socket, MinBackoff: 20 * time.Millisecond, MaxBackoff: 100 * time.Millisecond})
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	eventually(t, "connected", func() bool { ok, _ := b.Health(); return ok })
+	rt.WaitPlugins(t, 1)
+}
+
+// TestReconnectAfterRuntimeRestart: containerd restarting closes the
+// connection; the bridge reconnects with backoff, and the new
+// connection's Synchronize binds the pods started and ends those gone
+// while it was down.
+func TestReconnectAfterRuntimeRestart(t *testing.T) {
+	f := fakes(t, 1)[0]
+	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
+	dir := shortDir(t)
+	rt := nrifake.Start(t, dir, testPod(1), testPod(2))
+	connect(t, b, rt)
+	eventually(t, "synchronized pods bound", func() bool { return slices.Equal(boundUIDs(f), uids(1, 2)) })
+	ctx := context.Background()
+	if err := rt.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: testPod(3)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pod 3 bound", func() bool { return slices.Equal(boundUIDs(f), uids(1, 2, 3)) })
+
+	rt.Stop() // containerd stops
+	eventually(t, "disconnected", func() bool { ok, _ := b.Health(); return !ok })
+	if _, detail := b.Health(); detail == "" {
+		t.Error("no reason given for not being connected")
+	}
+	// It comes back knowing pods 2, 3 and 4 (1 ended meanwhile).
+	rt2 := nrifake.Start(t, dir, testPod(2), testPod(3), testPod(4))
+	eventually(t, "reconnected", func() bool { ok, _ := b.Health(); return ok })
+	rt2.WaitPlugins(t, 1)
+	eventually(t, "reconciled", func() bool { return slices.Equal(boundUIDs(f), uids(2, 3, 4)) })
+	if err := rt2.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: testPod(2)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pod 2 checkpointed through the new connection", func() bool { return slices.Equal(boundUIDs(f), uids(3, 4)) })
+	if n := b.m.connections; n == nil {
+		t.Fatal("no connections counter")
+	}
+}
+
+// TestConnectWithoutNRI: no NRI socket (NRI disabled, or containerd not up
+// yet): the bridge says why and keeps trying; it connects once the socket
+// is there.
+func TestConnectWithoutNRI(t *testing.T) {
+	f := fakes(t, 1)[0]
+	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
+	dir := shortDir(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.Connect(ctx, ConnectOptions{Socket: filepath.Join(dir, "nri.sock"), MinBackoff: 20 * time.Millisecond, MaxBackoff: 50 * time.Millisecond})
+	}()
+	defer func() { cancel(); <-done }()
+	time.Sleep(100 * time.Millisecond)
+	if ok, detail := b.Health(); ok || !containsAll(detail, "not connected to NRI", "nri.sock") {
+		t.Errorf("Health() = %v, %q", ok, detail)
+	}
+	nrifake.Start(t, dir, testPod(1))
+	eventually(t, "connected", func() bool { ok, _ := b.Health(); return ok })
+	eventually(t, "bound", func() bool { return slices.Equal(boundUIDs(f), uids(1)) })
+}
+
+func containsAll(s string, subs ...string) bool {
+	for _, sub := range subs {
+		if !strings.Contains(s, sub) {
+			return false
+		}
+	}
+	return true
+}

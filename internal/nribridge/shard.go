@@ -1,0 +1,440 @@
+package nribridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"path/filepath"
+	"slices"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/sandboxstats/sandboxstats/internal/api"
+	"github.com/sandboxstats/sandboxstats/internal/peercred"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// shard is one statsd: what it holds as far as the bridge knows, the queue
+// of pods to look at, their backoff, and the workers and lister that serve
+// them. Its maps are guarded by the Bridge's mu.
+type shard struct {
+	b     *Bridge
+	idx   int
+	label string
+	cfg   Statsd
+	conns []*grpc.ClientConn
+	lc    sandboxstatsv1.WorkloadLifecycleServiceClient
+	st    sandboxstatsv1.WorkloadStatsServiceClient
+
+	// known: the actors this statsd holds as far as the bridge knows, with
+	// the request that bound them (nil: bound by someone or something the
+	// bridge does not remember, as a listing found it).
+	known map[string]*sandboxstatsv1.RunWorkloadRequest
+	// While a listing is in flight, gen counts the calls that changed
+	// known and changed says when (in gen) each uid was last bound or
+	// checkpointed by one, so that the listing, taken before, does not
+	// undo it; both are reset when it is applied.
+	listing bool
+	gen     uint64
+	changed map[string]uint64
+	queue   []string
+	queued  map[string]bool
+	busy    map[string]bool
+	dirty   map[string]bool
+	retry   map[string]*retry
+	wake    chan struct{}
+	listC   chan struct{}
+}
+
+type retry struct {
+	attempts int
+	timer    *time.Timer
+}
+
+func newShard(b *Bridge, idx int, cfg Statsd) (*shard, error) {
+	s := &shard{
+		b: b, idx: idx, cfg: cfg, label: cfg.Lifecycle,
+		known: map[string]*sandboxstatsv1.RunWorkloadRequest{}, changed: map[string]uint64{}, queued: map[string]bool{}, busy: map[string]bool{},
+		dirty: map[string]bool{}, retry: map[string]*retry{},
+		wake: make(chan struct{}, 1), listC: make(chan struct{}, 1),
+	}
+	for _, path := range []string{cfg.Lifecycle, cfg.Stats} {
+		cc, err := dial(path, b.opt.AllowUIDs)
+		if err != nil {
+			s.close()
+			return nil, err
+		}
+		s.conns = append(s.conns, cc)
+	}
+	s.lc = sandboxstatsv1.NewWorkloadLifecycleServiceClient(s.conns[0])
+	s.st = sandboxstatsv1.NewWorkloadStatsServiceClient(s.conns[1])
+	return s, nil
+}
+
+// dial makes a client of the statsd socket at path (connecting at its first
+// call), checking at every connection that the server runs as an allowed
+// uid: the bridge tells it pods' identities.
+func dial(path string, allow []uint32) (*grpc.ClientConn, error) {
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		return nil, fmt.Errorf("nribridge: statsd socket %s: %w", path, err)
+	}
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", abs)
+		if err != nil {
+			return nil, err
+		}
+		uid, _, err := peercred.PeerUID(conn)
+		if err == nil && !slices.Contains(allow, uid) {
+			err = fmt.Errorf("the server runs as uid %d, not one of %v", uid, allow)
+		}
+		if err != nil {
+			conn.Close()
+			return nil, fmt.Errorf("nribridge: refused statsd %s: %w", abs, err)
+		}
+		return conn, nil
+	}
+	cc, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialer))
+	if err != nil {
+		return nil, fmt.Errorf("nribridge: statsd socket %s: %w", abs, err)
+	}
+	return cc, nil
+}
+
+func (s *shard) close() {
+	for _, cc := range s.conns {
+		cc.Close()
+	}
+}
+
+// enqueue queues uid once; a uid being worked on is looked at again after.
+// b.mu is held.
+func (s *shard) enqueue(uid string) {
+	switch {
+	case s.busy[uid]:
+		s.dirty[uid] = true
+	case !s.queued[uid]:
+		s.queued[uid] = true
+		s.queue = append(s.queue, uid)
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// resetRetry forgets uid's backoff. b.mu is held.
+func (s *shard) resetRetry(uid string) {
+	if r := s.retry[uid]; r != nil {
+		if r.timer != nil {
+			r.timer.Stop()
+		}
+		delete(s.retry, uid)
+	}
+}
+
+// later looks at uid again after d (its backoff, or a Kata pod's settling
+// time). b.mu is held.
+func (s *shard) later(uid string, d time.Duration, attempt bool) {
+	r := s.retry[uid]
+	if r == nil {
+		r = &retry{}
+		s.retry[uid] = r
+	}
+	if attempt {
+		r.attempts++
+		d = s.b.backoff(r.attempts)
+	}
+	if r.timer != nil {
+		r.timer.Stop()
+	}
+	r.timer = time.AfterFunc(d, func() {
+		s.b.mu.Lock()
+		defer s.b.mu.Unlock()
+		if s.retry[uid] == r {
+			r.timer = nil
+			s.enqueue(uid)
+		}
+	})
+}
+
+func (s *shard) stopTimers() {
+	for uid := range s.retry {
+		s.resetRetry(uid)
+	}
+}
+
+// next takes the next uid to work on, waiting for one.
+func (s *shard) next(ctx context.Context) (string, bool) {
+	for {
+		s.b.mu.Lock()
+		if len(s.queue) > 0 {
+			uid := s.queue[0]
+			s.queue = s.queue[1:]
+			delete(s.queued, uid)
+			s.busy[uid] = true
+			more := len(s.queue) > 0
+			s.b.mu.Unlock()
+			if more {
+				select {
+				case s.wake <- struct{}{}:
+				default:
+				}
+			}
+			return uid, true
+		}
+		s.b.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return "", false
+		case <-s.wake:
+		}
+	}
+}
+
+func (s *shard) work(ctx context.Context) {
+	for {
+		uid, ok := s.next(ctx)
+		if !ok {
+			return
+		}
+		s.process(ctx, uid)
+		s.b.mu.Lock()
+		delete(s.busy, uid)
+		if s.dirty[uid] {
+			delete(s.dirty, uid)
+			s.enqueue(uid)
+		}
+		s.b.mu.Unlock()
+	}
+}
+
+// process makes this statsd's binding of uid what it should be: bound with
+// the pod's request when the pod runs and is placed here, else not bound.
+func (s *shard) process(ctx context.Context, uid string) {
+	b := s.b
+	b.mu.Lock()
+	p := b.pods[uid]
+	if p != nil && b.shardOf(uid) != s {
+		p = nil
+	}
+	have, held := s.known[uid]
+	b.mu.Unlock()
+
+	if p == nil {
+		if held {
+			s.checkpoint(ctx, uid)
+		} else {
+			b.mu.Lock()
+			s.resetRetry(uid)
+			b.mu.Unlock()
+		}
+		return
+	}
+	if p.sandbox.Kind == KindKata && held && !p.changed.IsZero() {
+		if wait := b.opt.Settle - time.Since(p.changed); wait > 0 {
+			b.mu.Lock()
+			s.later(uid, wait, false)
+			b.mu.Unlock()
+			return
+		}
+	}
+	req, err := b.request(p)
+	if err != nil {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		if errors.Is(err, ErrKataNotYet) {
+			b.m.unactionable.WithLabelValues("kata-not-yet").Inc()
+			b.notes.add(slog.LevelInfo, "nri: kata sandbox not laid out yet, trying again", "kata-not-yet:"+s.label, "uid", uid, "err", err)
+			s.later(uid, 0, true)
+			return
+		}
+		// The pod cannot be bound as it is: not before it changes (an event)
+		// or the next listing.
+		b.unactionable(err, "uid", uid, "sandbox", p.sandbox.ID)
+		s.resetRetry(uid)
+		return
+	}
+	if held && have != nil && proto.Equal(have, req) {
+		b.mu.Lock()
+		s.resetRetry(uid)
+		b.mu.Unlock()
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.opt.CallTimeout)
+	resp, err := s.lc.RunWorkload(cctx, req)
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	b.m.call(s.label, "run", err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if err != nil {
+		s.failed(uid, "run", err)
+		return
+	}
+	s.known[uid] = req
+	s.noteChange(uid)
+	s.resetRetry(uid)
+	attrs := []any{"uid", uid, "namespace", req.GetIdentity().GetActorNamespace(), "name", req.GetIdentity().GetActorName(),
+		"sandbox", p.sandbox.ID, "kind", p.sandbox.Kind.String(), "statsd", s.label, "epoch_unix_nano", resp.GetEpochUnixNano()}
+	if r := resp.GetReplaced(); r != nil {
+		attrs = append(attrs, "replaced_epoch_unix_nano", r.GetEpochUnixNano())
+	}
+	if !held || have == nil || !proto.Equal(have, req) {
+		b.log.Info("bound pod", attrs...)
+	}
+}
+
+// checkpoint ends uid's activation on this statsd.
+func (s *shard) checkpoint(ctx context.Context, uid string) {
+	b := s.b
+	cctx, cancel := context.WithTimeout(ctx, b.opt.CallTimeout)
+	resp, err := s.lc.CheckpointWorkload(cctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: uid})
+	cancel()
+	if ctx.Err() != nil {
+		return
+	}
+	b.m.call(s.label, "checkpoint", err)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	switch r := api.ReasonOf(err); {
+	case err == nil:
+		e := resp.GetEnded()
+		b.log.Info("checkpointed pod", "uid", uid, "namespace", e.GetIdentity().GetActorNamespace(), "name", e.GetIdentity().GetActorName(),
+			"statsd", s.label, "outcome", api.OutcomeName(e.GetOutcome()), "epoch_unix_nano", e.GetEpochUnixNano(), "end_unix_nano", e.GetEndUnixNano(),
+			"final", api.ProvenanceName(e.GetFinalProvenance()))
+	case r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH), r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD):
+		// Not bound there (any more): nothing to end.
+		b.log.Debug("pod was not bound", "uid", uid, "statsd", s.label, "reason", r)
+	default:
+		s.failed(uid, "checkpoint", err)
+		return
+	}
+	delete(s.known, uid)
+	s.noteChange(uid)
+	s.resetRetry(uid)
+}
+
+// noteChange records a call's change of uid for the listing in flight.
+// b.mu is held.
+func (s *shard) noteChange(uid string) {
+	if s.listing {
+		s.gen++
+		s.changed[uid] = s.gen
+	}
+}
+
+// failed schedules a retry of uid after a failed call, or parks it when
+// statsd refused the request as invalid (until the pod changes or the next
+// listing). b.mu is held.
+func (s *shard) failed(uid, call string, err error) {
+	reason := api.ReasonOf(err)
+	if reason == "" {
+		reason = status.Code(err).String()
+	}
+	if reason == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST) {
+		s.b.m.unactionable.WithLabelValues("statsd-refused").Inc()
+		s.b.notes.add(slog.LevelWarn, "nri: statsd refused a pod's binding", "statsd-refused:"+s.label, "uid", uid, "statsd", s.label, "err", err)
+		s.resetRetry(uid)
+		return
+	}
+	s.later(uid, 0, true)
+	s.b.notes.add(slog.LevelWarn, "nri: statsd call failed, retrying", call+":"+reason+":"+s.label,
+		"call", call, "uid", uid, "statsd", s.label, "reason", reason, "attempt", s.retry[uid].attempts, "err", err)
+}
+
+// requestList asks the lister for a listing (coalesced).
+func (s *shard) requestList() {
+	select {
+	case s.listC <- struct{}{}:
+	default:
+	}
+}
+
+// lister lists what this statsd holds when asked (after each Synchronize,
+// every Resync), retrying a failed listing with backoff.
+func (s *shard) lister(ctx context.Context) {
+	attempts := 0
+	var retryC <-chan time.Time
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-s.listC:
+		case <-retryC:
+		}
+		retryC = nil
+		if err := s.list(ctx); err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			attempts++
+			s.b.notes.add(slog.LevelWarn, "nri: listing a statsd failed, retrying", "list:"+s.label, "statsd", s.label, "attempt", attempts, "err", err)
+			retryC = time.After(s.b.backoff(attempts))
+			continue
+		}
+		attempts = 0
+	}
+}
+
+// list reads the actors this statsd holds and queues every difference
+// from what it should hold.
+func (s *shard) list(ctx context.Context) error {
+	b := s.b
+	b.mu.Lock()
+	s.listing = true
+	began := s.gen
+	b.mu.Unlock()
+	cctx, cancel := context.WithTimeout(ctx, b.opt.CallTimeout)
+	resp, err := s.st.StatsActiveWorkloads(cctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	cancel()
+	b.m.call(s.label, "list", err)
+	if err != nil {
+		b.mu.Lock()
+		s.listing = false
+		clear(s.changed)
+		b.mu.Unlock()
+		return fmt.Errorf("list %s: %w", s.cfg.Stats, err)
+	}
+	held := map[string]bool{}
+	for _, smp := range resp.GetSamples() {
+		held[smp.GetActorUid()] = true
+	}
+	for _, p := range resp.GetPending() {
+		held[p.GetIdentity().GetActorUid()] = true
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	// A uid bound or checkpointed by a call since the listing began is as
+	// that call left it; every other difference is looked at again.
+	stale := func(uid string) bool { return s.changed[uid] <= began }
+	for uid := range held {
+		if _, ok := s.known[uid]; !ok && stale(uid) {
+			s.known[uid] = nil
+			s.enqueue(uid)
+		}
+	}
+	for uid := range s.known {
+		if !held[uid] && stale(uid) {
+			delete(s.known, uid)
+			s.enqueue(uid)
+		}
+	}
+	for uid := range b.pods {
+		if b.shardOf(uid) == s && !held[uid] && stale(uid) {
+			s.enqueue(uid)
+		}
+	}
+	s.listing = false
+	clear(s.changed)
+	b.log.Debug("listed statsd", "statsd", s.label, "held", len(held))
+	return nil
+}
