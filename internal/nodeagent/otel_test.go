@@ -119,3 +119,29 @@ func TestPeriodicOff(t *testing.T) {
 		t.Errorf("events (-want +got):\n%s", diff)
 	}
 }
+
+// TestFinalNotResentAfterRestart: an agent that restarts while statsd still
+// serves an ended record (within --ended-retention) does not send its final
+// again: the record ended before the new agent started. A record that ends
+// after the restart gets its one final from the new agent.
+func TestFinalNotResentAfterRestart(t *testing.T) {
+	t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
+	epoch := t0.Add(time.Second)
+	s := signalSample("a", epoch, t0.Add(10*time.Second), 1_000_000)
+	ended := endedOf(s, t0.Add(20*time.Second), 2_000_000)
+	first := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 2}, 0)
+	first.m.Apply([]sweep.DaemonResult{okResult("s", s)}, t0.Add(10*time.Second), time.Millisecond)
+	first.m.Apply([]sweep.DaemonResult{{Socket: "s", Status: sweep.StatusOK, Ended: []*sandboxstatsv1.EndedActivation{ended}}}, t0.Add(30*time.Second), time.Millisecond)
+
+	restarted := t0.Add(40 * time.Second)
+	second := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: restarted, CPUs: 2}, 0)
+	later := endedOf(signalSample("b", epoch, t0.Add(10*time.Second), 1_000_000), t0.Add(50*time.Second), 3_000_000)
+	second.m.Apply([]sweep.DaemonResult{{Socket: "s", Status: sweep.StatusOK, Ended: []*sandboxstatsv1.EndedActivation{ended, later}}}, t0.Add(60*time.Second), time.Millisecond)
+
+	all := append(summarize(first), summarize(second)...)
+	want := []eventSummary{{Kind: KindInitial, Actor: "a", CPU: 1}, {Kind: KindFinal, Actor: "a", CPU: 2, Charged: 1},
+		{Kind: KindFinal, Actor: "b", CPU: 3}}
+	if diff := cmp.Diff(want, all); diff != "" {
+		t.Errorf("events across the restart (-want +got):\n%s", diff)
+	}
+}
