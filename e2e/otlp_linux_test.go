@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strings"
@@ -81,8 +82,10 @@ func TestIntegrationOTLPChurn(t *testing.T) {
 	if testenv.InVMLane() {
 		t.Skip("the VM lane's guest has no collector: the host's run holds this test")
 	}
-	col := testenv.StartCollector(t)
-	c := startChurn(t, "--otlp-endpoint", "http://"+col.GRPCEndpoint(), "--otlp-periodic-every", "1", "--otlp-timeout", "2s")
+	// The collector's OTLP/gRPC on a Unix socket: a loopback port left
+	// free through the outage could be taken by another process.
+	col := testenv.StartCollector(t, testenv.WithCollectorSocket(filepath.Join(t.TempDir(), "otlp.sock")))
+	c := startChurn(t, "--otlp-endpoint", "unix://"+col.Socket(), "--otlp-periodic-every", "1")
 	daemons := []*testenv.Statsd{startStatsdIn(t, c.bin, c.dir, "a"), startStatsdIn(t, c.bin, c.dir, "b")}
 
 	var recovered atomic.Bool

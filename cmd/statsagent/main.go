@@ -306,10 +306,17 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		}
 		return nil
 	})
-	g.Go(func() error { return a.Run(gctx) })
+	// The pipeline stops after the agent: the agent's last sweep at
+	// shutdown still sends its finals.
+	pctx, stopPipeline := context.WithCancel(context.WithoutCancel(gctx))
+	defer stopPipeline()
+	g.Go(func() error {
+		defer stopPipeline()
+		return a.Run(gctx)
+	})
 	if pipeline != nil {
 		logger.Info("pushing OTLP", "endpoint", o.otlp.Endpoint, "protocol", o.otlp.Protocol, "periodic_every", o.otlpPeriodic)
-		g.Go(func() error { return pipeline.Run(gctx) })
+		g.Go(func() error { return pipeline.Run(pctx) })
 	}
 	g.Go(func() error {
 		<-gctx.Done()

@@ -193,10 +193,24 @@ func (a *Agent) Run(ctx context.Context) error {
 		a.SweepOnce(ctx)
 		select {
 		case <-ctx.Done():
+			a.lastSweep(ctx)
 			return nil
 		case <-t.C: // a sweep longer than Interval drops ticks: sweeps never overlap
 		}
 	}
+}
+
+// lastSweep is one more sweep at shutdown, within Timeout, when its events
+// or activation records go somewhere (OTLP, --activation-log): the
+// activations that ended since the last sweep get their final from this
+// agent, since the next one (started after their end) sends none.
+func (a *Agent) lastSweep(ctx context.Context) {
+	if a.cfg.OTel == nil && a.cfg.ActivationLog == nil {
+		return
+	}
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), a.cfg.Timeout)
+	defer cancel()
+	a.SweepOnce(sctx)
 }
 
 // Handler serves /metrics and /healthz. /healthz answers 200 while sweeps

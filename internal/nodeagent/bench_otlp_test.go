@@ -107,6 +107,8 @@ func BenchmarkExport1000(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			pipeReg := prometheus.NewRegistry()
+			pipeReg.MustRegister(p.Collectors()...)
 			results := benchResults(benchDaemons, t0)
 			ctx := context.Background()
 			i := 0
@@ -116,6 +118,26 @@ func BenchmarkExport1000(b *testing.B) {
 				advance(results, at)
 				m.Apply(results, at, time.Second)
 				p.Flush(ctx)
+			}
+			b.StopTimer()
+			if failed := sumFamily(b, pipeReg, "sandboxstats_agent_otlp_events_dropped_total"); failed != 0 {
+				b.Fatalf("%v events dropped", failed)
+			}
+			if ok := sumFamily(b, pipeReg, "sandboxstats_agent_otlp_exports_total"); ok == 0 {
+				b.Fatal("no export")
+			}
+			fams, err := pipeReg.Gather()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for _, f := range fams {
+				for _, m := range f.GetMetric() {
+					for _, l := range m.GetLabel() {
+						if l.GetName() == "result" && l.GetValue() == "failed" && m.GetCounter().GetValue() > 0 {
+							b.Fatalf("exports failed: %v", m)
+						}
+					}
+				}
 			}
 		})
 	}

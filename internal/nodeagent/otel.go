@@ -425,21 +425,29 @@ func (o *otelMetrics) endedCounted(tmpl labelSet, e *sandboxstatsv1.EndedActivat
 	o.actDuration.Record(ctx, time.Duration(e.GetEndUnixNano()-e.GetEpochUnixNano()).Seconds(), templateAttrs(tmpl))
 }
 
+// eventText is foreign text as an event carries it: cut as labels are,
+// valid UTF-8 (protobuf refuses a whole export over one bad string), and a
+// copy of its own, so a queued event does not keep a daemon's whole answer
+// alive.
+func eventText(s string) string {
+	return strings.Clone(strings.ToValidUTF8(cut(s), "\uFFFD"))
+}
+
 // identityAttrs are an event's workload attributes: the actor always (an
 // event is one activation's), cut as labels are.
 func identityAttrs(actorUID, actorName, actorNamespace, tmplNamespace, tmplName string, class sandboxstatsv1.SandboxClass,
 	src sandboxstatsv1.StatsSource, epoch int64, kind, socket string) []attribute.KeyValue {
 	kv := []attribute.KeyValue{
 		attribute.String(attrKind, kind),
-		attribute.String(attrActorUID, cut(actorUID)),
+		attribute.String(attrActorUID, eventText(actorUID)),
 		attribute.String(attrClass, classLabel(class)), attribute.String(attrSource, sourceLabel(src)),
 		attribute.Int64(attrEpoch, epoch),
-		attribute.String(attrDaemon, cut(socket)),
+		attribute.String(attrDaemon, eventText(socket)),
 	}
 	for _, a := range []struct{ k, v string }{{attrActorName, actorName}, {attrActorNamespace, actorNamespace},
 		{attrTemplateNamespace, tmplNamespace}, {attrTemplateName, tmplName}} {
 		if a.v != "" {
-			kv = append(kv, attribute.String(a.k, cut(a.v)))
+			kv = append(kv, attribute.String(a.k, eventText(a.v)))
 		}
 	}
 	return kv
@@ -484,7 +492,7 @@ func (o *otelMetrics) finalEvent(socket string, e *sandboxstatsv1.EndedActivatio
 		kv = append(kv, attribute.Float64(attrFinalAge, time.Duration(a).Seconds()))
 	}
 	if r := e.GetFinalReason(); r != "" {
-		kv = append(kv, attribute.String(attrFinalReason, cut(r)))
+		kv = append(kv, attribute.String(attrFinalReason, eventText(r)))
 	}
 	if e.CpuUsec != nil {
 		kv = append(kv, attribute.Float64(attrCPUTime, float64(e.GetCpuUsec())/1e6))

@@ -13,7 +13,7 @@ import (
 )
 
 // sumFamily sums the values of the named family's series in g.
-func sumFamily(t *testing.T, g prometheus.Gatherer, name string) float64 {
+func sumFamily(t testing.TB, g prometheus.Gatherer, name string) float64 {
 	t.Helper()
 	fams, err := g.Gather()
 	if err != nil {

@@ -3,6 +3,7 @@ package nodeagent
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -255,6 +256,7 @@ func TestRegistry(t *testing.T) {
 					errs = append(errs, fmt.Sprintf("registry metric %q never emitted", m.Name))
 				}
 			}
+			errs = append(errs, checkValues(t, reg, rm, h.reg)...)
 			errs = append(errs, checkEvents(reg, h.events.records())...)
 			errs = append(errs, checkPrometheus(t, reg, h.reg)...)
 			slices.Sort(errs)
@@ -263,6 +265,91 @@ func TestRegistry(t *testing.T) {
 			}
 		})
 	}
+}
+
+// discriminators are the attributes that tell the Prometheus names one
+// OTLP metric maps to apart: a Prometheus name holds the value, as
+// _receive_ or _cpu_.
+var discriminators = []string{attrNetDirection, attrDiskDirection, attrPSIResource}
+
+// otlpSums sums a metric's points (a histogram's sums) by the value of its
+// discriminating attribute ("" when it has none).
+func otlpSums(m metricdata.Metrics) map[string]float64 {
+	out := map[string]float64{}
+	add := func(set attribute.Set, v float64) {
+		key := ""
+		for _, d := range discriminators {
+			if dv, ok := set.Value(attribute.Key(d)); ok {
+				key = dv.AsString()
+			}
+		}
+		out[key] += v
+	}
+	switch d := m.Data.(type) {
+	case metricdata.Sum[int64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes, float64(p.Value))
+		}
+	case metricdata.Sum[float64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes, p.Value)
+		}
+	case metricdata.Gauge[int64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes, float64(p.Value))
+		}
+	case metricdata.Histogram[float64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes, p.Sum)
+		}
+	case metricdata.Histogram[int64]:
+		for _, p := range d.DataPoints {
+			add(p.Attributes, float64(p.Sum))
+		}
+	}
+	return out
+}
+
+// checkValues holds every OTLP metric's values to the Prometheus metrics
+// the registry maps it to: each Prometheus name's series summed equals the
+// OTLP points with the matching attribute value summed (a swap of names,
+// directions or PSI scopes shows).
+func checkValues(t *testing.T, reg *telemetry.Registry, rm metricdata.ResourceMetrics, g prometheus.Gatherer) []string {
+	fams, err := g.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prom := map[string]float64{}
+	for _, f := range fams {
+		for _, m := range f.GetMetric() {
+			prom[f.GetName()] += m.GetCounter().GetValue() + m.GetGauge().GetValue() + m.GetHistogram().GetSampleSum()
+		}
+	}
+	var errs []string
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			want, ok := reg.Metric(m.Name)
+			if !ok {
+				continue
+			}
+			sums := otlpSums(m)
+			for _, name := range want.Prometheus {
+				key := ""
+				if len(want.Prometheus) > 1 {
+					for v := range sums {
+						if v != "" && strings.Contains(name, "_"+v+"_") {
+							key = v
+						}
+					}
+				}
+				got, pv := sums[key], prom[name]
+				if math.Abs(got-pv) > 1e-9*math.Max(1, math.Abs(pv)) {
+					errs = append(errs, fmt.Sprintf("%s{%s} sums to %v, its Prometheus %s to %v", m.Name, key, got, name, pv))
+				}
+			}
+		}
+	}
+	return errs
 }
 
 // checkEvents holds every record to the registry's events.

@@ -40,9 +40,11 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
@@ -61,8 +63,14 @@ const (
 	DefaultTimeout      = 10 * time.Second
 	DefaultQueueRecords = 8192
 	DefaultQueueBytes   = 16 << 20
-	// maxBatch is the most event records in one export.
+	// maxBatch is the most event records in one export (at most about 5
+	// KiB each: every string attribute is cut to 253 bytes), under a
+	// collector's default 4 MiB request.
 	maxBatch = 512
+	// maxPointsPerExport is the most metric data points in one export: at
+	// most about 2 KiB each (seven attributes of 253 bytes), under a
+	// collector's default 4 MiB request.
+	maxPointsPerExport = 1000
 	// maxBackoff is the longest wait before an event batch is sent again
 	// to a collector that could not be reached.
 	maxBackoff = 5 * time.Second
@@ -141,7 +149,7 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		// grows to two minutes): at most maxBackoff, as events are retried.
 		p.conn, err = grpc.NewClient(ep.grpcTarget(), grpc.WithTransportCredentials(creds), grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
-			MinConnectTimeout: min(cfg.Timeout, 5*time.Second),
+			MinConnectTimeout: min(cfg.Timeout/2, 5*time.Second),
 		}))
 		if err != nil {
 			return nil, fmt.Errorf("otlp: endpoint %q: %w", cfg.Endpoint, err)
@@ -173,7 +181,11 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		return nil, fmt.Errorf("otlp: resource: %w", err)
 	}
 	p.reader = sdkmetric.NewManualReader()
-	p.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader), sdkmetric.WithResource(res))
+	// No cardinality limit: the series are the sweep's snapshot, bounded
+	// by the agent as the Prometheus export is (the SDK's default, 2000
+	// per instrument, would fold 1000 workloads' directions into one
+	// overflow point).
+	p.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader), sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(0))
 	p.queue = newEventQueue(cfg.QueueRecords, cfg.QueueBytes, logger)
 	p.loggers = sdklog.NewLoggerProvider(sdklog.WithProcessor(p.queue), sdklog.WithResource(res))
 	p.exports = prometheus.NewCounterVec(prometheus.CounterOpts{
@@ -212,11 +224,17 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	wg.Go(func() { p.exportMetricsLoop(ctx) })
 	wg.Go(func() { p.exportEventsLoop(ctx) })
 	wg.Wait()
-	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
+	// Events first (a final is one activation's whole account), then the
+	// metrics, each within its own Timeout; whatever is left, or emitted
+	// from now on, is counted dropped.
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
+	p.queue.drainOnce(ectx, p.sendEvents)
+	cancel()
+	p.queue.close()
+	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
 	defer cancel()
-	p.exportMetrics(sctx)
-	p.queue.drainOnce(sctx, p.sendEvents)
-	p.queue.dropAll("shutdown")
+	p.exportMetrics(mctx)
+	sctx := mctx
 	return errors.Join(p.metricExp.Shutdown(sctx), p.logExp.Shutdown(sctx), p.meters.Shutdown(sctx), p.loggers.Shutdown(sctx))
 }
 
@@ -245,35 +263,43 @@ func (p *Pipeline) exportMetricsLoop(ctx context.Context) {
 	}
 }
 
-// exportMetrics collects the latest sweep and sends it once, within
-// Timeout: a failed export is counted, not sent again (the next one carries
-// every cumulative counter whole).
+// exportMetrics collects the latest sweep and sends it once, in chunks of
+// at most maxPointsPerExport points, each within Timeout: a failed export
+// is counted, not sent again (the next one carries every cumulative
+// counter whole).
 func (p *Pipeline) exportMetrics(ctx context.Context) {
 	var rm metricdata.ResourceMetrics
 	if err := p.reader.Collect(ctx, &rm); err != nil {
 		p.logger.Warn("otlp: collect metrics", "err", err)
 		return
 	}
-	ectx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
-	defer cancel()
-	if err := p.metricExp.Export(ectx, &rm); err != nil {
-		p.exports.WithLabelValues("metrics", "failed").Inc()
-		p.queue.warn("otlp: metrics export failed (the next export carries every counter whole)", err)
-		return
+	for _, chunk := range splitMetrics(&rm, maxPointsPerExport) {
+		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
+		err := p.metricExp.Export(ectx, chunk)
+		cancel()
+		if err != nil {
+			p.exports.WithLabelValues("metrics", "failed").Inc()
+			p.queue.warn("metrics", "otlp: metrics export failed (the next export carries every counter whole)", err)
+			continue
+		}
+		p.exports.WithLabelValues("metrics", "ok").Inc()
 	}
-	p.exports.WithLabelValues("metrics", "ok").Inc()
 }
 
 // exportEventsLoop sends queued events as they come, and after a failure
 // to reach the collector, again after a backoff.
 func (p *Pipeline) exportEventsLoop(ctx context.Context) {
 	backoff := time.Duration(0)
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
 	for {
 		if backoff > 0 {
+			timer.Reset(backoff)
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(backoff):
+			case <-timer.C:
 			}
 		} else {
 			select {
@@ -290,39 +316,91 @@ func (p *Pipeline) exportEventsLoop(ctx context.Context) {
 	}
 }
 
-// sendEvents exports batch within Timeout and says what became of it.
+// sendEvents exports batch within Timeout (a send in flight is not cut
+// short by the agent's shutdown: it has its own bound) and says what
+// became of it.
 func (p *Pipeline) sendEvents(ctx context.Context, batch []sdklog.Record) sendResult {
-	ectx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
+	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
 	defer cancel()
 	err := p.logExp.Export(ectx, batch)
-	switch {
-	case err == nil:
+	res := p.classify(err)
+	switch res {
+	case sent:
 		p.exports.WithLabelValues("logs", "ok").Inc()
-		return sent
-	case unreachable(err):
+	case keep:
 		p.exports.WithLabelValues("logs", "retry").Inc()
-		p.queue.warn("otlp: collector not reached; events kept and sent again", err)
-		return keep
-	case errors.Is(err, context.DeadlineExceeded) || status.Code(err) == codes.DeadlineExceeded:
+		p.queue.warn("unreached", "otlp: collector not reached; events kept and sent again", err)
+	case tooLarge:
+		p.exports.WithLabelValues("logs", "retry").Inc()
+		p.queue.warn("too-large", "otlp: the collector refused an event batch as too large; sending smaller ones", err)
+	case uncertain:
 		p.exports.WithLabelValues("logs", "failed").Inc()
-		p.queue.warn("otlp: events export timed out; the collector may have taken them, so they are not sent again", err)
-		return uncertain
+		p.queue.warn("uncertain", "otlp: events export timed out; the collector may have taken them, so they are not sent again", err)
 	default:
 		p.exports.WithLabelValues("logs", "failed").Inc()
-		p.queue.warn("otlp: events refused by the collector", err)
-		return rejected
+		p.queue.warn("rejected", "otlp: events refused by the collector", err)
 	}
+	return res
 }
 
-// unreachable reports whether err says the collector did not take the
-// export: it could not be reached, or it asked to be sent again later.
-func unreachable(err error) bool {
-	switch status.Code(err) {
-	case codes.Unavailable, codes.ResourceExhausted:
+// classify says what an export's error means for its batch: sent (no
+// error); keep (the collector surely did not take it: not reached,
+// refused for now); tooLarge (refused for its size: send it in smaller
+// parts); uncertain (a timeout or a cut connection: it may have been
+// taken, so never sent again); rejected.
+func (p *Pipeline) classify(err error) sendResult {
+	if err == nil {
+		return sent
+	}
+	if notConnected(err) || (p.conn != nil && p.conn.GetState() != connectivity.Ready && timedOut(err)) {
+		return keep // never left: no connection was up
+	}
+	switch {
+	case status.Code(err) == codes.ResourceExhausted && !hasRetryInfo(err),
+		strings.Contains(err.Error(), "413 Request Entity Too Large"):
+		return tooLarge
+	case timedOut(err):
+		return uncertain
+	case status.Code(err) == codes.Unavailable, status.Code(err) == codes.ResourceExhausted,
+		strings.Contains(err.Error(), "retry-able request failure"): // otlploghttp: 429, 502, 503, 504
+		return keep
+	}
+	return rejected
+}
+
+// timedOut reports whether err is an export's deadline or a timeout, or a
+// cancellation: the request may have reached the collector.
+func timedOut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
+		status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Canceled ||
+		(errors.As(err, &ne) && ne.Timeout())
+}
+
+// notConnected reports whether err says no connection could be made: the
+// request never left.
+func notConnected(err error) bool {
+	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
 		return true
 	}
-	return errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) ||
-		strings.Contains(err.Error(), "retry-able request failure") // otlploghttp: 429, 502, 503, 504
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// hasRetryInfo reports whether a gRPC status carries RetryInfo (OTLP: a
+// ResourceExhausted with it is a throttle, to retry; without it the
+// request itself is too large).
+func hasRetryInfo(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok {
+		return false
+	}
+	for _, d := range st.Details() {
+		if _, ok := d.(*errdetails.RetryInfo); ok {
+			return true
+		}
+	}
+	return false
 }
 
 // Endpoint is a parsed Config.Endpoint.
@@ -338,6 +416,9 @@ func ParseEndpoint(s string) (Endpoint, error) {
 	u, err := url.Parse(s)
 	if err != nil {
 		return Endpoint{}, fmt.Errorf("otlp: endpoint %q: want http://HOST:PORT, https://HOST:PORT or unix:///PATH (%w)", s, err)
+	}
+	if u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return Endpoint{}, fmt.Errorf("otlp: endpoint %q: no user, query or fragment (credentials go in --otlp-header)", s)
 	}
 	switch u.Scheme {
 	case "http", "https":

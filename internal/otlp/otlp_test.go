@@ -11,6 +11,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	otellog "go.opentelemetry.io/otel/log"
 	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/grpc"
@@ -323,21 +325,136 @@ func TestParseEndpoint(t *testing.T) {
 	}
 }
 
-func TestUnreachable(t *testing.T) {
+func TestClassify(t *testing.T) {
+	p := &Pipeline{}
 	for _, tc := range []struct {
+		name string
 		err  error
-		want bool
+		want sendResult
 	}{
-		{status.Error(codes.Unavailable, "x"), true},
-		{fmt.Errorf("export: %w", status.Error(codes.ResourceExhausted, "x")), true},
-		{&net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, true},
-		{errors.New("retry-able request failure: body: (empty)"), true},
-		{status.Error(codes.InvalidArgument, "x"), false},
-		{context.DeadlineExceeded, false},
+		{"nil", nil, sent},
+		{"unavailable", status.Error(codes.Unavailable, "x"), keep},
+		{"refused", &net.OpError{Op: "dial", Err: syscall.ECONNREFUSED}, keep},
+		{"dial timeout", &url.Error{Op: "Post", Err: &net.OpError{Op: "dial", Err: os.ErrDeadlineExceeded}}, keep},
+		{"http 503", errors.New("retry-able request failure: body: (empty)"), keep},
+		{"too large", fmt.Errorf("export: %w", status.Error(codes.ResourceExhausted, "grpc: received message larger than max")), tooLarge},
+		{"deadline", status.Error(codes.DeadlineExceeded, "x"), uncertain},
+		{"context", fmt.Errorf("export: %w", context.DeadlineExceeded), uncertain},
+		{"http response timeout", &url.Error{Op: "Post", Err: timeoutErr{}}, uncertain},
+		{"invalid", status.Error(codes.InvalidArgument, "x"), rejected},
 	} {
-		if got := unreachable(tc.err); got != tc.want {
-			t.Errorf("unreachable(%v) = %v, want %v", tc.err, got, tc.want)
+		t.Run(tc.name, func(t *testing.T) {
+			if got := p.classify(tc.err); got != tc.want {
+				t.Errorf("classify(%v) = %v, want %v", tc.err, got, tc.want)
+			}
+		})
+	}
+}
+
+// timeoutErr is a net.Error that timed out after the request left.
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "timeout awaiting response headers" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// TestHTTPTimeoutNotResent: over HTTP/protobuf, a batch whose export timed
+// out after the collector read it is counted uncertain and never sent
+// again (the exporter calls such timeouts retry-able).
+func TestHTTPTimeoutNotResent(t *testing.T) {
+	var mu sync.Mutex
+	posts := 0
+	release := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		io.Copy(io.Discard, r.Body)
+		if r.URL.Path != "/v1/logs" {
+			return
 		}
+		mu.Lock()
+		posts++
+		mu.Unlock()
+		<-release // answers only after the exporter gave up
+	}))
+	t.Cleanup(func() { close(release); srv.Close() })
+	p, _, emit := startPipeline(t, Config{Endpoint: srv.URL, Protocol: ProtocolHTTP, Timeout: 300 * time.Millisecond})
+	emit("a", "final")
+	waitFor(t, "the timed-out batch counted uncertain", func() bool {
+		return testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "uncertain")) == 1
+	})
+	time.Sleep(time.Second) // a resend would come within the backoff
+	mu.Lock()
+	defer mu.Unlock()
+	if posts != 1 {
+		t.Errorf("the batch was posted %d times, want 1", posts)
+	}
+}
+
+// TestBatchTooLarge: a collector that refuses a batch as too large
+// (ResourceExhausted without RetryInfo) gets it again in halves, each
+// event once; none is dropped.
+func TestBatchTooLarge(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "otlp.sock")
+	f := &fakeCollector{}
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(grpc.MaxRecvMsgSize(1500))
+	colmetrics.RegisterMetricsServiceServer(srv, f)
+	collogs.RegisterLogsServiceServer(srv, logsServer{f: f})
+	go srv.Serve(ln)
+	t.Cleanup(srv.Stop)
+	p, _, emit := startPipeline(t, Config{Endpoint: "unix://" + sock, Timeout: time.Second})
+	var want []string
+	for i := range 20 {
+		emit(fmt.Sprint("a", i), "final")
+		want = append(want, fmt.Sprint("test.event/a", i))
+	}
+	waitFor(t, "every event delivered", func() bool { _, ev := f.got(); return len(ev) >= 20 })
+	_, events := f.got()
+	slices.Sort(events)
+	slices.Sort(want)
+	if diff := cmp.Diff(want, events); diff != "" {
+		t.Errorf("events (-want +got):\n%s", diff)
+	}
+	if got := testutil.ToFloat64(p.queue.sentC.WithLabelValues("final")); got != 20 {
+		t.Errorf("sent %v, want 20", got)
+	}
+}
+
+// TestSplitMetrics: an export of more points than the bound is cut into
+// parts of at most the bound, every point once, in order.
+func TestSplitMetrics(t *testing.T) {
+	sum := func(n int) metricdata.Sum[int64] {
+		s := metricdata.Sum[int64]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: true}
+		for i := range n {
+			s.DataPoints = append(s.DataPoints, metricdata.DataPoint[int64]{Value: int64(i)})
+		}
+		return s
+	}
+	rm := &metricdata.ResourceMetrics{ScopeMetrics: []metricdata.ScopeMetrics{{Metrics: []metricdata.Metrics{
+		{Name: "a", Data: sum(5)}, {Name: "b", Data: sum(0)}, {Name: "c", Data: sum(7)},
+	}}}}
+	var got []string
+	for _, part := range splitMetrics(rm, 4) {
+		n := 0
+		var names []string
+		for _, sm := range part.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					names = append(names, fmt.Sprint(m.Name, dp.Value))
+				}
+				n += points(m.Data)
+			}
+		}
+		if n > 4 {
+			t.Errorf("a part of %d points", n)
+		}
+		got = append(got, strings.Join(names, " "))
+	}
+	want := []string{"a0 a1 a2 a3", "a4 c0 c1 c2", "c3 c4 c5 c6"}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("parts (-want +got):\n%s", diff)
 	}
 }
 
