@@ -149,11 +149,12 @@ func TestIntegrationOTLPChurn(t *testing.T) {
 	if t.Failed() {
 		return
 	}
-	testenv.WaitNewSweeps(t, c.agentURL)      // the last ends seen ...
-	m := testenv.WaitNewSweeps(t, c.agentURL) // ... and charged, the events queued
+	testenv.WaitNewSweeps(t, c.agentURL) // the last ends seen ...
+	testenv.WaitNewSweeps(t, c.agentURL) // ... and charged, the events queued
 	truth, n := c.truthSum()
 
 	// What the agent says it sent and lost, once its queue is empty.
+	var m map[string]float64
 	var sent, dropped float64
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		m = testenv.Scrape(t, c.agentURL)

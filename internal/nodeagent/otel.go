@@ -275,7 +275,7 @@ func (la *labelAttrs) with(extra ...attribute.KeyValue) metric.MeasurementOption
 	for _, kv := range extra {
 		key.WriteString(string(kv.Key))
 		key.WriteByte(0)
-		key.WriteString(kv.Value.Emit())
+		key.WriteString(kv.Value.String())
 		key.WriteByte(0)
 	}
 	if opt, ok := la.extra[key.String()]; ok {
