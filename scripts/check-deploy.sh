@@ -52,8 +52,9 @@ fi
 # The node collector's config, validated by the OpenTelemetry Collector's
 # own config validation: the test collector (e2e/otelcol, a module of its
 # own with the Collector's modules, fetched through the Go module proxy;
-# a cold build takes about two minutes) runs `validate` on it with the
-# environment it names, and must refuse it without. Its modules out of
+# with a cold build cache its vet, staticcheck, tests and build take a few
+# minutes) runs `validate` on it with the environment it names, and must
+# refuse it without. Its modules out of
 # reach (no proxy) skip this, except under CI=true, where it fails.
 if (cd e2e/otelcol && $GO mod download) >/dev/null 2>&1; then
 	(cd e2e/otelcol && $GO mod tidy -diff && $GO vet ./... && "$BIN/staticcheck" ./... && $GO test -count=1 ./... &&

@@ -6,12 +6,14 @@
 //
 //	receivers:  otlp (gRPC and HTTP)
 //	processors: batch, memory_limiter
-//	exporters:  otlp (gRPC), otlphttp, debug, jsonfile (OTLP JSON lines,
-//	            which the tests read back; package jsonfile)
+//	exporters:  otlp_grpc (alias otlp), otlp_http (alias otlphttp), debug,
+//	            jsonfile (OTLP JSON lines, which the tests read back;
+//	            package jsonfile)
 //
-// Its own telemetry is its log on stderr (package logtelemetry): no internal
-// metrics listener, so collectors started side by side never clash on a
-// port.
+// Its own telemetry is upstream's (otelconftelemetry), so a config's
+// service.telemetry section is validated as a stock collector validates it;
+// configs for tests set service.telemetry.metrics.level: none, so that no
+// collector listens on :8888 and several can run side by side.
 //
 // It lives in its own module so that the main module's ./... and go.mod do
 // not carry the collector's dependencies. The command line is the
@@ -38,9 +40,9 @@ import (
 	"go.opentelemetry.io/collector/processor/memorylimiterprocessor"
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
+	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
 
 	"github.com/sandboxstats/sandboxstats/e2e/otelcol/jsonfile"
-	"github.com/sandboxstats/sandboxstats/e2e/otelcol/logtelemetry"
 )
 
 // version is the collector release this command is built from.
@@ -72,7 +74,7 @@ func main() {
 // components returns the factories of the components this collector has.
 func components() (otelcol.Factories, error) {
 	var err error
-	f := otelcol.Factories{Telemetry: logtelemetry.NewFactory()}
+	f := otelcol.Factories{Telemetry: otelconftelemetry.NewFactory()}
 	if f.Receivers, err = otelcol.MakeFactoryMap[receiver.Factory](otlpreceiver.NewFactory()); err != nil {
 		return f, fmt.Errorf("receivers: %w", err)
 	}

@@ -43,8 +43,9 @@ var collectorBuild struct {
 // go.mod, go.sum and Go files, the Go version and platform: later test
 // processes and packages reuse it, one build at a time (a lock file in that
 // directory); such directories unused for a day are removed. A cold build
-// takes about two minutes on two cores, a rebuild with Go's build cache
-// warm a few seconds. Without a go command, or when the build fails (for
+// costs about 3.5 minutes of CPU (about two minutes on two idle cores,
+// longer on a loaded machine); with Go's build cache warm it is a link of a
+// few seconds. Without a go command, or when the build fails (for
 // example the module proxy unreachable), the test is skipped, or fails
 // under CI=true. Where PrebuiltBinEnv names a directory, its otelcol is
 // returned.
@@ -143,6 +144,15 @@ func buildCollectorAt(goCmd, modDir, dir string) (string, error) {
 	bin := filepath.Join(dir, "otelcol")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
+	}
+	// The directory's name is predictable in a shared directory: use it only
+	// if it is a directory of this user's, not a symlink.
+	fi, err := os.Lstat(dir)
+	if err != nil {
+		return "", err
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || (ok && int(st.Uid) != os.Geteuid()) {
+		return "", fmt.Errorf("%s: not a directory of uid %d", dir, os.Geteuid())
 	}
 	now := time.Now()
 	_ = os.Chtimes(dir, now, now) // marks it used for pruneCollectorBuilds

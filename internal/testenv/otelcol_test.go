@@ -25,7 +25,7 @@ import (
 // second round, and reads both rounds back from its files.
 func TestCollectorRoundTrip(t *testing.T) {
 	if testing.Short() {
-		t.Skip("builds the test collector (about two minutes with a cold build cache) and runs it")
+		t.Skip("builds the test collector (minutes with a cold build cache) and runs it")
 	}
 	sock := filepath.Join(t.TempDir(), "otlp.sock")
 	c := StartCollector(t, WithCollectorSocket(sock))
