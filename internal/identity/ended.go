@@ -16,9 +16,12 @@ type Outcome int
 
 const (
 	OutcomeUnspecified Outcome = iota
-	// OutcomeCheckpointed: ended by a Checkpoint with the sandbox running.
+	// OutcomeCheckpointed: ended by a Checkpoint with the sandbox running,
+	// or dead after its runtime stopped it as asked
+	// (ReleaseOptions.RuntimeStopped) and not seen dead before.
 	OutcomeCheckpointed
-	// OutcomeSandboxDead: at the end the sandbox had no process, or was gone.
+	// OutcomeSandboxDead: at the end the sandbox had no process, or was gone
+	// (with RuntimeStopped: and statsd had seen it dead before the call).
 	OutcomeSandboxDead
 	// OutcomeOOMKilled: dead, and the OOM kill count rose in the epoch.
 	OutcomeOOMKilled
