@@ -93,8 +93,11 @@ type Bridge struct {
 	running   map[string]string
 	connected bool
 	synced    bool
-	since     time.Time
-	reason    string
+	// everSynced: a Synchronize has said which pods run. Until then the
+	// bridge knows none, and a listing would checkpoint every binding.
+	everSynced bool
+	since      time.Time
+	reason     string
 }
 
 // pod is a running pod of a watched handler: what its binding should be.
@@ -430,7 +433,7 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 	for uid := range want {
 		b.touch(uid)
 	}
-	b.synced = true
+	b.synced, b.everSynced = true, true
 	for _, s := range b.shards {
 		s.requestList()
 	}

@@ -628,7 +628,9 @@ func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
 				bound := boundUIDs(fs[0])
 				want = []string{"checkpoint " + bound[0]}
 			}
-			eventually(t, "the checkpoint", func() bool { return slices.ContainsFunc(f.Events(), func(e string) bool { return strings.HasPrefix(e, "checkpoint ") }) })
+			eventually(t, "the checkpoint", func() bool {
+				return slices.ContainsFunc(f.Events(), func(e string) bool { return strings.HasPrefix(e, "checkpoint ") })
+			})
 			time.Sleep(50 * time.Millisecond)
 			got := f.Events()
 			slices.Sort(got)
@@ -637,4 +639,23 @@ func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestNoListingBeforeSynchronize: a resync before the first Synchronize
+// (NRI not there yet) lists nothing and ends nothing: which pods run is
+// not known; the Synchronize then reconciles.
+func TestNoListingBeforeSynchronize(t *testing.T) {
+	f := fakes(t, 1)[0]
+	m := testConfig()
+	p := testPod(1)
+	id, _ := m.IdentityOf(p)
+	ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
+	f.Preload(&sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref})
+	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.Resync = 20 * time.Millisecond })
+	time.Sleep(200 * time.Millisecond)
+	if diff := cmp.Diff([]string(nil), f.Events()); diff != "" {
+		t.Errorf("statsd's events before any Synchronize (-want +got):\n%s", diff)
+	}
+	b.Synchronize([]*api.PodSandbox{p}, nil)
+	eventually(t, "reconciled", func() bool { return slices.Equal(f.Events(), []string{"retry uid-001"}) })
 }

@@ -391,10 +391,17 @@ func (s *shard) lister(ctx context.Context) {
 }
 
 // list reads the actors this statsd holds and queues every difference
-// from what it should hold.
+// from what it should hold. Before the first Synchronize it does nothing:
+// which pods run is not known yet (a resync while NRI is not there), and
+// every binding would look like a pod gone.
 func (s *shard) list(ctx context.Context) error {
 	b := s.b
 	b.mu.Lock()
+	if !b.everSynced {
+		b.mu.Unlock()
+		b.log.Debug("not listing statsd before the first Synchronize", "statsd", s.label)
+		return nil
+	}
 	s.listing = true
 	began := s.gen
 	b.mu.Unlock()
