@@ -153,12 +153,14 @@ func bindWorkload(ctx context.Context, e *env, args []string, name, summary, not
 func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "checkpoint-workload", "Make statsd forget the bound workload (what the launcher does on checkpoint or teardown)")
 	var (
-		conn     connFlags
-		actorUID string
+		conn           connFlags
+		actorUID       string
+		runtimeStopped bool
 	)
 	conn.register(fs, defaultLifecycleSocket, "lifecycle")
 	fs.Var(sockaddr.Flag{Path: &conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
 	fs.StringVar(&actorUID, "actor-uid", "", "the bound actor (required)")
+	fs.BoolVar(&runtimeStopped, "runtime-stopped", false, "the sandbox's runtime already stopped it as asked: a sandbox found dead is its expected end (checkpointed), not a death, unless OOM-killed or statsd saw it dead before")
 	if err := e.parse(fs, args); err != nil {
 		return err
 	}
@@ -168,7 +170,7 @@ func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
 	}
 	defer done()
 	resp, err := sandboxstatsv1.NewWorkloadLifecycleServiceClient(cc).CheckpointWorkload(ctx,
-		&sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: actorUID})
+		&sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: actorUID, RuntimeStopped: runtimeStopped})
 	if err != nil {
 		return err
 	}

@@ -146,7 +146,7 @@ func startDaemonAt(t *testing.T, stats string, with ...func(*identity.Config)) *
 	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, func() time.Time {
 		return clock.Add(90*time.Second + time.Duration(d.reads.Add(1)-1)*d.tick)
 	}, logger).WithDrift(d.checker))
-	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, server.NewLifecycleService(store, logger))
+	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, server.NewLifecycleService(store, logger).WithDrift(d.checker))
 	healthpb.RegisterHealthServer(srv, health.NewServer())
 	for _, p := range []string{d.stats, d.lifecycle} {
 		lis, err := net.Listen("unix", p)
@@ -247,6 +247,7 @@ func TestGolden(t *testing.T) {
 		{name: "stats-several-mismatch", reading: v1, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "someone-else"}, code: exitError},
 		{name: "checkpoint-one-of-several", reading: v1, args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-9a1d"}},
 		{name: "activations-several", args: []string{"activations", "--socket", "$STATS"}},
+		{name: "checkpoint-runtime-stopped", reading: dead, args: []string{"checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c", "--runtime-stopped"}},
 		{name: "stray-argument", args: []string{"active", "--socket", "$STATS", "extra"}, code: exitUsage},
 		{name: "unknown-command", args: []string{"frobnicate"}, code: exitUsage},
 		{name: "help", args: []string{"--help"}},

@@ -119,7 +119,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	reflection.Register(statsSrv)
 
 	lifeSrv := grpc.NewServer(append(append(serverOptions(), rel.options()...), server.UnaryInterceptors(logger.With("component", "lifecycle")))...)
-	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(lifeSrv, server.NewLifecycleService(store, logger.With("component", "lifecycle")))
+	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(lifeSrv, server.NewLifecycleService(store, logger.With("component", "lifecycle")).WithDrift(checker))
 	healthpb.RegisterHealthServer(lifeSrv, healthSrv)
 	reflection.Register(lifeSrv)
 

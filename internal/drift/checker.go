@@ -416,6 +416,29 @@ func (c *Checker) Status() Status {
 	return c.status
 }
 
+// SeenDead returns the earliest open finding of actorUID's activation
+// (epoch) that says its sandbox is dead (Kind.Dead), first seen at or
+// before the time given, if any: whether statsd had seen the sandbox dead
+// by then. Like OpenCount it only takes the bookkeeping lock, never waits
+// for a cycle's reads.
+func (c *Checker) SeenDead(actorUID string, epoch int64, by time.Time) (Finding, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var (
+		first Finding
+		found bool
+	)
+	for _, f := range c.open {
+		if f.ActorUID != actorUID || f.Epoch != epoch || !f.Kind.Dead() || f.FirstSeen.After(by) {
+			continue
+		}
+		if !found || f.FirstSeen.Before(first.FirstSeen) || (f.FirstSeen.Equal(first.FirstSeen) && f.key() < first.key()) {
+			first, found = f, true
+		}
+	}
+	return first, found
+}
+
 // OpenCount returns how many findings are open for actorUID. It never
 // waits for a cycle in progress longer than the cycle's bookkeeping.
 func (c *Checker) OpenCount(actorUID string) uint32 {

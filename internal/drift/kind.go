@@ -53,6 +53,20 @@ func (k Kind) String() string {
 	return fmt.Sprintf("KIND(%d)", int(k))
 }
 
+// Dead reports whether a finding of kind k says the sandbox is dead: no
+// process left in it (SANDBOX_DEAD, OOM_KILLED), its cgroup gone
+// (CGROUP_GONE), the sentry or the VMM it was bound by exited (SENTRY_GONE,
+// VMM_GONE). A silent agent, an unknown container, a moved sentry or a
+// stray VMM does not: the sandbox may run on.
+func (k Kind) Dead() bool {
+	switch k {
+	case KindSandboxDead, KindOOMKilled, KindCgroupGone, KindSentryGone, KindVMMGone:
+		return true
+	default:
+		return false
+	}
+}
+
 // EventType says what an event did to a finding. Numbered like the wire's
 // DriftEventType.
 type EventType int

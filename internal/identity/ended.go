@@ -16,9 +16,12 @@ type Outcome int
 
 const (
 	OutcomeUnspecified Outcome = iota
-	// OutcomeCheckpointed: ended by a Checkpoint with the sandbox running.
+	// OutcomeCheckpointed: ended by a Checkpoint with the sandbox running,
+	// or dead after its runtime stopped it as asked
+	// (ReleaseOptions.RuntimeStopped) and not seen dead before.
 	OutcomeCheckpointed
-	// OutcomeSandboxDead: at the end the sandbox had no process, or was gone.
+	// OutcomeSandboxDead: at the end the sandbox had no process, or was gone
+	// (with RuntimeStopped: and statsd had seen it dead before the call).
 	OutcomeSandboxDead
 	// OutcomeOOMKilled: dead, and the OOM kill count rose in the epoch.
 	OutcomeOOMKilled
@@ -82,8 +85,10 @@ func (e *Ended) key() string { return fmt.Sprintf("%s\x00%d", e.Identity.ActorUI
 
 // endActivation takes the final reading of b (bounded by timeout; a read in
 // flight is joined by the source's own sharing, never waited on longer) and
-// builds its record. It reads; it never writes.
-func endActivation(ctx context.Context, b *Binding, outcome Outcome, now func() time.Time, timeout time.Duration) *Ended {
+// builds its record. With OutcomeCheckpointed the reading decides the
+// outcome (deathOf; stopped: the runtime stopped the sandbox as asked, so a
+// dead one is its expected end). It reads; it never writes.
+func endActivation(ctx context.Context, b *Binding, outcome Outcome, stopped bool, now func() time.Time, timeout time.Duration) *Ended {
 	e := &Ended{Identity: b.Identity, Class: b.Ref.Class, EpochUnixNano: b.EpochUnixNano, Outcome: outcome}
 	observed := now().UnixNano()
 	var (
@@ -118,7 +123,7 @@ func endActivation(ctx context.Context, b *Binding, outcome Outcome, now func() 
 	}
 	e.account(maxCurrent, seen)
 	if outcome == OutcomeCheckpointed {
-		e.Outcome = deathOf(e, err)
+		e.Outcome = deathOf(e, err, stopped)
 	}
 	return e
 }
@@ -155,8 +160,10 @@ func (e *Ended) account(maxCurrent uint64, seen bool) {
 
 // deathOf tells a checkpoint of a dead sandbox from one of a live one: no
 // process left, the sandbox gone or its sentry exited is dead, and dead with
-// the OOM kill count above the epoch's baseline is OOM-killed.
-func deathOf(e *Ended, readErr error) Outcome {
+// the OOM kill count above the epoch's baseline is OOM-killed. A sandbox its
+// runtime stopped as asked (stopped) is expected dead: checkpointed, unless
+// OOM-killed (the OOM killer ended it, stop or not).
+func deathOf(e *Ended, readErr error, stopped bool) Outcome {
 	dead := errors.Is(readErr, source.ErrSandboxGone) ||
 		(e.Final != nil && e.Final.SentryExited) ||
 		(e.Final != nil && e.Final.SandboxProcesses != nil && *e.Final.SandboxProcesses == 0)
@@ -171,6 +178,9 @@ func deathOf(e *Ended, readErr error) Outcome {
 		if okBase && k > base {
 			return OutcomeOOMKilled
 		}
+	}
+	if stopped {
+		return OutcomeCheckpointed
 	}
 	return OutcomeSandboxDead
 }

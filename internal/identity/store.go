@@ -468,7 +468,7 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	}
 	var replaced *Ended
 	if old != nil {
-		replaced = endActivation(ctx, old, OutcomeReplaced, s.cfg.Now, s.cfg.ReadTimeout)
+		replaced = endActivation(ctx, old, OutcomeReplaced, false, s.cfg.Now, s.cfg.ReadTimeout)
 	}
 	// The new epoch begins once the replaced activation has ended (its
 	// final read done), so the two never overlap.
@@ -522,16 +522,41 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	return b, replaced, nil
 }
 
-// Release ends actorUID's activation (Checkpoint): it takes one last bounded
-// reading, records the ended activation, and forgets the workload; the
-// other bindings are untouched. Releasing an actor that was released and not
-// bound since succeeds again and returns the same record (nil once it is
-// past the retention), so a retry is safe; any other actor not bound is
-// ErrActorMismatch, or ErrNoWorkload when nothing at all is bound.
+// ReleaseOptions qualify a Release.
+type ReleaseOptions struct {
+	// RuntimeStopped: the caller says the sandbox's runtime stopped it on
+	// request before the call (NRI relays StopPodSandbox only after the
+	// sandbox's processes exited). A final reading that finds it dead is
+	// then its expected end, OutcomeCheckpointed, unless its OOM kill count
+	// rose over the epoch's baseline (OutcomeOOMKilled) or SeenDead says
+	// statsd had seen it dead before the call arrived (OutcomeSandboxDead).
+	RuntimeStopped bool
+	// SeenDead reports whether statsd had seen the sandbox of actorUID's
+	// activation (its epoch) dead by the time given (the call's arrival);
+	// nil: never. It is asked only with RuntimeStopped, with the actor's
+	// lifecycle lock held, before the final read: it must not read or wait,
+	// only ask what statsd already knows (the drift check's findings).
+	SeenDead func(actorUID string, epoch int64, by time.Time) bool
+}
+
+// Release ends actorUID's activation (Checkpoint) with no options: see
+// ReleaseWith.
 func (s *Store) Release(ctx context.Context, actorUID string) (*Ended, error) {
+	return s.ReleaseWith(ctx, actorUID, ReleaseOptions{})
+}
+
+// ReleaseWith ends actorUID's activation (Checkpoint): it takes one last
+// bounded reading, records the ended activation, and forgets the workload;
+// the other bindings are untouched. Releasing an actor that was released and
+// not bound since succeeds again and returns the same record (nil once it is
+// past the retention), whatever the options, so a retry is safe; any other
+// actor not bound is ErrActorMismatch, or ErrNoWorkload when nothing at all
+// is bound.
+func (s *Store) ReleaseWith(ctx context.Context, actorUID string, opt ReleaseOptions) (*Ended, error) {
 	if err := ValidateActorUID(actorUID); err != nil {
 		return nil, err
 	}
+	arrived := s.cfg.Now()
 	defer s.lockActor(actorUID)()
 	old := s.Bound(actorUID)
 	if old == nil {
@@ -548,7 +573,10 @@ func (s *Store) Release(ctx context.Context, actorUID string) (*Ended, error) {
 			return nil, fmt.Errorf("%w: actor %q is not among the %d workloads bound here", ErrActorMismatch, actorUID, n)
 		}
 	}
-	e := endActivation(ctx, old, OutcomeCheckpointed, s.cfg.Now, s.cfg.ReadTimeout)
+	// Asked before the final read: what statsd knew when the call came,
+	// not what it learns while it ends the activation.
+	stopped := opt.RuntimeStopped && (opt.SeenDead == nil || !opt.SeenDead(actorUID, old.EpochUnixNano, arrived))
+	e := endActivation(ctx, old, OutcomeCheckpointed, stopped, s.cfg.Now, s.cfg.ReadTimeout)
 
 	s.commit.Lock()
 	defer s.commit.Unlock()

@@ -81,12 +81,23 @@ type Bridge struct {
 	m      *metrics
 	shards []*shard
 
-	mu        sync.Mutex
-	pods      map[string]*pod
+	mu   sync.Mutex
+	pods map[string]*pod
+	// running holds the watched pods the runtime runs, by uid, with their
+	// sandbox id: those its last Synchronize listed with a task, then
+	// RunPodSandbox adds one and StopPodSandbox and RemovePodSandbox of that
+	// sandbox take it out. It is a superset of pods (a running pod may be
+	// left out of them: too many, not mappable); a binding checkpointed
+	// whose pod is not here was stopped by its runtime (runtime_stopped).
+	// At most the watched pods of the node: a Synchronize replaces it.
+	running   map[string]string
 	connected bool
 	synced    bool
-	since     time.Time
-	reason    string
+	// everSynced: a Synchronize has said which pods run. Until then the
+	// bridge knows none, and a listing would checkpoint every binding.
+	everSynced bool
+	since      time.Time
+	reason     string
 }
 
 // pod is a running pod of a watched handler: what its binding should be.
@@ -131,10 +142,11 @@ func New(opt Options) (*Bridge, error) {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Bridge{
-		opt:    opt,
-		log:    opt.Logger,
-		pods:   map[string]*pod{},
-		reason: "not connected to NRI yet",
+		opt:     opt,
+		log:     opt.Logger,
+		pods:    map[string]*pod{},
+		running: map[string]string{},
+		reason:  "not connected to NRI yet",
 	}
 	b.m = newMetrics(b)
 	b.notes = newNotes(opt.Logger, b.m.logDropped)
@@ -225,12 +237,18 @@ func (b *Bridge) touch(uid string) {
 // RunPodSandbox binds the pod (if its handler is watched).
 func (b *Bridge) RunPodSandbox(p *api.PodSandbox) {
 	b.m.event("run-pod-sandbox")
+	if b.opt.Mapping.KindOf(p.GetRuntimeHandler()) != 0 && ValidUID(p.GetUid()) == nil {
+		b.mu.Lock()
+		b.running[p.GetUid()] = p.GetId()
+		b.mu.Unlock()
+	}
 	b.upsert(p)
 }
 
-// StopPodSandbox checkpoints the pod. Containerd and CRI-O relay it once
-// the sandbox is stopped (its task killed and deleted): there is no NRI
-// event before the teardown to read a final in (docs/nri.md).
+// StopPodSandbox checkpoints the pod, saying its runtime stopped it
+// (runtime_stopped). Containerd and CRI-O relay it once the sandbox is
+// stopped (its task killed and deleted): there is no NRI event before the
+// teardown to read a final in (docs/nri.md).
 func (b *Bridge) StopPodSandbox(p *api.PodSandbox) {
 	b.m.event("stop-pod-sandbox")
 	b.gone(p)
@@ -319,6 +337,9 @@ func (b *Bridge) gone(p *api.PodSandbox) {
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if id, ok := b.running[uid]; ok && id == p.GetId() {
+		delete(b.running, uid)
+	}
 	if old := b.pods[uid]; old != nil && old.sandbox.ID != p.GetId() {
 		// An older sandbox of the same pod (the kubelet made a new one):
 		// the running one stays bound.
@@ -366,9 +387,13 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 		}
 	}
 	want := map[string]*pod{}
+	running := map[string]string{}
 	for _, p := range pods {
 		if p.GetPid() == 0 {
 			continue
+		}
+		if b.opt.Mapping.KindOf(p.GetRuntimeHandler()) != 0 && ValidUID(p.GetUid()) == nil {
+			running[p.GetUid()] = p.GetId()
 		}
 		np := b.newPod(p)
 		if np == nil {
@@ -399,7 +424,7 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 			np.changed = time.Now()
 		}
 	}
-	b.pods = want
+	b.pods, b.running = want, running
 	for uid := range old {
 		if want[uid] == nil {
 			b.touch(uid)
@@ -408,7 +433,7 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 	for uid := range want {
 		b.touch(uid)
 	}
-	b.synced = true
+	b.synced, b.everSynced = true, true
 	for _, s := range b.shards {
 		s.requestList()
 	}

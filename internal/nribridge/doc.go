@@ -24,5 +24,7 @@
 // Pods are spread over the statsd daemons by a hash of the pod uid, so a
 // restarted bridge finds every pod where it bound it. Every binding on
 // those daemons is the bridge's: a binding whose pod is gone is
-// checkpointed. See docs/nri.md.
+// checkpointed, with runtime_stopped when the runtime stopped the pod (NRI
+// says so only after the sandbox's processes exited, so statsd is told a
+// sandbox found dead is the stop's end, not a crash). See docs/nri.md.
 package nribridge

@@ -224,12 +224,13 @@ func (s *shard) process(ctx context.Context, uid string) {
 	if p != nil && b.shardOf(uid) != s {
 		p = nil
 	}
+	_, runs := b.running[uid]
 	have, held := s.known[uid]
 	b.mu.Unlock()
 
 	if p == nil {
 		if held {
-			s.checkpoint(ctx, uid)
+			s.checkpoint(ctx, uid, !runs)
 		} else {
 			b.mu.Lock()
 			s.resetRetry(uid)
@@ -293,11 +294,15 @@ func (s *shard) process(ctx context.Context, uid string) {
 	}
 }
 
-// checkpoint ends uid's activation on this statsd.
-func (s *shard) checkpoint(ctx context.Context, uid string) {
+// checkpoint ends uid's activation on this statsd. stopped: the runtime
+// stopped the pod (a StopPodSandbox or RemovePodSandbox, or a Synchronize
+// that no longer lists it running), so its sandbox found dead is its
+// expected end; not when the pod runs on (placed on another statsd, or
+// left out of the pods tracked).
+func (s *shard) checkpoint(ctx context.Context, uid string, stopped bool) {
 	b := s.b
 	cctx, cancel := context.WithTimeout(ctx, b.opt.CallTimeout)
-	resp, err := s.lc.CheckpointWorkload(cctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: uid})
+	resp, err := s.lc.CheckpointWorkload(cctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: uid, RuntimeStopped: stopped})
 	cancel()
 	if ctx.Err() != nil {
 		return
@@ -310,7 +315,7 @@ func (s *shard) checkpoint(ctx context.Context, uid string) {
 		e := resp.GetEnded()
 		b.log.Info("checkpointed pod", "uid", uid, "namespace", e.GetIdentity().GetActorNamespace(), "name", e.GetIdentity().GetActorName(),
 			"statsd", s.label, "outcome", api.OutcomeName(e.GetOutcome()), "epoch_unix_nano", e.GetEpochUnixNano(), "end_unix_nano", e.GetEndUnixNano(),
-			"final", api.ProvenanceName(e.GetFinalProvenance()))
+			"final", api.ProvenanceName(e.GetFinalProvenance()), "runtime_stopped", stopped)
 	case r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH), r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD):
 		// Not bound there (any more): nothing to end.
 		b.log.Debug("pod was not bound", "uid", uid, "statsd", s.label, "reason", r)
@@ -386,10 +391,17 @@ func (s *shard) lister(ctx context.Context) {
 }
 
 // list reads the actors this statsd holds and queues every difference
-// from what it should hold.
+// from what it should hold. Before the first Synchronize it does nothing:
+// which pods run is not known yet (a resync while NRI is not there), and
+// every binding would look like a pod gone.
 func (s *shard) list(ctx context.Context) error {
 	b := s.b
 	b.mu.Lock()
+	if !b.everSynced {
+		b.mu.Unlock()
+		b.log.Debug("not listing statsd before the first Synchronize", "statsd", s.label)
+		return nil
+	}
 	s.listing = true
 	began := s.gen
 	b.mu.Unlock()

@@ -14,6 +14,14 @@ func (s *StatsService) WithDrift(c *drift.Checker) *StatsService {
 	return s
 }
 
+// WithDrift makes CheckpointWorkload ask c whether it had seen the sandbox
+// dead before a call saying its runtime stopped it (runtime_stopped).
+// Without it nothing was seen dead: such a stop always reads checkpointed.
+func (l *LifecycleService) WithDrift(c *drift.Checker) *LifecycleService {
+	l.drift = c
+	return l
+}
+
 // ListDriftFindings lists the drift check's open findings and recent events.
 func (s *StatsService) ListDriftFindings(context.Context, *sandboxstatsv1.ListDriftFindingsRequest) (*sandboxstatsv1.ListDriftFindingsResponse, error) {
 	resp := &sandboxstatsv1.ListDriftFindingsResponse{Status: &sandboxstatsv1.DriftCheckStatus{}}

@@ -3,7 +3,9 @@ package server
 import (
 	"context"
 	"log/slog"
+	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -13,6 +15,7 @@ type LifecycleService struct {
 	sandboxstatsv1.UnimplementedWorkloadLifecycleServiceServer
 
 	store  *identity.Store
+	drift  *drift.Checker // nil: no drift check (nothing seen dead)
 	logger *slog.Logger
 }
 
@@ -58,22 +61,44 @@ func (l *LifecycleService) RestoreWorkload(ctx context.Context, req *sandboxstat
 }
 
 // CheckpointWorkload ends the bound activation (one last bounded read, the
-// record) and forgets the workload.
+// record) and forgets the workload. With runtime_stopped, a dead sandbox is
+// the expected end unless the drift check had seen it dead before the call
+// (its findings, asked without waiting for a cycle).
 func (l *LifecycleService) CheckpointWorkload(ctx context.Context, req *sandboxstatsv1.CheckpointWorkloadRequest) (*sandboxstatsv1.CheckpointWorkloadResponse, error) {
-	e, err := l.store.Release(ctx, req.GetActorUid())
+	opt := identity.ReleaseOptions{RuntimeStopped: req.GetRuntimeStopped()}
+	var (
+		seen    drift.Finding
+		wasSeen bool
+	)
+	if l.drift != nil {
+		opt.SeenDead = func(actorUID string, epoch int64, by time.Time) bool {
+			seen, wasSeen = l.drift.SeenDead(actorUID, epoch, by)
+			return wasSeen
+		}
+	}
+	e, err := l.store.ReleaseWith(ctx, req.GetActorUid(), opt)
 	if err != nil {
 		l.logger.Warn("checkpoint refused", "actor_uid", req.GetActorUid(), "err", err)
 		return nil, lifecycleError(err)
 	}
 	if e != nil {
-		logEnded(l.logger, e)
+		var attrs []any
+		if opt.RuntimeStopped {
+			attrs = append(attrs, "runtime_stopped", true)
+		}
+		if wasSeen && e.Outcome == identity.OutcomeSandboxDead {
+			attrs = append(attrs, "seen_dead", seen.Kind.String()+" "+seen.Subject, "seen_dead_unix_nano", seen.FirstSeen.UnixNano())
+		}
+		logEnded(l.logger, e, attrs...)
 	}
 	return &sandboxstatsv1.CheckpointWorkloadResponse{Ended: endedToProto(e)}, nil
 }
 
-func logEnded(logger *slog.Logger, e *identity.Ended) {
+// logEnded logs an ended activation, with the call's own attributes.
+func logEnded(logger *slog.Logger, e *identity.Ended, extra ...any) {
 	attrs := []any{"actor_uid", e.Identity.ActorUID, "epoch_unix_nano", e.EpochUnixNano,
 		"outcome", endedOutcomeName(e.Outcome), "final", finalProvenanceName(e.Provenance)}
+	attrs = append(attrs, extra...)
 	if e.CPUUsec != nil {
 		attrs = append(attrs, "cpu_usec", *e.CPUUsec)
 	}

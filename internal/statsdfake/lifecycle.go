@@ -32,7 +32,10 @@ import (
 // actor's binding names the same sandbox (FAILED_PRECONDITION
 // WORKLOAD_BOUND); Checkpoint ends the actor's activation, a repeat returns
 // the same record, an actor neither bound nor just cleared is
-// ACTOR_MISMATCH (NO_WORKLOAD when nothing is bound). It reads no source:
+// ACTOR_MISMATCH (NO_WORKLOAD when nothing is bound). Every sandbox it
+// ends is alive (it reads none), so every outcome is CHECKPOINTED with
+// runtime_stopped or without, as statsd's is for a live sandbox; Events
+// records the flag. It reads no source:
 // StatsActiveWorkloads lists every binding as pending NOT_MEASURABLE,
 // which is how a real statsd lists a workload it cannot read. It can hang
 // (every call blocks until its caller gives up, as a SIGSTOPped statsd
@@ -138,8 +141,9 @@ func (l *Lifecycle) Bound() map[string]*sandboxstatsv1.RunWorkloadRequest {
 // Events returns what the lifecycle calls did, in order: "bind A" (a new
 // activation of an actor not bound), "retry A" (a Run identical to the
 // binding: nothing changed), "replace A" (the actor's activation ended, a
-// new one began), "checkpoint A", "checkpoint-retry A" (the record of an
-// actor just cleared again), and "refuse A REASON".
+// new one began), "checkpoint A" ("checkpoint A runtime-stopped" when the
+// call said runtime_stopped), "checkpoint-retry A" (the record of an actor
+// just cleared again), and "refuse A REASON".
 func (l *Lifecycle) Events() []string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -285,7 +289,11 @@ func (s lifecycleServer) CheckpointWorkload(ctx context.Context, req *sandboxsta
 		e := l.endedLocked(actor, b, sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED)
 		delete(l.bindings, actor)
 		l.cleared[actor] = e
-		l.events = append(l.events, "checkpoint "+actor)
+		ev := "checkpoint " + actor
+		if req.GetRuntimeStopped() {
+			ev += " runtime-stopped"
+		}
+		l.events = append(l.events, ev)
 		return &sandboxstatsv1.CheckpointWorkloadResponse{Ended: e}, nil
 	}
 	if e := l.cleared[actor]; e != nil {

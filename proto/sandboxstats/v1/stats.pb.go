@@ -361,10 +361,14 @@ type ActivationOutcome int32
 
 const (
 	ActivationOutcome_ACTIVATION_OUTCOME_UNSPECIFIED ActivationOutcome = 0
-	// Ended by CheckpointWorkload with its sandbox still running.
+	// Ended by CheckpointWorkload with its sandbox still running, or found
+	// dead after the caller said its runtime had stopped it
+	// (CheckpointWorkloadRequest.runtime_stopped) and statsd had not seen it
+	// dead before.
 	ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED ActivationOutcome = 1
 	// At the end its sandbox had no process left, or was gone, or (a gVisor
-	// sandbox bound by sentry pid) its sentry had exited.
+	// sandbox bound by sentry pid) its sentry had exited; with runtime_stopped,
+	// only when statsd had seen it dead before the Checkpoint arrived.
 	ActivationOutcome_ACTIVATION_OUTCOME_SANDBOX_DEAD ActivationOutcome = 2
 	// At the end its sandbox was dead and its OOM kill count had risen in the
 	// epoch.
@@ -2280,9 +2284,21 @@ func (x *RestoreWorkloadResponse) GetReplaced() *EndedActivation {
 type CheckpointWorkloadRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The actor to forget; must be the bound one (or the one just forgotten).
-	ActorUid      string `protobuf:"bytes,1,opt,name=actor_uid,json=actorUid,proto3" json:"actor_uid,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	ActorUid string `protobuf:"bytes,1,opt,name=actor_uid,json=actorUid,proto3" json:"actor_uid,omitempty"`
+	// The sandbox was stopped by its runtime on request before this call (NRI
+	// relays StopPodSandbox only after the sandbox's processes exited): a final
+	// read finding no process, an exited sentry or the sandbox gone is the
+	// expected end, not a death. The outcome is then CHECKPOINTED, unless the
+	// OOM kill count rose over the epoch's baseline (OOM_KILLED) or statsd had
+	// seen the sandbox dead before the call arrived (a drift finding of the
+	// activation saying so, open since before the call: SANDBOX_DEAD). A death
+	// the drift check had not noticed yet (it looks every --drift-interval,
+	// not within --drift-grace of the Run/Restore) reads CHECKPOINTED. It
+	// changes nothing else: the final read and its provenance are as without
+	// it, and a retry returns the record as first made, whatever its flag.
+	RuntimeStopped bool `protobuf:"varint,2,opt,name=runtime_stopped,json=runtimeStopped,proto3" json:"runtime_stopped,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CheckpointWorkloadRequest) Reset() {
@@ -2320,6 +2336,13 @@ func (x *CheckpointWorkloadRequest) GetActorUid() string {
 		return x.ActorUid
 	}
 	return ""
+}
+
+func (x *CheckpointWorkloadRequest) GetRuntimeStopped() bool {
+	if x != nil {
+		return x.RuntimeStopped
+	}
+	return false
 }
 
 type CheckpointWorkloadResponse struct {
@@ -2821,9 +2844,10 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\asandbox\x18\x02 \x01(\v2\x1b.sandboxstats.v1.SandboxRefR\asandbox\"\x7f\n" +
 	"\x17RestoreWorkloadResponse\x12&\n" +
 	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\x12<\n" +
-	"\breplaced\x18\x02 \x01(\v2 .sandboxstats.v1.EndedActivationR\breplaced\"8\n" +
+	"\breplaced\x18\x02 \x01(\v2 .sandboxstats.v1.EndedActivationR\breplaced\"a\n" +
 	"\x19CheckpointWorkloadRequest\x12\x1b\n" +
-	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\"T\n" +
+	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12'\n" +
+	"\x0fruntime_stopped\x18\x02 \x01(\bR\x0eruntimeStopped\"T\n" +
 	"\x1aCheckpointWorkloadResponse\x126\n" +
 	"\x05ended\x18\x01 \x01(\v2 .sandboxstats.v1.EndedActivationR\x05ended\"\xbe\x01\n" +
 	"\fDriftFinding\x12.\n" +

@@ -443,10 +443,13 @@ type WorkloadLifecycleServiceClient interface {
 	// checkpoint. Same contract; it starts a new epoch.
 	RestoreWorkload(ctx context.Context, in *RestoreWorkloadRequest, opts ...grpc.CallOption) (*RestoreWorkloadResponse, error)
 	// CheckpointWorkload forgets the named actor's workload (teardown,
-	// checkpoint or a failed boot); the others stay bound. Before it forgets, it takes one last bounded sample (within
-	// --read-timeout; a read already in flight is joined, never waited on
-	// longer) and records the ended activation with it; if that read fails the
-	// final is the last good sample a poll read in the epoch. Repeating it for
+	// checkpoint or a failed boot); the others stay bound. Before it forgets,
+	// it takes one last bounded sample (within --read-timeout; a read already
+	// in flight is joined, never waited on longer) and records the ended
+	// activation with it; if that read fails the final is the last good
+	// sample a poll read in the epoch. The outcome tells a live sandbox
+	// (CHECKPOINTED) from a dead one (SANDBOX_DEAD, OOM_KILLED);
+	// runtime_stopped says a dead one was stopped as asked. Repeating it for
 	// an actor cleared and not bound since succeeds and returns the same
 	// record, so a retry is safe; naming any other actor not bound is
 	// FAILED_PRECONDITION ACTOR_MISMATCH (or NO_WORKLOAD when nothing is
@@ -519,10 +522,13 @@ type WorkloadLifecycleServiceServer interface {
 	// checkpoint. Same contract; it starts a new epoch.
 	RestoreWorkload(context.Context, *RestoreWorkloadRequest) (*RestoreWorkloadResponse, error)
 	// CheckpointWorkload forgets the named actor's workload (teardown,
-	// checkpoint or a failed boot); the others stay bound. Before it forgets, it takes one last bounded sample (within
-	// --read-timeout; a read already in flight is joined, never waited on
-	// longer) and records the ended activation with it; if that read fails the
-	// final is the last good sample a poll read in the epoch. Repeating it for
+	// checkpoint or a failed boot); the others stay bound. Before it forgets,
+	// it takes one last bounded sample (within --read-timeout; a read already
+	// in flight is joined, never waited on longer) and records the ended
+	// activation with it; if that read fails the final is the last good
+	// sample a poll read in the epoch. The outcome tells a live sandbox
+	// (CHECKPOINTED) from a dead one (SANDBOX_DEAD, OOM_KILLED);
+	// runtime_stopped says a dead one was stopped as asked. Repeating it for
 	// an actor cleared and not bound since succeeds and returns the same
 	// record, so a retry is safe; naming any other actor not bound is
 	// FAILED_PRECONDITION ACTOR_MISMATCH (or NO_WORKLOAD when nothing is
