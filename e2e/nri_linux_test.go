@@ -893,8 +893,9 @@ func median(d []time.Duration) time.Duration {
 // without: the bridge started, synchronized and idle before the pods with
 // it, stopped before those without; each pod removed once measured,
 // untimed): the median with it is within 1.1x of the median without, over
-// 16 pods each way (pooled with further rounds of 8, up to 32, while it is
+// 24 pods each way (pooled with further rounds of 8, up to 40, while it is
 // not: one pod's start varies by tens of percent on this shared machine).
+// Every process of the path runs at nice -20.
 // Then with every statsd hung (SIGSTOP), interleaved again (with, without,
 // without, with; the pods kept; 12 each way, up to 18): the bridge answers
 // NRI at once, so pods still start on time (median within 1.1x); once the
@@ -902,6 +903,11 @@ func median(d []time.Duration) time.Duration {
 // meanwhile.
 func TestIntegrationNRIPodStartLatency(t *testing.T) {
 	const bound = 1.1
+	// Every process of the path at nice -20 (containerd, its shims and
+	// runc, crictl, the statsd, the bridge: all inherit the test's), so
+	// that the comparison measures the bridge and not the waits for a CPU
+	// the machine's other tenants impose on each extra process hop.
+	t.Cleanup(testenv.FavorProcess(t, os.Getpid()))
 	r := startNRIRig(t, "--call-timeout", "2s")
 	var binds []time.Duration // bind latency of the pods made with the bridge, statsd running
 	// measure starts a runc pod per entry of pattern (true: with the
@@ -914,6 +920,10 @@ func TestIntegrationNRIPodStartLatency(t *testing.T) {
 				case on && !r.bridge.running():
 					r.bridge.start(t)
 					r.bridge.waitHealthy(t, 10*time.Second)
+					// Its start's own work (the runtime, the Go
+					// runtime, listing every statsd) is not what a pod
+					// pays a running bridge.
+					time.Sleep(250 * time.Millisecond)
 				case !on && r.bridge.running():
 					r.bridge.stop(t)
 				}
@@ -966,7 +976,7 @@ func TestIntegrationNRIPodStartLatency(t *testing.T) {
 			}
 		}
 	}
-	compare("pod start latency, the bridge connected against no plugin", "lat", []bool{false, true, true, false}, 4, 2, 4, false, true)
+	compare("pod start latency, the bridge connected against no plugin", "lat", []bool{false, true, true, false}, 4, 3, 5, false, true)
 	t.Logf("bind latency of the pods made with the bridge (after crictl runp returned): median %v, max %v", median(binds).Round(time.Millisecond), slices.Max(binds).Round(time.Millisecond))
 
 	for _, d := range r.shards {
