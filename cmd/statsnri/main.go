@@ -206,7 +206,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 	fs.Var(sourcesFlag{&b.Mapping.Templates}, "template-from", "where a pod's template is read, first present wins: comma-separated `sources`, each label:KEY or annotation:KEY, whose value is namespace/name or name (the namespace then the pod's)")
 	fs.StringVar(&b.Kata.Root, "kata-root", b.Kata.Root, "Kata's run `directory` (persist.json and hybrid-vsock sockets per sandbox), mounted at the host's path")
 	fs.DurationVar(&b.CallTimeout, "call-timeout", 10*time.Second, "bound of each call to a statsd")
-	fs.DurationVar(&b.Resync, "resync", 5*time.Minute, "how often every statsd is listed and made to hold exactly its running pods; 0: only at each NRI connect")
+	fs.DurationVar(&b.Resync, "resync", 5*time.Minute, "how often every statsd is listed and made to hold exactly its running pods, and NRI reconnected for a fresh Synchronize while pods known from one only are tracked (their end may go unannounced); 0: only at each NRI connect")
 	fs.IntVar(&b.MaxPods, "max-pods", 1024, "most pods tracked")
 	fs.StringVar(&allowUIDs, "allow-statsd-uids", "", "comma-separated `uids` a statsd may run as (default: root and the bridge's own uid)")
 	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9478", "TCP `address` serving /metrics and /healthz (200 once connected to NRI and synchronized, else 503); empty: none")

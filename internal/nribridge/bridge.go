@@ -98,6 +98,17 @@ type Bridge struct {
 	everSynced bool
 	since      time.Time
 	reason     string
+	// unannounced are the pods (uid -> sandbox id) the bridge knows from a
+	// Synchronize only: the runtime may never tell of their end. Containerd
+	// relays StopPodSandbox and RemovePodSandbox only for the pods whose
+	// RunPodSandbox it relayed since it started; a pod that predates its
+	// restart ends unannounced (containerd#8426). While any is tracked,
+	// every --resync reconnects to NRI for a fresh Synchronize (refresh).
+	unannounced map[string]string
+	refresh     chan struct{}
+	// refreshing: the next Synchronize is a refresh's, from the same
+	// runtime, which still relays the end of the pods it announced.
+	refreshing bool
 }
 
 // pod is a running pod of a watched handler: what its binding should be.
@@ -142,11 +153,13 @@ func New(opt Options) (*Bridge, error) {
 		opt.Logger = slog.New(slog.DiscardHandler)
 	}
 	b := &Bridge{
-		opt:     opt,
-		log:     opt.Logger,
-		pods:    map[string]*pod{},
-		running: map[string]string{},
-		reason:  "not connected to NRI yet",
+		opt:         opt,
+		log:         opt.Logger,
+		pods:        map[string]*pod{},
+		running:     map[string]string{},
+		reason:      "not connected to NRI yet",
+		unannounced: map[string]string{},
+		refresh:     make(chan struct{}, 1),
 	}
 	b.m = newMetrics(b)
 	b.notes = newNotes(opt.Logger, b.m.logDropped)
@@ -196,6 +209,7 @@ func (b *Bridge) Run(ctx context.Context) error {
 					for _, s := range b.shards {
 						s.requestList()
 					}
+					b.requestRefresh()
 				}
 			}
 		})
@@ -209,6 +223,22 @@ func (b *Bridge) Run(ctx context.Context) error {
 	b.mu.Unlock()
 	b.closeShards()
 	return nil
+}
+
+// requestRefresh asks the NRI connection for a fresh Synchronize
+// (Connect reconnects) when pods known from a Synchronize only are
+// tracked: their end may never be relayed.
+func (b *Bridge) requestRefresh() {
+	b.mu.Lock()
+	n := len(b.unannounced)
+	b.mu.Unlock()
+	if n == 0 {
+		return
+	}
+	select {
+	case b.refresh <- struct{}{}:
+	default:
+	}
 }
 
 // shardOf places a pod: a hash of its uid over the statsd list.
@@ -320,6 +350,8 @@ func (b *Bridge) upsert(p *api.PodSandbox) {
 	if old != nil && old.sandbox.ID == np.sandbox.ID {
 		np.containers, np.changed = old.containers, old.changed
 	}
+	// The runtime relayed this sandbox's start: it relays its end too.
+	delete(b.unannounced, np.uid)
 	b.pods[np.uid] = np
 	b.touch(np.uid)
 }
@@ -347,6 +379,7 @@ func (b *Bridge) gone(p *api.PodSandbox) {
 		return
 	}
 	delete(b.pods, uid)
+	delete(b.unannounced, uid)
 	b.touch(uid)
 }
 
@@ -425,6 +458,17 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 		}
 	}
 	b.pods, b.running = want, running
+	// After a refresh the runtime is the one that announced the pods it
+	// did (a pod started meanwhile too: only the bridge was away); after
+	// any other connect it may have restarted, forgetting every pod.
+	was := b.unannounced
+	b.unannounced = map[string]string{}
+	for uid, np := range want {
+		if !b.refreshing || was[uid] == np.sandbox.ID {
+			b.unannounced[uid] = np.sandbox.ID
+		}
+	}
+	b.refreshing = false
 	for uid := range old {
 		if want[uid] == nil {
 			b.touch(uid)

@@ -13,6 +13,7 @@ import (
 type metrics struct {
 	b            *Bridge
 	connections  prometheus.Counter
+	refreshes    prometheus.Counter
 	events       *prometheus.CounterVec
 	ignored      *prometheus.CounterVec
 	unactionable *prometheus.CounterVec
@@ -27,6 +28,8 @@ func newMetrics(b *Bridge) *metrics {
 		b: b,
 		connections: prometheus.NewCounter(prometheus.CounterOpts{Name: "sandboxstats_nri_connections_total",
 			Help: "Connections to NRI that registered the plugin (the first, and every reconnect)."}),
+		refreshes: prometheus.NewCounter(prometheus.CounterOpts{Name: "sandboxstats_nri_refreshes_total",
+			Help: "Reconnections to NRI made for a fresh Synchronize: at a --resync while pods known from a Synchronize only are tracked (the runtime may not relay their end)."}),
 		events: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandboxstats_nri_events_total",
 			Help: "NRI events and requests received, by event; each is answered at once."}, []string{"event"}),
 		ignored: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandboxstats_nri_pod_events_ignored_total",
@@ -46,7 +49,7 @@ func newMetrics(b *Bridge) *metrics {
 
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{m.connections, m.events, m.ignored, m.unactionable, m.calls, m.logDropped, m} {
+	for _, c := range []prometheus.Collector{m.connections, m.refreshes, m.events, m.ignored, m.unactionable, m.calls, m.logDropped, m} {
 		errs = append(errs, r.Register(c))
 	}
 	return errors.Join(errs...)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/sandboxstats/sandboxstats/internal/nrifake"
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
@@ -62,6 +63,61 @@ func TestReconnectAfterRuntimeRestart(t *testing.T) {
 	eventually(t, "pod 2 checkpointed through the new connection", func() bool { return slices.Equal(boundUIDs(f), uids(3, 4)) })
 	if n := b.m.connections; n == nil {
 		t.Fatal("no connections counter")
+	}
+}
+
+// TestRefreshEndsPodsTheRuntimeForgot: containerd relays the end of a pod
+// only if it relayed its start since it (re)started (containerd#8426): a
+// pod that predates a restart ends unannounced. While pods known from a
+// Synchronize only are tracked, each --resync reconnects for a fresh
+// Synchronize, which ends the pods gone meanwhile; once every tracked pod
+// was announced by the runtime (its RunPodSandbox, or ended by an event),
+// the bridge reconnects no more.
+func TestRefreshEndsPodsTheRuntimeForgot(t *testing.T) {
+	f := fakes(t, 1)[0]
+	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.Resync = 50 * time.Millisecond })
+	dir := shortDir(t)
+	rt := nrifake.Start(t, dir, testPod(1), testPod(2)) // the restarted containerd lists them
+	connect(t, b, rt)
+	eventually(t, "synchronized pods bound", func() bool { return slices.Equal(boundUIDs(f), uids(1, 2)) })
+	ctx := context.Background()
+	if err := rt.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: testPod(3)}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "pod 3 bound", func() bool { return slices.Equal(boundUIDs(f), uids(1, 2, 3)) })
+
+	// Pod 1 ends without an event: only the next Synchronize tells.
+	rt.SetPods(testPod(2), testPod(3))
+	eventually(t, "pod 1 checkpointed after a refresh", func() bool { return slices.Equal(boundUIDs(f), uids(2, 3)) })
+	if n := testutil.ToFloat64(b.m.refreshes); n < 1 {
+		t.Errorf("refreshes %v, want at least 1", n)
+	}
+	if ok, detail := b.Health(); !ok {
+		t.Errorf("unhealthy across refreshes: %s", detail)
+	}
+
+	// Pod 2's end is relayed (a runtime that relayed its start, or one
+	// that relays it anyway): nothing left unannounced, no more refreshes.
+	if err := rt.StopPodSandbox(ctx, &api.StopPodSandboxRequest{Pod: testPod(2)}); err != nil {
+		t.Fatal(err)
+	}
+	rt.SetPods(testPod(3))
+	eventually(t, "pod 2 checkpointed", func() bool { return slices.Equal(boundUIDs(f), uids(3)) })
+	eventually(t, "nothing unannounced", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.unannounced) == 0
+	})
+	time.Sleep(100 * time.Millisecond) // a refresh asked meanwhile is done
+	before := testutil.ToFloat64(b.m.refreshes)
+	time.Sleep(300 * time.Millisecond) // six resyncs
+	if after := testutil.ToFloat64(b.m.refreshes); after != before {
+		t.Errorf("%v refreshes with no pod unannounced", after-before)
+	}
+	// Pod 3, announced, was never ended; nothing was bound twice.
+	got := strings.Join(f.Events(), ",")
+	if strings.Contains(got, "checkpoint uid-003") || strings.Count(got, "bind uid-") != 3 {
+		t.Errorf("statsd's events: %v", got)
 	}
 }
 

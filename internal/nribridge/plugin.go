@@ -117,7 +117,21 @@ func (b *Bridge) Connect(ctx context.Context, o ConnectOptions) error {
 			b.SetConnected(false, "stopped")
 			return nil
 		}
+		if errors.Is(err, errRefresh) {
+			// Closed on purpose for a fresh Synchronize: at once, and
+			// still counted connected and synchronized meanwhile.
+			b.m.refreshes.Inc()
+			b.mu.Lock()
+			n := len(b.unannounced)
+			b.refreshing = true
+			b.mu.Unlock()
+			b.notes.add(slog.LevelInfo, "nri: reconnecting for a fresh Synchronize", "refresh", "unannounced_pods", n)
+			continue
+		}
 		b.SetConnected(false, err.Error())
+		b.mu.Lock()
+		b.refreshing = false // whoever answers next may have restarted
+		b.mu.Unlock()
 		if time.Since(began) > time.Minute {
 			wait = o.MinBackoff
 		}
@@ -131,9 +145,12 @@ func (b *Bridge) Connect(ctx context.Context, o ConnectOptions) error {
 	}
 }
 
+// errRefresh: connectOnce closed the connection for a fresh Synchronize.
+var errRefresh = errors.New("closed for a fresh Synchronize")
+
 // connectOnce makes one connection (a fresh stub: a stub whose start
-// failed may keep its dead connection) and returns when it is lost or ctx
-// ends.
+// failed may keep its dead connection) and returns when it is lost, a
+// refresh is asked (errRefresh) or ctx ends.
 func (b *Bridge) connectOnce(ctx context.Context, o ConnectOptions) error {
 	closed := make(chan struct{})
 	var once sync.Once
@@ -182,10 +199,18 @@ func (b *Bridge) connectOnce(ctx context.Context, o ConnectOptions) error {
 	}
 	b.SetConnected(true, "")
 	b.log.Info("connected to NRI", "socket", o.Socket, "plugin", PluginIndex+"-"+PluginName, "runtime_nri_version", st.RuntimeNRIVersion())
+	// A refresh asked before this connection's Synchronize is served by it.
+	select {
+	case <-b.refresh:
+	default:
+	}
 	select {
 	case <-closed:
 		b.log.Warn("lost the NRI connection", "socket", o.Socket)
 		return errors.New("connection lost")
+	case <-b.refresh:
+		st.Stop()
+		return errRefresh
 	case <-ctx.Done():
 		st.Stop()
 		return ctx.Err()
