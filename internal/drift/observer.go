@@ -121,13 +121,13 @@ func (o *SystemObserver) observeCgroup(obs *Observation, st *epochState, b *iden
 	}
 	base, kills, rose := o.oomKills(st, r, err)
 	switch {
-	case err == nil && r.SandboxProcesses != nil && *r.SandboxProcesses == 0 && rose:
+	case err == nil && r.NoProcessLeft() && rose:
 		// Dead by OOM: this finding says more than SANDBOX_DEAD and
 		// replaces it.
 		obs.find(cmpCgroup, KindOOMKilled, subject, fmt.Sprintf(
 			"the cgroup has no processes left and the kernel's OOM killer killed %d process(es) in it this epoch (oom_kill %d, first seen %d)",
 			kills-base, kills, base))
-	case err == nil && r.SandboxProcesses != nil && *r.SandboxProcesses == 0:
+	case err == nil && r.NoProcessLeft():
 		obs.find(cmpCgroup, KindSandboxDead, subject,
 			"the cgroup has no processes left: its numbers are a dead sandbox's, not an idle workload's")
 	case err == nil:

@@ -166,7 +166,7 @@ func (e *Ended) account(maxCurrent uint64, seen bool) {
 func deathOf(e *Ended, readErr error, stopped bool) Outcome {
 	dead := errors.Is(readErr, source.ErrSandboxGone) ||
 		(e.Final != nil && e.Final.SentryExited) ||
-		(e.Final != nil && e.Final.SandboxProcesses != nil && *e.Final.SandboxProcesses == 0)
+		(e.Final != nil && e.Final.NoProcessLeft())
 	if !dead {
 		return OutcomeCheckpointed
 	}

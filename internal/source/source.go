@@ -124,6 +124,20 @@ type UnreadError struct {
 func (e *UnreadError) Error() string { return e.Err.Error() }
 func (e *UnreadError) Unwrap() error { return e.Err }
 
+// NoProcessLeft reports whether r found its sandbox without a process: none
+// in its cgroup (SandboxProcesses 0) and no task below it. A pod-level
+// cgroup (the kubelet's cgroup_parent, bound by the NRI bridge) holds its
+// processes in its containers' cgroups beneath it: its own cgroup.procs is
+// empty while it runs, and pids.current, which counts the whole subtree's
+// tasks (v1 and v2), tells it from a dead one. Without pids.current, the
+// cgroup's own count decides.
+func (r *Reading) NoProcessLeft() bool {
+	if r.SandboxProcesses == nil || *r.SandboxProcesses != 0 {
+		return false
+	}
+	return r.Pids == nil || r.Pids.Current == 0
+}
+
 // Reading is one measurement of a sandbox. Units are in the field names.
 type Reading struct {
 	Kind   Kind
@@ -134,8 +148,9 @@ type Reading struct {
 	MemoryWorkingSetBytes uint64  // gauge, current minus inactive file, floored at 0
 	CPUUsageUsec          *uint64 // counter; nil when not offered (see Absent)
 
-	// SandboxProcesses is the number of processes in the sandbox cgroup; nil
-	// when the source cannot tell. 0 means a dead sandbox.
+	// SandboxProcesses is the number of processes in the sandbox cgroup
+	// itself (its cgroup.procs); nil when the source cannot tell. 0 with no
+	// task below it either is a dead sandbox (NoProcessLeft).
 	SandboxProcesses *uint32
 	// SentryExited: a gVisor sandbox bound by sentry pid whose pinned
 	// sentry has exited (or its pid now belongs to another process). The
