@@ -41,7 +41,13 @@ const nriNamespace = "team-nri"
 // field exists statsd cannot tell an orderly stop from a death and records
 // SANDBOX_DEAD, statsd's name for "no process left" (docs/nri.md, "The
 // lifecycle"). The expectation follows the field: CHECKPOINTED once
-// CheckpointWorkloadRequest has a field beside actor_uid.
+// CheckpointWorkloadRequest has a field beside actor_uid. Mind, when
+// adjusting: this pod is bound by its pod-level cgroup, whose own
+// cgroup.procs is empty even while the pod runs (its processes are in the
+// sandbox's cgroup below it), so every sample of it says 0 processes and
+// statsd's drift check reports it SANDBOX_DEAD once its grace (15m by
+// default; not reached here) has passed: "saw it dead first" must not be
+// read from those.
 func orderlyStopOutcome() sandboxstatsv1.ActivationOutcome {
 	if (&sandboxstatsv1.CheckpointWorkloadRequest{}).ProtoReflect().Descriptor().Fields().Len() > 1 {
 		return sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED
