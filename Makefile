@@ -87,7 +87,7 @@ deploy-check: build $(BIN)/staticcheck
 test: lint proto-check deploy-check fuzz
 	$(GO) test -count=1 -timeout 20m -run '^TestIntegrationBuildContainerd$$' ./internal/testenv
 	$(GO) test -count=1 -timeout 10m $$($(GO) list ./... | grep -v -e '/e2e$$' -e '/e2e/vmlane$$')
-	$(GO) test -count=1 -timeout 10m ./e2e
+	$(GO) test -count=1 -timeout 18m ./e2e
 	$(GO) test -count=1 -timeout 12m -v ./e2e/vmlane
 
 # Every Fuzz* target of every package, one at a time, FUZZTIME each (the

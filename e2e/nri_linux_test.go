@@ -34,25 +34,15 @@ const nriTemplateLabel = "sandboxstats.dev/template"
 const nriNamespace = "team-nri"
 
 // orderlyStopOutcome is the outcome statsd records for a runc pod stopped
-// through the CRI (crictl stopp) and bound by its pod-level cgroup: the one
-// place to adjust. The branch orderly-stop adds a flag to
-// CheckpointWorkloadRequest (the caller stopped it) so that such a stop
-// reads CHECKPOINTED unless statsd saw the sandbox dead first; until that
-// field exists statsd cannot tell an orderly stop from a death and records
-// SANDBOX_DEAD, statsd's name for "no process left" (docs/nri.md, "The
-// lifecycle"). The expectation follows the field: CHECKPOINTED once
-// CheckpointWorkloadRequest has a field beside actor_uid. Mind, when
-// adjusting: this pod is bound by its pod-level cgroup, whose own
-// cgroup.procs is empty even while the pod runs (its processes are in the
-// sandbox's cgroup below it), so every sample of it says 0 processes and
-// statsd's drift check reports it SANDBOX_DEAD once its grace (15m by
-// default; not reached here) has passed: "saw it dead first" must not be
-// read from those.
+// through the CRI (crictl stopp) and bound by its pod-level cgroup: NRI
+// tells the bridge of the stop after the sandbox's processes are gone, and
+// the bridge says so (CheckpointWorkloadRequest.runtime_stopped), so an
+// orderly stop reads CHECKPOINTED unless statsd saw the sandbox dead first
+// (docs/nri.md, "The lifecycle"). The pod-level cgroup's own cgroup.procs
+// is empty while the pod runs (its processes are in the cgroups below it):
+// statsd tells it alive by pids.current (source.Reading.NoProcessLeft).
 func orderlyStopOutcome() sandboxstatsv1.ActivationOutcome {
-	if (&sandboxstatsv1.CheckpointWorkloadRequest{}).ProtoReflect().Descriptor().Fields().Len() > 1 {
-		return sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED
-	}
-	return sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_SANDBOX_DEAD
+	return sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED
 }
 
 // nriRig is a containerd with NRI, two statsd (the bridge's shards, their
@@ -73,6 +63,12 @@ type nriRig struct {
 // --statsd, and bridgeArgs.
 func startNRIRig(t *testing.T, bridgeArgs ...string) *nriRig {
 	t.Helper()
+	return startNRIRigWith(t, nil, bridgeArgs...)
+}
+
+// startNRIRigWith is startNRIRig with statsdArgs given to both statsd.
+func startNRIRigWith(t *testing.T, statsdArgs []string, bridgeArgs ...string) *nriRig {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a real containerd, runc and gVisor pods; not under -short")
 	}
@@ -85,7 +81,7 @@ func startNRIRig(t *testing.T, bridgeArgs ...string) *nriRig {
 	r.c = testenv.StartContainerd(t, testenv.ContainerdOptions{Bins: bins})
 	args := []string{"--nri-socket", r.c.NRISocket(), "--handlers", "runsc,runc", "--default-runtime", "runc"}
 	for i := range 2 {
-		d := startStatsdIn(t, r.bin, r.dir, fmt.Sprintf("nri-%d", i))
+		d := startStatsdIn(t, r.bin, r.dir, fmt.Sprintf("nri-%d", i), statsdArgs...)
 		st, _ := clients(t, d)
 		r.shards, r.stats = append(r.shards, d), append(r.stats, st)
 		args = append(args, "--statsd", d.Lifecycle+","+d.Stats)
@@ -663,21 +659,18 @@ func TestIntegrationNRIBindsPods(t *testing.T) {
 		nm["sandboxstats_nri_statsd_calls_total{call=run,result=ok,statsd="+r.shards[0].Lifecycle+"}"], nm["sandboxstats_nri_statsd_calls_total{call=run,result=ok,statsd="+r.shards[1].Lifecycle+"}"])
 }
 
-// TestIntegrationNRIStopAndDeath: a runc pod stopped with crictl stopp
-// ends on its statsd with one record whose final was read at the end from
-// the pod's cgroup, which outlives the sandbox (NRI tells a plugin of the
-// stop only once the sandbox is gone: docs/nri.md): its CPU and peak are
-// the pod cgroup's own kept counters, to the usec and the byte. A runsc pod
-// whose sandbox is killed under the runtime is noticed by statsd (no sample:
-// its sentry is gone), and once the pod is stopped and removed its record
-// says sandbox-dead.
-func TestIntegrationNRIStopAndDeath(t *testing.T) {
+// TestIntegrationNRIStop: a runc pod stopped with crictl stopp ends on its
+// statsd with one record whose final was read at the end from the pod's
+// cgroup, which outlives the sandbox (NRI tells a plugin of the stop only
+// once the sandbox is gone: docs/nri.md): its CPU and peak are the pod
+// cgroup's own kept counters, to the usec and the byte, and its outcome is
+// checkpointed (the bridge says the runtime stopped it).
+func TestIntegrationNRIStop(t *testing.T) {
 	r := startNRIRig(t)
 	r.bridge.start(t)
 	r.bridge.waitHealthy(t, 10*time.Second)
 	web := r.runPod(t, "stop-me", "", -1, "tmpl-web")
-	gv := r.runPod(t, "die", "runsc", -1, "tmpl-gv")
-	r.waitBound(t, 2*time.Second, web, gv)
+	r.waitBound(t, 2*time.Second, web)
 	if !testenv.CgroupV2() {
 		// CPU of its own in the pod beside the pause process, ended before
 		// the stop as a container would be.
@@ -726,22 +719,53 @@ func TestIntegrationNRIStopAndDeath(t *testing.T) {
 	}
 	r.c.RemovePod(t, web.id)
 
-	// The runsc pod killed under the runtime.
+	time.Sleep(500 * time.Millisecond)
+	if n := len(r.ended(t)[web.uid]); n != 1 {
+		t.Errorf("pod %s has %d ended records, want 1", web.name, n)
+	}
+	if b := r.bindings(t); len(b) != 0 {
+		t.Errorf("still bound after the pod ended: %v", b)
+	}
+}
+
+// TestIntegrationNRIDeath: a runsc pod killed under the runtime (NRI says
+// nothing: the kubelet, here the test, stops it later). statsd's drift
+// check (every 500 ms here, no grace) sees the sandbox dead; the stop that
+// follows, though the bridge says the runtime stopped it, records
+// sandbox-dead: statsd saw the death first. The final is the last good
+// poll.
+func TestIntegrationNRIDeath(t *testing.T) {
+	r := startNRIRigWith(t, []string{"--drift-interval", "500ms", "--drift-grace", "0s"})
+	r.bridge.start(t)
+	r.bridge.waitHealthy(t, 10*time.Second)
+	gv := r.runPod(t, "die", "runsc", -1, "tmpl-gv")
+	r.waitBound(t, 2*time.Second, gv)
+	time.Sleep(time.Second) // a poll or two of the live sandbox: its last good one is the final
+
 	r.c.KillRunscPod(t, gv.id)
 	killed := time.Now()
-	var noticed string
+	var seen string
 	waitFor(t, 15*time.Second, func() bool {
-		for _, b := range r.bindings(t)[gv.uid] {
-			switch {
-			case b.pending != nil:
-				noticed = fmt.Sprintf("pending %s: %s", b.pending.GetReason(), b.pending.GetDetail())
-			case b.sample.SandboxProcesses != nil && *b.sample.SandboxProcesses == 0:
-				noticed = "a sample with no process left"
+		for _, st := range r.stats {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			resp, err := st.ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
+			cancel()
+			if err != nil {
+				t.Fatalf("ListDriftFindings: %v", err)
+			}
+			for _, f := range resp.GetFindings() {
+				switch f.GetKind() {
+				case sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, sandboxstatsv1.DriftKind_DRIFT_KIND_SENTRY_GONE,
+					sandboxstatsv1.DriftKind_DRIFT_KIND_CGROUP_GONE, sandboxstatsv1.DriftKind_DRIFT_KIND_OOM_KILLED:
+					if f.GetActorUid() == gv.uid {
+						seen = api.DriftKindName(f.GetKind()) + ": " + f.GetDetail()
+					}
+				}
 			}
 		}
-		return noticed != ""
-	}, "statsd to notice the runsc pod's death")
-	t.Logf("statsd noticed the runsc pod's death %v after the kill: %s", time.Since(killed).Round(time.Millisecond), noticed)
+		return seen != ""
+	}, "statsd's drift check to see the runsc pod dead")
+	t.Logf("statsd saw the runsc pod dead %v after the kill: %s", time.Since(killed).Round(time.Millisecond), seen)
 	r.c.StopPod(t, gv.id)
 	r.c.RemovePod(t, gv.id)
 	grec := r.waitEnded(t, 10*time.Second, gv.uid)[gv.uid]
@@ -750,17 +774,12 @@ func TestIntegrationNRIStopAndDeath(t *testing.T) {
 	if grec.GetOutcome() != sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_SANDBOX_DEAD {
 		t.Errorf("the killed runsc pod's outcome is %s, want sandbox-dead", api.OutcomeName(grec.GetOutcome()))
 	}
-
-	// One record each, nothing bound.
 	time.Sleep(500 * time.Millisecond)
-	e := r.ended(t)
-	for _, p := range []*nriPod{web, gv} {
-		if n := len(e[p.uid]); n != 1 {
-			t.Errorf("pod %s has %d ended records, want 1", p.name, n)
-		}
+	if n := len(r.ended(t)[gv.uid]); n != 1 {
+		t.Errorf("pod %s has %d ended records, want 1", gv.name, n)
 	}
 	if b := r.bindings(t); len(b) != 0 {
-		t.Errorf("still bound after both pods ended: %v", b)
+		t.Errorf("still bound after the pod ended: %v", b)
 	}
 }
 
