@@ -276,14 +276,17 @@ func (s *shard) process(ctx context.Context, uid string) {
 	}
 	b.m.call(s.label, "run", err)
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if err != nil {
 		s.failed(uid, "run", err)
+		b.mu.Unlock()
 		return
 	}
 	s.known[uid] = req
 	s.noteChange(uid)
 	s.resetRetry(uid)
+	b.mu.Unlock()
+	// Logged without b.mu: a log write that blocks (a stderr nobody
+	// drains) must not hold up the NRI handlers, which take it.
 	attrs := []any{"uid", uid, "namespace", req.GetIdentity().GetActorNamespace(), "name", req.GetIdentity().GetActorName(),
 		"sandbox", p.sandbox.ID, "kind", p.sandbox.Kind.String(), "statsd", s.label, "epoch_unix_nano", resp.GetEpochUnixNano()}
 	if r := resp.GetReplaced(); r != nil {
@@ -308,24 +311,27 @@ func (s *shard) checkpoint(ctx context.Context, uid string, stopped bool) {
 		return
 	}
 	b.m.call(s.label, "checkpoint", err)
+	r := api.ReasonOf(err)
+	notBound := r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH) || r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD)
 	b.mu.Lock()
-	defer b.mu.Unlock()
-	switch r := api.ReasonOf(err); {
-	case err == nil:
-		e := resp.GetEnded()
-		b.log.Info("checkpointed pod", "uid", uid, "namespace", e.GetIdentity().GetActorNamespace(), "name", e.GetIdentity().GetActorName(),
-			"statsd", s.label, "outcome", api.OutcomeName(e.GetOutcome()), "epoch_unix_nano", e.GetEpochUnixNano(), "end_unix_nano", e.GetEndUnixNano(),
-			"final", api.ProvenanceName(e.GetFinalProvenance()), "runtime_stopped", stopped)
-	case r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_MISMATCH), r == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_NO_WORKLOAD):
-		// Not bound there (any more): nothing to end.
-		b.log.Debug("pod was not bound", "uid", uid, "statsd", s.label, "reason", r)
-	default:
+	if err != nil && !notBound {
 		s.failed(uid, "checkpoint", err)
+		b.mu.Unlock()
 		return
 	}
 	delete(s.known, uid)
 	s.noteChange(uid)
 	s.resetRetry(uid)
+	b.mu.Unlock()
+	// Logged without b.mu (see process).
+	if notBound { // not bound there (any more): nothing to end
+		b.log.Debug("pod was not bound", "uid", uid, "statsd", s.label, "reason", r)
+		return
+	}
+	e := resp.GetEnded()
+	b.log.Info("checkpointed pod", "uid", uid, "namespace", e.GetIdentity().GetActorNamespace(), "name", e.GetIdentity().GetActorName(),
+		"statsd", s.label, "outcome", api.OutcomeName(e.GetOutcome()), "epoch_unix_nano", e.GetEpochUnixNano(), "end_unix_nano", e.GetEndUnixNano(),
+		"final", api.ProvenanceName(e.GetFinalProvenance()), "runtime_stopped", stopped)
 }
 
 // noteChange records a call's change of uid for the listing in flight.
@@ -424,7 +430,6 @@ func (s *shard) list(ctx context.Context) error {
 		held[p.GetIdentity().GetActorUid()] = true
 	}
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	// A uid bound or checkpointed by a call since the listing began is as
 	// that call left it; every other difference is looked at again.
 	stale := func(uid string) bool { return s.changed[uid] <= began }
@@ -447,6 +452,7 @@ func (s *shard) list(ctx context.Context) error {
 	}
 	s.listing = false
 	clear(s.changed)
+	b.mu.Unlock()
 	b.log.Debug("listed statsd", "statsd", s.label, "held", len(held))
 	return nil
 }
