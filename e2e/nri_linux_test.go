@@ -39,8 +39,9 @@ const nriNamespace = "team-nri"
 // the bridge says so (CheckpointWorkloadRequest.runtime_stopped), so an
 // orderly stop reads CHECKPOINTED unless statsd saw the sandbox dead first
 // (docs/nri.md, "The lifecycle"). The pod-level cgroup's own cgroup.procs
-// is empty while the pod runs (its processes are in the cgroups below it):
-// statsd tells it alive by pids.current (source.Reading.NoProcessLeft).
+// is empty while the pod runs (its processes are in the cgroups below it),
+// so statsd's drift check would see it dead once its grace (15 min by
+// default, not reached here) has passed (docs/nri.md, "Limits").
 func orderlyStopOutcome() sandboxstatsv1.ActivationOutcome {
 	return sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_CHECKPOINTED
 }

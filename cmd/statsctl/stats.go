@@ -57,10 +57,7 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 	}
 	if s.SandboxProcesses != nil {
 		note := ""
-		switch {
-		case s.GetSandboxProcesses() == 0 && s.GetPids().GetCurrent() > 0:
-			note = "in the cgroups below it (pids.current " + fmt.Sprint(s.GetPids().GetCurrent()) + ")"
-		case s.GetSandboxProcesses() == 0:
+		if s.GetSandboxProcesses() == 0 {
 			note = "DEAD SANDBOX: its cgroup remains but nothing runs"
 		}
 		row("PROCESSES", fmt.Sprint(s.GetSandboxProcesses()), note)

@@ -125,17 +125,13 @@ func (e *UnreadError) Error() string { return e.Err.Error() }
 func (e *UnreadError) Unwrap() error { return e.Err }
 
 // NoProcessLeft reports whether r found its sandbox without a process: none
-// in its cgroup (SandboxProcesses 0) and no task below it. A pod-level
-// cgroup (the kubelet's cgroup_parent, bound by the NRI bridge) holds its
-// processes in its containers' cgroups beneath it: its own cgroup.procs is
-// empty while it runs, and pids.current, which counts the whole subtree's
-// tasks (v1 and v2), tells it from a dead one. Without pids.current, the
-// cgroup's own count decides.
+// in its cgroup (SandboxProcesses 0). The one test of it (identity's
+// outcome, drift's SANDBOX_DEAD). A cgroup whose processes are all in
+// cgroups below it (a pod-level cgroup, the kubelet's cgroup_parent) reads
+// so too: counting the subtree is left to do (pids.current, on this host,
+// is not always the bound cgroup's own).
 func (r *Reading) NoProcessLeft() bool {
-	if r.SandboxProcesses == nil || *r.SandboxProcesses != 0 {
-		return false
-	}
-	return r.Pids == nil || r.Pids.Current == 0
+	return r.SandboxProcesses != nil && *r.SandboxProcesses == 0
 }
 
 // Reading is one measurement of a sandbox. Units are in the field names.
@@ -149,8 +145,8 @@ type Reading struct {
 	CPUUsageUsec          *uint64 // counter; nil when not offered (see Absent)
 
 	// SandboxProcesses is the number of processes in the sandbox cgroup
-	// itself (its cgroup.procs); nil when the source cannot tell. 0 with no
-	// task below it either is a dead sandbox (NoProcessLeft).
+	// itself (its cgroup.procs); nil when the source cannot tell. 0 is a
+	// dead sandbox (NoProcessLeft).
 	SandboxProcesses *uint32
 	// SentryExited: a gVisor sandbox bound by sentry pid whose pinned
 	// sentry has exited (or its pid now belongs to another process). The
