@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -277,6 +278,12 @@ func (s *shard) process(ctx context.Context, uid string) {
 	b.m.call(s.label, "run", err)
 	b.mu.Lock()
 	if err != nil {
+		if _, ok := s.known[uid]; !ok && mayHaveRun(err) {
+			// statsd may still bind it (a call that timed out on our side
+			// is run when statsd reads it): held, as far as we know, so a
+			// later stop checkpoints it (NO_WORKLOAD if it never ran).
+			s.known[uid] = nil
+		}
 		s.failed(uid, "run", err)
 		b.mu.Unlock()
 		return
@@ -360,6 +367,16 @@ func (s *shard) failed(uid, call string, err error) {
 	s.later(uid, 0, true)
 	s.b.notes.add(slog.LevelWarn, "nri: statsd call failed, retrying", call+":"+reason+":"+s.label,
 		"call", call, "uid", uid, "statsd", s.label, "reason", reason, "attempt", s.retry[uid].attempts, "err", err)
+}
+
+// mayHaveRun reports whether a failed call may still have reached statsd
+// and taken effect: it timed out or was cut, or its outcome is unknown.
+func mayHaveRun(err error) bool {
+	switch status.Code(err) {
+	case codes.DeadlineExceeded, codes.Canceled, codes.Unavailable, codes.Unknown:
+		return true
+	}
+	return false
 }
 
 // requestList asks the lister for a listing (coalesced).
