@@ -223,7 +223,11 @@ func (c *Checker) Cycle(ctx context.Context) {
 	}
 	for _, b := range todo {
 		obs := c.cfg.Observer.Observe(ctx, b)
-		outcomes[b.Identity.ActorUID] = c.apply(now, b, obs)
+		// Stamped when this binding was seen, after its read, not when the
+		// cycle began: a finding's FirstSeen says when statsd knew (an
+		// orderly stop that comes after the cycle began but before the
+		// read reached its binding is not "seen dead first").
+		outcomes[b.Identity.ActorUID] = c.apply(c.cfg.Now(), b, obs)
 	}
 	c.finish(now, outcomes)
 }
