@@ -263,10 +263,10 @@ func (p *Pipeline) exportMetricsLoop(ctx context.Context) {
 	}
 }
 
-// exportMetrics collects the latest sweep and sends it once, in chunks of
-// at most maxPointsPerExport points, each within Timeout: a failed export
-// is counted, not sent again (the next one carries every cumulative
-// counter whole).
+// exportMetrics collects the latest sweep and sends it once, in parts of
+// at most maxPointsPerExport points, each within Timeout; the first that
+// fails is counted and ends the export (the next one carries every
+// cumulative counter whole).
 func (p *Pipeline) exportMetrics(ctx context.Context) {
 	var rm metricdata.ResourceMetrics
 	if err := p.reader.Collect(ctx, &rm); err != nil {
@@ -274,13 +274,16 @@ func (p *Pipeline) exportMetrics(ctx context.Context) {
 		return
 	}
 	for _, chunk := range splitMetrics(&rm, maxPointsPerExport) {
-		ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
+		ectx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 		err := p.metricExp.Export(ectx, chunk)
 		cancel()
 		if err != nil {
+			// The rest waits for the next export, which carries every
+			// counter whole: a hung collector costs one Timeout, not one
+			// a part.
 			p.exports.WithLabelValues("metrics", "failed").Inc()
 			p.queue.warn("metrics", "otlp: metrics export failed (the next export carries every counter whole)", err)
-			continue
+			return
 		}
 		p.exports.WithLabelValues("metrics", "ok").Inc()
 	}
