@@ -11,6 +11,7 @@ import (
 
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/cli"
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -29,7 +30,7 @@ func TestParseFlagsSockets(t *testing.T) {
 		t.Run(tc.arg, func(t *testing.T) {
 			o, _, err := parseFlags([]string{"--sockets", tc.arg}, io.Discard)
 			if tc.errHas != "" {
-				var ue usageError
+				var ue cli.UsageError
 				if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.errHas) {
 					t.Fatalf("err %v, want a usage error containing %q", err, tc.errHas)
 				}
@@ -45,8 +46,8 @@ func TestParseFlagsSockets(t *testing.T) {
 // TestParseFlagsUsage: --version, --help with the exit statuses, and usage
 // errors (exit 2).
 func TestParseFlagsUsage(t *testing.T) {
-	if _, _, err := parseFlags([]string{"--version"}, io.Discard); !errors.Is(err, errVersion) {
-		t.Errorf("--version: %v, want errVersion", err)
+	if _, _, err := parseFlags([]string{"--version"}, io.Discard); !errors.Is(err, cli.ErrVersion) {
+		t.Errorf("--version: %v, want cli.ErrVersion", err)
 	}
 	var help bytes.Buffer
 	if _, _, err := parseFlags([]string{"--help"}, &help); !errors.Is(err, flag.ErrHelp) {
@@ -58,7 +59,7 @@ func TestParseFlagsUsage(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"extra"}, {"--no-such-flag"}, {"--timeout", "0"}} {
-		var ue usageError
+		var ue cli.UsageError
 		if _, _, err := parseFlags(args, io.Discard); !errors.As(err, &ue) {
 			t.Errorf("%q: %v, want a usage error", args, err)
 		}

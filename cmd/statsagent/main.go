@@ -27,6 +27,7 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sandboxstats/sandboxstats/internal/cli"
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
 	"github.com/sandboxstats/sandboxstats/internal/otlp"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
@@ -46,32 +47,11 @@ func main() {
 	os.Exit(exitStatus(err, os.Stdout, os.Stderr))
 }
 
-// exitStatus prints what run's err asks for (the version, or the error
-// once, a usage error with a pointer to --help) and returns the exit status.
+// exitStatus prints what run's err asks for and returns the exit status
+// (cli.ExitStatus).
 func exitStatus(err error, stdout, stderr io.Writer) int {
-	var ue usageError
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errVersion):
-		fmt.Fprint(stdout, version.Get().Text("statsagent"))
-		return 0
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "statsagent: %v\nRun statsagent --help for the flags.\n", err)
-		return 2
-	default:
-		fmt.Fprintln(stderr, "statsagent:", err)
-		return 1
-	}
+	return cli.ExitStatus("statsagent", err, stdout, stderr)
 }
-
-// usageError is a command-line mistake: exit status 2.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
-
-// errVersion is what run returns for --version: main prints the version.
-var errVersion = errors.New("version requested")
 
 type options struct {
 	agent           nodeagent.Config
@@ -105,12 +85,12 @@ func (h *headerFlag) Set(v string) error {
 }
 
 // parseFlags turns args into options. Warnings (a clamped interval) go to
-// warn once the logger exists. Every error is a usageError, flag.ErrHelp or
-// errVersion.
+// warn once the logger exists. Every error is a cli.UsageError, flag.ErrHelp or
+// cli.ErrVersion.
 func parseFlags(args []string, stderr io.Writer) (options, []string, error) {
 	o, warnings, err := parseFlagsOnly(args, stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errVersion) {
-		return o, nil, usageError{err}
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, cli.ErrVersion) {
+		return o, nil, cli.UsageError{Err: err}
 	}
 	return o, warnings, err
 }
@@ -164,7 +144,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 		return o, nil, err
 	}
 	if showVersion {
-		return o, nil, errVersion
+		return o, nil, cli.ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return o, nil, fmt.Errorf("unexpected arguments %q", fs.Args())

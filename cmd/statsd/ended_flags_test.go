@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/sandboxstats/sandboxstats/internal/cli"
+
 	"errors"
 	"io"
 	"testing"
@@ -29,7 +31,7 @@ func TestEndedFlags(t *testing.T) {
 		{"--ended-retention", "0"}, {"--ended-retention", "-1m"}, {"--ended-retention", "15"},
 		{"--ended-max", "0"}, {"--ended-max", "-3"}, {"--ended-max", "many"},
 	} {
-		var ue usageError
+		var ue cli.UsageError
 		if _, err := parseFlags(args, io.Discard); !errors.As(err, &ue) {
 			t.Errorf("%q: %v, want a usage error", args, err)
 		}

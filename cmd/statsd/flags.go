@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/cli"
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
@@ -77,25 +78,17 @@ func (f idsFlag) Set(s string) error {
 	return nil
 }
 
-// usageError is a command-line mistake: exit status 2.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
-
-// errVersion is what run returns for --version: main prints the version.
-var errVersion = errors.New("version requested")
-
 const exitStatusHelp = `
 Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), --help or --version;
 1 when serving failed; 2 for a usage error (unknown flag, bad value).
 `
 
 // parseFlags parses the command line; every error it returns is a
-// usageError, flag.ErrHelp or errVersion.
+// cli.UsageError, flag.ErrHelp or cli.ErrVersion.
 func parseFlags(args []string, stderr io.Writer) (config, error) {
 	c, err := parseFlagsOnly(args, stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errVersion) {
-		return c, usageError{err}
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, cli.ErrVersion) {
+		return c, cli.UsageError{Err: err}
 	}
 	return c, err
 }
@@ -142,7 +135,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 		return c, err
 	}
 	if showVersion {
-		return c, errVersion
+		return c, cli.ErrVersion
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments: %q", fs.Args())

@@ -1,6 +1,8 @@
 package main
 
 import (
+	"github.com/sandboxstats/sandboxstats/internal/cli"
+
 	"bytes"
 	"errors"
 	"flag"
@@ -32,7 +34,7 @@ func TestParseFlagsSocketAddresses(t *testing.T) {
 				args := []string{"--listen", "/run/a.sock", "--lifecycle-listen", "/run/lifecycle/a.sock", f, tc.listen}
 				c, err := parseFlags(args, io.Discard)
 				if tc.errHas != "" {
-					var ue usageError
+					var ue cli.UsageError
 					if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.errHas) {
 						t.Fatalf("%s %s: err %v, want a usage error containing %q", f, tc.listen, err, tc.errHas)
 					}
@@ -56,8 +58,8 @@ func TestParseFlagsSocketAddresses(t *testing.T) {
 // TestParseFlagsUsage: --version, --help and the usage errors (exit 2),
 // with the exit statuses in --help.
 func TestParseFlagsUsage(t *testing.T) {
-	if _, err := parseFlags([]string{"--version"}, io.Discard); !errors.Is(err, errVersion) {
-		t.Errorf("--version: %v, want errVersion", err)
+	if _, err := parseFlags([]string{"--version"}, io.Discard); !errors.Is(err, cli.ErrVersion) {
+		t.Errorf("--version: %v, want cli.ErrVersion", err)
 	}
 	var help bytes.Buffer
 	if _, err := parseFlags([]string{"--help"}, &help); !errors.Is(err, flag.ErrHelp) {
@@ -69,7 +71,7 @@ func TestParseFlagsUsage(t *testing.T) {
 		}
 	}
 	for _, args := range [][]string{{"extra"}, {"--no-such-flag"}, {"--read-timeout", "0"}, {"--release-after", "-1s"}, {"--listen", "/a.sock", "--lifecycle-listen", "unix:/a.sock"}} {
-		var ue usageError
+		var ue cli.UsageError
 		if _, err := parseFlags(args, io.Discard); !errors.As(err, &ue) {
 			t.Errorf("%q: %v, want a usage error", args, err)
 		}

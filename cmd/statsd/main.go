@@ -5,8 +5,6 @@ package main
 
 import (
 	"context"
-	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -24,6 +22,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/reflection"
 
+	"github.com/sandboxstats/sandboxstats/internal/cli"
 	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
@@ -32,7 +31,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	"github.com/sandboxstats/sandboxstats/internal/server"
 	"github.com/sandboxstats/sandboxstats/internal/source"
-	"github.com/sandboxstats/sandboxstats/internal/version"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -43,23 +41,10 @@ func main() {
 	os.Exit(exitStatus(err, os.Stdout, os.Stderr))
 }
 
-// exitStatus prints what run's err asks for (the version, or the error
-// once, a usage error with a pointer to --help) and returns the exit status.
+// exitStatus prints what run's err asks for and returns the exit status
+// (cli.ExitStatus).
 func exitStatus(err error, stdout, stderr io.Writer) int {
-	var ue usageError
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errVersion):
-		fmt.Fprint(stdout, version.Get().Text("statsd"))
-		return 0
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "statsd: %v\nRun statsd --help for the flags.\n", err)
-		return 2
-	default:
-		fmt.Fprintln(stderr, "statsd:", err)
-		return 1
-	}
+	return cli.ExitStatus("statsd", err, stdout, stderr)
 }
 
 func run(ctx context.Context, args []string, stderr io.Writer) error {

@@ -30,10 +30,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/sandboxstats/sandboxstats/internal/cli"
 	"github.com/sandboxstats/sandboxstats/internal/nribridge"
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
-	"github.com/sandboxstats/sandboxstats/internal/version"
 )
 
 const exitStatusHelp = `
@@ -48,30 +48,11 @@ func main() {
 	os.Exit(exitStatus(err, os.Stdout, os.Stderr))
 }
 
-// exitStatus prints what run's err asks for and returns the exit status.
+// exitStatus prints what run's err asks for and returns the exit status
+// (cli.ExitStatus).
 func exitStatus(err error, stdout, stderr io.Writer) int {
-	var ue usageError
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errVersion):
-		fmt.Fprint(stdout, version.Get().Text("statsnri"))
-		return 0
-	case errors.As(err, &ue):
-		fmt.Fprintf(stderr, "statsnri: %v\nRun statsnri --help for the flags.\n", err)
-		return 2
-	default:
-		fmt.Fprintln(stderr, "statsnri:", err)
-		return 1
-	}
+	return cli.ExitStatus("statsnri", err, stdout, stderr)
 }
-
-// usageError is a command-line mistake: exit status 2.
-type usageError struct{ error }
-
-func (e usageError) Unwrap() error { return e.error }
-
-var errVersion = errors.New("version requested")
 
 type options struct {
 	bridge          nribridge.Options
@@ -168,8 +149,8 @@ func (f sourcesFlag) Set(v string) error {
 
 func parseFlags(args []string, stderr io.Writer) (options, error) {
 	o, err := parseFlagsOnly(args, stderr)
-	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, errVersion) {
-		return o, usageError{err}
+	if err != nil && !errors.Is(err, flag.ErrHelp) && !errors.Is(err, cli.ErrVersion) {
+		return o, cli.UsageError{Err: err}
 	}
 	return o, err
 }
@@ -225,7 +206,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 		return o, err
 	}
 	if showVersion {
-		return o, errVersion
+		return o, cli.ErrVersion
 	}
 	switch {
 	case fs.NArg() > 0:
