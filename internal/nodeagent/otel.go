@@ -259,33 +259,36 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 
 // labelAttrs are one label set's measurement options, made once while the
 // label set is in the snapshots: its attributes alone, and with each extra
-// attribute list (a direction, a PSI resource, an interface).
+// attribute (a counter's direction or PSI resource, an interface, a drift
+// kind).
 type labelAttrs struct {
 	base  metric.MeasurementOption
 	set   attribute.Set
-	extra map[string]metric.MeasurementOption
+	extra map[extraKey]metric.MeasurementOption
 }
 
-// with returns la's options with extra added.
-func (la *labelAttrs) with(extra ...attribute.KeyValue) metric.MeasurementOption {
-	if len(extra) == 0 {
-		return la.base
-	}
-	var key strings.Builder
-	for _, kv := range extra {
-		key.WriteString(string(kv.Key))
-		key.WriteByte(0)
-		key.WriteString(kv.Value.String())
-		key.WriteByte(0)
-	}
-	if opt, ok := la.extra[key.String()]; ok {
+// extraKey names one list of extra attributes: a counter's own and an
+// interface, or a drift kind.
+type extraKey struct {
+	counter     rate.Counter
+	iface, kind string
+}
+
+// with returns la's options with the extra attributes key names, made by
+// extra the first time.
+func (la *labelAttrs) with(key extraKey, extra func() []attribute.KeyValue) metric.MeasurementOption {
+	if opt, ok := la.extra[key]; ok {
 		return opt
 	}
-	opt := metric.WithAttributeSet(attribute.NewSet(append(la.set.ToSlice(), extra...)...))
-	if la.extra == nil {
-		la.extra = map[string]metric.MeasurementOption{}
+	kv := extra()
+	if len(kv) == 0 {
+		return la.base
 	}
-	la.extra[key.String()] = opt
+	opt := metric.WithAttributeSet(attribute.NewSet(append(la.set.ToSlice(), kv...)...))
+	if la.extra == nil {
+		la.extra = map[extraKey]metric.MeasurementOption{}
+	}
+	la.extra[key] = opt
 	return opt
 }
 
@@ -341,17 +344,23 @@ func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor boo
 	}
 	count := func(c rate.Counter, la *labelAttrs, v uint64, iface string) {
 		oc := otelCounters[c]
-		var extra []attribute.KeyValue
-		if oc.extra.Key != "" {
-			extra = append(extra, oc.extra)
-		}
-		if iface != "" {
-			extra = append(extra, attribute.String(attrNetInterface, iface))
+		opt := la.base
+		if oc.extra.Key != "" || iface != "" {
+			opt = la.with(extraKey{counter: c, iface: iface}, func() []attribute.KeyValue {
+				var extra []attribute.KeyValue
+				if oc.extra.Key != "" {
+					extra = append(extra, oc.extra)
+				}
+				if iface != "" {
+					extra = append(extra, attribute.String(attrNetInterface, iface))
+				}
+				return extra
+			})
 		}
 		if oc.scale != 0 {
-			obs.ObserveFloat64(o.floatCounters[oc.name], float64(v)*oc.scale, la.with(extra...))
+			obs.ObserveFloat64(o.floatCounters[oc.name], float64(v)*oc.scale, opt)
 		} else {
-			obs.ObserveInt64(o.intCounters[oc.name], clampInt64(v), la.with(extra...))
+			obs.ObserveInt64(o.intCounters[oc.name], clampInt64(v), opt)
 		}
 	}
 	for l, cv := range snap.counters {
@@ -367,7 +376,9 @@ func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor boo
 	}
 	for k, n := range snap.drift {
 		la := o.labels(k.labels, withActor, seen)
-		obs.ObserveInt64(o.drift, int64(n), la.with(attribute.String(attrDriftKind, k.kind)))
+		obs.ObserveInt64(o.drift, int64(n), la.with(extraKey{kind: k.kind}, func() []attribute.KeyValue {
+			return []attribute.KeyValue{attribute.String(attrDriftKind, k.kind)}
+		}))
 	}
 	if snap.daemons != nil {
 		for _, st := range []sweep.Status{sweep.StatusOK, sweep.StatusNoSample, sweep.StatusVanished, sweep.StatusError, sweep.StatusSkipped} {

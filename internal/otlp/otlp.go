@@ -234,8 +234,7 @@ func (p *Pipeline) Run(ctx context.Context) error {
 	mctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
 	defer cancel()
 	p.exportMetrics(mctx)
-	sctx := mctx
-	return errors.Join(p.metricExp.Shutdown(sctx), p.logExp.Shutdown(sctx), p.meters.Shutdown(sctx), p.loggers.Shutdown(sctx))
+	return errors.Join(p.metricExp.Shutdown(mctx), p.logExp.Shutdown(mctx), p.meters.Shutdown(mctx), p.loggers.Shutdown(mctx))
 }
 
 // Flush exports the metrics and sends the queued events now, on the
