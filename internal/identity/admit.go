@@ -4,6 +4,7 @@
 package identity
 
 import (
+	"context"
 	"fmt"
 	"strings"
 
@@ -11,10 +12,12 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// admit reports why actor may not bind ref (its sources src, once opened)
-// beside the bindings of v: the ceiling (for an actor not bound yet) and a
-// sandbox measured for another actor. Nil admits it.
-func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef, src source.Source) error {
+// admit reports why actor may not bind ref (its sources src, once opened;
+// its names resolved to mine) beside the bindings of v: the ceiling (for an
+// actor not bound yet) and a sandbox measured for another actor, by the
+// names as given (cheap) and by what they resolve to where both sides'
+// resolved (their names as last looked at: refreshNames). Nil admits it.
+func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef, src source.Source, mine resolved) error {
 	for _, b := range v.bindings {
 		if b.Identity.ActorUID == actorUID {
 			continue
@@ -22,6 +25,9 @@ func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef, src sourc
 		what := sameSandbox(b.Ref, ref)
 		if what == "" {
 			what = sameCgroup(cgroupOf(b.Ref, b.Source), cgroupOf(ref, src))
+		}
+		if what == "" {
+			what = sameResolved(ref, mine, b.Ref, b.names.get())
 		}
 		if what != "" {
 			return fmt.Errorf("%w: %s is measured for actor %q; checkpoint it before binding %q", ErrOtherWorkload, what, b.Identity.ActorUID, actorUID)
@@ -103,4 +109,15 @@ func sameGuest(a, b string) bool {
 		return a == b
 	}
 	return pa.Scheme == pb.Scheme && pa.Path == pb.Path && pa.CID == pb.CID
+}
+
+// refreshNames looks again at what the names of v's bindings other than
+// actorUID's resolve to where they are not settled, so that admit compares
+// with what they lead to now.
+func (s *Store) refreshNames(ctx context.Context, v *view, actorUID string) {
+	for _, b := range v.bindings {
+		if b.Identity.ActorUID != actorUID {
+			s.namesOf(ctx, b)
+		}
+	}
 }

@@ -61,7 +61,13 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	if old != nil && old.Op == op && old.Identity == id && old.Ref.Equal(ref) {
 		return old, nil, nil
 	}
-	if err := s.admit(s.view.Load(), id.ActorUID, ref, nil); err != nil {
+	// What the ref's names and the others' unsettled ones lead to now, looked
+	// at under the actor's lock only, within the read timeout in all.
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReadTimeout)
+	mine := resolveRef(rctx, s.g, ref)
+	s.refreshNames(rctx, s.view.Load(), id.ActorUID)
+	cancel()
+	if err := s.admit(s.view.Load(), id.ActorUID, ref, nil, mine); err != nil {
 		return nil, nil, err
 	}
 	var replaced *Ended
@@ -77,15 +83,16 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	if old != nil && epoch <= old.EpochUnixNano {
 		epoch = old.EpochUnixNano + 1 // epochs only move forward
 	}
-	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil)}
+	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil), names: newNames(ref, mine)}
 	b.Source, b.Host = s.openSources(ref)
+	s.guard(b) // names that did not resolve yet are looked at again at its reads
 	b.Ref.SentryStartTicks = pinnedStart(b.Source)
 
 	s.commit.Lock()
 	defer s.commit.Unlock()
 	v := s.view.Load()
 	// Another actor's call may have committed while the sources opened.
-	if err := s.admit(v, id.ActorUID, ref, b.Source); err != nil {
+	if err := s.admit(v, id.ActorUID, ref, b.Source, mine); err != nil {
 		closeBinding(b, s.logger)
 		return nil, nil, err
 	}

@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -56,6 +57,9 @@ type Binding struct {
 	Host   source.HostSampler
 	// Activation is the read path's account of this activation.
 	Activation *Activation
+	// names is what Ref's sockets, pid file and sentry resolve to (safe for
+	// concurrent use).
+	names *names
 }
 
 // Opener opens the measurement sources for a ref. A source that cannot
@@ -111,6 +115,8 @@ type Config struct {
 type Store struct {
 	cfg    Config
 	logger *slog.Logger
+	// g bounds the stats and pid file reads that resolve a ref's names.
+	g *bounded.Group
 
 	actorMu    sync.Mutex            // guards actorLocks
 	actorLocks map[string]*actorLock // the lifecycle lock of each actor in a call
@@ -171,7 +177,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.BaselineRetry <= 0 {
 		cfg.BaselineRetry = 100 * time.Millisecond
 	}
-	s := &Store{cfg: cfg, logger: cfg.Logger, actorLocks: map[string]*actorLock{}}
+	s := &Store{cfg: cfg, logger: cfg.Logger, g: bounded.New(cfg.ReadTimeout), actorLocks: map[string]*actorLock{}}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.publish(nil, nil)
 	if cfg.StateDir == "" {
@@ -203,7 +209,7 @@ func NewStore(cfg Config) (*Store, error) {
 			continue
 		}
 		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
-			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline)}
+			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline), names: newNames(b.Ref, resolved{})}
 		restored = append(restored, binding)
 	}
 	if over := len(restored) - cfg.MaxWorkloads; over > 0 {
@@ -223,6 +229,7 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	for _, b := range restored {
 		b.Source, b.Host = s.openSources(b.Ref)
+		s.guard(b) // its names are looked at again at its reads
 	}
 	s.publish(restored, ended)
 	for _, b := range restored {
