@@ -37,15 +37,16 @@ type sameCase struct {
 	// refused. boundRefused: the first binding's reads are refused instead
 	// (the other is bound by a cgroup path, which no read re-checks).
 	atRead, boundRefused bool
+	// otherReadFirst: other reads once before appear (and answers: nothing
+	// shared yet), so that the older binding's read is the one that finds
+	// the sandbox shared.
+	otherReadFirst bool
 }
 
 func TestSameSandboxRefused(t *testing.T) {
 	ctx := context.Background()
 	gv := source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4242, VMMPID: 77}
 	vm := source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/a.sock:1024", ContainerIDs: []string{"c1"}, QMPSocket: "/run/vm/a.qmp"}
-	vmAt := func(dir, sock string, c string) source.SandboxRef {
-		return source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock://" + filepath.Join(dir, sock) + ":1024", ContainerIDs: []string{c}}
-	}
 	for _, tc := range []sameCase{
 		{name: "same cgroup path", bound: actorRef(0), other: actorRef(0)},
 		{name: "same sentry pid", bound: gv, other: source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4242}},
@@ -111,6 +112,13 @@ func TestSameSandboxRefused(t *testing.T) {
 			symlink(t, "a.sock", filepath.Join(dir, "l.sock"))
 			return vmAt(dir, "a.sock", "c1"), vmAt(dir, "l.sock", "c2"), func() { listen(t, filepath.Join(dir, "a.sock")) }
 		}},
+		{name: "a pid file written after the other read, holding its vmm pid", atRead: true, otherReadFirst: true, names: func(t *testing.T, dir string, _ *lateSentry) (source.SandboxRef, source.SandboxRef, func()) {
+			pid := sleeper(t)
+			bound, other := vmAt(dir, "a.sock", "c1"), vmAt(dir, "b.sock", "c2")
+			listen(t, filepath.Join(dir, "b.sock"))
+			bound.VMMPIDFile, other.VMMPIDFile = filepath.Join(dir, "a.pid"), writePIDFile(t, dir, "b.pid", pid)
+			return bound, other, func() { writePIDFile(t, dir, "a.pid", pid) }
+		}},
 		{name: "two pid files written after both bound, one pid", atRead: true, names: func(t *testing.T, dir string, _ *lateSentry) (source.SandboxRef, source.SandboxRef, func()) {
 			bound, other := vmAt(dir, "a.sock", "c1"), vmAt(dir, "b.sock", "c2")
 			bound.VMMPIDFile, other.VMMPIDFile = filepath.Join(dir, "a.pid"), filepath.Join(dir, "b.pid")
@@ -122,14 +130,9 @@ func TestSameSandboxRefused(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, late := sameStore(t)
-			bound, other, appear := tc.refs(t, late)
-			b, _, err := s.Bind(ctx, OpRun, actorID(0), bound)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, b, other, appear := tc.bindFirst(t)
 			if tc.atRead {
-				checkRefusedAtRead(t, s, b, other, appear, tc.boundRefused)
+				checkRefusedAtRead(t, s, b, other, appear, tc)
 				return
 			}
 			if _, _, err := s.Bind(ctx, OpRun, actorID(1), other); !errors.Is(err, ErrOtherWorkload) {
@@ -149,16 +152,31 @@ func TestSameSandboxRefused(t *testing.T) {
 // checkRefusedAtRead binds other beside b (nothing resolves yet), runs
 // appear, and reads both, the newer first: the newer binding's reads are
 // refused (the first binding's, when boundRefused) and the other's answer.
-func checkRefusedAtRead(t *testing.T, s *Store, b *Binding, other source.SandboxRef, appear func(), boundRefused bool) {
+func checkRefusedAtRead(t *testing.T, s *Store, b *Binding, other source.SandboxRef, appear func(), tc sameCase) {
 	t.Helper()
 	ctx := context.Background()
 	b1, _, err := s.Bind(ctx, OpRun, actorID(1), other)
 	if err != nil {
 		t.Fatalf("bind before the names resolve: %v", err)
 	}
+	if tc.otherReadFirst {
+		if _, err := b1.Source.Sample(ctx); err != nil {
+			t.Fatalf("read of %s before its names are shared: %v", b1.Identity.ActorUID, err)
+		}
+		if _, err := b.Source.Sample(ctx); err != nil {
+			t.Fatalf("read of %s before its names resolve: %v", b.Identity.ActorUID, err)
+		}
+	}
 	appear()
+	if tc.otherReadFirst {
+		// The older binding's read finds the sandbox shared and keeps
+		// reading; the newer one, settled before, looks again.
+		if _, err := b.Source.Sample(ctx); err != nil {
+			t.Fatalf("read of %s once shared: %v", b.Identity.ActorUID, err)
+		}
+	}
 	refused, reads := b1, b
-	if boundRefused {
+	if tc.boundRefused {
 		refused, reads = b, b1
 	}
 	for i := range 2 {
@@ -176,9 +194,6 @@ func checkRefusedAtRead(t *testing.T, s *Store, b *Binding, other source.Sandbox
 // too, and both read once they do.
 func TestDistinctSandboxesBind(t *testing.T) {
 	ctx := context.Background()
-	vmAt := func(dir, sock string, c string) source.SandboxRef {
-		return source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock://" + filepath.Join(dir, sock) + ":1024", ContainerIDs: []string{c}}
-	}
 	for _, tc := range []sameCase{
 		{name: "two hybrid-vsock sockets, one through a symlink", names: func(t *testing.T, dir string, _ *lateSentry) (source.SandboxRef, source.SandboxRef, func()) {
 			listen(t, filepath.Join(dir, "a.sock"))
@@ -210,19 +225,12 @@ func TestDistinctSandboxesBind(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			s, late := sameStore(t)
-			bound, other, appear := tc.refs(t, late)
-			b, _, err := s.Bind(ctx, OpRun, actorID(0), bound)
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, b, other, appear := tc.bindFirst(t)
 			b1, _, err := s.Bind(ctx, OpRun, actorID(1), other)
 			if err != nil {
 				t.Fatalf("a distinct sandbox: %v", err)
 			}
-			if appear != nil {
-				appear()
-			}
+			appear()
 			for _, r := range []*Binding{b1, b, b1} {
 				if _, err := r.Source.Sample(ctx); err != nil {
 					t.Fatalf("read of %s: %v", r.Identity.ActorUID, err)
@@ -230,6 +238,25 @@ func TestDistinctSandboxesBind(t *testing.T) {
 			}
 		})
 	}
+}
+
+// vmAt is a micro-VM ref whose agent listens on the hybrid-vsock socket
+// sock in dir, running container c.
+func vmAt(dir, sock string, c string) source.SandboxRef {
+	return source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock://" + filepath.Join(dir, sock) + ":1024", ContainerIDs: []string{c}}
+}
+
+// bindFirst makes the case's store and refs and binds actor 0 to the
+// first; it returns the other ref and what makes the names resolve.
+func (tc sameCase) bindFirst(t *testing.T) (s *Store, b *Binding, other source.SandboxRef, appear func()) {
+	t.Helper()
+	s, late := sameStore(t)
+	bound, other, appear := tc.refs(t, late)
+	b, _, err := s.Bind(context.Background(), OpRun, actorID(0), bound)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, b, other, appear
 }
 
 // refs returns the case's refs (made on real files in a fresh directory
