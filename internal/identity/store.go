@@ -12,7 +12,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/microvm"
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -57,6 +57,9 @@ type Binding struct {
 	Host   source.HostSampler
 	// Activation is the read path's account of this activation.
 	Activation *Activation
+	// names is what Ref's sockets, pid file and sentry resolve to (safe for
+	// concurrent use).
+	names *names
 }
 
 // Opener opens the measurement sources for a ref. A source that cannot
@@ -112,6 +115,8 @@ type Config struct {
 type Store struct {
 	cfg    Config
 	logger *slog.Logger
+	// g bounds the stats and pid file reads that resolve a ref's names.
+	g *bounded.Group
 
 	actorMu    sync.Mutex            // guards actorLocks
 	actorLocks map[string]*actorLock // the lifecycle lock of each actor in a call
@@ -172,7 +177,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.BaselineRetry <= 0 {
 		cfg.BaselineRetry = 100 * time.Millisecond
 	}
-	s := &Store{cfg: cfg, logger: cfg.Logger, actorLocks: map[string]*actorLock{}}
+	s := &Store{cfg: cfg, logger: cfg.Logger, g: bounded.New(cfg.ReadTimeout), actorLocks: map[string]*actorLock{}}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.publish(nil, nil)
 	if cfg.StateDir == "" {
@@ -204,7 +209,7 @@ func NewStore(cfg Config) (*Store, error) {
 			continue
 		}
 		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
-			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline)}
+			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline), names: newNames(b.Ref, resolved{})}
 		restored = append(restored, binding)
 	}
 	if over := len(restored) - cfg.MaxWorkloads; over > 0 {
@@ -224,6 +229,7 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	for _, b := range restored {
 		b.Source, b.Host = s.openSources(b.Ref)
+		s.guard(b) // its names are looked at again at its reads
 	}
 	s.publish(restored, ended)
 	for _, b := range restored {
@@ -238,32 +244,6 @@ func (s *Store) MaxWorkloads() int { return s.cfg.MaxWorkloads }
 
 // ReadTimeout is the bound of a read the store makes (Config.ReadTimeout).
 func (s *Store) ReadTimeout() time.Duration { return s.cfg.ReadTimeout }
-
-// sentryPinner is a source that pinned a process by its start time (the
-// gVisor source bound by sentry pid).
-type sentryPinner interface {
-	SentryStartTicks() (ticks uint64, ok bool)
-}
-
-// pinnedStart is the start time src pinned its sentry by, or 0.
-func pinnedStart(src source.Source) uint64 {
-	if p, ok := src.(sentryPinner); ok {
-		if ticks, ok := p.SentryStartTicks(); ok {
-			return ticks
-		}
-	}
-	return 0
-}
-
-func (s *Store) openSources(ref source.SandboxRef) (source.Source, source.HostSampler) {
-	src, host, err := s.cfg.Open(ref)
-	if err != nil {
-		// Bound but not measurable: the identity still holds, so a workload
-		// that cannot be measured is still attributed.
-		s.logger.Warn("could not open measurement source", "class", ref.Class, "err", err)
-	}
-	return src, host
-}
 
 // view is one published state of the store: what is bound and what ended.
 // Neither it nor the lists it holds is modified once published.
@@ -343,289 +323,6 @@ func (s *Store) lockActor(actorUID string) (unlock func()) {
 		}
 		s.actorMu.Unlock()
 	}
-}
-
-// admit reports why actor may not bind ref (its sources src, once opened)
-// beside the bindings of v: the ceiling (for an actor not bound yet) and a
-// sandbox measured for another actor. Nil admits it.
-func (s *Store) admit(v *view, actorUID string, ref source.SandboxRef, src source.Source) error {
-	for _, b := range v.bindings {
-		if b.Identity.ActorUID == actorUID {
-			continue
-		}
-		what := sameSandbox(b.Ref, ref)
-		if what == "" {
-			what = sameCgroup(cgroupOf(b.Ref, b.Source), cgroupOf(ref, src))
-		}
-		if what != "" {
-			return fmt.Errorf("%w: %s is measured for actor %q; checkpoint it before binding %q", ErrOtherWorkload, what, b.Identity.ActorUID, actorUID)
-		}
-	}
-	if v.bound(actorUID) == nil && len(v.bindings) >= s.cfg.MaxWorkloads {
-		return fmt.Errorf("%w: %d of %d bound (statsd --max-workloads); checkpoint one before binding %q", ErrTooManyWorkloads, len(v.bindings), s.cfg.MaxWorkloads, actorUID)
-	}
-	return nil
-}
-
-// sameSandbox names what a and b share that makes them one sandbox (a
-// cgroup or one nested in the other, a sentry, a guest, a VMM), or "".
-func sameSandbox(a, b source.SandboxRef) string {
-	switch {
-	case a.CgroupPath != "" && b.CgroupPath != "":
-		if what := sameCgroup(a.CgroupPath, b.CgroupPath); what != "" {
-			return what
-		}
-	case a.SentryPID != 0 && a.SentryPID == b.SentryPID:
-		return fmt.Sprintf("sentry pid %d", a.SentryPID)
-	}
-	switch {
-	case a.AgentAddress != "" && b.AgentAddress != "" && sameGuest(a.AgentAddress, b.AgentAddress):
-		return fmt.Sprintf("the guest of agent address %q", b.AgentAddress)
-	case a.VMMPID != 0 && a.VMMPID == b.VMMPID:
-		return fmt.Sprintf("vmm pid %d", a.VMMPID)
-	case a.VMMPIDFile != "" && a.VMMPIDFile == b.VMMPIDFile:
-		return fmt.Sprintf("vmm pid file %q", a.VMMPIDFile)
-	case a.QMPSocket != "" && a.QMPSocket == b.QMPSocket:
-		return fmt.Sprintf("qmp socket %q", a.QMPSocket)
-	}
-	return ""
-}
-
-// sameCgroup names the cgroup when a and b (paths under one mount, "" for
-// unknown) are one cgroup or one holds the other (a parent's numbers hold
-// its children's), or "".
-func sameCgroup(a, b string) string {
-	switch {
-	case a == "" || b == "":
-		return ""
-	case a == b:
-		return fmt.Sprintf("cgroup %q", a)
-	case strings.HasPrefix(b, strings.TrimSuffix(a, "/")+"/"):
-		return fmt.Sprintf("cgroup %q (holding %q)", a, b)
-	case strings.HasPrefix(a, strings.TrimSuffix(b, "/")+"/"):
-		return fmt.Sprintf("cgroup %q (inside %q)", a, b)
-	}
-	return ""
-}
-
-// sandboxCgrouper is a source that knows its sandbox's cgroup (the gVisor
-// source, once it found the sentry).
-type sandboxCgrouper interface {
-	SandboxCgroup() (path string, ok bool)
-}
-
-// cgroupOf is the cgroup ref measures: its path, or where its source found
-// the sentry; "" when unknown.
-func cgroupOf(ref source.SandboxRef, src source.Source) string {
-	if ref.CgroupPath != "" {
-		return ref.CgroupPath
-	}
-	if c, ok := src.(sandboxCgrouper); ok {
-		if p, ok := c.SandboxCgroup(); ok {
-			return p
-		}
-	}
-	return ""
-}
-
-// sameGuest reports whether two agent addresses reach one guest: one
-// hybrid-vsock socket (any port) or one vsock CID (any port).
-func sameGuest(a, b string) bool {
-	pa, errA := microvm.ParseAddress(a)
-	pb, errB := microvm.ParseAddress(b)
-	if errA != nil || errB != nil {
-		return a == b
-	}
-	return pa.Scheme == pb.Scheme && pa.Path == pb.Path && pa.CID == pb.CID
-}
-
-// Bind binds a workload (Run or Restore). The same call repeated (same op,
-// identity and ref) is a retry: it changes nothing and returns the current
-// binding. Binding a bound actor anew (another op or ref) ends its
-// activation (replaced, returned) and starts a new epoch. An actor not bound
-// is added beside the others, unless that passes the ceiling
-// (ErrTooManyWorkloads); a sandbox another actor's binding names is refused
-// (ErrOtherWorkload). The state is persisted before the binding is
-// published. Calls for other actors run at once; only their commits are
-// serialized.
-func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.SandboxRef) (*Binding, *Ended, error) {
-	if op != OpRun && op != OpRestore {
-		return nil, nil, fmt.Errorf("%w: unknown op %q", ErrInvalid, op)
-	}
-	if err := id.Validate(); err != nil {
-		return nil, nil, err
-	}
-	if err := ValidateRef(ref); err != nil {
-		return nil, nil, err
-	}
-	defer s.lockActor(id.ActorUID)()
-	old := s.Bound(id.ActorUID)
-	if old != nil && old.Op == op && old.Identity == id && old.Ref.Equal(ref) {
-		return old, nil, nil
-	}
-	if err := s.admit(s.view.Load(), id.ActorUID, ref, nil); err != nil {
-		return nil, nil, err
-	}
-	var replaced *Ended
-	if old != nil {
-		replaced = endActivation(ctx, old, OutcomeReplaced, false, s.cfg.Now, s.cfg.ReadTimeout)
-	}
-	// The new epoch begins once the replaced activation has ended (its
-	// final read done), so the two never overlap.
-	epoch := s.cfg.Now().UnixNano()
-	if replaced != nil && epoch < replaced.EndUnixNano {
-		epoch = replaced.EndUnixNano
-	}
-	if old != nil && epoch <= old.EpochUnixNano {
-		epoch = old.EpochUnixNano + 1 // epochs only move forward
-	}
-	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil)}
-	b.Source, b.Host = s.openSources(ref)
-	b.Ref.SentryStartTicks = pinnedStart(b.Source)
-
-	s.commit.Lock()
-	defer s.commit.Unlock()
-	v := s.view.Load()
-	// Another actor's call may have committed while the sources opened.
-	if err := s.admit(v, id.ActorUID, ref, b.Source); err != nil {
-		closeBinding(b, s.logger)
-		return nil, nil, err
-	}
-	ended := v.ended
-	if replaced != nil {
-		var err error
-		if ended, err = s.saveEnded(replaced); err != nil {
-			closeBinding(b, s.logger)
-			return nil, nil, err
-		}
-	}
-	others := without(v.bindings, id.ActorUID)
-	cleared := removeCleared(s.cleared, id.ActorUID)
-	if err := s.saveBindings(append(slices.Clone(others), b), cleared); err != nil {
-		closeBinding(b, s.logger)
-		if replaced != nil {
-			// The old activation's end is recorded: forget it too, so memory
-			// matches what a restart would find (NewStore clears a binding
-			// whose end is recorded).
-			s.publish(others, ended)
-			s.cleared = addCleared(s.cleared, id.ActorUID, s.cfg.EndedMax)
-			closeBinding(old, s.logger)
-		}
-		return nil, replaced, err
-	}
-	s.publish(append(others, b), ended)
-	s.cleared = cleared
-	if old != nil {
-		closeBinding(old, s.logger)
-	}
-	s.startBaseline(b)
-	return b, replaced, nil
-}
-
-// ReleaseOptions qualify a Release.
-type ReleaseOptions struct {
-	// RuntimeStopped: the caller says the sandbox's runtime stopped it on
-	// request before the call (NRI relays StopPodSandbox only after the
-	// sandbox's processes exited). A final reading that finds it dead is
-	// then its expected end, OutcomeCheckpointed, unless its OOM kill count
-	// rose over the epoch's baseline (OutcomeOOMKilled) or SeenDead says
-	// statsd had seen it dead before the call arrived (OutcomeSandboxDead).
-	RuntimeStopped bool
-	// SeenDead reports whether statsd had seen the sandbox of actorUID's
-	// activation (its epoch) dead by the time given (the call's arrival);
-	// nil: never. It is asked only with RuntimeStopped, with the actor's
-	// lifecycle lock held, before the final read: it must not read or wait,
-	// only ask what statsd already knows (the drift check's findings).
-	SeenDead func(actorUID string, epoch int64, by time.Time) bool
-}
-
-// Release ends actorUID's activation (Checkpoint) with no options: see
-// ReleaseWith.
-func (s *Store) Release(ctx context.Context, actorUID string) (*Ended, error) {
-	return s.ReleaseWith(ctx, actorUID, ReleaseOptions{})
-}
-
-// ReleaseWith ends actorUID's activation (Checkpoint): it takes one last
-// bounded reading, records the ended activation, and forgets the workload;
-// the other bindings are untouched. Releasing an actor that was released and
-// not bound since succeeds again and returns the same record (nil once it is
-// past the retention), whatever the options, so a retry is safe; any other
-// actor not bound is ErrActorMismatch, or ErrNoWorkload when nothing at all
-// is bound.
-func (s *Store) ReleaseWith(ctx context.Context, actorUID string, opt ReleaseOptions) (*Ended, error) {
-	if err := ValidateActorUID(actorUID); err != nil {
-		return nil, err
-	}
-	arrived := s.cfg.Now()
-	defer s.lockActor(actorUID)()
-	old := s.Bound(actorUID)
-	if old == nil {
-		s.commit.Lock()
-		retry := slices.Contains(s.cleared, actorUID)
-		n := len(s.view.Load().bindings)
-		s.commit.Unlock()
-		switch {
-		case retry:
-			return s.lastEndedOf(actorUID), nil
-		case n == 0:
-			return nil, fmt.Errorf("%w: nothing to checkpoint for actor %q", ErrNoWorkload, actorUID)
-		default:
-			return nil, fmt.Errorf("%w: actor %q is not among the %d workloads bound here", ErrActorMismatch, actorUID, n)
-		}
-	}
-	// Asked before the final read: what statsd knew when the call came,
-	// not what it learns while it ends the activation.
-	stopped := opt.RuntimeStopped && (opt.SeenDead == nil || !opt.SeenDead(actorUID, old.EpochUnixNano, arrived))
-	e := endActivation(ctx, old, OutcomeCheckpointed, stopped, s.cfg.Now, s.cfg.ReadTimeout)
-
-	s.commit.Lock()
-	defer s.commit.Unlock()
-	ended, err := s.saveEnded(e)
-	if err != nil {
-		return nil, err
-	}
-	others := without(s.view.Load().bindings, actorUID)
-	cleared := addCleared(s.cleared, actorUID, s.cfg.EndedMax)
-	if err := s.saveBindings(others, cleared); err != nil {
-		// The end is recorded, so a restart clears the binding: do it now.
-		s.logger.Warn("checkpoint: the end is recorded but the cleared binding was not saved; a restart clears it", "actor_uid", actorUID, "err", err)
-	}
-	s.publish(others, ended) // the record and the forgetting, seen together
-	s.cleared = cleared
-	closeBinding(old, s.logger)
-	return e, nil
-}
-
-// without returns a new list of bindings less actorUID's.
-func without(bindings []*Binding, actorUID string) []*Binding {
-	out := make([]*Binding, 0, len(bindings)+1)
-	for _, b := range bindings {
-		if b.Identity.ActorUID != actorUID {
-			out = append(out, b)
-		}
-	}
-	return out
-}
-
-// addCleared returns cleared with actorUID last, at most max long (the
-// oldest dropped). It never modifies cleared.
-func addCleared(cleared []string, actorUID string, max int) []string {
-	out := append(removeCleared(cleared, actorUID), actorUID)
-	if over := len(out) - max; over > 0 {
-		out = out[over:]
-	}
-	return out
-}
-
-// removeCleared returns cleared less actorUID. It never modifies cleared.
-func removeCleared(cleared []string, actorUID string) []string {
-	out := make([]string, 0, len(cleared)+1)
-	for _, a := range cleared {
-		if a != actorUID {
-			out = append(out, a)
-		}
-	}
-	return out
 }
 
 // InLifecycle reports whether a lifecycle call of actorUID is in progress

@@ -134,67 +134,6 @@ func TestSeveralBindings(t *testing.T) {
 	})
 }
 
-func TestSameSandboxRefused(t *testing.T) {
-	ctx := context.Background()
-	gv := source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4242, VMMPID: 77}
-	vm := source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/a.sock:1024", ContainerIDs: []string{"c1"}, QMPSocket: "/run/vm/a.qmp"}
-	for _, tc := range []struct {
-		name  string
-		bound source.SandboxRef
-		other source.SandboxRef
-	}{
-		{"same cgroup path", actorRef(0), actorRef(0)},
-		{"same sentry pid", gv, source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4242}},
-		{"same vmm pid", gv, source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/x", VMMPID: 77}},
-		{"same agent address, other containers", vm, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: vm.AgentAddress, ContainerIDs: []string{"c2"}}},
-		{"same qmp socket", vm, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/b.sock:1024", ContainerIDs: []string{"c1"}, QMPSocket: vm.QMPSocket}},
-		{"the parent cgroup", actorRef(0), source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/pod"}},
-		{"a child cgroup", actorRef(0), source.SandboxRef{Class: source.ClassGVisor, CgroupPath: actorRef(0).CgroupPath + "/child"}},
-		{"the same hybrid-vsock socket, another port", vm, source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "hvsock:///run/vm/a.sock:1025", ContainerIDs: []string{"c2"}}},
-		{"the same vsock cid, another port", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1024", ContainerIDs: []string{"x"}},
-			source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1025", ContainerIDs: []string{"y"}}},
-		{"a sentry pid whose cgroup is bound by path", actorRef(0), source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4343}},
-		{"a cgroup path a sentry pid was found in", source.SandboxRef{Class: source.ClassGVisor, SentryPID: 4343}, actorRef(0)},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			// The sentry 4343 runs in actor 0's cgroup.
-			srcs := &perRefSources{}
-			s, err := NewStore(Config{Now: fakeClock(), MaxWorkloads: 4, Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
-				if ref.SentryPID == 4343 {
-					return &foundSentry{path: actorRef(0).CgroupPath}, nil, nil
-				}
-				return srcs.open(ref)
-			}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer s.Close()
-			b, _, err := s.Bind(ctx, OpRun, actorID(0), tc.bound)
-			if err != nil {
-				t.Fatal(err)
-			}
-			if _, _, err := s.Bind(ctx, OpRun, actorID(1), tc.other); !errors.Is(err, ErrOtherWorkload) {
-				t.Fatalf("err = %v, want ErrOtherWorkload", err)
-			}
-			if diff := cmp.Diff([]string{"actor-0"}, boundActors(s)); diff != "" || s.Bound("actor-0") != b {
-				t.Fatalf("bindings changed (-want +got):\n%s", diff)
-			}
-			// The same actor may move to that sandbox's other name.
-			if _, _, err := s.Bind(ctx, OpRestore, actorID(0), tc.other); err != nil {
-				t.Fatalf("the bound actor itself: %v", err)
-			}
-		})
-	}
-}
-
-// foundSentry is a gVisor source that found its sentry in path.
-type foundSentry struct {
-	scriptedSource
-	path string
-}
-
-func (f *foundSentry) SandboxCgroup() (string, bool) { return f.path, true }
-
 func TestRestartKeepsEveryBinding(t *testing.T) {
 	ctx := context.Background()
 	dir := t.TempDir()
