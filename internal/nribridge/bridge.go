@@ -2,12 +2,12 @@ package nribridge
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"os"
 	"slices"
 	"sync"
@@ -53,6 +53,14 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the retries of a failed call
 	// (defaults 500ms, 1m), doubling from one to the other.
 	MinBackoff, MaxBackoff time.Duration
+	// PlacementKey keys the placement of pods on the statsd (ShardOrder;
+	// statsnri's --placement-key-file): the same on every start. Nil: a
+	// random one (tests).
+	PlacementKey []byte
+	// NamespaceCap bounds the pods of one namespace placed on one statsd
+	// (0: no bound): one tenant cannot fill a statsd its neighbours are
+	// placed on.
+	NamespaceCap int
 	// AllowUIDs are the uids a statsd socket's server may run as (default:
 	// root and the bridge's own euid).
 	AllowUIDs []uint32
@@ -80,6 +88,7 @@ type Bridge struct {
 	notes  *notes
 	m      *metrics
 	shards []*shard
+	key    []byte
 
 	mu   sync.Mutex
 	pods map[string]*pod
@@ -109,6 +118,16 @@ type Bridge struct {
 	// refreshing: the next Synchronize is a refresh's, from the same
 	// runtime, which still relays the end of the pods it announced.
 	refreshing bool
+	// placed: where each tracked pod is placed (placement.go); unplaced
+	// counts those placed nowhere; nsOn[i] counts the pods of each
+	// namespace placed on statsd i.
+	placed   map[string]*placement
+	unplaced int
+	nsOn     []map[string]int
+	// census counts the statsd listed (or tried) once since the first
+	// Synchronize; heldBack are the pods whose binding waits for all.
+	census   int
+	heldBack map[string]bool
 }
 
 // pod is a running pod of a watched handler: what its binding should be.
@@ -161,6 +180,12 @@ func New(opt Options) (*Bridge, error) {
 		unannounced: map[string]string{},
 		refresh:     make(chan struct{}, 1),
 	}
+	b.key = opt.PlacementKey
+	if b.key == nil {
+		b.key = make([]byte, PlacementKeySize)
+		_, _ = rand.Read(b.key)
+	}
+	b.placed, b.heldBack = map[string]*placement{}, map[string]bool{}
 	b.m = newMetrics(b)
 	b.notes = newNotes(opt.Logger, b.m.logDropped)
 	for i, sd := range opt.Statsd {
@@ -170,6 +195,7 @@ func New(opt Options) (*Bridge, error) {
 			return nil, err
 		}
 		b.shards = append(b.shards, s)
+		b.nsOn = append(b.nsOn, map[string]int{})
 	}
 	if opt.Registerer != nil {
 		if err := b.m.register(opt.Registerer); err != nil {
@@ -241,24 +267,22 @@ func (b *Bridge) requestRefresh() {
 	}
 }
 
-// shardOf places a pod: a hash of its uid over the statsd list.
-func (b *Bridge) shardOf(uid string) *shard {
-	h := fnv.New32a()
-	h.Write([]byte(uid))
-	return b.shards[h.Sum32()%uint32(len(b.shards))]
-}
-
-// touch makes every statsd concerned look at uid again (its placement, and
-// any that holds it), forgetting its backoff: its desired state changed.
-// b.mu is held.
+// touch makes every statsd concerned look at uid again (where it is
+// placed or was, any that holds it or is binding it), forgetting its
+// backoff: its desired state changed. b.mu is held.
 func (b *Bridge) touch(uid string) {
-	home := b.shardOf(uid)
-	for _, s := range b.shards {
-		if _, held := s.known[uid]; held || s == home {
+	was := -1
+	if pl := b.placed[uid]; pl != nil {
+		was = pl.shard
+	}
+	home := b.placeOf(uid)
+	for i, s := range b.shards {
+		if _, held := s.known[uid]; held || i == home || i == was || s.busy[uid] {
 			s.resetRetry(uid)
 			s.enqueue(uid)
 		}
 	}
+	b.replaceUnplaced()
 }
 
 // PodSandbox events. Each returns at once: it records the pod's desired
@@ -542,5 +566,5 @@ func (b *Bridge) backoff(n int) time.Duration {
 		d *= 2
 	}
 	d = min(d, b.opt.MaxBackoff)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return time.Duration(float64(d) * (0.8 + 0.4*mrand.Float64()))
 }

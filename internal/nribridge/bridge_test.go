@@ -378,7 +378,7 @@ func TestHungStatsdHoldsOnlyItsOwnPods(t *testing.T) {
 	}
 	var onHung, elsewhere int
 	for i := range 30 {
-		if b.shardOf(fmt.Sprintf("uid-%03d", i)).idx == 1 {
+		if b.firstChoice(fmt.Sprintf("uid-%03d", i)) == 1 {
 			onHung++
 		} else {
 			elsewhere++
@@ -591,11 +591,14 @@ func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
 			b.Synchronize(nil, nil)
 			return fs[0]
 		}, want: []string{"checkpoint uid-001 runtime-stopped"}},
-		{name: "running, bound on another statsd", statsd: 2, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
+		{name: "running, bound on two statsd", statsd: 2, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
+			// Bound on both (a --statsd list changed): it stays on the
+			// first of its order, and only there.
 			i := 0
-			for b.shardOf(fmt.Sprintf("uid-%03d", i)).idx != 0 {
+			for b.firstChoice(fmt.Sprintf("uid-%03d", i)) != 0 {
 				i++
 			}
+			fs[0].Preload(req(i))
 			fs[1].Preload(req(i))
 			b.Synchronize([]*api.PodSandbox{testPod(i)}, nil)
 			eventually(t, "bound where it belongs", func() bool { return len(fs[0].Bound()) == 1 })
