@@ -190,8 +190,8 @@ func container(t *testing.T, pod corev1.PodSpec, name string) corev1.Container {
 }
 
 // TestDaemonSet: the pod shares no host namespace, mounts only the host
-// directories it needs, read-only (but the bridge's state), and each container has no privilege it
-// does not need and asks for resources.
+// directories it needs, read-only (but the bridge's state), and each
+// container has no privilege it does not need and asks for resources.
 func TestDaemonSet(t *testing.T) {
 	ds := only[*appsv1.DaemonSet](t, objects(t), "daemonset.yaml")
 	pod := ds.Spec.Template.Spec
