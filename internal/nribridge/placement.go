@@ -149,13 +149,13 @@ func (b *Bridge) placeOf(uid string) int {
 			return i
 		}
 	}
-	b.choose(uid, pl)
+	b.choose(uid, pl, false)
 	return pl.shard
 }
 
 // choose places pl on the first statsd of its order it may go to (none:
-// -1, counted and noted). b.mu is held.
-func (b *Bridge) choose(uid string, pl *placement) {
+// -1, counted and noted unless again). b.mu is held.
+func (b *Bridge) choose(uid string, pl *placement, again bool) {
 	capped := false
 	for _, i := range pl.order {
 		if pl.refused[i] {
@@ -171,8 +171,8 @@ func (b *Bridge) choose(uid string, pl *placement) {
 		b.assign(pl, i)
 		return
 	}
-	if len(pl.refused) > 0 && !capped {
-		return // every statsd refused it: the caller starts a new round
+	if again || (len(pl.refused) > 0 && !capped) {
+		return // tried again, or every statsd refused it: the caller starts a new round
 	}
 	b.m.unactionable.WithLabelValues("namespace-cap").Inc()
 	b.notes.add(slog.LevelWarn, "nri: cannot bind a pod", "namespace-cap", "uid", uid, "namespace", pl.ns,
@@ -212,12 +212,12 @@ func (b *Bridge) spill(uid string, from int) bool {
 	b.shards[from].resetRetry(uid)
 	pl.refused[from] = true
 	b.unassign(pl)
-	b.choose(uid, pl)
+	b.choose(uid, pl, false)
 	var wait time.Duration
 	if pl.shard < 0 && len(pl.refused) > 0 {
 		pl.rounds++
 		clear(pl.refused)
-		b.choose(uid, pl)
+		b.choose(uid, pl, false)
 		wait = b.backoff(pl.rounds)
 	}
 	b.m.spilled.WithLabelValues("statsd-full").Inc()
@@ -247,7 +247,7 @@ func (b *Bridge) replaceUnplaced() {
 			continue
 		}
 		clear(pl.refused)
-		if b.choose(uid, pl); pl.shard >= 0 {
+		if b.choose(uid, pl, true); pl.shard >= 0 {
 			b.shards[pl.shard].enqueue(uid)
 		}
 	}

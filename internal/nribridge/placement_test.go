@@ -260,3 +260,39 @@ func TestPlacementKeyFile(t *testing.T) {
 		})
 	}
 }
+
+// TestNamespaceAtItsCapEverywhere: a pod whose namespace holds the cap on
+// every statsd is not bound (counted) until one of its namespace's pods
+// ends; another namespace's pod is bound meanwhile.
+func TestNamespaceAtItsCapEverywhere(t *testing.T) {
+	fs := fakes(t, 2)
+	b := startBridge(t, fs, func(o *Options) { o.NamespaceCap = 1 })
+	pods := []*api.PodSandbox{tenantPod("evil", "evil-1", 1), tenantPod("evil", "evil-2", 2), tenantPod("evil", "evil-3", 3)}
+	for _, p := range pods {
+		b.RunPodSandbox(p)
+	}
+	b.RunPodSandbox(tenantPod("shop", "shop-1", 4))
+	eventually(t, "two of the namespace's and the other's bound", func() bool { return len(allBound(fs)) == 3 })
+	time.Sleep(50 * time.Millisecond)
+	got := allBound(fs)
+	if len(got) != 3 || !slices.Contains(got, "shop-1") {
+		t.Fatalf("bound %v, want two of evil's and shop-1", got)
+	}
+	if n := testutil.ToFloat64(b.m.unactionable.WithLabelValues("namespace-cap")); n != 1 {
+		t.Errorf("namespace-cap counted %v times, want 1", n)
+	}
+	var left *api.PodSandbox
+	for _, p := range pods {
+		if !slices.Contains(got, p.Uid) {
+			left = p
+		}
+	}
+	ended := pods[0]
+	if ended == left {
+		ended = pods[1]
+	}
+	b.StopPodSandbox(ended)
+	eventually(t, "the one left out bound once its namespace's pod ended", func() bool {
+		return slices.Contains(allBound(fs), left.Uid) && !slices.Contains(allBound(fs), ended.Uid)
+	})
+}
