@@ -186,8 +186,10 @@ func TestRestartFindsSpilledPods(t *testing.T) {
 		before := [][]string{fs[0].Events(), fs[1].Events()}
 		b2 := startBridge(t, fs, withKey)
 		b2.Synchronize([]*api.PodSandbox{s}, nil)
-		eventually(t, "reconciled", func() bool { return len(fs[0].Bound()) == 0 })
-		time.Sleep(100 * time.Millisecond)
+		eventually(t, "reconciled", func() bool {
+			return len(fs[0].Bound()) == 0 && slices.Contains(fs[1].Events()[len(before[1]):], "retry "+s.Uid)
+		})
+		time.Sleep(100 * time.Millisecond) // anything else it would do
 		b2.stop()
 		var got [][]string
 		for i, f := range fs {
