@@ -161,6 +161,14 @@ func testPod(i int) *api.PodSandbox {
 	}
 }
 
+// testRequest is the request the bridge binds testPod(i) with.
+func testRequest(i int) *sandboxstatsv1.RunWorkloadRequest {
+	p := testPod(i)
+	id, _ := testConfig().IdentityOf(p)
+	ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
+	return &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
+}
+
 func boundUIDs(f *statsdfake.Lifecycle) []string {
 	return slices.Sorted(func(yield func(string) bool) {
 		for uid := range f.Bound() {
@@ -287,13 +295,7 @@ func TestEventsAnsweredWhileStatsdHangsThroughNRI(t *testing.T) {
 // stopped are checkpointed, a stopped pod is not bound.
 func TestSynchronizeReconcilesBothWays(t *testing.T) {
 	f := fakes(t, 1)[0]
-	m := testConfig()
-	req := func(i int) *sandboxstatsv1.RunWorkloadRequest {
-		p := testPod(i)
-		id, _ := m.IdentityOf(p)
-		ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
-		return &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
-	}
+	req := testRequest
 	f.Preload(req(1), req(2), req(3))
 	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
 	stopped := testPod(3)

@@ -14,7 +14,6 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // TestCheckpointSaysWhetherTheRuntimeStoppedThePod: a binding the bridge
@@ -23,13 +22,7 @@ import (
 // is checkpointed with runtime_stopped; one whose pod runs on (placed on
 // another statsd, left out of the pods tracked) without.
 func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
-	m := testConfig()
-	req := func(i int) *sandboxstatsv1.RunWorkloadRequest {
-		p := testPod(i)
-		id, _ := m.IdentityOf(p)
-		ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
-		return &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
-	}
+	req := testRequest
 	without := func(i int) *api.PodSandbox { p := testPod(i); p.Pid = 0; return p }
 	for _, tc := range []struct {
 		name string
@@ -119,11 +112,8 @@ func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
 // not known; the Synchronize then reconciles.
 func TestNoListingBeforeSynchronize(t *testing.T) {
 	f := fakes(t, 1)[0]
-	m := testConfig()
 	p := testPod(1)
-	id, _ := m.IdentityOf(p)
-	ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
-	f.Preload(&sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref})
+	f.Preload(testRequest(1))
 	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.Resync = 20 * time.Millisecond })
 	time.Sleep(200 * time.Millisecond)
 	if diff := cmp.Diff([]string(nil), f.Events()); diff != "" {
