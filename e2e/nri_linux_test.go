@@ -8,7 +8,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"net/http"
 	"os"
@@ -22,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
+	"github.com/sandboxstats/sandboxstats/internal/nribridge"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -55,6 +55,7 @@ type nriRig struct {
 	dir    string
 	cgRoot string // the runc pods' cgroup parents are under it
 	shards []*testenv.Statsd
+	key    []byte // the bridge's placement key
 	stats  []sandboxstatsv1.WorkloadStatsServiceClient
 	bridge *bridgeProc
 }
@@ -80,7 +81,17 @@ func startNRIRigWith(t *testing.T, statsdArgs []string, bridgeArgs ...string) *n
 	// Before containerd: its cleanup runs after the harness's.
 	r.cgRoot = nriCgroupRoot(t)
 	r.c = testenv.StartContainerd(t, testenv.ContainerdOptions{Bins: bins})
-	args := []string{"--nri-socket", r.c.NRISocket(), "--handlers", "runsc,runc", "--default-runtime", "runc"}
+	// The bridge's placement key, which the test reads to place pods.
+	keyFile := filepath.Join(r.dir, "placement.key")
+	key, err := nribridge.LoadPlacementKey(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.key = key
+	args := []string{"--nri-socket", r.c.NRISocket(), "--handlers", "runsc,runc", "--default-runtime", "runc", "--placement-key-file", keyFile,
+		// The tests' pods share one namespace, and the latency test keeps
+		// more than --namespace-cap's 16 running on one statsd.
+		"--namespace-cap", "0"}
 	for i := range 2 {
 		d := startStatsdIn(t, r.bin, r.dir, fmt.Sprintf("nri-%d", i), statsdArgs...)
 		st, _ := clients(t, d)
@@ -141,19 +152,15 @@ func cgroupHierarchyDirs() []string {
 	return out
 }
 
-// shardOf is the bridge's placement: FNV-1a of the pod uid modulo the
-// number of statsd (docs/nri.md).
-func shardOf(uid string, n int) int {
-	h := fnv.New32a()
-	h.Write([]byte(uid))
-	return int(h.Sum32() % uint32(n))
-}
+// shardOf is the bridge's placement of a pod with room everywhere: the
+// first of its uid's order under the rig's placement key (docs/nri.md).
+func (r *nriRig) shardOf(uid string) int { return nribridge.ShardOrder(r.key, uid, len(r.shards))[0] }
 
-// uidOnShard makes a pod uid the bridge places on shard (of n); -1: any.
-func uidOnShard(shard, n int) string {
+// uidOnShard makes a pod uid the bridge places on shard; -1: any.
+func (r *nriRig) uidOnShard(shard int) string {
 	for {
 		uid := testenv.NewActorUID()
-		if shard < 0 || shardOf(uid, n) == shard {
+		if shard < 0 || r.shardOf(uid) == shard {
 			return uid
 		}
 	}
@@ -162,6 +169,7 @@ func uidOnShard(shard, n int) string {
 // nriPod is a pod a test made.
 type nriPod struct {
 	name, uid, id, handler, template string
+	shard                            int           // the statsd the bridge places it on
 	cgroup                           string        // the cgroup its figures are read from
 	took                             time.Duration // crictl runp's wall time
 	returned                         time.Time     // when crictl runp returned
@@ -173,7 +181,8 @@ type nriPod struct {
 // shard (-1: any). The template label is set when template is not empty.
 func (r *nriRig) runPod(t *testing.T, name, handler string, shard int, template string) *nriPod {
 	t.Helper()
-	p := &nriPod{name: name, uid: uidOnShard(shard, len(r.shards)), handler: handler, template: template}
+	p := &nriPod{name: name, uid: r.uidOnShard(shard), handler: handler, template: template}
+	p.shard = r.shardOf(p.uid)
 	spec := testenv.PodSpec{Name: name, Namespace: nriNamespace, UID: p.uid, Handler: handler}
 	if template != "" {
 		spec.Labels = map[string]string{nriTemplateLabel: template}
@@ -521,7 +530,7 @@ func checkPodSample(t *testing.T, p *nriPod, s *sandboxstatsv1.WorkloadStatsSamp
 	}
 	k := k1[p.uid]
 	t.Logf("pod %s (%s, statsd %d): memory %d B (kernel %d), peak %d B (kernel %d), working set %d B (kernel %d), CPU %d us (kernel %d), processes %v; %s",
-		p.name, handlerName(p.handler), shardOf(p.uid, 2), s.GetMemoryCurrentBytes(), k.current, s.GetMemoryPeakBytes(), k.peak,
+		p.name, handlerName(p.handler), p.shard, s.GetMemoryCurrentBytes(), k.current, s.GetMemoryPeakBytes(), k.peak,
 		s.GetMemoryWorkingSetBytes(), k.workingSet, s.GetCpuUsageUsec(), k.cpuUsec, deref32(s.SandboxProcesses), s.GetSourceDetail())
 }
 
@@ -609,8 +618,8 @@ func TestIntegrationNRIBindsPods(t *testing.T) {
 	// Each pod bound once, where the hash places it.
 	b := r.bindings(t)
 	for _, p := range pods {
-		if got := b[p.uid]; len(got) != 1 || got[0].shard != shardOf(p.uid, 2) {
-			t.Errorf("pod %s (uid %s): bound %+v, want once, on statsd %d", p.name, p.uid, got, shardOf(p.uid, 2))
+		if got := b[p.uid]; len(got) != 1 || got[0].shard != p.shard {
+			t.Errorf("pod %s (uid %s): bound %+v, want once, on statsd %d", p.name, p.uid, got, p.shard)
 		}
 	}
 	if len(b) != len(pods) {

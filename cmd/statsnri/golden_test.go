@@ -21,6 +21,7 @@ func TestGoldenCLI(t *testing.T) {
 		{Name: "template-from-bad", Args: append(ok, "--template-from", "env:TEMPLATE"), Code: 2},
 		{Name: "handler-glob-bad", Args: append(ok, "--handlers", "kata["), Code: 2},
 		{Name: "no-handlers", Args: append(ok, "--handlers", ","), Code: 2},
+		{Name: "namespace-cap-negative", Args: append(ok, "--namespace-cap", "-1"), Code: 2},
 		{Name: "unknown-flag", Args: []string{"--no-such-flag"}, Code: 2},
 		{Name: "stray-argument", Args: append(ok, "serve"), Code: 2},
 	}, func(args []string, stdout, stderr io.Writer) int {

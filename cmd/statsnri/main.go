@@ -58,6 +58,7 @@ type options struct {
 	bridge          nribridge.Options
 	connect         nribridge.ConnectOptions
 	listen          string
+	keyFile         string
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
 }
@@ -179,7 +180,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 	fs.Usage = func() {}
 	b := &o.bridge
 	fs.Var(sockaddr.Flag{Path: &o.connect.Socket}, "nri-socket", "NRI's socket (containerd's [plugins.\"io.containerd.nri.v1.nri\"] socket_path): a `path`, unix:PATH or unix:///PATH")
-	fs.Var(statsdFlag{&b.Statsd}, "statsd", "a statsd the pods are spread over, as its lifecycle and stats sockets `LIFECYCLE,STATS` (each a path, unix:PATH or unix:///PATH); repeat for each, in the same order on every start (a pod's statsd is a hash of its uid over this list)")
+	fs.Var(statsdFlag{&b.Statsd}, "statsd", "a statsd the pods are spread over, as its lifecycle and stats sockets `LIFECYCLE,STATS` (each a path, unix:PATH or unix:///PATH); repeat for each, in the same order on every start (a pod's statsd is a keyed hash of its uid over this list)")
 	fs.Var(listFlag{&b.Mapping.Handlers}, "handlers", "comma-separated `globs` of the runtime handlers whose pods are bound (the RuntimeClass handlers; an empty handler is --default-runtime's name)")
 	fs.Var(listFlag{&b.Mapping.GVisorHandlers}, "gvisor-handlers", "comma-separated `globs` of the watched handlers that are gVisor: bound by the sentry's pid")
 	fs.Var(listFlag{&b.Mapping.KataHandlers}, "kata-handlers", "comma-separated `globs` of the watched handlers that are Kata: bound by the guest agent's address from --kata-root; any other watched handler is bound by the pod's cgroup")
@@ -189,6 +190,8 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 	fs.DurationVar(&b.CallTimeout, "call-timeout", 10*time.Second, "bound of each call to a statsd")
 	fs.DurationVar(&b.Resync, "resync", 5*time.Minute, "how often every statsd is listed and made to hold exactly its running pods, and NRI reconnected for a fresh Synchronize while pods known from one only are tracked (their end may go unannounced); 0: only at each NRI connect")
 	fs.IntVar(&b.MaxPods, "max-pods", 1024, "most pods tracked")
+	fs.StringVar(&o.keyFile, "placement-key-file", "/var/lib/statsnri/placement.key", "the per-node secret `file` that keys the pods' placement over --statsd (32 random bytes, made with mode 0600 if absent; refused if group or others may read it or it is not root's or the bridge's): keep it across restarts")
+	fs.IntVar(&b.NamespaceCap, "namespace-cap", 16, "most pods of one namespace placed on one statsd, the rest going to the next of their order; 0: no cap")
 	fs.StringVar(&allowUIDs, "allow-statsd-uids", "", "comma-separated `uids` a statsd may run as (default: root and the bridge's own uid)")
 	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9478", "TCP `address` serving /metrics and /healthz (200 once connected to NRI and synchronized, else 503); empty: none")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
@@ -221,6 +224,10 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 		return o, errors.New("--resync must not be negative")
 	case b.MaxPods < 1:
 		return o, errors.New("--max-pods must be positive")
+	case o.keyFile == "":
+		return o, errors.New("--placement-key-file is required: the placement must be the same on every start")
+	case b.NamespaceCap < 0:
+		return o, errors.New("--namespace-cap must not be negative")
 	}
 	if err := b.Mapping.Validate(); err != nil {
 		return o, err
@@ -242,6 +249,9 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 func run(ctx context.Context, args []string, stderr io.Writer) error {
 	o, err := parseFlags(args, stderr)
 	if err != nil {
+		return err
+	}
+	if o.bridge.PlacementKey, err = nribridge.LoadPlacementKey(o.keyFile); err != nil {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: o.logLevel}))
@@ -270,7 +280,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	logger.Info("statsnri serving", "addr", addr, "nri_socket", o.connect.Socket, "statsd", strings.Join(statsd, " "),
 		"handlers", strings.Join(m.Handlers, ","), "gvisor_handlers", strings.Join(m.GVisorHandlers, ","),
 		"kata_handlers", strings.Join(m.KataHandlers, ","), "default_runtime", m.DefaultRuntime,
-		"template_from", sourcesFlag{&m.Templates}.String(), "kata_root", o.bridge.Kata.Root)
+		"template_from", sourcesFlag{&m.Templates}.String(), "kata_root", o.bridge.Kata.Root,
+		"placement_key_file", o.keyFile, "namespace_cap", o.bridge.NamespaceCap)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return b.Run(gctx) })

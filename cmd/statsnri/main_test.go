@@ -81,6 +81,7 @@ func TestServe(t *testing.T) {
 			"--statsd", f.LifecycleSocket + "," + f.StatsSocket,
 			"--nri-socket", "unix://" + filepath.Join(nriDir, "nri.sock"),
 			"--handlers", "runsc,kata*,runc", "--metrics-listen", "127.0.0.1:0", "--log-level", "debug",
+			"--placement-key-file", filepath.Join(t.TempDir(), "placement.key"),
 		}, logs)
 	}()
 	defer func() {

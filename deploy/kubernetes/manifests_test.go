@@ -164,14 +164,17 @@ func socketGID(t *testing.T) int64 {
 }
 
 // hostPaths are the host directories the pod may mount, and the containers
-// that may mount each (always read-only).
+// that may mount each (read-only, but for the bridge's state: its
+// placement key, made at its first start).
 var hostPaths = map[string]struct {
 	path       string
 	containers []string
+	writable   bool
 }{
-	"statsd-sockets": {"/run/statsd", []string{"statsagent", "statsnri"}},
-	"nri":            {"/var/run/nri", []string{"statsnri"}},
-	"kata-run":       {"/run/vc", []string{"statsnri"}},
+	"statsd-sockets": {"/run/statsd", []string{"statsagent", "statsnri"}, false},
+	"nri":            {"/var/run/nri", []string{"statsnri"}, false},
+	"kata-run":       {"/run/vc", []string{"statsnri"}, false},
+	"statsnri-state": {"/var/lib/statsnri", []string{"statsnri"}, true},
 }
 
 // container returns the pod's container named name.
@@ -187,8 +190,8 @@ func container(t *testing.T, pod corev1.PodSpec, name string) corev1.Container {
 }
 
 // TestDaemonSet: the pod shares no host namespace, mounts only the host
-// directories it needs, read-only, and each container has no privilege it
-// does not need and asks for resources.
+// directories it needs, read-only (but the bridge's state), and each
+// container has no privilege it does not need and asks for resources.
 func TestDaemonSet(t *testing.T) {
 	ds := only[*appsv1.DaemonSet](t, objects(t), "daemonset.yaml")
 	pod := ds.Spec.Template.Spec
@@ -238,8 +241,8 @@ func TestDaemonSet(t *testing.T) {
 		}
 		for _, m := range c.VolumeMounts {
 			hp, ok := hostPaths[m.Name]
-			if !ok || !slices.Contains(hp.containers, c.Name) || !m.ReadOnly || m.MountPath != hp.path {
-				t.Errorf("%s mounts %+v: want only its host directories, read-only, at the host's path", c.Name, m)
+			if !ok || !slices.Contains(hp.containers, c.Name) || m.ReadOnly == hp.writable || m.MountPath != hp.path {
+				t.Errorf("%s mounts %+v: want only its host directories, read-only (but its state), at the host's path", c.Name, m)
 			}
 		}
 		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
@@ -304,6 +307,9 @@ func TestNRIBridge(t *testing.T) {
 			t.Errorf("--statsd %q: the two sockets are not one statsd@ instance's", sd)
 		}
 		seen[lc], seen[st] = true, true
+	}
+	if k := args["--placement-key-file"]; len(k) != 1 || filepath.Dir(k[0]) != mounts["statsnri-state"] {
+		t.Errorf("--placement-key-file %q is not in the host directory mounted at %q: the key must survive the pod's restarts", k, mounts["statsnri-state"])
 	}
 	if k := args["--kata-root"]; len(k) != 1 || k[0] != mounts["kata-run"] {
 		t.Errorf("--kata-root %q, Kata's directory mounted at %q", k, mounts["kata-run"])

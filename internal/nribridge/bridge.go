@@ -2,18 +2,17 @@ package nribridge
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"log/slog"
 	"maps"
-	"math/rand/v2"
+	mrand "math/rand/v2"
 	"os"
 	"slices"
 	"sync"
 	"time"
 
-	"github.com/containerd/nri/pkg/api"
 	"github.com/prometheus/client_golang/prometheus"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -53,6 +52,14 @@ type Options struct {
 	// MinBackoff and MaxBackoff bound the retries of a failed call
 	// (defaults 500ms, 1m), doubling from one to the other.
 	MinBackoff, MaxBackoff time.Duration
+	// PlacementKey keys the placement of pods on the statsd (ShardOrder;
+	// statsnri's --placement-key-file): the same on every start. Nil: a
+	// random one (tests).
+	PlacementKey []byte
+	// NamespaceCap bounds the pods of one namespace placed on one statsd
+	// (0: no bound): one tenant cannot fill a statsd its neighbours are
+	// placed on.
+	NamespaceCap int
 	// AllowUIDs are the uids a statsd socket's server may run as (default:
 	// root and the bridge's own euid).
 	AllowUIDs []uint32
@@ -80,6 +87,7 @@ type Bridge struct {
 	notes  *notes
 	m      *metrics
 	shards []*shard
+	key    []byte
 
 	mu   sync.Mutex
 	pods map[string]*pod
@@ -109,6 +117,16 @@ type Bridge struct {
 	// refreshing: the next Synchronize is a refresh's, from the same
 	// runtime, which still relays the end of the pods it announced.
 	refreshing bool
+	// placed: where each tracked pod is placed (placement.go); unplaced
+	// counts those placed nowhere; nsOn[i] counts the pods of each
+	// namespace placed on statsd i.
+	placed   map[string]*placement
+	unplaced int
+	nsOn     []map[string]int
+	// census counts the statsd listed (or tried) once since the first
+	// Synchronize; heldBack are the pods whose binding waits for all.
+	census   int
+	heldBack map[string]bool
 }
 
 // pod is a running pod of a watched handler: what its binding should be.
@@ -161,6 +179,12 @@ func New(opt Options) (*Bridge, error) {
 		unannounced: map[string]string{},
 		refresh:     make(chan struct{}, 1),
 	}
+	b.key = opt.PlacementKey
+	if b.key == nil {
+		b.key = make([]byte, PlacementKeySize)
+		_, _ = rand.Read(b.key)
+	}
+	b.placed, b.heldBack = map[string]*placement{}, map[string]bool{}
 	b.m = newMetrics(b)
 	b.notes = newNotes(opt.Logger, b.m.logDropped)
 	for i, sd := range opt.Statsd {
@@ -170,6 +194,7 @@ func New(opt Options) (*Bridge, error) {
 			return nil, err
 		}
 		b.shards = append(b.shards, s)
+		b.nsOn = append(b.nsOn, map[string]int{})
 	}
 	if opt.Registerer != nil {
 		if err := b.m.register(opt.Registerer); err != nil {
@@ -241,247 +266,22 @@ func (b *Bridge) requestRefresh() {
 	}
 }
 
-// shardOf places a pod: a hash of its uid over the statsd list.
-func (b *Bridge) shardOf(uid string) *shard {
-	h := fnv.New32a()
-	h.Write([]byte(uid))
-	return b.shards[h.Sum32()%uint32(len(b.shards))]
-}
-
-// touch makes every statsd concerned look at uid again (its placement, and
-// any that holds it), forgetting its backoff: its desired state changed.
-// b.mu is held.
+// touch makes every statsd concerned look at uid again (where it is
+// placed or was, any that holds it or is binding it), forgetting its
+// backoff: its desired state changed. b.mu is held.
 func (b *Bridge) touch(uid string) {
-	home := b.shardOf(uid)
-	for _, s := range b.shards {
-		if _, held := s.known[uid]; held || s == home {
+	was := -1
+	if pl := b.placed[uid]; pl != nil {
+		was = pl.shard
+	}
+	home := b.placeOf(uid)
+	for i, s := range b.shards {
+		if _, held := s.known[uid]; held || i == home || i == was || s.busy[uid] {
 			s.resetRetry(uid)
 			s.enqueue(uid)
 		}
 	}
-}
-
-// PodSandbox events. Each returns at once: it records the pod's desired
-// state and queues the work.
-
-// RunPodSandbox binds the pod (if its handler is watched).
-func (b *Bridge) RunPodSandbox(p *api.PodSandbox) {
-	b.m.event("run-pod-sandbox")
-	if b.opt.Mapping.KindOf(p.GetRuntimeHandler()) != 0 && ValidUID(p.GetUid()) == nil {
-		b.mu.Lock()
-		b.running[p.GetUid()] = p.GetId()
-		b.mu.Unlock()
-	}
-	b.upsert(p)
-}
-
-// StopPodSandbox checkpoints the pod, saying its runtime stopped it
-// (runtime_stopped). Containerd and CRI-O relay it once the sandbox is
-// stopped (its task killed and deleted): there is no NRI event before the
-// teardown to read a final in (docs/nri.md).
-func (b *Bridge) StopPodSandbox(p *api.PodSandbox) {
-	b.m.event("stop-pod-sandbox")
-	b.gone(p)
-}
-
-// RemovePodSandbox checkpoints the pod if StopPodSandbox did not.
-func (b *Bridge) RemovePodSandbox(p *api.PodSandbox) {
-	b.m.event("remove-pod-sandbox")
-	b.gone(p)
-}
-
-// ContainerCreated adds a container to a Kata pod's set.
-func (b *Bridge) ContainerCreated(p *api.PodSandbox, c *api.Container) {
-	b.m.event("post-create-container")
-	b.container(p, c, true)
-}
-
-// ContainerStopped removes a container from a Kata pod's set (stopped,
-// its usage is no longer the guest's).
-func (b *Bridge) ContainerStopped(p *api.PodSandbox, c *api.Container) {
-	b.m.event("stop-container")
-	b.container(p, c, false)
-}
-
-// ContainerRemoved removes a container from a Kata pod's set.
-func (b *Bridge) ContainerRemoved(p *api.PodSandbox, c *api.Container) {
-	b.m.event("remove-container")
-	b.container(p, c, false)
-}
-
-// newPod maps p, or counts and notes why it cannot (nil).
-func (b *Bridge) newPod(p *api.PodSandbox) *pod {
-	kind := b.opt.Mapping.KindOf(p.GetRuntimeHandler())
-	if kind == 0 {
-		b.m.ignored.WithLabelValues("handler").Inc()
-		return nil
-	}
-	id, err := b.opt.Mapping.IdentityOf(p)
-	if err != nil {
-		b.unactionable(err, "pod", p.GetNamespace()+"/"+p.GetName(), "sandbox", p.GetId())
-		return nil
-	}
-	return &pod{uid: p.GetUid(), identity: id, sandbox: SandboxOf(kind, p), containers: map[string]bool{}}
-}
-
-// unactionable counts and notes (bounded) an event the bridge cannot act on.
-func (b *Bridge) unactionable(err error, attrs ...any) {
-	reason := ReasonOf(err)
-	if reason == "" {
-		reason = "other"
-	}
-	b.m.unactionable.WithLabelValues(reason).Inc()
-	b.notes.add(slog.LevelWarn, "nri: cannot bind a pod", reason, append(attrs, "reason", reason, "err", err)...)
-}
-
-func (b *Bridge) upsert(p *api.PodSandbox) {
-	np := b.newPod(p)
-	if np == nil {
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	old := b.pods[np.uid]
-	if old == nil && len(b.pods) >= b.opt.MaxPods {
-		b.m.unactionable.WithLabelValues("too-many-pods").Inc()
-		b.notes.add(slog.LevelWarn, "nri: cannot bind a pod", "too-many-pods", "uid", np.uid, "max_pods", b.opt.MaxPods)
-		return
-	}
-	if old != nil && old.sandbox.ID == np.sandbox.ID {
-		np.containers, np.changed = old.containers, old.changed
-	}
-	// The runtime relayed this sandbox's start: it relays its end too.
-	delete(b.unannounced, np.uid)
-	b.pods[np.uid] = np
-	b.touch(np.uid)
-}
-
-// gone forgets the pod's desired binding.
-func (b *Bridge) gone(p *api.PodSandbox) {
-	if b.opt.Mapping.KindOf(p.GetRuntimeHandler()) == 0 {
-		b.m.ignored.WithLabelValues("handler").Inc()
-		return
-	}
-	uid := p.GetUid()
-	if ValidUID(uid) != nil {
-		b.m.ignored.WithLabelValues("invalid-pod-uid").Inc()
-		return
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if id, ok := b.running[uid]; ok && id == p.GetId() {
-		delete(b.running, uid)
-	}
-	if old := b.pods[uid]; old != nil && old.sandbox.ID != p.GetId() {
-		// An older sandbox of the same pod (the kubelet made a new one):
-		// the running one stays bound.
-		b.m.ignored.WithLabelValues("stale-sandbox").Inc()
-		return
-	}
-	delete(b.pods, uid)
-	delete(b.unannounced, uid)
-	b.touch(uid)
-}
-
-func (b *Bridge) container(p *api.PodSandbox, c *api.Container, live bool) {
-	uid := p.GetUid()
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	cur := b.pods[uid]
-	if cur == nil || cur.sandbox.Kind != KindKata || cur.sandbox.ID != c.GetPodSandboxId() {
-		return
-	}
-	if cur.containers[c.GetId()] == live {
-		return
-	}
-	np := *cur
-	np.containers = maps.Clone(cur.containers)
-	if live {
-		np.containers[c.GetId()] = true
-	} else {
-		delete(np.containers, c.GetId())
-	}
-	np.changed = time.Now()
-	b.pods[uid] = &np
-	b.touch(uid)
-}
-
-// Synchronize replaces the desired state with the pods that exist (those
-// with a task, pid not 0; a pod without one is stopped, not yet removed),
-// then has every statsd listed: the pods not bound are bound, the bindings
-// whose pod is gone are checkpointed.
-func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container) {
-	b.m.event("synchronize")
-	live := map[string][]string{}
-	for _, c := range containers {
-		switch c.GetState() {
-		case api.ContainerState_CONTAINER_CREATED, api.ContainerState_CONTAINER_RUNNING, api.ContainerState_CONTAINER_PAUSED:
-			live[c.GetPodSandboxId()] = append(live[c.GetPodSandboxId()], c.GetId())
-		}
-	}
-	want := map[string]*pod{}
-	running := map[string]string{}
-	for _, p := range pods {
-		if p.GetPid() == 0 {
-			continue
-		}
-		if b.opt.Mapping.KindOf(p.GetRuntimeHandler()) != 0 && ValidUID(p.GetUid()) == nil {
-			running[p.GetUid()] = p.GetId()
-		}
-		np := b.newPod(p)
-		if np == nil {
-			continue
-		}
-		if np.sandbox.Kind == KindKata {
-			for _, id := range live[np.sandbox.ID] {
-				np.containers[id] = true
-			}
-		}
-		want[np.uid] = np
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if len(want) > b.opt.MaxPods {
-		uids := slices.Sorted(maps.Keys(want))
-		for _, uid := range uids[b.opt.MaxPods:] {
-			delete(want, uid)
-			b.m.unactionable.WithLabelValues("too-many-pods").Inc()
-		}
-		b.notes.add(slog.LevelWarn, "nri: cannot bind a pod", "too-many-pods", "pods", len(uids), "max_pods", b.opt.MaxPods)
-	}
-	old := b.pods
-	for uid, np := range want {
-		if o := old[uid]; o != nil && o.sandbox.ID == np.sandbox.ID && maps.Equal(o.containers, np.containers) {
-			np.changed = o.changed
-		} else if np.sandbox.Kind == KindKata {
-			np.changed = time.Now()
-		}
-	}
-	b.pods, b.running = want, running
-	// After a refresh the runtime is the one that announced the pods it
-	// did (a pod started meanwhile too: only the bridge was away); after
-	// any other connect it may have restarted, forgetting every pod.
-	was := b.unannounced
-	b.unannounced = map[string]string{}
-	for uid, np := range want {
-		if !b.refreshing || was[uid] == np.sandbox.ID {
-			b.unannounced[uid] = np.sandbox.ID
-		}
-	}
-	b.refreshing = false
-	for uid := range old {
-		if want[uid] == nil {
-			b.touch(uid)
-		}
-	}
-	for uid := range want {
-		b.touch(uid)
-	}
-	b.synced, b.everSynced = true, true
-	for _, s := range b.shards {
-		s.requestList()
-	}
-	b.notes.add(slog.LevelInfo, "nri: synchronized", "", "pods", len(pods), "containers", len(containers), "watched_running", len(want))
+	b.replaceUnplaced()
 }
 
 // SetConnected records the NRI connection's state (reason: why not).
@@ -542,5 +342,5 @@ func (b *Bridge) backoff(n int) time.Duration {
 		d *= 2
 	}
 	d = min(d, b.opt.MaxBackoff)
-	return time.Duration(float64(d) * (0.8 + 0.4*rand.Float64()))
+	return time.Duration(float64(d) * (0.8 + 0.4*mrand.Float64()))
 }

@@ -161,6 +161,14 @@ func testPod(i int) *api.PodSandbox {
 	}
 }
 
+// testRequest is the request the bridge binds testPod(i) with.
+func testRequest(i int) *sandboxstatsv1.RunWorkloadRequest {
+	p := testPod(i)
+	id, _ := testConfig().IdentityOf(p)
+	ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
+	return &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
+}
+
 func boundUIDs(f *statsdfake.Lifecycle) []string {
 	return slices.Sorted(func(yield func(string) bool) {
 		for uid := range f.Bound() {
@@ -287,13 +295,7 @@ func TestEventsAnsweredWhileStatsdHangsThroughNRI(t *testing.T) {
 // stopped are checkpointed, a stopped pod is not bound.
 func TestSynchronizeReconcilesBothWays(t *testing.T) {
 	f := fakes(t, 1)[0]
-	m := testConfig()
-	req := func(i int) *sandboxstatsv1.RunWorkloadRequest {
-		p := testPod(i)
-		id, _ := m.IdentityOf(p)
-		ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
-		return &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
-	}
+	req := testRequest
 	f.Preload(req(1), req(2), req(3))
 	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
 	stopped := testPod(3)
@@ -378,7 +380,7 @@ func TestHungStatsdHoldsOnlyItsOwnPods(t *testing.T) {
 	}
 	var onHung, elsewhere int
 	for i := range 30 {
-		if b.shardOf(fmt.Sprintf("uid-%03d", i)).idx == 1 {
+		if b.firstChoice(fmt.Sprintf("uid-%03d", i)) == 1 {
 			onHung++
 		} else {
 			elsewhere++
@@ -393,80 +395,6 @@ func TestHungStatsdHoldsOnlyItsOwnPods(t *testing.T) {
 	})
 	fs[1].Hang(false)
 	eventually(t, "the hung one's bound once it answers", func() bool { return len(fs[1].Bound()) == onHung })
-}
-
-// TestForeignAndOversizedPods: hostile names and huge labels are bound
-// escaped and cut; a pod whose uid statsd cannot take is not bound,
-// counted and logged once.
-func TestForeignAndOversizedPods(t *testing.T) {
-	f := fakes(t, 1)[0]
-	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
-	hostile := testPod(1)
-	hostile.Name = "web\x1b]0;pwned\x07\n"
-	hostile.Labels = map[string]string{"sandboxstats.dev/template": strings.Repeat("ü", 1<<20)}
-	hostile.Annotations = map[string]string{"other": strings.Repeat("x", 4<<20)}
-	b.RunPodSandbox(hostile)
-	for _, uid := range []string{"", "has space", strings.Repeat("u", 200), "uid-\x00"} {
-		p := testPod(2)
-		p.Uid = uid
-		b.RunPodSandbox(p)
-	}
-	eventually(t, "bound", func() bool { return len(f.Bound()) == 1 })
-	id := f.Bound()["uid-001"].GetIdentity()
-	if id.GetActorName() != `web\x1b]0;pwned\a\n` || len(id.GetTemplateName()) > 253 || !strings.HasSuffix(id.GetTemplateName(), " bytes)") {
-		t.Errorf("identity %v", id)
-	}
-	if n := testutil.ToFloat64(b.m.unactionable.WithLabelValues("invalid-pod-uid")); n != 4 {
-		t.Errorf("invalid-pod-uid counted %v times, want 4", n)
-	}
-	eventually(t, "logged", func() bool { return strings.Contains(b.log.String(), "reason=invalid-pod-uid") })
-	time.Sleep(50 * time.Millisecond)
-	if n := strings.Count(b.log.String(), "reason=invalid-pod-uid"); n != 1 {
-		t.Errorf("invalid-pod-uid logged %d times within 10s, want 1 (rate bounded)", n)
-	}
-}
-
-// TestOtherHandlersIgnored: pods of handlers not watched change nothing.
-func TestOtherHandlersIgnored(t *testing.T) {
-	f := fakes(t, 1)[0]
-	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.Mapping.Handlers = []string{"runsc", "kata*"} })
-	runc := testPod(1)
-	runc.RuntimeHandler = ""
-	crun := testPod(2)
-	crun.RuntimeHandler = "crun"
-	b.RunPodSandbox(runc)
-	b.RunPodSandbox(crun)
-	b.RunPodSandbox(testPod(3))
-	eventually(t, "the runsc pod bound", func() bool { return len(f.Bound()) == 1 })
-	b.StopPodSandbox(runc)
-	time.Sleep(50 * time.Millisecond)
-	if diff := cmp.Diff([]string{"bind uid-003"}, f.Events()); diff != "" {
-		t.Errorf("statsd's events (-want +got):\n%s", diff)
-	}
-	if n := testutil.ToFloat64(b.m.ignored.WithLabelValues("handler")); n != 3 {
-		t.Errorf("ignored for their handler: %v, want 3", n)
-	}
-}
-
-// TestStaleSandboxEvents: the kubelet's new sandbox for a pod replaces the
-// old one's binding; the old sandbox's late stop and removal leave the new
-// one bound.
-func TestStaleSandboxEvents(t *testing.T) {
-	f := fakes(t, 1)[0]
-	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
-	old := testPod(1)
-	b.RunPodSandbox(old)
-	eventually(t, "bound", func() bool { return f.Bound()["uid-001"].GetSandbox().GetSentryPid() == 10001 })
-	renewed := testPod(1)
-	renewed.Id, renewed.Pid = "sbx001-attempt1", 20001
-	b.RunPodSandbox(renewed)
-	eventually(t, "replaced", func() bool { return f.Bound()["uid-001"].GetSandbox().GetSentryPid() == 20001 })
-	b.StopPodSandbox(old)
-	b.RemovePodSandbox(old)
-	time.Sleep(100 * time.Millisecond)
-	if diff := cmp.Diff([]string{"bind uid-001", "replace uid-001"}, f.Events()); diff != "" {
-		t.Errorf("statsd's events (-want +got):\n%s", diff)
-	}
 }
 
 // TestTransientFailuresRetried: a full ceiling and a full disk are retried
@@ -532,130 +460,4 @@ func TestKataContainersSettle(t *testing.T) {
 	if diff := cmp.Diff([]string{"bind uid-k", "replace uid-k", "checkpoint uid-k runtime-stopped"}, f.Events()); diff != "" {
 		t.Errorf("statsd's events (-want +got):\n%s", diff)
 	}
-}
-
-// TestTooManyPods: pods over MaxPods are counted, not tracked.
-func TestTooManyPods(t *testing.T) {
-	f := fakes(t, 1)[0]
-	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.MaxPods = 3 })
-	for i := range 5 {
-		b.RunPodSandbox(testPod(i))
-	}
-	eventually(t, "three bound", func() bool { return len(f.Bound()) == 3 })
-	if n := testutil.ToFloat64(b.m.unactionable.WithLabelValues("too-many-pods")); n != 2 {
-		t.Errorf("too-many-pods %v, want 2", n)
-	}
-}
-
-// TestCheckpointSaysWhetherTheRuntimeStoppedThePod: a binding the bridge
-// ends because the runtime stopped its pod (StopPodSandbox,
-// RemovePodSandbox, a Synchronize listing it without a task or not at all)
-// is checkpointed with runtime_stopped; one whose pod runs on (placed on
-// another statsd, left out of the pods tracked) without.
-func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
-	m := testConfig()
-	req := func(i int) *sandboxstatsv1.RunWorkloadRequest {
-		p := testPod(i)
-		id, _ := m.IdentityOf(p)
-		ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
-		return &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
-	}
-	without := func(i int) *api.PodSandbox { p := testPod(i); p.Pid = 0; return p }
-	for _, tc := range []struct {
-		name string
-		// statsd: how many; maxPods: the bridge's MaxPods (0: default).
-		statsd, maxPods int
-		// act drives the bridge; it returns the statsd whose events count.
-		act  func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle
-		want []string
-	}{
-		{name: "stopped", statsd: 1, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
-			b.RunPodSandbox(testPod(1))
-			eventually(t, "bound", func() bool { return len(fs[0].Bound()) == 1 })
-			b.StopPodSandbox(testPod(1))
-			return fs[0]
-		}, want: []string{"bind uid-001", "checkpoint uid-001 runtime-stopped"}},
-		{name: "removed without a stop", statsd: 1, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
-			b.RunPodSandbox(testPod(1))
-			eventually(t, "bound", func() bool { return len(fs[0].Bound()) == 1 })
-			b.RemovePodSandbox(testPod(1))
-			return fs[0]
-		}, want: []string{"bind uid-001", "checkpoint uid-001 runtime-stopped"}},
-		{name: "listed without a task", statsd: 1, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
-			fs[0].Preload(req(1))
-			b.Synchronize([]*api.PodSandbox{without(1)}, nil)
-			return fs[0]
-		}, want: []string{"checkpoint uid-001 runtime-stopped"}},
-		{name: "gone while the bridge was away", statsd: 1, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
-			fs[0].Preload(req(1))
-			b.Synchronize(nil, nil)
-			return fs[0]
-		}, want: []string{"checkpoint uid-001 runtime-stopped"}},
-		{name: "running, bound on another statsd", statsd: 2, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
-			i := 0
-			for b.shardOf(fmt.Sprintf("uid-%03d", i)).idx != 0 {
-				i++
-			}
-			fs[1].Preload(req(i))
-			b.Synchronize([]*api.PodSandbox{testPod(i)}, nil)
-			eventually(t, "bound where it belongs", func() bool { return len(fs[0].Bound()) == 1 })
-			return fs[1]
-		}, want: nil}, // filled below: "checkpoint uid-<i>"
-		{name: "running, left out of the pods tracked", statsd: 1, maxPods: 1, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
-			fs[0].Preload(req(1), req(2))
-			b.Synchronize([]*api.PodSandbox{testPod(1), testPod(2)}, nil)
-			return fs[0]
-		}, want: []string{"checkpoint uid-002", "retry uid-001"}},
-		{name: "an older sandbox stopped, the pod left out", statsd: 1, maxPods: 1, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
-			fs[0].Preload(req(1), req(2))
-			renewed := testPod(2)
-			renewed.Id = "sbx002-attempt1"
-			b.Synchronize([]*api.PodSandbox{testPod(1), renewed}, nil)
-			b.StopPodSandbox(testPod(2)) // the old sandbox: the pod runs on
-			return fs[0]
-		}, want: []string{"checkpoint uid-002", "retry uid-001"}},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			fs := fakes(t, tc.statsd)
-			b := startBridge(t, fs, func(o *Options) {
-				if tc.maxPods > 0 {
-					o.MaxPods = tc.maxPods
-				}
-			})
-			f := tc.act(t, b, fs)
-			want := tc.want
-			if want == nil {
-				bound := boundUIDs(fs[0])
-				want = []string{"checkpoint " + bound[0]}
-			}
-			eventually(t, "the checkpoint", func() bool {
-				return slices.ContainsFunc(f.Events(), func(e string) bool { return strings.HasPrefix(e, "checkpoint ") })
-			})
-			time.Sleep(50 * time.Millisecond)
-			got := f.Events()
-			slices.Sort(got)
-			if diff := cmp.Diff(want, got); diff != "" {
-				t.Errorf("statsd's events (-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-// TestNoListingBeforeSynchronize: a resync before the first Synchronize
-// (NRI not there yet) lists nothing and ends nothing: which pods run is
-// not known; the Synchronize then reconciles.
-func TestNoListingBeforeSynchronize(t *testing.T) {
-	f := fakes(t, 1)[0]
-	m := testConfig()
-	p := testPod(1)
-	id, _ := m.IdentityOf(p)
-	ref, _ := RefOf(SandboxOf(KindGVisor, p), nil, Kata{})
-	f.Preload(&sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref})
-	b := startBridge(t, []*statsdfake.Lifecycle{f}, func(o *Options) { o.Resync = 20 * time.Millisecond })
-	time.Sleep(200 * time.Millisecond)
-	if diff := cmp.Diff([]string(nil), f.Events()); diff != "" {
-		t.Errorf("statsd's events before any Synchronize (-want +got):\n%s", diff)
-	}
-	b.Synchronize([]*api.PodSandbox{p}, nil)
-	eventually(t, "reconciled", func() bool { return slices.Equal(f.Events(), []string{"retry uid-001"}) })
 }

@@ -18,6 +18,7 @@ type metrics struct {
 	ignored      *prometheus.CounterVec
 	unactionable *prometheus.CounterVec
 	calls        *prometheus.CounterVec
+	spilled      *prometheus.CounterVec
 	logDropped   prometheus.Counter
 
 	connected, pods, held, queued *prometheus.Desc
@@ -38,6 +39,8 @@ func newMetrics(b *Bridge) *metrics {
 			Help: "Pods of watched handlers the bridge could not bind as they are, by reason (each also logged, at most once per reason every 10s)."}, []string{"reason"}),
 		calls: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandboxstats_nri_statsd_calls_total",
 			Help: "Calls to statsd (run, checkpoint, list) by statsd lifecycle socket and result: ok, or the ErrorInfo reason or gRPC code of the failure."}, []string{"statsd", "call", "result"}),
+		spilled: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "sandboxstats_nri_placement_spills_total",
+			Help: "Pods placed past a statsd of their order, by reason: statsd-full (it refused them TOO_MANY_WORKLOADS), namespace-cap (it holds --namespace-cap pods of their namespace)."}, []string{"reason"}),
 		logDropped: prometheus.NewCounter(prometheus.CounterOpts{Name: "sandboxstats_nri_log_records_dropped_total",
 			Help: "Log records of event handlers dropped because the log queue was full (a blocked stderr never blocks a handler)."}),
 		connected: prometheus.NewDesc("sandboxstats_nri_connected", "1 while connected to NRI and synchronized, else 0.", nil, nil),
@@ -49,7 +52,7 @@ func newMetrics(b *Bridge) *metrics {
 
 func (m *metrics) register(r prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{m.connections, m.refreshes, m.events, m.ignored, m.unactionable, m.calls, m.logDropped, m} {
+	for _, c := range []prometheus.Collector{m.connections, m.refreshes, m.events, m.ignored, m.unactionable, m.calls, m.spilled, m.logDropped, m} {
 		errs = append(errs, r.Register(c))
 	}
 	return errors.Join(errs...)

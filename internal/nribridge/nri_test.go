@@ -3,6 +3,7 @@ package nribridge
 import (
 	"context"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
@@ -151,4 +152,80 @@ func containsAll(s string, subs ...string) bool {
 		}
 	}
 	return true
+}
+
+// stubGoroutines counts the goroutines whose stack is in NRI's plugin stub
+// (a Start, a connClosed, the stub's ttrpc server or client).
+func stubGoroutines() int {
+	buf := make([]byte, 1<<22)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for g := range strings.SplitSeq(string(buf), "\n\n") {
+		if strings.Contains(g, "github.com/containerd/nri/pkg/stub.") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestUnconfiguredRegistrationsLeakNothing: a runtime that accepts the
+// plugin's registration and never configures it (nrifake.Silent) is
+// dropped after ConfigureTimeout and tried again; each attempt's stub ends
+// with it: after 20 attempts the goroutines are as many as after 2, and
+// none of the stub's is left once Connect returned.
+func TestUnconfiguredRegistrationsLeakNothing(t *testing.T) {
+	f := fakes(t, 1)[0]
+	b := startBridge(t, []*statsdfake.Lifecycle{f}, nil)
+	rt := nrifake.StartSilent(t, shortDir(t))
+	settle := func() int {
+		// The least of a few samples: a reconnect may be in flight.
+		least := runtime.NumGoroutine()
+		for range 10 {
+			time.Sleep(20 * time.Millisecond)
+			least = min(least, runtime.NumGoroutine())
+		}
+		return least
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = b.Connect(ctx, ConnectOptions{Socket: rt.Socket, MinBackoff: 5 * time.Millisecond, MaxBackoff: 5 * time.Millisecond,
+			ConfigureTimeout: 30 * time.Millisecond})
+	}()
+	defer func() { cancel(); <-done }()
+	waitRegs := func(n int) {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for rt.Registrations() < n {
+			if time.Now().After(deadline) {
+				t.Fatalf("%d registrations within 10s, want %d", rt.Registrations(), n)
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waitRegs(2)
+	early := settle()
+	waitRegs(22)
+	late := settle()
+	stubs := stubGoroutines()
+	t.Logf("goroutines after 2 unconfigured registrations %d, after 22 %d; the stub's %d", early, late, stubs)
+	if late > early+4 {
+		buf := make([]byte, 1<<22)
+		t.Logf("%s", buf[:runtime.Stack(buf, true)])
+		t.Errorf("goroutines grew from %d to %d over 20 unconfigured registrations (the stub's: %d)", early, late, stubs)
+	}
+	if ok, detail := b.Health(); ok || !strings.Contains(detail, "did not configure") {
+		t.Errorf("Health() = %v, %q", ok, detail)
+	}
+	cancel()
+	<-done
+	rt.Stop()
+	deadline := time.Now().Add(5 * time.Second)
+	for stubGoroutines() > 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if n := stubGoroutines(); n > 0 {
+		t.Errorf("%d goroutines of the NRI stub left after Connect returned", n)
+	}
 }

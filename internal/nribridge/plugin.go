@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
@@ -22,10 +23,15 @@ const (
 
 // plugin is the stub's view of the bridge: every handler records the event
 // and answers at once, always without an error (an error returned by a
-// plugin fails the pod's request).
-type plugin struct{ b *Bridge }
+// plugin fails the pod's request). abandoned, set when its connection
+// attempt was given up, makes its Configure fail (see connectOnce).
+type plugin struct {
+	b         *Bridge
+	abandoned *atomic.Bool
+}
 
 var (
+	_ stub.ConfigureInterface           = plugin{}
 	_ stub.SynchronizeInterface         = plugin{}
 	_ stub.RunPodInterface              = plugin{}
 	_ stub.StopPodInterface             = plugin{}
@@ -35,6 +41,18 @@ var (
 	_ stub.RemoveContainerInterface     = plugin{}
 	_ stub.ShutdownInterface            = plugin{}
 )
+
+// errAbandoned: the Configure of a connection attempt given up.
+var errAbandoned = errors.New("nri: connection attempt abandoned")
+
+// Configure subscribes to the events the plugin handles (0: all of them),
+// unless the attempt was abandoned.
+func (p plugin) Configure(context.Context, string, string, string) (api.EventMask, error) {
+	if p.abandoned != nil && p.abandoned.Load() {
+		return 0, errAbandoned
+	}
+	return 0, nil
+}
 
 func (p plugin) Synchronize(_ context.Context, pods []*api.PodSandbox, containers []*api.Container) ([]*api.ContainerUpdate, error) {
 	p.b.Synchronize(pods, containers)
@@ -156,7 +174,8 @@ func (b *Bridge) connectOnce(ctx context.Context, o ConnectOptions) error {
 	var once sync.Once
 	var conn net.Conn
 	var connMu sync.Mutex
-	st, err := stub.New(plugin{b},
+	abandoned := &atomic.Bool{}
+	st, err := stub.New(plugin{b, abandoned},
 		stub.WithPluginName(PluginName), stub.WithPluginIdx(PluginIndex),
 		stub.WithSocketPath(o.Socket),
 		stub.WithDialer(func(path string) (net.Conn, error) {
@@ -178,20 +197,12 @@ func (b *Bridge) connectOnce(ctx context.Context, o ConnectOptions) error {
 	select {
 	case err = <-started:
 	case <-time.After(o.ConfigureTimeout):
-		// Registered but never configured: drop the connection and the
-		// stub (its Start stays blocked on a Configure that will not come).
-		connMu.Lock()
-		if conn != nil {
-			conn.Close()
-		}
-		connMu.Unlock()
+		// Registered but never configured: the stub is dropped with its
+		// connection.
+		abandonStart(st, abandoned, started, func() net.Conn { connMu.Lock(); defer connMu.Unlock(); return conn })
 		return fmt.Errorf("connect %s: the runtime did not configure the plugin within %s", o.Socket, o.ConfigureTimeout)
 	case <-ctx.Done():
-		connMu.Lock()
-		if conn != nil {
-			conn.Close()
-		}
-		connMu.Unlock()
+		abandonStart(st, abandoned, started, func() net.Conn { connMu.Lock(); defer connMu.Unlock(); return conn })
 		return ctx.Err()
 	}
 	if err != nil {
@@ -214,6 +225,42 @@ func (b *Bridge) connectOnce(ctx context.Context, o ConnectOptions) error {
 	case <-ctx.Done():
 		st.Stop()
 		return ctx.Err()
+	}
+}
+
+// configurer is the stub's Configure request handler (the runtime's call).
+type configurer interface {
+	Configure(context.Context, *api.ConfigureRequest) (*api.ConfigureResponse, error)
+}
+
+// abandonStart ends a stub's Start that did not finish, with its
+// goroutines, and returns once it returned (or after 5s, logged). It
+// closes the connection, which fails a Start still registering. A Start
+// registered waits for the runtime's Configure alone, holding the stub's
+// lock, which the connection's close handler (the stub's connClosed) needs
+// too: neither would ever return (nri v0.12.5, stub.Start). So the stub is
+// given a Configure as the runtime would, which the abandoned plugin
+// fails: Start returns its error and closes what it opened.
+func abandonStart(st stub.Stub, abandoned *atomic.Bool, started <-chan error, conn func() net.Conn) {
+	abandoned.Store(true)
+	c := conn()
+	if c != nil {
+		c.Close()
+	}
+	select {
+	case <-started:
+		return
+	case <-time.After(100 * time.Millisecond):
+	}
+	// Dialed (else the dial itself is bounded, and fails): the stub's
+	// Configure has somewhere to answer Start.
+	if cf, ok := st.(configurer); ok && c != nil {
+		go func() { _, _ = cf.Configure(context.Background(), &api.ConfigureRequest{}) }()
+	}
+	select {
+	case <-started:
+	case <-time.After(5 * time.Second):
+		slog.Default().Warn("nri: an abandoned plugin stub did not stop within 5s")
 	}
 }
 

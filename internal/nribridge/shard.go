@@ -51,6 +51,8 @@ type shard struct {
 	retry   map[string]*retry
 	wake    chan struct{}
 	listC   chan struct{}
+	// listedOnce: listed (or tried) since the first Synchronize.
+	listedOnce bool
 }
 
 type retry struct {
@@ -222,7 +224,11 @@ func (s *shard) process(ctx context.Context, uid string) {
 	b := s.b
 	b.mu.Lock()
 	p := b.pods[uid]
-	if p != nil && b.shardOf(uid) != s {
+	if p != nil && b.holdBack(uid) {
+		b.mu.Unlock()
+		return
+	}
+	if p != nil && b.placeOf(uid) != s.idx {
 		p = nil
 	}
 	_, runs := b.running[uid]
@@ -283,6 +289,12 @@ func (s *shard) process(ctx context.Context, uid string) {
 			// is run when statsd reads it): held, as far as we know, so a
 			// later stop checkpoints it (NO_WORKLOAD if it never ran).
 			s.known[uid] = nil
+		}
+		_, nowHeld := s.known[uid]
+		if api.ReasonOf(err) == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_WORKLOADS) && !nowHeld && b.spill(uid, s.idx) {
+			// Full: the pod goes to the next statsd of its order.
+			b.mu.Unlock()
+			return
 		}
 		s.failed(uid, "run", err)
 		b.mu.Unlock()
@@ -436,6 +448,7 @@ func (s *shard) list(ctx context.Context) error {
 		b.mu.Lock()
 		s.listing = false
 		clear(s.changed)
+		s.censused() // a statsd down or hung holds the others back no longer
 		b.mu.Unlock()
 		return fmt.Errorf("list %s: %w", s.cfg.Stats, err)
 	}
@@ -453,6 +466,13 @@ func (s *shard) list(ctx context.Context) error {
 	for uid := range held {
 		if _, ok := s.known[uid]; !ok && stale(uid) {
 			s.known[uid] = nil
+			// A pod placed elsewhere and not bound there yet stays where
+			// it is bound (once every statsd was listed: censused).
+			if pl := b.placed[uid]; pl != nil && b.census >= len(b.shards) && pl.shard != s.idx {
+				if _, there := b.shards[max(pl.shard, 0)].known[uid]; pl.shard < 0 || !there {
+					b.assign(pl, s.idx)
+				}
+			}
 			s.enqueue(uid)
 		}
 	}
@@ -463,12 +483,13 @@ func (s *shard) list(ctx context.Context) error {
 		}
 	}
 	for uid := range b.pods {
-		if b.shardOf(uid) == s && !held[uid] && stale(uid) {
+		if pl := b.placed[uid]; pl != nil && pl.shard == s.idx && !held[uid] && stale(uid) {
 			s.enqueue(uid)
 		}
 	}
 	s.listing = false
 	clear(s.changed)
+	s.censused()
 	b.mu.Unlock()
 	b.log.Debug("listed statsd", "statsd", s.label, "held", len(held))
 	return nil
