@@ -82,10 +82,22 @@ func TestRefreshEndsPodsTheRuntimeForgot(t *testing.T) {
 	connect(t, b, rt)
 	eventually(t, "synchronized pods bound", func() bool { return slices.Equal(boundUIDs(f), uids(1, 2)) })
 	ctx := context.Background()
-	if err := rt.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: testPod(3)}); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, "pod 3 bound", func() bool { return slices.Equal(boundUIDs(f), uids(1, 2, 3)) })
+	// Pod 3 starts: the runtime lists it from now on, and relays its start.
+	// The bridge reconnects every resync while pods 1 and 2 are
+	// unannounced, so a start relayed while no plugin is registered reaches
+	// nobody (pod 3 is then bound from the next Synchronize, unannounced):
+	// relayed again until the bridge has it announced, as a runtime whose
+	// RunPodSandbox reached the plugin would.
+	rt.SetPods(testPod(1), testPod(2), testPod(3))
+	eventually(t, "pod 3 bound and announced", func() bool {
+		if err := rt.RunPodSandbox(ctx, &api.RunPodSandboxRequest{Pod: testPod(3)}); err != nil {
+			t.Fatal(err)
+		}
+		b.mu.Lock()
+		_, unannounced := b.unannounced["uid-003"]
+		b.mu.Unlock()
+		return !unannounced && slices.Equal(boundUIDs(f), uids(1, 2, 3))
+	})
 
 	// Pod 1 ends without an event: only the next Synchronize tells.
 	rt.SetPods(testPod(2), testPod(3))
