@@ -187,6 +187,11 @@ func (noteHandler) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		return
 	}
 	switch s.(type) {
+	case *stats.Begin:
+		// A new attempt: gRPC retries transparently only an attempt the
+		// server did not process (refused stream, GOAWAY), so what that
+		// one wrote never reached it.
+		n.wrote.Store(false)
 	case *stats.OutPayload:
 		n.wrote.Store(true)
 	case *stats.InHeader, *stats.InTrailer, *stats.InPayload:
