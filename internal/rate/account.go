@@ -368,7 +368,8 @@ func (a *Accountant) fits(c Counter, v uint64, sinceUnixNano, atUnixNano int64) 
 }
 
 // Prune forgets the activations not seen, and the ended records not
-// charged, within the horizon before now (the caller's clock), and returns the live ones forgotten.
+// charged, within the horizon before now (the caller's clock), and returns
+// the live ones forgotten.
 func (a *Accountant) Prune(now time.Time) []ActivationKey {
 	var gone []ActivationKey
 	for k, acc := range a.live {

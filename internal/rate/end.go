@@ -143,8 +143,7 @@ func (a *Accountant) endCPU(acc *account, e *sandboxstatsv1.EndedActivation, fre
 		}
 		return 0, endRefused
 	}
-	switch {
-	case !fresh:
+	if !fresh {
 		return 0, EndUnseenOld
 	}
 	since := e.GetEpochUnixNano() + e.GetBaselineDelayNanos() - a.headSlack().Nanoseconds()
