@@ -318,7 +318,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		m.otel = o
 	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
-		m.conflicts, m.capped, m.refused, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration} {
+		m.conflicts, m.capped, m.refused, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

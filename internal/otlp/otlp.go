@@ -9,7 +9,9 @@
 // which carries every counter whole, so an outage loses resolution, never
 // totals. Events are kept and sent again while the collector cannot be
 // reached (connection refused, Unavailable), up to the queue's bounds; a
-// batch the collector may have taken (a timeout) is never sent twice.
+// batch the collector may have taken (a timeout, a connection cut after the
+// request was written) is never sent twice. A partial success is an export
+// the collector took: only the items it says it rejected are counted so.
 package otlp
 
 import (
@@ -18,10 +20,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"strings"
 	"sync"
-	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -36,14 +35,10 @@ import (
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/status"
 )
 
 // Protocols.
@@ -141,10 +136,12 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		}
 		// Reconnect soon after a collector restart (gRPC's default backoff
 		// grows to two minutes): at most maxBackoff, as events are retried.
+		// noteHandler tells an export cut after its request was written
+		// from one never sent (classify).
 		p.conn, err = grpc.NewClient(ep.grpcTarget(), grpc.WithTransportCredentials(creds), grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 250 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: maxBackoff},
 			MinConnectTimeout: min(cfg.Timeout/2, 5*time.Second),
-		}))
+		}), grpc.WithStatsHandler(noteHandler{}))
 		if err != nil {
 			return nil, fmt.Errorf("otlp: endpoint %q: %w", cfg.Endpoint, err)
 		}
@@ -184,7 +181,7 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 	p.loggers = sdklog.NewLoggerProvider(sdklog.WithProcessor(p.queue), sdklog.WithResource(res))
 	p.exports = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandboxstats_agent_otlp_exports_total",
-		Help: "OTLP exports by signal (metrics, logs) and result: ok; failed (metrics: superseded by the next export, which carries every counter whole; logs: see " + metricEventsDropped + "); retry (logs: the collector could not be reached, the batch is kept and sent again).",
+		Help: "OTLP exports by signal (metrics, logs) and result: ok; partial (the collector took the export but rejected some of its items: logs: counted in " + metricEventsDropped + "); failed (metrics: superseded by the next export, which carries every counter whole; logs: see " + metricEventsDropped + "); retry (logs: the collector could not be reached, the batch is kept and sent again).",
 	}, []string{"signal", "result"})
 	return p, nil
 }
@@ -259,7 +256,8 @@ func (p *Pipeline) exportMetricsLoop(ctx context.Context) {
 // exportMetrics collects the latest sweep and sends it once, in parts of
 // at most maxPointsPerExport points, each within Timeout; the first that
 // fails is counted and ends the export (the next one carries every
-// cumulative counter whole).
+// cumulative counter whole). A partial success is a part the collector
+// took: the export goes on.
 func (p *Pipeline) exportMetrics(ctx context.Context) {
 	var rm metricdata.ResourceMetrics
 	if err := p.reader.Collect(ctx, &rm); err != nil {
@@ -270,6 +268,15 @@ func (p *Pipeline) exportMetrics(ctx context.Context) {
 		ectx, cancel := context.WithTimeout(ctx, p.cfg.Timeout)
 		err := p.metricExp.Export(ectx, chunk)
 		cancel()
+		if n, ok := partialSuccess(err); ok {
+			result := "ok"
+			if n > 0 {
+				result = "partial"
+				p.queue.warn("metrics-partial", fmt.Sprintf("otlp: the collector rejected %d metric data points of an export", n), err)
+			}
+			p.exports.WithLabelValues("metrics", result).Inc()
+			continue
+		}
 		if err != nil {
 			// The rest waits for the next export, which carries every
 			// counter whole: a hung collector costs one Timeout, not one
@@ -315,13 +322,19 @@ func (p *Pipeline) exportEventsLoop(ctx context.Context) {
 // sendEvents exports batch within Timeout (a send in flight is not cut
 // short by the agent's shutdown: it has its own bound) and says what
 // became of it.
-func (p *Pipeline) sendEvents(ctx context.Context, batch []sdklog.Record) sendResult {
+func (p *Pipeline) sendEvents(ctx context.Context, batch []sdklog.Record) outcome {
 	ectx, cancel := context.WithTimeout(context.WithoutCancel(ctx), p.cfg.Timeout)
 	defer cancel()
+	ectx, note := withSendNote(ectx)
 	err := p.logExp.Export(ectx, batch)
-	res := p.classify(err)
-	switch res {
+	out := p.classify(err, note)
+	switch out.res {
 	case sent:
+		if out.rejected > 0 {
+			p.exports.WithLabelValues("logs", "partial").Inc()
+			p.queue.warn("partial", fmt.Sprintf("otlp: the collector took an event batch but rejected %d of its %d events (counted in %s)", out.rejected, len(batch), metricEventsDropped), err)
+			break
+		}
 		p.exports.WithLabelValues("logs", "ok").Inc()
 	case keep:
 		p.exports.WithLabelValues("logs", "retry").Inc()
@@ -331,70 +344,10 @@ func (p *Pipeline) sendEvents(ctx context.Context, batch []sdklog.Record) sendRe
 		p.queue.warn("too-large", "otlp: the collector refused an event batch as too large; sending smaller ones", err)
 	case uncertain:
 		p.exports.WithLabelValues("logs", "failed").Inc()
-		p.queue.warn("uncertain", "otlp: events export timed out; the collector may have taken them, so they are not sent again", err)
+		p.queue.warn("uncertain", "otlp: events export timed out or its connection was cut after the request was written; the collector may have taken them, so they are not sent again", err)
 	default:
 		p.exports.WithLabelValues("logs", "failed").Inc()
 		p.queue.warn("rejected", "otlp: events refused by the collector", err)
 	}
-	return res
-}
-
-// classify says what an export's error means for its batch: sent (no
-// error); keep (the collector surely did not take it: not reached,
-// refused for now); tooLarge (refused for its size: send it in smaller
-// parts); uncertain (a timeout or a cut connection: it may have been
-// taken, so never sent again); rejected.
-func (p *Pipeline) classify(err error) sendResult {
-	if err == nil {
-		return sent
-	}
-	if notConnected(err) || (p.conn != nil && p.conn.GetState() != connectivity.Ready && timedOut(err)) {
-		return keep // never left: no connection was up
-	}
-	switch {
-	case status.Code(err) == codes.ResourceExhausted && !hasRetryInfo(err),
-		strings.Contains(err.Error(), "413 Request Entity Too Large"):
-		return tooLarge
-	case timedOut(err):
-		return uncertain
-	case status.Code(err) == codes.Unavailable, status.Code(err) == codes.ResourceExhausted,
-		strings.Contains(err.Error(), "retry-able request failure"): // otlploghttp: 429, 502, 503, 504
-		return keep
-	}
-	return rejected
-}
-
-// timedOut reports whether err is an export's deadline or a timeout, or a
-// cancellation: the request may have reached the collector.
-func timedOut(err error) bool {
-	var ne net.Error
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
-		status.Code(err) == codes.DeadlineExceeded || status.Code(err) == codes.Canceled ||
-		(errors.As(err, &ne) && ne.Timeout())
-}
-
-// notConnected reports whether err says no connection could be made: the
-// request never left.
-func notConnected(err error) bool {
-	if errors.Is(err, syscall.ECONNREFUSED) || errors.Is(err, syscall.ENOENT) {
-		return true
-	}
-	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
-}
-
-// hasRetryInfo reports whether a gRPC status carries RetryInfo (OTLP: a
-// ResourceExhausted with it is a throttle, to retry; without it the
-// request itself is too large).
-func hasRetryInfo(err error) bool {
-	st, ok := status.FromError(err)
-	if !ok {
-		return false
-	}
-	for _, d := range st.Details() {
-		if _, ok := d.(*errdetails.RetryInfo); ok {
-			return true
-		}
-	}
-	return false
+	return out
 }

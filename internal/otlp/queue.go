@@ -64,17 +64,6 @@ type queued struct {
 	bytes int
 }
 
-// sendResult is what became of a batch.
-type sendResult int
-
-const (
-	sent      sendResult = iota
-	keep                 // not taken: send again later
-	tooLarge             // refused for its size: send again in smaller batches
-	uncertain            // may have been taken: never sent again
-	rejected             // refused: dropped
-)
-
 func newEventQueue(maxRecords, maxBytes int, logger *slog.Logger) *eventQueue {
 	q := &eventQueue{maxRecords: maxRecords, maxBytes: maxBytes, logger: logger, wake: make(chan struct{}, 1), batch: maxBatch,
 		lastWarn: map[string]time.Time{}}
@@ -82,7 +71,7 @@ func newEventQueue(maxRecords, maxBytes int, logger *slog.Logger) *eventQueue {
 		Name: metricEventsSent, Help: "Usage events the collector took, by kind (initial, periodic, final).",
 	}, []string{"kind"})
 	q.dropped = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: metricEventsDropped, Help: "Usage events not sent, by kind and reason: queue-full (the queue's count or byte bound), uncertain (an export timed out: the collector may have taken them, so they are not sent again), rejected (the collector refused them), shutdown (still queued when the agent stopped).",
+		Name: metricEventsDropped, Help: "Usage events not sent, by kind and reason: queue-full (the queue's count or byte bound), uncertain (an export timed out, or its connection was cut after the request was written: the collector may have taken them, so they are not sent again), rejected (the collector refused them, or took their batch rejecting that many: a partial success), shutdown (still queued when the agent stopped).",
 	}, []string{"kind", "reason"})
 	q.recordsG = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: metricQueueRecords, Help: "Usage events waiting to be sent.",
@@ -162,8 +151,10 @@ func (q *eventQueue) ForceFlush(context.Context) error { return nil }
 
 // drainOnce sends the queue's records in batches until it is empty, ctx
 // ends or a batch could not reach the collector (then it returns true:
-// the batch stays at the head, to be sent again).
-func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, []sdklog.Record) sendResult) (unreached bool) {
+// the batch stays at the head, to be sent again). Of a batch the collector
+// took rejecting some (a partial success: it does not say which), the
+// last that many are counted rejected.
+func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, []sdklog.Record) outcome) (unreached bool) {
 	for ctx.Err() == nil {
 		q.mu.Lock()
 		n := min(len(q.recs), q.batch)
@@ -175,7 +166,8 @@ func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, [
 		if n == 0 {
 			return false
 		}
-		res := send(ctx, batch)
+		out := send(ctx, batch)
+		res := out.res
 		if res == keep {
 			return true
 		}
@@ -189,14 +181,17 @@ func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, [
 			res = rejected // one record too large: it never fits
 		}
 		taken := q.recs[:n]
-		for _, r := range taken {
+		firstRejected := n - int(min(out.rejected, int64(n)))
+		for i, r := range taken {
 			q.bytes -= r.bytes
-			switch res {
-			case sent:
+			switch {
+			case res == sent && i >= firstRejected:
+				q.dropped.WithLabelValues(r.kind, "rejected").Inc()
+			case res == sent:
 				q.sentC.WithLabelValues(r.kind).Inc()
-			case uncertain:
+			case res == uncertain:
 				q.dropped.WithLabelValues(r.kind, "uncertain").Inc()
-			case rejected:
+			case res == rejected:
 				q.dropped.WithLabelValues(r.kind, "rejected").Inc()
 			}
 		}

@@ -6,9 +6,10 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// ActivationKey names one activation's account: its actor, the source its
-// counter comes from (different sources are different counters) and its
-// epoch.
+// ActivationKey names one activation's account: its actor (its uid cut at
+// 253 bytes, as the agent's labels are: a daemon's longer uid costs no more
+// than a label), the source its counter comes from (different sources are
+// different counters) and its epoch.
 type ActivationKey struct {
 	ActorUID      string
 	Source        sandboxstatsv1.StatsSource
@@ -17,12 +18,12 @@ type ActivationKey struct {
 
 // KeyOf returns the activation a sample belongs to.
 func KeyOf(s *sandboxstatsv1.WorkloadStatsSample) ActivationKey {
-	return ActivationKey{ActorUID: s.GetActorUid(), Source: s.GetSource(), EpochUnixNano: s.GetEpochUnixNano()}
+	return ActivationKey{ActorUID: keyUID(s.GetActorUid()), Source: s.GetSource(), EpochUnixNano: s.GetEpochUnixNano()}
 }
 
 // EndedKeyOf returns the activation an ended record closes.
 func EndedKeyOf(e *sandboxstatsv1.EndedActivation) ActivationKey {
-	return ActivationKey{ActorUID: e.GetIdentity().GetActorUid(), Source: e.GetSource(), EpochUnixNano: e.GetEpochUnixNano()}
+	return ActivationKey{ActorUID: keyUID(e.GetIdentity().GetActorUid()), Source: e.GetSource(), EpochUnixNano: e.GetEpochUnixNano()}
 }
 
 // AccountantConfig configures an Accountant.
@@ -35,7 +36,8 @@ type AccountantConfig struct {
 	// count); 0 disables the bound.
 	CPUs int
 	// Horizon is how long an activation's account is remembered after it
-	// was last seen, and an ended activation after its end: a sample of it
+	// was last seen, and an ended activation after this Accountant charged
+	// its record (by the caller's clock, never the daemon's): a sample of it
 	// within the horizon continues its account, and its record is charged
 	// once however often statsd serves it. A record that ended longer ago
 	// is ignored, so the horizon must exceed statsd's --ended-retention (and
@@ -51,6 +53,10 @@ type AccountantConfig struct {
 	// A cgroup reused across epochs carries far more history than that and
 	// is still refused.
 	HeadSlack time.Duration
+	// MaxEnded bounds the ended records remembered (DefaultMaxEnded where
+	// zero): past it the oldest charged is forgotten first, and counted
+	// (RefusedEndedEvicted).
+	MaxEnded int
 }
 
 // DefaultHeadSlack is the HeadSlack the node agent uses: 10 s of boot
@@ -88,6 +94,11 @@ const DefaultHeadSlack = 10 * time.Second
 //     charged twice. An activation never sampled, whose epoch began after
 //     the poller started, is charged its whole own usage (the activation
 //     that started and ended between two sweeps).
+//   - A sample or record whose bounded counter grew more than CPUs x the
+//     time since the last sample (plus a second) allows, or with a counter
+//     at an absurd value (2^62 or more), charges nothing and is counted
+//     (Refused): its values are where the activation continues from, so
+//     one daemon's lie never reaches a series it shares with others.
 //   - A counter without a baseline (a guest agent whose first read has not
 //     succeeded, an old statsd, a baseline read that lacked the counter)
 //     charges nothing at first sight and then deltas of the raw counter;
@@ -97,7 +108,11 @@ const DefaultHeadSlack = 10 * time.Second
 type Accountant struct {
 	cfg   AccountantConfig
 	live  map[ActivationKey]*account
-	ended map[ActivationKey]time.Time // charged ends, by end time
+	ended map[ActivationKey]time.Time // charged ends, by when they were charged (the caller's clock)
+	// endedOrder holds ended's keys, oldest charged first (MaxEnded
+	// forgets from its front).
+	endedOrder []ActivationKey
+	refused    refusals
 }
 
 // account is one activation's: a value per counter.
@@ -108,6 +123,7 @@ type account struct {
 	// charged from the epoch start.
 	history  bool
 	lastSeen time.Time
+	prevSeen time.Time // lastSeen before the sample being charged
 }
 
 type counterAccount struct {
@@ -151,8 +167,15 @@ func (cs Charges) CPU() uint64 {
 
 // NewAccountant returns an empty Accountant.
 func NewAccountant(cfg AccountantConfig) *Accountant {
+	if cfg.MaxEnded <= 0 {
+		cfg.MaxEnded = DefaultMaxEnded
+	}
 	return &Accountant{cfg: cfg, live: make(map[ActivationKey]*account), ended: make(map[ActivationKey]time.Time)}
 }
+
+// EventImplausible: the sample was refused (Refused says why): it charges
+// nothing, and the activation continues from its values.
+const EventImplausible Event = "implausible"
 
 // EventEnded: the sample belongs to an activation already charged to its
 // end; it charges nothing.
@@ -215,12 +238,23 @@ func (a *Accountant) Sample(s *sandboxstatsv1.WorkloadStatsSample, now time.Time
 		acc = &account{counters: make(map[CounterID]*counterAccount)}
 		a.live[key] = acc
 	}
-	acc.lastSeen = now
+	acc.prevSeen, acc.lastSeen = acc.lastSeen, now
 	fresh := !time.Unix(0, s.GetEpochUnixNano()).Before(a.cfg.Started)
 	charges := make(Charges, 0, len(rs))
 	var implausibleReset bool
+	var refused Refusal
 	for _, r := range rs {
-		charges = append(charges, a.step(acc, s, r, fresh, &implausibleReset))
+		if r.v >= absurdValue {
+			refused = RefusedAbsurd
+		}
+		charges = append(charges, a.step(acc, s, r, fresh, &implausibleReset, &refused))
+	}
+	if refused != "" {
+		a.refused.add(refused)
+		for i := range charges {
+			charges[i].Value = 0
+		}
+		return charges, EventImplausible
 	}
 	if c, ok := charges.Of(CounterID{Counter: CounterCPU}); ok {
 		return charges, c.Event
@@ -233,7 +267,9 @@ func (a *Accountant) Sample(s *sandboxstatsv1.WorkloadStatsSample, now time.Time
 // bounded counter of the sample decreased to more than the time since the
 // last sample allows (not a reset: another source's counters), and then
 // the unbounded counters' decreases of the same sample charge nothing.
-func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r reading, fresh bool, implausibleReset *bool) Charge {
+// *refused is set when a bounded counter grew more than the time since the
+// last sample allows (then the caller charges nothing of the sample).
+func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r reading, fresh bool, implausibleReset *bool, refused *Refusal) Charge {
 	own, since, withBase, below := ownValue(s, r.id, r.v)
 	if below {
 		// The counter went below the baseline: the guest's counter was reset
@@ -260,6 +296,9 @@ func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r
 			ch.Event = EventCounterReset
 		case own >= c.last:
 			ch.Value = own - c.last
+			if !a.grewPlausibly(acc, c, r.id.Counter, ch.Value, at) && *refused == "" {
+				*refused = RefusedGrowth
+			}
 		default:
 			ch.Event = EventCounterReset
 			switch {
@@ -296,6 +335,18 @@ func (a *Accountant) head(acc *account, c Counter, own uint64, sinceUnixNano, at
 	return own
 }
 
+// grewPlausibly reports whether counter c of acc could have grown by v
+// from its last sample to one observed at atUnixNano (by the daemon's
+// clock; by the caller's, the last sample's now to this one's, when a
+// sample lacks its observed time).
+func (a *Accountant) grewPlausibly(acc *account, c *counterAccount, counter Counter, v uint64, atUnixNano int64) bool {
+	since, at := c.lastObserved, atUnixNano
+	if since == 0 || at == 0 {
+		since, at = acc.prevSeen.UnixNano(), acc.lastSeen.UnixNano()
+	}
+	return a.fits(counter, v, since-bodySlack.Nanoseconds(), at)
+}
+
 func (a *Accountant) headSlack() time.Duration { return max(a.cfg.HeadSlack, 0) }
 
 // fits reports whether counter c could have grown by v between
@@ -316,8 +367,9 @@ func (a *Accountant) fits(c Counter, v uint64, sinceUnixNano, atUnixNano int64) 
 	return v/uint64(a.cfg.CPUs) <= us
 }
 
-// Prune forgets the activations not seen, and the ended ones not ended,
-// within the horizon, and returns the live ones forgotten.
+// Prune forgets the activations not seen, and the ended records not
+// charged, within the horizon before now (the caller's clock), and returns
+// the live ones forgotten.
 func (a *Accountant) Prune(now time.Time) []ActivationKey {
 	var gone []ActivationKey
 	for k, acc := range a.live {
@@ -326,10 +378,20 @@ func (a *Accountant) Prune(now time.Time) []ActivationKey {
 			gone = append(gone, k)
 		}
 	}
-	for k, end := range a.ended {
-		if now.Sub(end) > a.cfg.Horizon {
+	// Oldest first: a new slice when most of the array is gone, so the
+	// keys forgotten are not held by it.
+	keep := a.endedOrder[:0]
+	for _, k := range a.endedOrder {
+		if now.Sub(a.ended[k]) > a.cfg.Horizon {
 			delete(a.ended, k)
+			continue
 		}
+		keep = append(keep, k)
+	}
+	clear(a.endedOrder[len(keep):])
+	a.endedOrder = keep
+	if cap(a.endedOrder) > 2*len(a.endedOrder)+64 {
+		a.endedOrder = append([]ActivationKey(nil), a.endedOrder...)
 	}
 	return gone
 }

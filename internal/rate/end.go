@@ -20,7 +20,10 @@ const (
 	EndUnseenOld EndEvent = "unseen-before-start"
 	// EndNoCPU: the record has no CPU (no final, or no counter).
 	EndNoCPU EndEvent = "no-cpu"
-	// EndImplausible: more CPU than the activation's time allows.
+	// EndImplausible: more CPU than the activation's time allows, or (a
+	// refused record, see Refused) a tail grown more than the time since
+	// the last sample allows or a counter at an absurd value: nothing of
+	// the record is charged.
 	EndImplausible EndEvent = "implausible"
 )
 
@@ -28,21 +31,24 @@ const (
 // cpu_usec) and every other counter of its final sample, each by the rules
 // of its samples; how says how the CPU was charged. first is false (and
 // nothing charged) for a record already charged, one that ended before the
-// poller started (a previous poller's) or longer ago than the horizon.
+// poller started (a previous poller's) or longer ago than the horizon. A
+// charged record is remembered for the horizon from now (the caller's
+// clock: a daemon's end time never keeps it longer), at most MaxEnded of
+// them.
 func (a *Accountant) End(e *sandboxstatsv1.EndedActivation, now time.Time) (charges Charges, how EndEvent, first bool) {
 	key := EndedKeyOf(e)
 	end := time.Unix(0, e.GetEndUnixNano())
 	if _, done := a.ended[key]; done || end.Before(a.cfg.Started) || now.Sub(end) > a.cfg.Horizon {
 		return nil, "", false
 	}
-	a.ended[key] = end
+	a.remember(key, now)
 	acc := a.live[key]
 	delete(a.live, key)
 	if acc == nil {
 		acc = &account{counters: make(map[CounterID]*counterAccount)}
 	}
 	fresh := !time.Unix(0, e.GetEpochUnixNano()).Before(a.cfg.Started)
-	cpu, how := a.endCPU(acc.counters[CounterID{Counter: CounterCPU}], e, fresh)
+	cpu, how := a.endCPU(acc, e, fresh, now)
 	if how != EndNoCPU {
 		charges = append(charges, Charge{ID: CounterID{Counter: CounterCPU}, Value: cpu})
 	}
@@ -54,32 +60,90 @@ func (a *Accountant) End(e *sandboxstatsv1.EndedActivation, now time.Time) (char
 	if at == 0 {
 		at = e.GetEndUnixNano()
 	}
+	var refused Refusal
+	if how == endRefused {
+		refused, how = RefusedGrowth, EndImplausible
+	}
+	if e.GetCpuUsec() >= absurdValue {
+		refused = RefusedAbsurd
+	}
 	for _, r := range readings(final, a.cfg.PerInterface) {
-		if r.id.Counter != CounterCPU {
-			charges = append(charges, Charge{ID: r.id, Value: a.endCounter(acc, final, r, fresh, at)})
+		if r.v >= absurdValue {
+			refused = RefusedAbsurd
 		}
+		if r.id.Counter != CounterCPU {
+			v, ok := a.endCounter(acc, e, r, fresh, at, now)
+			if !ok && refused == "" {
+				refused = RefusedGrowth
+			}
+			charges = append(charges, Charge{ID: r.id, Value: v})
+		}
+	}
+	if refused != "" {
+		a.refused.add(refused)
+		for i := range charges {
+			charges[i].Value = 0
+		}
+		how = EndImplausible
 	}
 	return charges, how, true
 }
 
-// endCPU charges the CPU tail of e; c is the CPU account (nil if the
-// activation's CPU was never sampled).
-func (a *Accountant) endCPU(c *counterAccount, e *sandboxstatsv1.EndedActivation, fresh bool) (uint64, EndEvent) {
+// endRefused is endCPU's answer for a tail grown more than the time since
+// the last sample allows (End reports it as EndImplausible, refused).
+const endRefused EndEvent = "refused"
+
+// remember records key as charged at now, forgetting the oldest charged
+// (and counting it) past MaxEnded.
+func (a *Accountant) remember(key ActivationKey, now time.Time) {
+	for len(a.endedOrder) >= a.cfg.MaxEnded {
+		delete(a.ended, a.endedOrder[0])
+		a.endedOrder[0] = ActivationKey{}
+		a.endedOrder = a.endedOrder[1:]
+		a.refused.add(RefusedEndedEvicted)
+	}
+	a.ended[key] = now
+	a.endedOrder = append(a.endedOrder, key)
+}
+
+// tail returns the growth of counter c of acc (its account ca) from the
+// last sample to v, the value of e's final, and whether it is plausible:
+// within the bound a body's growth has, to the later of the final's
+// observed time and the end (by the caller's clock, the last sample's now
+// to this one, when the last sample lacked its observed time).
+func (a *Accountant) tail(acc *account, ca *counterAccount, c Counter, v uint64, e *sandboxstatsv1.EndedActivation, now time.Time) (uint64, bool) {
+	if v < ca.last {
+		return 0, true
+	}
+	since, at := ca.lastObserved, max(e.GetFinal().GetObservedAtUnixNano(), e.GetEndUnixNano())
+	if since == 0 {
+		since, at = acc.lastSeen.UnixNano(), now.UnixNano()
+	}
+	return v - ca.last, a.fits(c, v-ca.last, since-bodySlack.Nanoseconds(), at)
+}
+
+// endCPU charges the CPU tail of e, the record of acc's activation. A
+// tail grown more than the time since the last sample allows is
+// endRefused.
+func (a *Accountant) endCPU(acc *account, e *sandboxstatsv1.EndedActivation, fresh bool, now time.Time) (uint64, EndEvent) {
+	c := acc.counters[CounterID{Counter: CounterCPU}] // nil if the activation's CPU was never sampled
 	final := e.GetFinal()
+	var v uint64
 	switch {
 	case c != nil && !c.withBaseline && final != nil && final.CpuUsageUsec != nil:
-		if raw := final.GetCpuUsageUsec(); raw >= c.last {
-			return raw - c.last, EndTail
-		}
-		return 0, EndTail
+		v = final.GetCpuUsageUsec()
 	case e.CpuUsec == nil:
 		return 0, EndNoCPU
 	case c != nil:
-		if own := e.GetCpuUsec(); own >= c.last {
-			return own - c.last, EndTail
+		v = e.GetCpuUsec()
+	}
+	if c != nil {
+		if d, ok := a.tail(acc, c, CounterCPU, v, e, now); ok {
+			return d, EndTail
 		}
-		return 0, EndTail
-	case !fresh:
+		return 0, endRefused
+	}
+	if !fresh {
 		return 0, EndUnseenOld
 	}
 	since := e.GetEpochUnixNano() + e.GetBaselineDelayNanos() - a.headSlack().Nanoseconds()
@@ -90,8 +154,10 @@ func (a *Accountant) endCPU(c *counterAccount, e *sandboxstatsv1.EndedActivation
 }
 
 // endCounter charges the tail of one counter other than CPU from the final
-// sample (observed at atUnixNano).
-func (a *Accountant) endCounter(acc *account, final *sandboxstatsv1.WorkloadStatsSample, r reading, fresh bool, atUnixNano int64) uint64 {
+// sample of e (observed at atUnixNano); false: a tail grown more than the
+// time since the last sample allows.
+func (a *Accountant) endCounter(acc *account, e *sandboxstatsv1.EndedActivation, r reading, fresh bool, atUnixNano int64, now time.Time) (uint64, bool) {
+	final := e.GetFinal()
 	own, since, withBase, below := ownValue(final, r.id, r.v)
 	if below {
 		withBase, own = false, r.v
@@ -101,13 +167,10 @@ func (a *Accountant) endCounter(acc *account, final *sandboxstatsv1.WorkloadStat
 		if !c.withBaseline {
 			v = r.v
 		}
-		if v >= c.last {
-			return v - c.last
-		}
-		return 0
+		return a.tail(acc, c, r.id.Counter, v, e, now)
 	}
 	if !fresh || !withBase {
-		return 0 // begun before the poller started, or nothing to count from
+		return 0, true // begun before the poller started, or nothing to count from
 	}
-	return a.head(acc, r.id.Counter, own, since, atUnixNano)
+	return a.head(acc, r.id.Counter, own, since, atUnixNano), true
 }

@@ -1,0 +1,79 @@
+package rate
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
+)
+
+// Refusal says why the Accountant charged nothing of a sample or an ended
+// record it was given, or forgot one early.
+type Refusal string
+
+const (
+	// RefusedGrowth: a bounded counter (CPU, stall time, periods) grew
+	// more between two samples, or from the last sample to the final, than
+	// CPUs x the time between them allows.
+	RefusedGrowth Refusal = "growth"
+	// RefusedAbsurd: a counter at or past absurdValue (2^62: 146,000 years
+	// of CPU, 4 EiB).
+	RefusedAbsurd Refusal = "absurd"
+	// RefusedEndedEvicted: not a refusal of a sample: an ended record
+	// forgotten before the horizon because MaxEnded were remembered (if
+	// its daemon serves it again, it is charged again).
+	RefusedEndedEvicted Refusal = "ended-evicted"
+)
+
+// Refusals are every Refusal, in the order Refused reports them.
+var Refusals = []Refusal{RefusedGrowth, RefusedAbsurd, RefusedEndedEvicted}
+
+// absurdValue: a raw counter at or past it is no real counter (a hostile
+// or broken daemon's): its sample charges nothing.
+const absurdValue = 1 << 62
+
+// bodySlack widens the window a body's or a tail's growth is bounded by:
+// a counter is read a little before or after its observed time.
+const bodySlack = time.Second
+
+// DefaultMaxEnded is the MaxEnded where zero: 65,536 charged records,
+// about 10 MiB with uids at the 253-byte cut.
+const DefaultMaxEnded = 1 << 16
+
+// maxKeyUIDBytes is the most of an actor uid an ActivationKey keeps (the
+// agent's label cut): statsd's uids are at most 128 bytes; a longer one
+// is a hostile daemon's and is cut, with its length, as foreign text is.
+const maxKeyUIDBytes = 253
+
+// keyUID returns the actor uid an ActivationKey keeps: uid itself within
+// maxKeyUIDBytes (a copy of none: the key shares the sample's string),
+// else its cut (a new string: the key never holds the daemon's whole one).
+func keyUID(uid string) string {
+	if len(uid) <= maxKeyUIDBytes {
+		return uid
+	}
+	return foreign.Bound(uid, maxKeyUIDBytes)
+}
+
+// refusals counts each Refusal; safe for concurrent use (a scrape reads
+// them while a sweep charges).
+type refusals [3]atomic.Uint64
+
+func (r *refusals) add(why Refusal) {
+	for i, w := range Refusals {
+		if w == why {
+			r[i].Add(1)
+		}
+	}
+}
+
+// Refused returns how many samples and records were refused, and ended
+// records evicted, by Refusal (every Refusal, 0 included). Unlike the
+// Accountant's other methods it is safe to call concurrently with them.
+func (a *Accountant) Refused() map[Refusal]uint64 {
+	m := make(map[Refusal]uint64, len(Refusals))
+	for i, w := range Refusals {
+		m[w] = a.refused[i].Load()
+	}
+	return m
+}
