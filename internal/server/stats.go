@@ -25,6 +25,8 @@ type StatsService struct {
 	now    func() time.Time
 	logger *slog.Logger
 	drift  *drift.Checker // nil: the check is off
+	gate   *readGate      // the reads served at once (reads.go)
+	share  activeShare    // the discovery answer being read, shared
 	// afterRead, when set, runs between the read and the identity re-check
 	// (tests use it to change the binding under a read).
 	afterRead func()
@@ -41,7 +43,7 @@ func NewStatsService(store *identity.Store, now func() time.Time, logger *slog.L
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &StatsService{store: store, now: now, logger: logger}
+	return &StatsService{store: store, now: now, logger: logger, gate: newReadGate(DefaultMaxReads)}
 }
 
 // errBindingChanged is returned by sample when the binding changed under the
@@ -117,6 +119,10 @@ func (s *StatsService) host(ctx context.Context, b *identity.Binding) *sandboxst
 
 // StatsWorkload returns one sample of the named workload.
 func (s *StatsService) StatsWorkload(ctx context.Context, req *sandboxstatsv1.StatsWorkloadRequest) (*sandboxstatsv1.StatsWorkloadResponse, error) {
+	if err := s.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer s.gate.leave()
 	b, err := s.bound(req.GetActorUid())
 	if err != nil {
 		return nil, err
@@ -163,6 +169,10 @@ func notMeasurableYet(detail string) *sandboxstatsv1.StatsActiveWorkloadsRespons
 // ListEndedActivations lists the recently ended activations a page at a
 // time (see pages.go); it reads no source.
 func (s *StatsService) ListEndedActivations(_ context.Context, req *sandboxstatsv1.ListEndedActivationsRequest) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
+	if err := s.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer s.gate.leave()
 	return listEndedPage(s.store.Ended(), req.GetPageToken())
 }
 
@@ -180,6 +190,10 @@ func listEndedPage(list []*identity.Ended, token string) (*sandboxstatsv1.ListEn
 // StatsHost returns only the host views, even when the sandbox's own source
 // cannot be read.
 func (s *StatsService) StatsHost(ctx context.Context, req *sandboxstatsv1.StatsHostRequest) (*sandboxstatsv1.StatsHostResponse, error) {
+	if err := s.gate.enter(); err != nil {
+		return nil, err
+	}
+	defer s.gate.leave()
 	b, err := s.bound(req.GetActorUid())
 	if err != nil {
 		return nil, err
