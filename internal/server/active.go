@@ -42,12 +42,9 @@ type activeResult struct {
 // StatsActiveWorkloads is the discovery read: every normal state is an
 // answer. Each bound workload is read at once under the read bound
 // (readBound); one that yields no sample is listed in pending with why.
-// Callers asking while an answer's reads are in flight share it (shared).
+// Callers asking while an answer's reads are in flight share it (shared);
+// the reads served at once are bounded by ReadGate.
 func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
-	if err := s.gate.enter(); err != nil {
-		return nil, err
-	}
-	defer s.gate.leave()
 	includeHost := req.GetIncludeHost()
 	return s.shared(ctx, includeHost, func(ctx context.Context, bound time.Duration, closeJoin func()) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
 		return s.activeAnswer(ctx, includeHost, bound, closeJoin)

@@ -119,7 +119,7 @@ func newHarness(t testing.TB, with ...func(*identity.Config)) *harness {
 	h.stats = NewStatsService(store, func() time.Time { return fixedNow }, nil)
 
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(UnaryInterceptors(slog.New(slog.DiscardHandler)))
+	srv := grpc.NewServer(append(h.stats.ServerOptions(), UnaryInterceptors(slog.New(slog.DiscardHandler)))...)
 	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, h.stats)
 	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, NewLifecycleService(store, nil))
 	go srv.Serve(lis)
