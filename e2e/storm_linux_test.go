@@ -8,7 +8,9 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -35,6 +37,69 @@ func (c *stormCounts) String() string {
 		c.ok.Load(), c.refused.Load(), c.late.Load(), c.other.Load(), c.firstOther.Load())
 }
 
+// The storm: 128 connections x 16 streams for 10 s.
+const (
+	stormConns   = 128
+	stormStreams = 16
+	stormFor     = 10 * time.Second
+	// The storm process's environment: the read socket and how long.
+	stormSocketEnv = "SANDBOXSTATS_STORM_SOCKET"
+	stormForEnv    = "SANDBOXSTATS_STORM_FOR"
+	// stormCountsPrefix begins the line the storm process prints last.
+	stormCountsPrefix = "storm-counts:"
+)
+
+// TestDiscoveryStormChild is the storm of TestIntegrationDiscoveryStorm,
+// run by it as a process of its own: stormConns connections x stormStreams
+// streams of StatsActiveWorkloads on the read socket stormSocketEnv names,
+// each stream calling again as soon as answered or refused, for
+// stormForEnv; then it prints what the calls got. Run otherwise, it skips.
+func TestDiscoveryStormChild(t *testing.T) {
+	sock := os.Getenv(stormSocketEnv)
+	if sock == "" {
+		t.Skip("helper process of TestIntegrationDiscoveryStorm")
+	}
+	d, err := time.ParseDuration(os.Getenv(stormForEnv))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var counts stormCounts
+	stormCtx, stop := context.WithTimeout(context.Background(), d)
+	defer stop()
+	var wg sync.WaitGroup
+	for range stormConns {
+		cc, err := grpc.NewClient("unix://"+sock, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cc.Close()
+		c := sandboxstatsv1.NewWorkloadStatsServiceClient(cc)
+		for range stormStreams {
+			wg.Go(func() {
+				for stormCtx.Err() == nil {
+					ctx, cancel := context.WithTimeout(stormCtx, 5*time.Second)
+					_, err := c.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+					cancel()
+					switch {
+					case err == nil:
+						counts.ok.Add(1)
+					case status.Code(err) == codes.ResourceExhausted && api.ReasonOf(err) == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS):
+						counts.refused.Add(1)
+					case stormCtx.Err() != nil: // the storm's end cancelled it
+					case status.Code(err) == codes.DeadlineExceeded:
+						counts.late.Add(1)
+					default:
+						counts.other.Add(1)
+						counts.firstOther.CompareAndSwap(nil, err.Error())
+					}
+				}
+			})
+		}
+	}
+	wg.Wait()
+	fmt.Println(stormCountsPrefix, counts.String())
+}
+
 // TestIntegrationDiscoveryStorm: a statsd with 32 real cgroups bound (v1 on
 // a hybrid host), and 128 connections x 16 streams of StatsActiveWorkloads,
 // each stream calling again as soon as answered or refused, for 10 s.
@@ -45,9 +110,6 @@ func TestIntegrationDiscoveryStorm(t *testing.T) {
 	needCgroups(t)
 	const (
 		bound       = 32
-		conns       = 128
-		streams     = 16
-		storm       = 10 * time.Second
 		lifeTries   = 8
 		lifeBound   = time.Second
 		quietBound  = 2 * time.Second
@@ -104,40 +166,21 @@ func TestIntegrationDiscoveryStorm(t *testing.T) {
 	}
 	_, hwmBefore := procMemory(t, d.Cmd.Process.Pid)
 
-	var counts stormCounts
-	stormCtx, stop := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	ccs := make([]*grpc.ClientConn, conns)
-	for i := range ccs {
-		ccs[i] = dial()
-		c := sandboxstatsv1.NewWorkloadStatsServiceClient(ccs[i])
-		for range streams {
-			wg.Go(func() {
-				for stormCtx.Err() == nil {
-					ctx, cancel := context.WithTimeout(stormCtx, 5*time.Second)
-					_, err := c.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
-					cancel()
-					switch {
-					case err == nil:
-						counts.ok.Add(1)
-					case status.Code(err) == codes.ResourceExhausted && api.ReasonOf(err) == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS):
-						counts.refused.Add(1)
-					case status.Code(err) == codes.DeadlineExceeded:
-						counts.late.Add(1)
-					case stormCtx.Err() != nil: // the storm's end cancelled it
-					default:
-						counts.other.Add(1)
-						counts.firstOther.CompareAndSwap(nil, err.Error())
-					}
-				}
-			})
-		}
+	// The storm runs in a process of its own, as a hostile reader does:
+	// the launcher's calls below share no runtime with it.
+	storm := exec.Command(os.Args[0], "-test.run=^TestDiscoveryStormChild$", "-test.count=1")
+	storm.Env = append(os.Environ(), stormSocketEnv+"="+d.Stats, stormForEnv+"="+stormFor.String())
+	var stormOut strings.Builder
+	storm.Stdout, storm.Stderr = &stormOut, &stormOut
+	if err := storm.Start(); err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = storm.Process.Kill() })
 	stormStart := time.Now()
 	// The launcher meanwhile: a Run of a new actor every second.
 	var lifeTook []time.Duration
 	for i := range lifeTries {
-		time.Sleep(time.Until(stormStart.Add(time.Duration(i+1) * storm / (lifeTries + 1))))
+		time.Sleep(time.Until(stormStart.Add(time.Duration(i+1) * stormFor / (lifeTries + 1))))
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		start := time.Now()
 		_, err := lc.RunWorkload(ctx, &sandboxstatsv1.RunWorkloadRequest{Sandbox: refs[bound+i],
@@ -149,18 +192,15 @@ func TestIntegrationDiscoveryStorm(t *testing.T) {
 			t.Errorf("RunWorkload %s during the storm: %v (after %v)", actor(bound+i), err, took)
 		}
 	}
-	time.Sleep(time.Until(stormStart.Add(storm)))
-	// The storm ends: its calls cancelled, its connections closed.
-	stop()
-	for _, cc := range ccs {
-		cc.Close()
-	}
+	// The storm ends: the process exits, its connections closed.
+	stormErr := storm.Wait()
 	stormEnd := time.Now()
 	n, servedAt, quietErr := quiet(stormEnd.Add(quietBound))
-	wg.Wait()
 	_, hwm := procMemory(t, d.Cmd.Process.Pid)
 
-	t.Logf("storm of %d x %d streams for %v against %d bindings: %s", conns, streams, storm, bound, &counts)
+	_, counts, _ := strings.Cut(stormOut.String(), stormCountsPrefix)
+	counts, _, _ = strings.Cut(counts, "\n")
+	t.Logf("storm of %d x %d streams for %v against %d bindings: %s (%v)", stormConns, stormStreams, stormFor, bound, counts, stormErr)
 	t.Logf("RunWorkload during the storm took %v (the slowest of the %d before it: %v)", lifeTook, bound, quietRun.Round(time.Millisecond))
 	t.Logf("statsd VmHWM %.1f MiB before the storm, %.1f MiB after; quiet reader: %d samples %v after the storm's end (%v)",
 		float64(hwmBefore)/(1<<20), float64(hwm)/(1<<20), n, servedAt.Sub(stormEnd).Round(time.Millisecond), quietErr)
@@ -175,7 +215,9 @@ func TestIntegrationDiscoveryStorm(t *testing.T) {
 	if quietErr != nil || n != bound+lifeTries {
 		t.Errorf("quiet reader within %v of the storm's end: %d samples (%v), want %d", quietBound, n, quietErr, bound+lifeTries)
 	}
-	if counts.other.Load() > 0 {
-		t.Errorf("storm calls failed otherwise than refused or late: %s", &counts)
+	if stormErr != nil || !strings.Contains(stormOut.String(), stormCountsPrefix) {
+		t.Errorf("the storm process: %v\n%s", stormErr, stormOut.String())
+	} else if !strings.Contains(counts, " 0 other errors") {
+		t.Errorf("storm calls failed otherwise than refused or late: %s", counts)
 	}
 }

@@ -136,3 +136,49 @@ func TestDiscoveryStormIsBoundedAndShared(t *testing.T) {
 		t.Errorf("RunWorkload took %v during the storm, want under 1 s", runTook)
 	}
 }
+
+// TestDiscoveryShareKeepsEachDeadline: a discovery read in flight for as
+// long as the read timeout (beside a hung neighbour) is not joined by a
+// caller with less time: it reads on its own, within its own bound, and
+// gets its answer in time, the hung neighbour pending.
+func TestDiscoveryShareKeepsEachDeadline(t *testing.T) {
+	ctx := context.Background()
+	f := newFleet(t, func(c *identity.Config) { c.ReadTimeout = 2 * time.Second })
+	hung := &blockingSource{block: make(chan struct{})}
+	close(hung.block)
+	f.opens = func(ref source.SandboxRef) source.Source {
+		if actorIndex(ref.CgroupPath) == 2 {
+			return hung
+		}
+		return f.src(ref.CgroupPath)
+	}
+	for i := 1; i <= 3; i++ {
+		f.run(t, fleetID(i), fleetRef(i))
+	}
+	long := make(chan error, 1)
+	go func() {
+		_, err := f.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		long <- err
+	}()
+	time.Sleep(50 * time.Millisecond) // the long read's flight is open
+	short, cancel := context.WithTimeout(ctx, 400*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	resp, err := f.client.StatsActiveWorkloads(short, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	if err != nil {
+		t.Fatalf("the short read beside the long one: %v", err)
+	}
+	if took := time.Since(start); took > 350*time.Millisecond {
+		t.Errorf("the short read took %v of its 400 ms", took)
+	}
+	samples, pending := activeActors(resp)
+	if diff := cmp.Diff([]string{"actor-1", "actor-3"}, samples); diff != "" {
+		t.Errorf("samples (-want +got):\n%s", diff)
+	}
+	if diff := cmp.Diff([]string{"actor-2 ERROR_REASON_READ_TIMEOUT"}, pending); diff != "" {
+		t.Errorf("pending (-want +got):\n%s", diff)
+	}
+	if err := <-long; err != nil {
+		t.Errorf("the long read: %v", err)
+	}
+}
