@@ -216,7 +216,9 @@ func TestStatsWorkloadErrorContract(t *testing.T) {
 		h.stats.WithMaxReads(1)
 		open := make(chan struct{})
 		var reads atomic.Int32
-		h.open = func() source.Source { return &gatedSource{fakeSource: fakeSource{reading: cgroupRdg}, open: open, reads: &reads} }
+		h.open = func() source.Source {
+			return &gatedSource{fakeSource: fakeSource{reading: cgroupRdg}, open: open, reads: &reads}
+		}
 		h.run(t, identA, gvRef)
 		held := make(chan error, 1)
 		go func() {
