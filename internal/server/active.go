@@ -43,7 +43,7 @@ type activeResult struct {
 // answer. Each bound workload is read at once under the read bound
 // (readBound); one that yields no sample is listed in pending with why.
 // Callers asking while an answer's reads are in flight share it (shared);
-// the reads served at once are bounded by ReadGate.
+// the reads served at once are bounded by the read gate (ServerOptions).
 func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
 	includeHost := req.GetIncludeHost()
 	return s.shared(ctx, includeHost, func(ctx context.Context, bound time.Duration, closeJoin func()) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {

@@ -143,18 +143,7 @@ func TestDiscoveryStormIsBoundedAndShared(t *testing.T) {
 // gets its answer in time, the hung neighbour pending.
 func TestDiscoveryShareKeepsEachDeadline(t *testing.T) {
 	ctx := context.Background()
-	f := newFleet(t, func(c *identity.Config) { c.ReadTimeout = 2 * time.Second })
-	hung := &blockingSource{block: make(chan struct{})}
-	close(hung.block)
-	f.opens = func(ref source.SandboxRef) source.Source {
-		if actorIndex(ref.CgroupPath) == 2 {
-			return hung
-		}
-		return f.src(ref.CgroupPath)
-	}
-	for i := 1; i <= 3; i++ {
-		f.run(t, fleetID(i), fleetRef(i))
-	}
+	f := hungFleet(t, 3)
 	long := make(chan error, 1)
 	go func() {
 		_, err := f.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
