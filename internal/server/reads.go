@@ -29,8 +29,10 @@ import (
 // DefaultMaxReads is how many reads (the calls of WorkloadStatsService:
 // StatsWorkload, StatsActiveWorkloads, StatsHost, ListEndedActivations)
 // statsd serves at once by default, across every connection: a node agent
-// and a few tools poll one call at a time each.
-const DefaultMaxReads = 64
+// and a few tools poll one call at a time each, and the load test's 64
+// pollers keep a margin (a slot is left just after its status is written,
+// so a poller's next call may arrive before its last one's slot is free).
+const DefaultMaxReads = 128
 
 // readGate admits at most cap(slots) reads at once; one more is refused
 // at once (RESOURCE_EXHAUSTED TOO_MANY_READS), never queued: a queue would
