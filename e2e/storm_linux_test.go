@@ -29,12 +29,12 @@ import (
 // stormCounts are what the storm's calls got.
 type stormCounts struct {
 	ok, refused, late, other atomic.Int64
-	firstOther               atomic.Value
+	firstOther, firstLate    atomic.Value
 }
 
 func (c *stormCounts) String() string {
-	return fmt.Sprintf("%d answered, %d refused TOO_MANY_READS, %d past their deadline, %d other errors (first: %v)",
-		c.ok.Load(), c.refused.Load(), c.late.Load(), c.other.Load(), c.firstOther.Load())
+	return fmt.Sprintf("%d answered, %d refused TOO_MANY_READS, %d past their deadline (first: %v), %d other errors (first: %v)",
+		c.ok.Load(), c.refused.Load(), c.late.Load(), c.firstLate.Load(), c.other.Load(), c.firstOther.Load())
 }
 
 // The storm: 128 connections x 16 streams for 10 s.
@@ -78,8 +78,12 @@ func TestDiscoveryStormChild(t *testing.T) {
 			wg.Go(func() {
 				for stormCtx.Err() == nil {
 					ctx, cancel := context.WithTimeout(stormCtx, 5*time.Second)
+					callStart := time.Now()
 					_, err := c.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
 					cancel()
+					if status.Code(err) == codes.DeadlineExceeded && stormCtx.Err() == nil {
+						counts.firstLate.CompareAndSwap(nil, fmt.Sprintf("%v after %v", err, time.Since(callStart)))
+					}
 					switch {
 					case err == nil:
 						counts.ok.Add(1)

@@ -29,10 +29,12 @@ import (
 // DefaultMaxReads is how many reads (the calls of WorkloadStatsService:
 // StatsWorkload, StatsActiveWorkloads, StatsHost, ListEndedActivations)
 // statsd serves at once by default, across every connection: a node agent
-// and a few tools poll one call at a time each, and the load test's 64
-// pollers keep a margin (a slot is left just after its status is written,
-// so a poller's next call may arrive before its last one's slot is free).
-const DefaultMaxReads = 128
+// and a few tools poll one call at a time each (the load test's 64 pollers
+// each wait 2 ms between calls; a slot is left as its status is queued,
+// before the poller has it). Each slot held in a storm is about a quarter
+// MiB of statsd's peak: at 128, 128 x 16 streams took it to 60 MiB, at 64
+// to 45 to 50.
+const DefaultMaxReads = 64
 
 // readGate admits at most cap(slots) reads at once; one more is refused
 // at once (RESOURCE_EXHAUSTED TOO_MANY_READS), never queued: a queue would
