@@ -17,6 +17,7 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
+	"github.com/sandboxstats/sandboxstats/internal/server"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 )
 
@@ -45,6 +46,7 @@ type config struct {
 	readGIDsSet        bool   // --read-allow-gids given: else the socket's group
 	socketGroup        string // "" keeps the group the socket is created with
 	maxReadConns       int
+	maxReads           int
 }
 
 // idsFlag is a comma-separated list of numeric ids (uids or gids). String
@@ -121,6 +123,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	fs.Var(idsFlag{ids: &c.readGIDs, set: &c.readGIDsSet}, "read-allow-gids", "comma-separated `gids` (primary or supplementary) served on the read socket; default: the read socket's group")
 	fs.StringVar(&c.socketGroup, "socket-group", "", "group (name or gid) of the read socket; default: the group it is created with")
 	fs.IntVar(&c.maxReadConns, "max-read-connections", 128, "most connections served at once on the read socket (lowered to keep a quarter of RLIMIT_NOFILE, at least 64 descriptors, for the lifecycle socket and state files); more are closed on accept")
+	fs.IntVar(&c.maxReads, "max-reads", server.DefaultMaxReads, "most reads (StatsWorkload, StatsActiveWorkloads, StatsHost, ListEndedActivations) served at once across every read connection; one more is RESOURCE_EXHAUSTED TOO_MANY_READS at once. Discovery reads asked while one is being read share its answer")
 	fs.Int64Var(&c.memoryLimit, "memory-limit", 48<<20, "soft limit of the Go heap in bytes (runtime/debug.SetMemoryLimit; GOMEMLIMIT, if set, wins); the collector works harder near it; 0 sets none")
 	fs.DurationVar(&c.releaseAfter, "release-after", 5*time.Second, "once no RPC has come for this long (and the heap was collected since the last time), return the free heap to the system (runtime/debug.FreeOSMemory); 0 never does")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
@@ -167,6 +170,9 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	}
 	if c.maxReadConns <= 0 {
 		return c, errors.New("--max-read-connections must be positive")
+	}
+	if c.maxReads <= 0 {
+		return c, errors.New("--max-reads must be positive")
 	}
 	if c.releaseAfter < 0 {
 		return c, errors.New("--release-after must not be negative")

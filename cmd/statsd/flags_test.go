@@ -70,7 +70,7 @@ func TestParseFlagsUsage(t *testing.T) {
 			t.Errorf("--help lacks %q:\n%s", want, help.String())
 		}
 	}
-	for _, args := range [][]string{{"extra"}, {"--no-such-flag"}, {"--read-timeout", "0"}, {"--release-after", "-1s"}, {"--listen", "/a.sock", "--lifecycle-listen", "unix:/a.sock"}} {
+	for _, args := range [][]string{{"extra"}, {"--no-such-flag"}, {"--read-timeout", "0"}, {"--release-after", "-1s"}, {"--max-reads", "0"}, {"--listen", "/a.sock", "--lifecycle-listen", "unix:/a.sock"}} {
 		var ue cli.UsageError
 		if _, err := parseFlags(args, io.Discard); !errors.As(err, &ue) {
 			t.Errorf("%q: %v, want a usage error", args, err)

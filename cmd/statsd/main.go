@@ -98,8 +98,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	rel := newReleaser(cfg.releaseAfter, nil, nil)
 	defer rel.stop()
 	healthSrv := health.NewServer()
-	statsSrv := grpc.NewServer(append(append(serverOptions(), rel.options()...), server.UnaryInterceptors(logger.With("component", "stats")))...)
-	sandboxstatsv1.RegisterWorkloadStatsServiceServer(statsSrv, server.NewStatsService(store, nil, logger.With("component", "stats")).WithDrift(checker))
+	stats := server.NewStatsService(store, nil, logger.With("component", "stats")).WithDrift(checker).WithMaxReads(cfg.maxReads)
+	opts := append(append(serverOptions(), rel.options()...), server.UnaryInterceptors(logger.With("component", "stats")))
+	statsSrv := grpc.NewServer(append(opts, stats.ServerOptions()...)...)
+	sandboxstatsv1.RegisterWorkloadStatsServiceServer(statsSrv, stats)
 	healthpb.RegisterHealthServer(statsSrv, healthSrv)
 	reflection.Register(statsSrv)
 

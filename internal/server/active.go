@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 
@@ -43,32 +42,41 @@ type activeResult struct {
 // StatsActiveWorkloads is the discovery read: every normal state is an
 // answer. Each bound workload is read at once under the read bound
 // (readBound); one that yields no sample is listed in pending with why.
+// Callers asking while an answer's reads are in flight share it (shared);
+// the reads served at once are bounded by the read gate (ServerOptions).
 func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
-	bindings, ended := s.store.Snapshot()
-	if len(bindings) == 0 {
-		return withEnded(noWorkload(), ended), nil
-	}
+	includeHost := req.GetIncludeHost()
+	return s.shared(ctx, includeHost, func(ctx context.Context, bound time.Duration, closeJoin func()) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
+		return s.activeAnswer(ctx, includeHost, bound, closeJoin)
+	})
+}
+
+// activeAnswer builds a discovery answer: each binding read under bound,
+// then closeJoin, then the answer of the state after the reads.
+func (s *StatsService) activeAnswer(ctx context.Context, includeHost bool, bound time.Duration, closeJoin func()) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
+	bindings, _ := s.store.Snapshot()
 	// Every binding is read at once, each under its own bound: a hung
 	// one holds nobody else's time.
 	results := make([]activeResult, len(bindings))
 	if len(bindings) == 1 {
-		results[0] = s.readOne(ctx, bindings[0], req.GetIncludeHost())
+		results[0] = s.readOne(ctx, bindings[0], includeHost, bound)
 	} else {
 		var wg sync.WaitGroup
 		for i, b := range bindings {
-			wg.Go(func() { results[i] = s.readOne(ctx, b, req.GetIncludeHost()) })
+			wg.Go(func() { results[i] = s.readOne(ctx, b, includeHost, bound) })
 		}
 		wg.Wait()
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, status.FromContextError(err).Err()
-	}
+	closeJoin()
 	// The answer is the state after the reads: a binding that ended or was
 	// replaced meanwhile is not in it and gives no sample (its record is
 	// among the ended ones, or its successor is pending), so a sample never
 	// stands beside its own record; a read that saw its binding change
 	// (errBindingChanged) is of such a binding.
 	now, ended := s.store.Snapshot()
+	if len(now) == 0 {
+		return withEnded(noWorkload(), ended), nil
+	}
 	resp := &sandboxstatsv1.StatsActiveWorkloadsResponse{}
 	read := make(map[*identity.Binding]activeResult, len(results))
 	bindingOf := make(map[*sandboxstatsv1.WorkloadStatsSample]*identity.Binding, len(results))
@@ -102,18 +110,16 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 	if len(resp.Samples) == 0 {
 		resp.NoSampleReason = sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET
 		resp.NoSampleDetail = "no bound workload could be read: see pending"
-		if len(now) == 0 {
-			resp.NoSampleReason, resp.NoSampleDetail = noWorkload().NoSampleReason, noWorkload().NoSampleDetail
-		} else if len(resp.Pending) == 1 {
+		if len(resp.Pending) == 1 {
 			resp.NoSampleDetail = resp.Pending[0].Detail
 		}
 	}
 	return withEnded(resp, ended), nil
 }
 
-// readOne reads b for the discovery read, under readBound from now.
-func (s *StatsService) readOne(ctx context.Context, b *identity.Binding, includeHost bool) activeResult {
-	ctx, cancel := context.WithTimeout(ctx, s.readBound(ctx))
+// readOne reads b for the discovery read, under bound from now.
+func (s *StatsService) readOne(ctx context.Context, b *identity.Binding, includeHost bool, bound time.Duration) activeResult {
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	sample, err := s.sample(ctx, b, includeHost)
 	return activeResult{b: b, sample: sample, err: err}

@@ -269,8 +269,9 @@ func TestSeveralWorkloadsRestart(t *testing.T) {
 // that stopped answering); the others' keyed reads answer at once, and the
 // discovery read answers in the caller's time with their samples and the
 // hung one pending.
-func TestHungNeighbourCostsNothing(t *testing.T) {
-	ctx := context.Background()
+// hungFleet is a fleet with a 2 s read timeout and actors 1 to n bound,
+// actor-2's source hung (each read runs to its bound).
+func hungFleet(t *testing.T, n int) *fleet {
 	f := newFleet(t, func(c *identity.Config) { c.ReadTimeout = 2 * time.Second })
 	hung := &blockingSource{block: make(chan struct{})}
 	close(hung.block)
@@ -280,9 +281,15 @@ func TestHungNeighbourCostsNothing(t *testing.T) {
 		}
 		return f.src(ref.CgroupPath)
 	}
-	for i := 1; i <= 4; i++ {
+	for i := 1; i <= n; i++ {
 		f.run(t, fleetID(i), fleetRef(i))
 	}
+	return f
+}
+
+func TestHungNeighbourCostsNothing(t *testing.T) {
+	ctx := context.Background()
+	f := hungFleet(t, 4)
 	// The hung read of actor-2 in flight while the others are read.
 	hungCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
 	defer cancel()

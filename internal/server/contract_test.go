@@ -119,7 +119,7 @@ func newHarness(t testing.TB, with ...func(*identity.Config)) *harness {
 	h.stats = NewStatsService(store, func() time.Time { return fixedNow }, nil)
 
 	lis := bufconn.Listen(1 << 20)
-	srv := grpc.NewServer(UnaryInterceptors(slog.New(slog.DiscardHandler)))
+	srv := grpc.NewServer(append(h.stats.ServerOptions(), UnaryInterceptors(slog.New(slog.DiscardHandler)))...)
 	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, h.stats)
 	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(srv, NewLifecycleService(store, nil))
 	go srv.Serve(lis)
@@ -210,6 +210,40 @@ func TestStatsWorkloadErrorContract(t *testing.T) {
 		h.src.set(source.Reading{}, fmt.Errorf("%w: /sys/fs/cgroup/memory.current: %w", source.ErrTimeout, context.DeadlineExceeded))
 		_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
 		wantStatus(t, err, codes.DeadlineExceeded, sandboxstatsv1.ErrorReason_ERROR_REASON_READ_TIMEOUT)
+	})
+	t.Run("RESOURCE_EXHAUSTED TOO_MANY_READS", func(t *testing.T) {
+		h := newHarness(t)
+		h.stats.WithMaxReads(1)
+		open := make(chan struct{})
+		var reads atomic.Int32
+		h.open = func() source.Source {
+			return &gatedSource{fakeSource: fakeSource{reading: cgroupRdg}, open: open, reads: &reads}
+		}
+		h.run(t, identA, gvRef)
+		held := make(chan error, 1)
+		go func() {
+			_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+			held <- err
+		}()
+		if !waitFor(func() bool { return reads.Load() == 1 }) {
+			t.Fatal("the first read never reached its source")
+		}
+		_, err := h.client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+		wantStatus(t, err, codes.ResourceExhausted, sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS)
+		if n := reads.Load(); n != 1 {
+			t.Errorf("source read %d times, want only the first read's", n)
+		}
+		close(open)
+		if err := <-held; err != nil {
+			t.Fatalf("the read holding the slot: %v", err)
+		}
+		// Its slot is left once it is answered.
+		if !waitFor(func() bool {
+			_, err := h.client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "actor-a"})
+			return err == nil
+		}) {
+			t.Error("no read served after the first was answered")
+		}
 	})
 	t.Run("INTERNAL MALFORMED_SOURCE", func(t *testing.T) {
 		h := newHarness(t)

@@ -25,6 +25,8 @@ type StatsService struct {
 	now    func() time.Time
 	logger *slog.Logger
 	drift  *drift.Checker // nil: the check is off
+	gate   *readGate      // the reads served at once (reads.go)
+	share  activeShare    // the discovery answer being read, shared
 	// afterRead, when set, runs between the read and the identity re-check
 	// (tests use it to change the binding under a read).
 	afterRead func()
@@ -41,7 +43,7 @@ func NewStatsService(store *identity.Store, now func() time.Time, logger *slog.L
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &StatsService{store: store, now: now, logger: logger}
+	return &StatsService{store: store, now: now, logger: logger, gate: newReadGate(DefaultMaxReads)}
 }
 
 // errBindingChanged is returned by sample when the binding changed under the

@@ -73,6 +73,11 @@ const (
 	// not fit its share of the answer even with every cut; read it with
 	// StatsWorkload.
 	ErrorReason_ERROR_REASON_ANSWER_FULL ErrorReason = 13
+	// RESOURCE_EXHAUSTED: a read (StatsWorkload, StatsActiveWorkloads,
+	// StatsHost, ListEndedActivations) while as many reads are in flight as
+	// statsd --max-reads allows, across every connection. Nothing was read;
+	// retry after a backoff.
+	ErrorReason_ERROR_REASON_TOO_MANY_READS ErrorReason = 14
 )
 
 // Enum value maps for ErrorReason.
@@ -92,6 +97,7 @@ var (
 		11: "ERROR_REASON_INVALID_PAGE_TOKEN",
 		12: "ERROR_REASON_TOO_MANY_WORKLOADS",
 		13: "ERROR_REASON_ANSWER_FULL",
+		14: "ERROR_REASON_TOO_MANY_READS",
 	}
 	ErrorReason_value = map[string]int32{
 		"ERROR_REASON_UNSPECIFIED":         0,
@@ -108,6 +114,7 @@ var (
 		"ERROR_REASON_INVALID_PAGE_TOKEN":  11,
 		"ERROR_REASON_TOO_MANY_WORKLOADS":  12,
 		"ERROR_REASON_ANSWER_FULL":         13,
+		"ERROR_REASON_TOO_MANY_READS":      14,
 	}
 )
 
@@ -2872,7 +2879,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x19ListDriftFindingsResponse\x129\n" +
 	"\bfindings\x18\x01 \x03(\v2\x1d.sandboxstats.v1.DriftFindingR\bfindings\x123\n" +
 	"\x06events\x18\x02 \x03(\v2\x1b.sandboxstats.v1.DriftEventR\x06events\x129\n" +
-	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\xe2\x03\n" +
+	"\x06status\x18\x03 \x01(\v2!.sandboxstats.v1.DriftCheckStatusR\x06status*\x83\x04\n" +
 	"\vErrorReason\x12\x1c\n" +
 	"\x18ERROR_REASON_UNSPECIFIED\x10\x00\x12\"\n" +
 	"\x1eERROR_REASON_INVALID_ACTOR_UID\x10\x01\x12\x1c\n" +
@@ -2888,7 +2895,8 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x12#\n" +
 	"\x1fERROR_REASON_INVALID_PAGE_TOKEN\x10\v\x12#\n" +
 	"\x1fERROR_REASON_TOO_MANY_WORKLOADS\x10\f\x12\x1c\n" +
-	"\x18ERROR_REASON_ANSWER_FULL\x10\r*b\n" +
+	"\x18ERROR_REASON_ANSWER_FULL\x10\r\x12\x1f\n" +
+	"\x1bERROR_REASON_TOO_MANY_READS\x10\x0e*b\n" +
 	"\fSandboxClass\x12\x1d\n" +
 	"\x19SANDBOX_CLASS_UNSPECIFIED\x10\x00\x12\x18\n" +
 	"\x14SANDBOX_CLASS_GVISOR\x10\x01\x12\x19\n" +
