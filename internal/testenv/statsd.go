@@ -119,16 +119,33 @@ func (d *Statsd) start(t testing.TB) {
 	}
 	logf.Close()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		_, e1 := os.Stat(d.Stats)
-		_, e2 := os.Stat(d.Lifecycle)
-		if e1 == nil && e2 == nil {
+		if Listening(d.Stats) && Listening(d.Lifecycle) {
 			return
 		}
 		if time.Now().After(deadline) {
 			b, _ := os.ReadFile(d.Log)
-			t.Fatalf("statsd did not create its sockets within 10 s:\n%s", b)
+			t.Fatalf("statsd did not listen on its sockets within 10 s:\n%s", b)
 		}
 	}
+}
+
+// Listening reports whether a Unix socket bound at path listens, from
+// /proc/net/unix (a socket file exists from bind(2) on, before listen(2):
+// a dial in between is refused), without connecting to it.
+func Listening(path string) bool {
+	b, err := os.ReadFile("/proc/net/unix")
+	if err != nil {
+		return false
+	}
+	// Num RefCount Protocol Flags Type St Inode Path; Flags 00010000 is
+	// __SO_ACCEPTCON, a listening socket.
+	for _, line := range strings.Split(string(b), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 8 && f[7] == path && f[3] == "00010000" {
+			return true
+		}
+	}
+	return false
 }
 
 // Stop stops statsd (SIGCONT, SIGTERM, SIGKILL after 10 s) and waits for it.
