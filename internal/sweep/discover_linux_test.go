@@ -10,6 +10,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // TestDiscoverAtDescriptorLimit: at the descriptor limit the socket
@@ -19,42 +20,13 @@ import (
 func TestDiscoverAtDescriptorLimit(t *testing.T) {
 	dir := t.TempDir()
 	statsdfake.Start(t, filepath.Join(dir, "a.sock"))
-	glob := filepath.Join(dir, "*.sock")
-	if got, err := Discover(glob); err != nil || len(got) != 1 {
+	pattern := filepath.Join(dir, "*.sock")
+	if got, err := Discover(pattern); err != nil || len(got) != 1 {
 		t.Fatalf("Discover = %q, %v before the limit", got, err)
 	}
 
-	var rl syscall.Rlimit
-	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
-		t.Fatal(err)
-	}
-	low := rl
-	low.Cur = min(rl.Cur, 512)
-	if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &low); err != nil {
-		t.Fatal(err)
-	}
-	var held []*os.File
-	release := func() {
-		for _, f := range held {
-			f.Close()
-		}
-		held = nil
-		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil {
-			t.Error(err)
-		}
-	}
-	defer release()
-	for {
-		f, err := os.Open(os.DevNull)
-		if err != nil {
-			if !errors.Is(err, syscall.EMFILE) {
-				t.Fatalf("filling the descriptor table: %v", err)
-			}
-			break
-		}
-		held = append(held, f)
-	}
-	got, err := Discover(glob)
+	release := testenv.ExhaustDescriptors(t)
+	got, err := Discover(pattern)
 	release()
 	t.Logf("at the limit: Discover = %q, %v", got, err)
 	if !errors.Is(err, syscall.EMFILE) {
