@@ -136,9 +136,9 @@ const metricDiscoveryFailures = "sandboxstats_agent_discovery_failures_total"
 // SweepOnce runs one sweep and makes it the exported snapshot. Every daemon
 // gets its turn (order): the quick ones of the last sweep first, then new
 // ones, then the daemons polled longest ago (a daemon skipped last time
-// before any polled then). When the glob's directory cannot be
-// read the sweep fails: the old snapshot stays, the failure is counted and
-// logged, and /healthz answers 503 until a discovery succeeds.
+// before any polled then). When the glob's directory cannot be read the
+// sweep fails: the old snapshot stays, the failure is counted and logged,
+// and /healthz answers 503 until a discovery succeeds.
 func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	start := time.Now()
 	d, err := sweep.DiscoverAllowed(a.cfg.Sockets, a.cfg.AllowUIDs)
@@ -199,9 +199,9 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 // the daemons new since it, then the rest by the sweep they were last
 // polled in, oldest first (so those skipped last time, when the sweep's
 // bound ran out before them, go before any polled then), each group in a
-// random order. Before, the daemons that
-// answered last time went first in sorted order: 30 slow ones used up every
-// sweep's bound and a healthy one after them was never polled.
+// random order. Before, the daemons that answered last time went first in
+// sorted order: 30 slow ones used up every sweep's bound and a healthy one
+// after them was never polled.
 func (a *Agent) order(sockets []string) []string {
 	// rank: 0 answered quickly last sweep, 1 new (not found before), 2
 	// the others.
