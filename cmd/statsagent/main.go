@@ -59,6 +59,8 @@ type options struct {
 	allowUIDs       string
 	minInterval     time.Duration
 	listen          string
+	maxConns        int
+	maxInFlight     int
 	logLevel        slog.Level
 	shutdownTimeout time.Duration
 	otlp            otlp.Config
@@ -109,6 +111,8 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	fs.DurationVar(&o.agent.Timeout, "timeout", 10*time.Second, "bound of each StatsActiveWorkloads call")
 	fs.IntVar(&o.agent.Concurrency, "concurrency", 8, "most daemons polled at once")
 	fs.StringVar(&o.listen, "metrics-listen", "127.0.0.1:9477", "TCP address serving /metrics and /healthz")
+	fs.IntVar(&o.maxConns, "metrics-max-connections", 64, "most connections to --metrics-listen open at once; more are closed on accept and counted")
+	fs.IntVar(&o.maxInFlight, "metrics-max-requests", 4, "most scrapes of /metrics served at once; more are answered 503 at once and counted")
 	fs.BoolVar(&o.agent.LabelActor, "label-actor", false, "add actor_uid, actor_name, actor_namespace labels (one series per workload: high cardinality)")
 	fs.BoolVar(&o.agent.LabelInterface, "label-interface", false, "export the network counters per interface (an interface label, at most 16 interfaces a workload) instead of their total")
 	fs.DurationVar(&o.agent.SweepTimeout, "sweep-timeout", 0, "bound of a whole sweep; daemons not polled within it are skipped (0: the larger of --interval and --timeout)")
@@ -156,6 +160,8 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 		return o, nil, errors.New("--timeout must be positive")
 	case o.agent.Concurrency < 1:
 		return o, nil, errors.New("--concurrency must be at least 1")
+	case o.maxConns < 1 || o.maxInFlight < 1:
+		return o, nil, errors.New("--metrics-max-connections and --metrics-max-requests must be positive")
 	case o.agent.Grace < 0:
 		return o, nil, errors.New("--grace must not be negative")
 	case o.agent.EndedHorizon <= 0:
@@ -260,28 +266,28 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
-	if pipeline != nil {
-		if err := a.RegisterLive(pipeline.Collectors()...); err != nil {
-			return err
-		}
-	}
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("metrics listener: %w", err)
 	}
-	srv := &http.Server{
-		Handler:           a.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+	ms := newMetricsServer(ln, a.Handler(), o.maxConns, o.maxInFlight, logger.With("component", "http"))
+	srv := ms.srv
+	live := ms.Collectors()
+	if pipeline != nil {
+		live = append(live, pipeline.Collectors()...)
+	}
+	if err := a.RegisterLive(live...); err != nil {
+		ln.Close()
+		return err
 	}
 	logger.Info("statsagent serving", "addr", ln.Addr().String(), "sockets", o.agent.Sockets,
 		"interval", o.agent.Interval, "timeout", o.agent.Timeout, "concurrency", o.agent.Concurrency,
 		"label_actor", o.agent.LabelActor, "label_interface", o.agent.LabelInterface, "grace", o.agent.Grace,
-		"allow_socket_uids", allowed(o.agent.AllowUIDs))
+		"allow_socket_uids", allowed(o.agent.AllowUIDs), "metrics_max_connections", o.maxConns, "metrics_max_requests", o.maxInFlight)
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error {
-		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		if err := ms.Serve(); !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("metrics server: %w", err)
 		}
 		return nil

@@ -13,10 +13,10 @@ import (
 	"os/user"
 	"path/filepath"
 	"strconv"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/connlimit"
 )
 
 // listenUnix listens on a Unix socket at path with the given mode (and
@@ -125,54 +125,9 @@ func connCap(want int) (int, uint64) {
 	return int(min(uint64(want), rl.Cur-reserve)), rl.Cur
 }
 
-// capListener serves at most max connections at once: one more is closed
-// as soon as it is accepted (the peer sees EOF, not a hang), counted, and
-// logged at most once per 10 s.
-type capListener struct {
-	net.Listener
-	slots   chan struct{}
-	log     *slog.Logger
-	refused atomic.Int64
-
-	mu      sync.Mutex
-	lastLog time.Time
-}
-
-func newCapListener(l net.Listener, max int, log *slog.Logger) *capListener {
-	return &capListener{Listener: l, slots: make(chan struct{}, max), log: log}
-}
-
-func (l *capListener) Accept() (net.Conn, error) {
-	for {
-		c, err := l.Listener.Accept()
-		if err != nil {
-			return nil, err
-		}
-		select {
-		case l.slots <- struct{}{}:
-			return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
-		default:
-		}
-		c.Close()
-		n := l.refused.Add(1)
-		l.mu.Lock()
-		if time.Since(l.lastLog) >= 10*time.Second {
-			l.lastLog = time.Now()
-			l.log.Warn("read connection refused: as many as --max-read-connections are open", "max", cap(l.slots), "refused_total", n)
-		}
-		l.mu.Unlock()
-	}
-}
-
-// slotConn frees its slot once, on the first Close.
-type slotConn struct {
-	net.Conn
-	once sync.Once
-	free func()
-}
-
-func (c *slotConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(c.free)
-	return err
+// newCapListener serves at most max read connections at once: one more is
+// closed as soon as it is accepted (the peer sees EOF, not a hang), counted,
+// and logged at most once per 10 s.
+func newCapListener(l net.Listener, max int, log *slog.Logger) *connlimit.Listener {
+	return connlimit.NewListener(l, max, log, "read connection refused: as many as --max-read-connections are open")
 }

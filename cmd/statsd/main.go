@@ -23,6 +23,7 @@ import (
 	"google.golang.org/grpc/reflection"
 
 	"github.com/sandboxstats/sandboxstats/internal/cli"
+	"github.com/sandboxstats/sandboxstats/internal/connlimit"
 	"github.com/sandboxstats/sandboxstats/internal/drift"
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
@@ -137,7 +138,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	lifeSrv.GracefulStop()
 	statsSrv.GracefulStop()
 	logger.Info("connections refused while serving", "read_peers_refused", statsLis.peers.Refused(),
-		"lifecycle_peers_refused", lifeLis.peers.Refused(), "read_over_cap", statsLis.cap.refused.Load())
+		"lifecycle_peers_refused", lifeLis.peers.Refused(), "read_over_cap", statsLis.cap.Refused())
 	return serveErr
 }
 
@@ -166,7 +167,7 @@ func logCountersOnSignal(logger *slog.Logger, stats, life *guardedListener) func
 			runtime.ReadMemStats(&ms)
 			logger.Info("statsd counters", "goroutines", runtime.NumGoroutine(), "heap_inuse_bytes", ms.HeapInuse,
 				"read_peers_refused", stats.peers.Refused(), "lifecycle_peers_refused", life.peers.Refused(),
-				"read_over_cap", stats.cap.refused.Load(), "read_connections_open", len(stats.cap.slots))
+				"read_over_cap", stats.cap.Refused(), "read_connections_open", stats.cap.Open())
 		}
 	}()
 	return func() { signal.Stop(sig); close(done) }
@@ -177,7 +178,7 @@ func logCountersOnSignal(logger *slog.Logger, stats, life *guardedListener) func
 type guardedListener struct {
 	net.Listener
 	peers *peercred.Listener
-	cap   *capListener // nil on the lifecycle socket
+	cap   *connlimit.Listener // nil on the lifecycle socket
 }
 
 // listeners makes both sockets: the read socket (mode 0660, --socket-group,

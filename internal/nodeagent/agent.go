@@ -65,9 +65,26 @@ type Agent struct {
 	started  time.Time
 	lastDone atomic.Int64 // unix nanos of the last completed sweep; 0 if none
 
-	answered    map[string]bool // sockets that answered in the last sweep
+	seq         uint64              // sweeps polled so far
+	polled      map[string]pollMemo // by socket: its last poll
 	lastRefused int
+
+	// discoveryErr is why the last sweep's discovery failed (nil once one
+	// succeeds): /healthz answers 503 with it.
+	discoveryErr      atomic.Pointer[error]
+	discoveryFailures prometheus.Counter
 }
+
+// pollMemo is what the sweep order remembers of a daemon's last poll.
+type pollMemo struct {
+	seq   uint64 // the sweep it was last polled in (not skipped); 0: never
+	quick bool   // it answered within quickPoll of the call's bound
+}
+
+// quickPoll is the share of --timeout within which an answer counts as
+// quick: quick daemons go first in the next sweep (they cost the others
+// little), before the daemons skipped longest.
+const quickPoll = 10
 
 // New returns an Agent with its own registry (no global state).
 func New(cfg Config, logger *slog.Logger) (*Agent, error) {
@@ -87,7 +104,15 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	}
 	pool := sweep.Config{Concurrency: cfg.Concurrency, Timeout: cfg.Timeout, SweepTimeout: cmp.Or(cfg.SweepTimeout, max(cfg.Interval, cfg.Timeout)),
 		Limits: cfg.Limits, AllowUIDs: cfg.AllowUIDs}.NewPool()
-	return &Agent{cfg: cfg, logger: logger, reg: reg, live: live, metrics: m, pool: pool, started: started}, nil
+	// Gathered at every scrape: a failing discovery completes no sweep, so
+	// the sweep's cached families would not show it.
+	failures := prometheus.NewCounter(prometheus.CounterOpts{Name: metricDiscoveryFailures,
+		Help: "Sweeps that failed because the socket glob's directory could not be read (EMFILE, EACCES): no daemon polled."})
+	if err := live.Register(failures); err != nil {
+		return nil, fmt.Errorf("agent: register metrics: %w", err)
+	}
+	return &Agent{cfg: cfg, logger: logger, reg: reg, live: live, metrics: m, pool: pool, started: started,
+		polled: map[string]pollMemo{}, discoveryFailures: failures}, nil
 }
 
 // RegisterLive adds collectors gathered at every scrape (not once per
@@ -105,16 +130,27 @@ func (a *Agent) RegisterLive(cs ...prometheus.Collector) error {
 // when it returns). A later sweep dials them afresh.
 func (a *Agent) Close() error { return a.pool.Close() }
 
-// SweepOnce runs one sweep and makes it the exported snapshot. The daemons
-// that answered in the previous sweep are polled first, the others in a
-// random order: daemons that hang cannot use up the sweep's bound before
-// the good ones, nor always the same good ones.
+// metricDiscoveryFailures counts the sweeps whose discovery failed.
+const metricDiscoveryFailures = "sandboxstats_agent_discovery_failures_total"
+
+// SweepOnce runs one sweep and makes it the exported snapshot. Every daemon
+// gets its turn (order): the quick ones of the last sweep first, then new
+// ones, then the daemons polled longest ago (a daemon skipped last time
+// before any polled then). When the glob's directory cannot be read the
+// sweep fails: the old snapshot stays, the failure is counted and logged,
+// and /healthz answers 503 until a discovery succeeds.
 func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	start := time.Now()
 	d, err := sweep.DiscoverAllowed(a.cfg.Sockets, a.cfg.AllowUIDs)
-	if err != nil { // the glob was checked in New; keep the old snapshot
-		a.logger.Error("sweep", "err", err)
+	if err != nil { // the pattern was checked in New: the directory failed
+		a.discoveryFailures.Inc()
+		if a.discoveryErr.Swap(&err) == nil {
+			a.logger.Warn("sweep failed: cannot list the daemons; /healthz answers 503 until it can", "err", err)
+		}
 		return nil
+	}
+	if a.discoveryErr.Swap(nil) != nil {
+		a.logger.Info("discovery works again", "sockets", len(d.Sockets))
 	}
 	for _, r := range d.Refused {
 		a.metrics.refused.WithLabelValues(r.Reason).Inc()
@@ -126,12 +162,7 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	}
 	results := a.pool.PollAll(ctx, a.order(d.Sockets))
 	slices.SortFunc(results, func(x, y sweep.DaemonResult) int { return strings.Compare(x.Socket, y.Socket) })
-	a.answered = map[string]bool{}
-	for _, r := range results {
-		if r.Status == sweep.StatusOK || r.Status == sweep.StatusNoSample {
-			a.answered[r.Socket] = true
-		}
-	}
+	a.remember(results)
 	took := time.Since(start)
 	if ctx.Err() != nil {
 		return results // shutting down: a cancelled sweep is not a snapshot
@@ -162,19 +193,50 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	return results
 }
 
-// order returns sockets (sorted) with those that answered in the last
-// sweep first, the others after them in a random order.
+// order returns sockets in the order to poll them, so that every daemon
+// gets its turn however many answer slowly or hang: first those that
+// answered quickly in the last sweep (they cost the others little), then
+// the daemons new since it, then the rest by the sweep they were last
+// polled in, oldest first (so those skipped last time, when the sweep's
+// bound ran out before them, go before any polled then), each group in a
+// random order. Before, the daemons that answered last time went first in
+// sorted order: 30 slow ones used up every sweep's bound and a healthy one
+// after them was never polled.
 func (a *Agent) order(sockets []string) []string {
-	var first, rest []string
-	for _, s := range sockets {
-		if a.answered[s] {
-			first = append(first, s)
-		} else {
-			rest = append(rest, s)
+	// rank: 0 answered quickly last sweep, 1 new (not found before), 2
+	// the others.
+	rank := func(s string) int {
+		m, ok := a.polled[s]
+		switch {
+		case !ok:
+			return 1
+		case m.quick && m.seq == a.seq:
+			return 0
 		}
+		return 2
 	}
-	rand.Shuffle(len(rest), func(i, j int) { rest[i], rest[j] = rest[j], rest[i] })
-	return append(first, rest...)
+	out := slices.Clone(sockets)
+	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
+	slices.SortStableFunc(out, func(x, y string) int {
+		return cmp.Or(cmp.Compare(rank(x), rank(y)), cmp.Compare(a.polled[x].seq, a.polled[y].seq))
+	})
+	return out
+}
+
+// remember notes each daemon's poll of the sweep just done for the next
+// sweep's order, and forgets the sockets it no longer found.
+func (a *Agent) remember(results []sweep.DaemonResult) {
+	a.seq++
+	seen := make(map[string]pollMemo, len(results))
+	for _, r := range results {
+		m := a.polled[r.Socket]
+		if r.Status != sweep.StatusSkipped {
+			answered := r.Status == sweep.StatusOK || r.Status == sweep.StatusNoSample
+			m = pollMemo{seq: a.seq, quick: answered && r.Took <= a.cfg.Timeout/quickPoll}
+		}
+		seen[r.Socket] = m
+	}
+	a.polled = seen
 }
 
 // Run sweeps every Interval (the first sweep at once) until ctx is done,
@@ -215,7 +277,8 @@ func (a *Agent) lastSweep(ctx context.Context) {
 
 // Handler serves /metrics and /healthz. /healthz answers 200 while sweeps
 // keep completing, 503 once no sweep completed for 3 intervals plus the
-// timeout (or since start), which means sweeps are stuck or far too slow.
+// timeout (or since start), which means sweeps are stuck or far too slow,
+// and 503 while the last sweep's discovery failed (the reason follows).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(&sweepGatherer{sweep: a.reg, live: a.live, metrics: a.metrics}, promhttp.HandlerOpts{
@@ -233,6 +296,11 @@ func (a *Agent) healthz(w http.ResponseWriter, _ *http.Request) {
 	}
 	age := time.Since(last).Round(time.Millisecond)
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	if err := a.discoveryErr.Load(); err != nil {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		fmt.Fprintf(w, "discovery failing: %v\n", *err)
+		return
+	}
 	if a.cfg.Interval > 0 && age > 3*a.cfg.Interval+a.cfg.Timeout {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		fmt.Fprintf(w, "stale: no sweep completed for %s\n", age)
