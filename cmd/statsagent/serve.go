@@ -31,6 +31,10 @@ const (
 	// maxHeaderBytes bounds a request's headers (net/http allows 4 KiB
 	// more); a scraper sends well under 1 KiB, a bearer token included.
 	maxHeaderBytes = 16 << 10
+	// idleTimeout bounds a connection between requests. Keep-alives are
+	// off (a connection ends with its answer), so no connection idles
+	// today; it holds the bound should a scraper's connection be kept.
+	idleTimeout = 5 * time.Second
 )
 
 const (
@@ -66,6 +70,7 @@ func newMetricsServer(ln net.Listener, h http.Handler, maxConns, maxInFlight int
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
+		IdleTimeout:       idleTimeout,
 		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
 	}
 	s.srv.SetKeepAlivesEnabled(false)
