@@ -125,6 +125,9 @@ type Store struct {
 	// activations, replaced whole (under commit) in one store, so a reader
 	// never sees an activation both bound and ended, nor neither.
 	view atomic.Pointer[view]
+	// ledger numbers the ended records (ledger.go); under commit, published
+	// with them.
+	ledger *ledger
 
 	// The baseline takers: one goroutine per binding that needs one, ended
 	// by Close.
@@ -172,7 +175,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.BaselineRetry <= 0 {
 		cfg.BaselineRetry = 100 * time.Millisecond
 	}
-	s := &Store{cfg: cfg, logger: cfg.Logger, actorLocks: map[string]*actorLock{}}
+	s := &Store{cfg: cfg, logger: cfg.Logger, actorLocks: map[string]*actorLock{}, ledger: newLedger()}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.publish(nil, nil)
 	if cfg.StateDir == "" {
@@ -270,6 +273,7 @@ func (s *Store) openSources(ref source.SandboxRef) (source.Source, source.HostSa
 type view struct {
 	bindings []*Binding // sorted by actor uid
 	ended    []*Ended   // oldest first
+	ledger   *ledger    // numbers ended
 }
 
 // bound returns the binding of actorUID in v, or nil.
@@ -287,7 +291,7 @@ func (v *view) bound(actorUID string) *Binding {
 // sorted here; the caller must not use the slice afterwards.
 func (s *Store) publish(bindings []*Binding, ended []*Ended) {
 	slices.SortFunc(bindings, func(a, b *Binding) int { return strings.Compare(a.Identity.ActorUID, b.Identity.ActorUID) })
-	s.view.Store(&view{bindings: bindings, ended: ended})
+	s.view.Store(&view{bindings: bindings, ended: ended, ledger: s.ledger})
 }
 
 // Bound returns the binding of actorUID, or nil. It never blocks.
@@ -315,11 +319,8 @@ func (s *Store) Ended() []*Ended {
 // workload in one step). It never blocks and never writes.
 func (s *Store) Snapshot() ([]*Binding, []*Ended) {
 	v := s.view.Load()
-	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
-	for i, e := range v.ended {
-		if e.EndUnixNano >= cutoff {
-			return v.bindings, v.ended[i:]
-		}
+	if i := v.heldFrom(s.cutoff()); i < len(v.ended) {
+		return v.bindings, v.ended[i:]
 	}
 	return v.bindings, nil
 }
