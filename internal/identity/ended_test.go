@@ -88,7 +88,7 @@ func TestReleaseTakesTheFinalReading(t *testing.T) {
 		FinalAtUnixNano: e.FinalAtUnixNano,
 		Baseline:        &Baseline{Kind: BaselineEpochStart, AtUnixNano: b.EpochUnixNano},
 		CPUUsec:         u64(7_000), PeakBytes: u64(400 << 20),
-		InstanceID:      s.EndedLog().InstanceID, Sequence: 1,
+		InstanceID: s.EndedLog().InstanceID, Sequence: 1,
 	}
 	if diff := cmp.Diff(want, e, cmpopts.IgnoreUnexported(Ended{})); diff != "" {
 		t.Errorf("record (-want +got):\n%s", diff)

@@ -205,4 +205,3 @@ func ledgerOf(records []*Ended, instanceID string, next uint64, evicted Eviction
 	}
 	return led, missing
 }
-

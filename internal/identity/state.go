@@ -196,10 +196,9 @@ func decodeState(b []byte, st *stateFile) error {
 // before the first end; if that write fails, it is written with the first
 // record.
 func (s *Store) loadEnded() ([]*Ended, error) {
-	var (
-		out     []*Ended
-		missing bool
-	)
+	var out []*Ended
+	s.ledger = newLedger()
+	missing := true
 	err := s.loadState(endedFileName, maxEndedBytes+maxEndedSlack, func(b []byte) error {
 		out = nil
 		s.ledger, missing = newLedger(), true
