@@ -46,7 +46,7 @@ type activeResult struct {
 func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxstatsv1.StatsActiveWorkloadsRequest) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
 	bindings, ended := s.store.Snapshot()
 	if len(bindings) == 0 {
-		return withEnded(noWorkload(), ended), nil
+		return s.withEndedLog(noWorkload(), ended), nil
 	}
 	// Every binding is read at once, each under its own bound: a hung
 	// one holds nobody else's time.
@@ -108,7 +108,7 @@ func (s *StatsService) StatsActiveWorkloads(ctx context.Context, req *sandboxsta
 			resp.NoSampleDetail = resp.Pending[0].Detail
 		}
 	}
-	return withEnded(resp, ended), nil
+	return s.withEndedLog(resp, ended), nil
 }
 
 // readOne reads b for the discovery read, under readBound from now.
