@@ -1,7 +1,6 @@
 package identity
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -16,6 +15,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // manualClock is a clock a test moves. Safe for concurrent use.
@@ -37,27 +37,9 @@ func (c *manualClock) add(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// syncBuffer is a log sink safe for the store's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) count(substr string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), substr)
-}
-
 // ledgerStore opens a store on dir (memory only when "") with the given
 // clock and caps, logging into log (nil: discarded).
-func ledgerStore(t *testing.T, dir string, clock *manualClock, endedMax int, log *syncBuffer) *Store {
+func ledgerStore(t *testing.T, dir string, clock *manualClock, endedMax int, log *testenv.SyncBuffer) *Store {
 	t.Helper()
 	logger := slog.New(slog.DiscardHandler)
 	if log != nil {
@@ -283,7 +265,7 @@ func TestWipedStateIsANewInstance(t *testing.T) {
 // restart, and a record past the retention is counted as soon as a read
 // finds it so, and not again when it leaves the file.
 func TestEvictionsCounted(t *testing.T) {
-	dir, clock, log := t.TempDir(), newClock(), &syncBuffer{}
+	dir, clock, log := t.TempDir(), newClock(), &testenv.SyncBuffer{}
 	const warning = "ended records dropped before any reader was served them"
 	s := ledgerStore(t, dir, clock, 3, log)
 	e1 := endOne(t, s, "actor-1")
@@ -296,7 +278,7 @@ func TestEvictionsCounted(t *testing.T) {
 	if want := (Evictions{ByMax: 2, NeverServed: 1}); got.Evicted != want || got.LowestSequence != 3 || got.NextSequence != 6 {
 		t.Fatalf("after 5 ends with --ended-max 3: evicted %+v, sequences %d..%d; want %+v, 3..6", got.Evicted, got.LowestSequence, got.NextSequence, want)
 	}
-	if n := log.count(warning); n != 1 {
+	if n := strings.Count(log.String(), warning); n != 1 {
 		t.Errorf("%d warnings for the one record dropped unserved, want 1", n)
 	}
 	for _, e := range got.Records[:2] {
@@ -317,14 +299,14 @@ func TestEvictionsCounted(t *testing.T) {
 				got.Evicted, len(got.Records), got.LowestSequence)
 		}
 	}
-	if n := log.count(warning); n != 2 {
+	if n := strings.Count(log.String(), warning); n != 2 {
 		t.Errorf("%d warnings, want 2 (one per batch)", n)
 	}
 	e7 := endOne(t, s, "actor-7") // removes them from the file
 	if got := s.EndedLog(); got.Evicted != (Evictions{ByMax: 3, ByRetention: 3, NeverServed: 3}) || got.LowestSequence != e7.Sequence || e7.Sequence != 7 {
 		t.Fatalf("once dropped from the file: evicted %+v, lowest %d, record #%d; want the same counts, 7", got.Evicted, got.LowestSequence, e7.Sequence)
 	}
-	if n := log.count(warning); n != 2 {
+	if n := strings.Count(log.String(), warning); n != 2 {
 		t.Errorf("%d warnings after the file dropped them, want still 2", n)
 	}
 	s.Close()
