@@ -191,17 +191,20 @@ func decodeState(b []byte, st *stateFile) error {
 
 // loadEnded reads ended.json and sets the store's ledger from it: the
 // records' numbering continues; a missing or unreadable file starts a new
-// instance. A file without the numbering (new, or older than version 3) is
-// written back with it at once, so the instance id survives a restart
-// before the first end; if that write fails, it is written with the first
-// record.
+// instance, written with its first record (until then nothing is numbered
+// under it, so a restart that makes another loses nothing). A file older
+// than version 3 is numbered and written back at once, so its records keep
+// their numbers across the next restart; if that write fails, they are
+// written with the first new record.
 func (s *Store) loadEnded() ([]*Ended, error) {
-	var out []*Ended
+	var (
+		out     []*Ended
+		missing bool
+	)
 	s.ledger = newLedger()
-	missing := true
 	err := s.loadState(endedFileName, maxEndedBytes+maxEndedSlack, func(b []byte) error {
 		out = nil
-		s.ledger, missing = newLedger(), true
+		s.ledger, missing = newLedger(), false
 		if b == nil {
 			return nil
 		}
