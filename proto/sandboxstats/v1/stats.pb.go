@@ -1781,11 +1781,11 @@ type EndedActivation struct {
 	// The record's figures that are absent (cpu_usec, memory_peak_bytes), each
 	// with its reason. Kind: label. Layer: statsd.
 	Absent []*AbsentValue `protobuf:"bytes,15,rep,name=absent,proto3" json:"absent,omitempty"`
-	// The statsd instance that recorded it: 32 hex digits, random, made once
-	// and kept with the daemon's state (--state-dir). A restart keeps it; a
-	// statsd whose ended records were lost (state wiped, or its file moved
-	// aside as corrupt) has a new one. Empty from a statsd older than the
-	// field. Kind: label. Layer: statsd.
+	// The statsd instance that recorded it: 32 hex digits, random, kept with
+	// the daemon's state (--state-dir) from its first record on. A restart
+	// keeps it; a statsd whose ended records were lost (state wiped, or its
+	// file moved aside as corrupt) has a new one. Empty from a statsd older
+	// than the field. Kind: label. Layer: statsd.
 	InstanceId string `protobuf:"bytes,16,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
 	// The record's place among its instance's records: 1 for the first, one
 	// more for each record after, persisted with it, so (instance_id,
