@@ -175,7 +175,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.BaselineRetry <= 0 {
 		cfg.BaselineRetry = 100 * time.Millisecond
 	}
-	s := &Store{cfg: cfg, logger: cfg.Logger, actorLocks: map[string]*actorLock{}, ledger: newLedger()}
+	s := &Store{cfg: cfg, logger: cfg.Logger, actorLocks: map[string]*actorLock{}}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.publish(nil, nil)
 	if cfg.StateDir == "" {
@@ -291,6 +291,9 @@ func (v *view) bound(actorUID string) *Binding {
 // sorted here; the caller must not use the slice afterwards.
 func (s *Store) publish(bindings []*Binding, ended []*Ended) {
 	slices.SortFunc(bindings, func(a, b *Binding) int { return strings.Compare(a.Identity.ActorUID, b.Identity.ActorUID) })
+	if s.ledger == nil {
+		s.ledger = newLedger() // NewStore's first publish: a new instance until loadEnded
+	}
 	s.view.Store(&view{bindings: bindings, ended: ended, ledger: s.ledger})
 }
 
