@@ -69,16 +69,23 @@ func readStateFiles(t *testing.T, dir string) (bound map[string]boundState, epoc
 	ended = map[int64]bool{}
 	if b, err := os.ReadFile(filepath.Join(dir, "ended.json")); err == nil {
 		var ef struct {
-			Version int `json:"version"`
+			Version int    `json:"version"`
+			Next    uint64 `json:"next_sequence"`
 			Ended   []struct {
-				Epoch int64 `json:"epoch_unix_nano"`
+				Epoch    int64  `json:"epoch_unix_nano"`
+				Sequence uint64 `json:"sequence"`
 			} `json:"ended"`
 		}
-		if err := json.Unmarshal(b, &ef); err != nil || ef.Version != 2 {
+		if err := json.Unmarshal(b, &ef); err != nil || ef.Version != 3 {
 			t.Fatalf("ended.json is corrupt (%v):\n%s", err, b)
 		}
+		var last uint64
 		for _, e := range ef.Ended {
 			ended[e.Epoch] = true
+			if e.Sequence <= last || e.Sequence >= ef.Next {
+				t.Fatalf("ended.json numbers epoch %d #%d after #%d, next %d:\n%s", e.Epoch, e.Sequence, last, ef.Next, b)
+			}
+			last = e.Sequence
 		}
 	} else if !os.IsNotExist(err) {
 		t.Fatal(err)

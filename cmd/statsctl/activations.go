@@ -26,17 +26,37 @@ func runActivations(ctx context.Context, e *env, args []string) error {
 	fs := flagSet(e, "activations", "Print the activations that ended here recently, each with its final sample, CPU and peak memory")
 	return runRead(ctx, e, fs, args, nil,
 		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
-			ended, err := sweep.ListEnded(ctx, c, activationsLimits)
+			ended, log, err := sweep.ListEndedLog(ctx, c, activationsLimits)
 			if err != nil && len(ended) == 0 {
 				return nil, err
 			}
 			if err != nil {
 				err = fmt.Errorf("%d ended activations printed, then: %w", len(ended), err)
 			}
-			return &sandboxstatsv1.ListEndedActivationsResponse{Ended: ended}, err
+			return &sandboxstatsv1.ListEndedActivationsResponse{Ended: ended, EndedLog: log}, err
 		}, func(w io.Writer, r *sandboxstatsv1.ListEndedActivationsResponse) error {
-			return writeActivationsTable(w, r.GetEnded())
+			if err := writeActivationsTable(w, r.GetEnded()); err != nil {
+				return err
+			}
+			return writeEndedLog(w, r.GetEndedLog())
 		})
+}
+
+// writeEndedLog prints the daemon's ended log under the table: its
+// instance, the sequences it holds, and what it dropped (nothing from a
+// statsd older than the log).
+func writeEndedLog(w io.Writer, l *sandboxstatsv1.EndedLog) error {
+	if l == nil {
+		return nil
+	}
+	l = sanitized(l) // the instance id is the daemon's text
+	held := "none held"
+	if l.GetLowestSequence() < l.GetNextSequence() {
+		held = fmt.Sprintf("%d to %d held", l.GetLowestSequence(), l.GetNextSequence()-1)
+	}
+	_, err := fmt.Fprintf(w, "statsd instance %s: sequences %s, next %d; dropped %d past --ended-retention, %d over --ended-max, %d over 1 MiB (%d of them never read)\n",
+		l.GetInstanceId(), held, l.GetNextSequence(), l.GetEvictedRetention(), l.GetEvictedMax(), l.GetEvictedSize(), l.GetEvictedNeverServed())
+	return err
 }
 
 // writeActivationsTable prints one line per ended activation, oldest first:
@@ -48,17 +68,25 @@ func writeActivationsTable(w io.Writer, ended []*sandboxstatsv1.EndedActivation)
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ACTOR\tTEMPLATE\tCLASS\tSOURCE\tEPOCH\tDURATION\tOUTCOME\tCPU(s)\tPEAK(MiB)\tFINAL")
+	fmt.Fprintln(tw, "SEQ\tACTOR\tTEMPLATE\tCLASS\tSOURCE\tEPOCH\tDURATION\tOUTCOME\tCPU(s)\tPEAK(MiB)\tFINAL")
 	for _, e := range ended {
 		e = sanitized(e)
 		id := e.GetIdentity()
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
-			id.GetActorUid(), qualified(id.GetTemplateNamespace(), id.GetTemplateName()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n",
+			seqCol(e.GetSequence()), id.GetActorUid(), qualified(id.GetTemplateNamespace(), id.GetTemplateName()),
 			api.ClassName(e.GetSandboxClass()), api.SourceName(e.GetSource()), formatTime(e.GetEpochUnixNano()),
 			durationCol(e.GetEndUnixNano()-e.GetEpochUnixNano()), api.OutcomeName(e.GetOutcome()),
 			endedCPU(e), endedPeak(e), finalCol(e))
 	}
 	return tw.Flush()
+}
+
+// seqCol is a record's sequence ("-" from a statsd older than it).
+func seqCol(seq uint64) string {
+	if seq == 0 {
+		return "-"
+	}
+	return fmt.Sprint(seq)
 }
 
 func durationCol(ns int64) string { return time.Duration(ns).Round(time.Millisecond).String() }

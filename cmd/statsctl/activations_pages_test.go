@@ -34,11 +34,17 @@ func TestActivationsReadsEveryPage(t *testing.T) {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
 	var got []string
-	for _, line := range strings.Split(strings.TrimSpace(out), "\n")[1:] {
-		got = append(got, strings.Fields(line)[0])
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	for i, line := range lines[1 : len(lines)-1] {
+		if f := strings.Fields(line); f[0] == fmt.Sprint(i+1) {
+			got = append(got, f[1])
+		}
 	}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
-		t.Errorf("table lists %d activations: %v", len(got), got)
+		t.Errorf("table lists %d activations numbered in order: %v", len(got), got)
+	}
+	if last := lines[len(lines)-1]; !strings.Contains(last, "sequences 1 to 64 held, next 65") {
+		t.Errorf("the table's last line: %q; want the ended log", last)
 	}
 	out, errOut, code = d.ctl(t, "activations", "--socket", "$STATS", "-o", "json")
 	if code != 0 {
@@ -49,13 +55,17 @@ func TestActivationsReadsEveryPage(t *testing.T) {
 			Identity struct {
 				ActorUID string `json:"actor_uid"`
 			} `json:"identity"`
+			Sequence string `json:"sequence"`
 		} `json:"ended"`
+		EndedLog struct {
+			NextSequence string `json:"next_sequence"`
+		} `json:"ended_log"`
 	}
 	if err := json.Unmarshal([]byte(out), &resp); err != nil {
 		t.Fatalf("%v: %.200s", err, out)
 	}
-	if len(resp.Ended) != len(want) || resp.Ended[63].Identity.ActorUID != want[63] {
-		t.Errorf("JSON lists %d activations", len(resp.Ended))
+	if len(resp.Ended) != len(want) || resp.Ended[63].Identity.ActorUID != want[63] || resp.Ended[63].Sequence != "64" || resp.EndedLog.NextSequence != "65" {
+		t.Errorf("JSON lists %d activations (the last #%s), next sequence %q", len(resp.Ended), resp.Ended[len(resp.Ended)-1].Sequence, resp.EndedLog.NextSequence)
 	}
 }
 
@@ -80,7 +90,7 @@ func TestActivationsBeyondTheAgentsCap(t *testing.T) {
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut)
 	}
-	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != n+1 {
-		t.Errorf("table lists %d activations, want %d", len(lines)-1, n)
+	if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != n+2 {
+		t.Errorf("table lists %d activations, want %d", len(lines)-2, n)
 	}
 }

@@ -167,7 +167,9 @@ func (d *daemon) ctl(t *testing.T, args ...string) (stdout, stderr string, code 
 	}
 	var out, errOut bytes.Buffer
 	code = run(context.Background(), real, &out, &errOut)
-	return out.String(), strings.ReplaceAll(errOut.String(), filepath.Dir(d.stats), "$DIR"), code
+	// The instance id is random: named, so outputs are stable.
+	instance := strings.NewReplacer(d.store.EndedLog().InstanceID, "$INSTANCE")
+	return instance.Replace(out.String()), instance.Replace(strings.ReplaceAll(errOut.String(), filepath.Dir(d.stats), "$DIR")), code
 }
 
 func golden(t *testing.T, name, got string) {

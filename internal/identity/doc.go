@@ -14,4 +14,9 @@
 // (temp file, fsync, rename, fsync of the directory). A state file that
 // cannot be read is moved aside, never deleted, and the daemon starts with no
 // workload.
+//
+// Each ended activation's record is numbered per statsd instance (an
+// instance id and a sequence, persisted with the records, never reused; a
+// wiped state is a new instance), and the records dropped are counted, with
+// those no reader was served (ledger.go, EndedLog).
 package identity

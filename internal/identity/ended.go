@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
@@ -73,6 +74,15 @@ type Ended struct {
 	// taken.
 	BaselineDelayNanos int64           `json:"baseline_delay_nanos,omitempty"`
 	Absent             []source.Absent `json:"absent,omitempty"`
+	// InstanceID and Sequence name the record among its statsd instance's
+	// (ledger.go), given when it is saved: the instance's id (ended.json
+	// holds it once, not per record) and its place, from 1, never reused.
+	InstanceID string `json:"-"`
+	Sequence   uint64 `json:"sequence,omitempty"`
+
+	// served is whether a reader was served it (ledger.go; persisted as
+	// "served"). The one field that changes once published.
+	served atomic.Uint32
 }
 
 // maxFinalReasonBytes bounds FinalReason: a source's error may quote what

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/google/go-cmp/cmp"
+	"github.com/google/go-cmp/cmp/cmpopts"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -87,8 +88,9 @@ func TestReleaseTakesTheFinalReading(t *testing.T) {
 		FinalAtUnixNano: e.FinalAtUnixNano,
 		Baseline:        &Baseline{Kind: BaselineEpochStart, AtUnixNano: b.EpochUnixNano},
 		CPUUsec:         u64(7_000), PeakBytes: u64(400 << 20),
+		InstanceID: s.EndedLog().InstanceID, Sequence: 1,
 	}
-	if diff := cmp.Diff(want, e); diff != "" {
+	if diff := cmp.Diff(want, e, cmpopts.IgnoreUnexported(Ended{})); diff != "" {
 		t.Errorf("record (-want +got):\n%s", diff)
 	}
 	t.Run("a retry returns the same record", func(t *testing.T) {

@@ -46,6 +46,13 @@ const (
 	stateVersionOne = 1
 )
 
+// endedVersion is ended.json's version: 3 adds the records' numbering
+// (the instance id, each record's sequence, the next sequence) and the
+// eviction counts. Versions 1 and 2 load: their records are numbered from
+// 1, in order, under a new instance id, and the file is written back at
+// version 3 at once.
+const endedVersion = 3
+
 // stateFile is binding.json: every bound workload, and the actors whose last
 // activation a Checkpoint ended (for safe retries).
 type stateFile struct {
@@ -82,8 +89,16 @@ type bindingState struct {
 }
 
 type endedFile struct {
-	Version int      `json:"version"`
-	Ended   []*Ended `json:"ended"`
+	Version int `json:"version"`
+	// Version 3's numbering (ledger.go).
+	InstanceID   string    `json:"instance_id,omitempty"`
+	NextSequence uint64    `json:"next_sequence,omitempty"`
+	Evicted      Evictions `json:"evicted"`
+	Ended        []*Ended  `json:"ended"`
+}
+
+func (l *ledger) file(records []*Ended) endedFile {
+	return endedFile{Version: endedVersion, InstanceID: l.instanceID, NextSequence: l.next, Evicted: l.evicted, Ended: records}
 }
 
 // readState reads one state file: a regular file (never a FIFO, a device or
@@ -174,10 +189,22 @@ func decodeState(b []byte, st *stateFile) error {
 	return nil
 }
 
+// loadEnded reads ended.json and sets the store's ledger from it: the
+// records' numbering continues; a missing or unreadable file starts a new
+// instance, written with its first record (until then nothing is numbered
+// under it, so a restart that makes another loses nothing). A file older
+// than version 3 is numbered and written back at once, so its records keep
+// their numbers across the next restart; if that write fails, they are
+// written with the first new record.
 func (s *Store) loadEnded() ([]*Ended, error) {
-	var out []*Ended
+	var (
+		out     []*Ended
+		missing bool
+	)
+	s.ledger = newLedger()
 	err := s.loadState(endedFileName, maxEndedBytes+maxEndedSlack, func(b []byte) error {
 		out = nil
+		s.ledger, missing = newLedger(), false
 		if b == nil {
 			return nil
 		}
@@ -185,18 +212,36 @@ func (s *Store) loadEnded() ([]*Ended, error) {
 		if err := json.Unmarshal(b, &f); err != nil {
 			return fmt.Errorf("parse: %w", err)
 		}
-		if f.Version != stateVersion && f.Version != stateVersionOne {
+		switch f.Version {
+		case endedVersion:
+		case stateVersion, stateVersionOne:
+			if f.InstanceID != "" || f.NextSequence != 0 {
+				return fmt.Errorf("version %d with version %d's numbering", f.Version, endedVersion)
+			}
+		default:
 			return fmt.Errorf("unknown ended-activations version %d", f.Version)
 		}
+		var last uint64
 		for i, e := range f.Ended {
 			if e == nil || e.Identity.Validate() != nil {
 				return fmt.Errorf("record %d: not a valid ended activation", i)
 			}
+			if f.Version == endedVersion && e.Sequence <= last {
+				return fmt.Errorf("record %d: sequence %d after %d", i, e.Sequence, last)
+			}
+			last = e.Sequence
 		}
 		out = f.Ended
+		s.ledger, missing = ledgerOf(out, f.InstanceID, f.NextSequence, f.Evicted)
 		return nil
 	})
-	return out, err
+	if err != nil || !missing {
+		return out, err
+	}
+	if err := s.save(endedFileName, s.ledger.file(out)); err != nil {
+		s.logger.Warn("could not write the ended records' numbering; it is written with the first record", "err", err)
+	}
+	return out, nil
 }
 
 // save writes one state file crash-safely (atomicfile). Written but not
@@ -251,36 +296,62 @@ func (s *Store) saveBindings(bindings []*Binding, cleared []string) error {
 	return s.save(stateFileName, st)
 }
 
-// saveEnded persists the ended activations with e added (replacing a record
-// of the same activation), less what is past the retention, the count cap
-// or the byte cap (oldest first), and returns that list. Called under
-// commit; the caller publishes the list (with the binding it goes
-// with) once it is saved.
+// saveEnded numbers e (the ledger's next sequence) and persists the ended
+// activations with e added (replacing a record of the same activation),
+// less what is past the retention, the count cap or the byte cap (oldest
+// first), each drop counted, and returns that list. Called under commit;
+// the caller publishes the list (with the binding it goes with) once it is
+// saved. The ledger moves on only once the file is written: a failed save
+// gives no sequence out.
 func (s *Store) saveEnded(e *Ended) ([]*Ended, error) {
-	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
-	var next []*Ended
+	led := *s.ledger
+	e.InstanceID, e.Sequence = led.instanceID, led.next
+	led.next++
+	var (
+		cutoff = s.cutoff()
+		next   []*Ended
+		unseen unseenBatch
+	)
+	drop := func(o *Ended, count *uint64, why string) {
+		*count++
+		never, fresh := o.settle()
+		if never {
+			led.evicted.NeverServed++
+		}
+		if fresh {
+			unseen.add(o, why)
+		}
+	}
 	for _, o := range s.view.Load().ended {
-		if o.EndUnixNano >= cutoff && o.key() != e.key() {
+		switch {
+		case o.key() == e.key():
+		case o.EndUnixNano < cutoff:
+			drop(o, &led.evicted.ByRetention, "retention")
+		default:
 			next = append(next, o)
 		}
 	}
 	next = append(next, e)
-	if over := len(next) - s.cfg.EndedMax; over > 0 {
-		next = next[over:]
+	for len(next) > s.cfg.EndedMax {
+		drop(next[0], &led.evicted.ByMax, "ended-max")
+		next = next[1:]
 	}
 	for len(next) > 1 {
-		b, err := encodeState(endedFile{Version: stateVersion, Ended: next})
+		b, err := encodeState(led.file(next))
 		if err != nil {
 			return nil, err
 		}
 		if len(b) <= maxEndedBytes {
 			break
 		}
+		drop(next[0], &led.evicted.BySize, "size")
 		next = next[1:]
 	}
-	if err := s.save(endedFileName, endedFile{Version: stateVersion, Ended: next}); err != nil {
+	if err := s.save(endedFileName, led.file(next)); err != nil {
 		return nil, err
 	}
+	s.ledger = &led
+	s.warnUnserved(led.instanceID, unseen)
 	return next, nil
 }
 

@@ -130,6 +130,9 @@ type Store struct {
 	// activations, replaced whole (under commit) in one store, so a reader
 	// never sees an activation both bound and ended, nor neither.
 	view atomic.Pointer[view]
+	// ledger numbers the ended records (ledger.go); under commit, published
+	// with them.
+	ledger *ledger
 
 	// The baseline takers: one goroutine per binding that needs one, ended
 	// by Close.
@@ -250,6 +253,7 @@ func (s *Store) ReadTimeout() time.Duration { return s.cfg.ReadTimeout }
 type view struct {
 	bindings []*Binding // sorted by actor uid
 	ended    []*Ended   // oldest first
+	ledger   *ledger    // numbers ended
 }
 
 // bound returns the binding of actorUID in v, or nil.
@@ -267,7 +271,10 @@ func (v *view) bound(actorUID string) *Binding {
 // sorted here; the caller must not use the slice afterwards.
 func (s *Store) publish(bindings []*Binding, ended []*Ended) {
 	slices.SortFunc(bindings, func(a, b *Binding) int { return strings.Compare(a.Identity.ActorUID, b.Identity.ActorUID) })
-	s.view.Store(&view{bindings: bindings, ended: ended})
+	if s.ledger == nil {
+		s.ledger = newLedger() // NewStore's first publish: a new instance until loadEnded
+	}
+	s.view.Store(&view{bindings: bindings, ended: ended, ledger: s.ledger})
 }
 
 // Bound returns the binding of actorUID, or nil. It never blocks.
@@ -295,11 +302,8 @@ func (s *Store) Ended() []*Ended {
 // workload in one step). It never blocks and never writes.
 func (s *Store) Snapshot() ([]*Binding, []*Ended) {
 	v := s.view.Load()
-	cutoff := s.cfg.Now().Add(-s.cfg.EndedRetention).UnixNano()
-	for i, e := range v.ended {
-		if e.EndUnixNano >= cutoff {
-			return v.bindings, v.ended[i:]
-		}
+	if i := v.heldFrom(s.cutoff()); i < len(v.ended) {
+		return v.bindings, v.ended[i:]
 	}
 	return v.bindings, nil
 }

@@ -75,7 +75,7 @@ func (s *StatsService) activeAnswer(ctx context.Context, includeHost bool, bound
 	// (errBindingChanged) is of such a binding.
 	now, ended := s.store.Snapshot()
 	if len(now) == 0 {
-		return withEnded(noWorkload(), ended), nil
+		return s.withEndedLog(noWorkload(), ended), nil
 	}
 	resp := &sandboxstatsv1.StatsActiveWorkloadsResponse{}
 	read := make(map[*identity.Binding]activeResult, len(results))
@@ -114,7 +114,7 @@ func (s *StatsService) activeAnswer(ctx context.Context, includeHost bool, bound
 			resp.NoSampleDetail = resp.Pending[0].Detail
 		}
 	}
-	return withEnded(resp, ended), nil
+	return s.withEndedLog(resp, ended), nil
 }
 
 // readOne reads b for the discovery read, under bound from now.

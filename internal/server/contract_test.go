@@ -401,6 +401,7 @@ func TestStatsActiveWorkloadsStates(t *testing.T) {
 				NoSampleReason: sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET, NoSampleDetail: tc.err.Error(),
 				Pending: []*sandboxstatsv1.PendingWorkload{{Identity: identA, SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR,
 					EpochUnixNano: epoch, Reason: tc.reason, Detail: tc.err.Error()}},
+				EndedLog: &sandboxstatsv1.EndedLog{InstanceId: h.store.EndedLog().InstanceID, LowestSequence: 1, NextSequence: 1},
 			}
 			if diff := cmp.Diff(want, resp, protocmp.Transform()); diff != "" {
 				t.Fatalf("answer (-want +got):\n%s", diff)

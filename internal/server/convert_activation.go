@@ -41,6 +41,8 @@ func endedToProto(e *identity.Ended) *sandboxstatsv1.EndedActivation {
 		MemoryPeakBytes:        e.PeakBytes,
 		MemoryPeakIsLowerBound: e.PeakIsLowerBound,
 		BaselineDelayNanos:     e.BaselineDelayNanos,
+		InstanceId:             e.InstanceID,
+		Sequence:               e.Sequence,
 	}
 	if e.Final != nil {
 		out.Source = kindToProto(e.Final.Kind)
@@ -52,6 +54,20 @@ func endedToProto(e *identity.Ended) *sandboxstatsv1.EndedActivation {
 		out.Absent = append(out.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
 	}
 	return out
+}
+
+// endedLogToProto converts the ended records' numbering; lowest is the
+// lowest sequence the answer's state holds.
+func endedLogToProto(l identity.EndedLog, lowest uint64) *sandboxstatsv1.EndedLog {
+	return &sandboxstatsv1.EndedLog{
+		InstanceId:         l.InstanceID,
+		LowestSequence:     lowest,
+		NextSequence:       l.NextSequence,
+		EvictedRetention:   l.Evicted.ByRetention,
+		EvictedMax:         l.Evicted.ByMax,
+		EvictedSize:        l.Evicted.BySize,
+		EvictedNeverServed: l.Evicted.NeverServed,
+	}
 }
 
 // endedOutcomeName and finalProvenanceName name them for logs.

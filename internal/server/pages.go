@@ -32,10 +32,12 @@ type pageKey struct {
 // tokenPrefix versions the token's text.
 const tokenPrefix = "e1:"
 
-// maxTokenField is more than a page token takes on the wire (its tag and
-// length, and base64 of the prefix, an epoch and a 128-byte actor uid:
-// 204 bytes); a page's records leave room for it.
-const maxTokenField = 256
+// maxTokenField is more than a page token and the answer's ended log take
+// on the wire (the token's tag and length, and base64 of the prefix, an
+// epoch and a 128-byte actor uid: 204 bytes; the log's tag and length, a
+// 32-digit instance id and six counters with their tags: at most 102
+// bytes); a page's records leave room for them.
+const maxTokenField = 320
 
 // errBadPageToken: a page token this service did not make.
 var errBadPageToken = errors.New("not a page token of ListEndedActivations")
@@ -79,6 +81,27 @@ func pageStart(list []*identity.Ended, k pageKey, ok bool) int {
 		}
 	}
 	return 0
+}
+
+// servePage is endedPage for an answer: the records it carries count as
+// served (identity.Ended.MarkServed), so dropping them later is no loss.
+func servePage(list []*identity.Ended, start, budget int, field protowire.Number) ([]*sandboxstatsv1.EndedActivation, string) {
+	out, token := endedPage(list, start, budget, field)
+	for _, e := range list[start : start+len(out)] {
+		e.MarkServed()
+	}
+	return out, token
+}
+
+// answerLog is the ended log of an answer whose records are ended, read
+// from an earlier state than l: its lowest sequence is that of ended's
+// first, or l's when ended is empty (any record added since numbers from
+// where that state's next was; any dropped since was dropped).
+func answerLog(l identity.EndedLog, ended []*identity.Ended) *sandboxstatsv1.EndedLog {
+	if len(ended) > 0 {
+		return endedLogToProto(l, ended[0].Sequence)
+	}
+	return endedLogToProto(l, l.LowestSequence)
 }
 
 // endedPage converts list[start:], oldest first, as many records as fit in

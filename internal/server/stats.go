@@ -137,7 +137,14 @@ func (s *StatsService) StatsWorkload(ctx context.Context, req *sandboxstatsv1.St
 // withEnded gives r the first page of ended (oldest first): as many records
 // as fit beside what r holds in pageBytes, and the token of the rest.
 func withEnded(r *sandboxstatsv1.StatsActiveWorkloadsResponse, ended []*identity.Ended) *sandboxstatsv1.StatsActiveWorkloadsResponse {
-	r.Ended, r.EndedNextPageToken = endedPage(ended, 0, pageBytes-maxTokenField-proto.Size(r), activeEndedField)
+	r.Ended, r.EndedNextPageToken = servePage(ended, 0, pageBytes-maxTokenField-proto.Size(r), activeEndedField)
+	return r
+}
+
+// withEndedLog is withEnded with the ended records' log (pages.go).
+func (s *StatsService) withEndedLog(r *sandboxstatsv1.StatsActiveWorkloadsResponse, ended []*identity.Ended) *sandboxstatsv1.StatsActiveWorkloadsResponse {
+	r = withEnded(r, ended)
+	r.EndedLog = answerLog(s.store.EndedLog(), ended)
 	return r
 }
 
@@ -165,7 +172,13 @@ func notMeasurableYet(detail string) *sandboxstatsv1.StatsActiveWorkloadsRespons
 // ListEndedActivations lists the recently ended activations a page at a
 // time (see pages.go); it reads no source.
 func (s *StatsService) ListEndedActivations(_ context.Context, req *sandboxstatsv1.ListEndedActivationsRequest) (*sandboxstatsv1.ListEndedActivationsResponse, error) {
-	return listEndedPage(s.store.Ended(), req.GetPageToken())
+	log := s.store.EndedLog()
+	resp, err := listEndedPage(log.Records, req.GetPageToken())
+	if err != nil {
+		return nil, err
+	}
+	resp.EndedLog = answerLog(log, log.Records)
+	return resp, nil
 }
 
 // listEndedPage is the page of list (oldest first) that token asks for.
@@ -175,7 +188,7 @@ func listEndedPage(list []*identity.Ended, token string) (*sandboxstatsv1.ListEn
 		return nil, statusError(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_PAGE_TOKEN, "page_token: %v", err)
 	}
 	resp := &sandboxstatsv1.ListEndedActivationsResponse{}
-	resp.Ended, resp.NextPageToken = endedPage(list, pageStart(list, k, ok), pageBytes-maxTokenField, listEndedField)
+	resp.Ended, resp.NextPageToken = servePage(list, pageStart(list, k, ok), pageBytes-maxTokenField, listEndedField)
 	return resp, nil
 }
 

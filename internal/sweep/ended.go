@@ -21,7 +21,15 @@ var errEndedCapped = errors.New("ended activations over the cap")
 // all. Past a cap it returns what it read with an error; so does a failed
 // call.
 func ListEnded(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, limits Limits) ([]*sandboxstatsv1.EndedActivation, error) {
-	return readPages(ctx, client, limits.orDefault(), nil, "", 0, 0, true)
+	return readPages(ctx, client, limits.orDefault(), nil, "", 0, 0, true, nil)
+}
+
+// ListEndedLog is ListEnded with the daemon's ended log as of the last page
+// read (nil when none was, or from a statsd older than the log).
+func ListEndedLog(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, limits Limits) ([]*sandboxstatsv1.EndedActivation, *sandboxstatsv1.EndedLog, error) {
+	var log *sandboxstatsv1.EndedLog
+	ended, err := readPages(ctx, client, limits.orDefault(), nil, "", 0, 0, true, &log)
+	return ended, log, err
 }
 
 // readEndedPages reads the pages after the records an answer of size bytes
@@ -32,13 +40,14 @@ func readEndedPages(ctx context.Context, client sandboxstatsv1.WorkloadStatsServ
 	if err := endedCount(ended, limits); err != nil {
 		return ended, err
 	}
-	return readPages(ctx, client, limits, ended, token, bytes, 1, false)
+	return readPages(ctx, client, limits, ended, token, bytes, 1, false, nil)
 }
 
 // readPages follows token (from the first page when first) to the last
 // page, appending to ended; bytes and pages count what was read already.
+// With log set, it keeps there each page's ended log.
 func readPages(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceClient, limits Limits,
-	ended []*sandboxstatsv1.EndedActivation, token string, bytes, pages int, first bool) ([]*sandboxstatsv1.EndedActivation, error) {
+	ended []*sandboxstatsv1.EndedActivation, token string, bytes, pages int, first bool, log **sandboxstatsv1.EndedLog) ([]*sandboxstatsv1.EndedActivation, error) {
 	ended = slices.Clip(ended) // never append into an answer's own array
 	for ; first || token != ""; pages++ {
 		first = false
@@ -53,6 +62,9 @@ func readPages(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceCl
 			return ended, fmt.Errorf("%w: more than %d bytes", errEndedCapped, limits.MaxReplyBytes)
 		}
 		token = resp.GetNextPageToken()
+		if log != nil && resp.GetEndedLog() != nil {
+			*log = resp.GetEndedLog()
+		}
 		if len(resp.GetEnded()) == 0 && token != "" {
 			return ended, fmt.Errorf("%w: a page with no record and a token for more", errEndedCapped)
 		}

@@ -998,7 +998,11 @@ type StatsActiveWorkloadsResponse struct {
 	EndedNextPageToken string `protobuf:"bytes,5,opt,name=ended_next_page_token,json=endedNextPageToken,proto3" json:"ended_next_page_token,omitempty"`
 	// The bound workloads without a sample in this answer, sorted by
 	// identity.actor_uid, each with why: its numbers are absent, not zero.
-	Pending       []*PendingWorkload `protobuf:"bytes,6,rep,name=pending,proto3" json:"pending,omitempty"`
+	Pending []*PendingWorkload `protobuf:"bytes,6,rep,name=pending,proto3" json:"pending,omitempty"`
+	// This statsd's ended records as of this answer (as in
+	// ListEndedActivationsResponse): lowest_sequence is that of the first of
+	// `ended`, or the next sequence when it is empty.
+	EndedLog      *EndedLog `protobuf:"bytes,7,opt,name=ended_log,json=endedLog,proto3" json:"ended_log,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1071,6 +1075,13 @@ func (x *StatsActiveWorkloadsResponse) GetEndedNextPageToken() string {
 func (x *StatsActiveWorkloadsResponse) GetPending() []*PendingWorkload {
 	if x != nil {
 		return x.Pending
+	}
+	return nil
+}
+
+func (x *StatsActiveWorkloadsResponse) GetEndedLog() *EndedLog {
+	if x != nil {
+		return x.EndedLog
 	}
 	return nil
 }
@@ -1776,7 +1787,21 @@ type EndedActivation struct {
 	BaselineDelayNanos int64 `protobuf:"varint,14,opt,name=baseline_delay_nanos,json=baselineDelayNanos,proto3" json:"baseline_delay_nanos,omitempty"`
 	// The record's figures that are absent (cpu_usec, memory_peak_bytes), each
 	// with its reason. Kind: label. Layer: statsd.
-	Absent        []*AbsentValue `protobuf:"bytes,15,rep,name=absent,proto3" json:"absent,omitempty"`
+	Absent []*AbsentValue `protobuf:"bytes,15,rep,name=absent,proto3" json:"absent,omitempty"`
+	// The statsd instance that recorded it: 32 hex digits, random, kept with
+	// the daemon's state (--state-dir) from its first record on. A restart
+	// keeps it; a statsd whose ended records were lost (state wiped, or its
+	// file moved aside as corrupt) has a new one. Empty from a statsd older
+	// than the field. Kind: label. Layer: statsd.
+	InstanceId string `protobuf:"bytes,16,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// The record's place among its instance's records: 1 for the first, one
+	// more for each record after, persisted with it, so (instance_id,
+	// sequence) names one record, never reused (a restart continues the
+	// count). A reader that has every record up to n and sees the instance's
+	// lowest sequence held (EndedLog.lowest_sequence) above n + 1 knows the
+	// records between were dropped before it read them. 0 from a statsd older
+	// than the field. Kind: label. Layer: statsd.
+	Sequence      uint64 `protobuf:"varint,17,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1916,6 +1941,133 @@ func (x *EndedActivation) GetAbsent() []*AbsentValue {
 	return nil
 }
 
+func (x *EndedActivation) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *EndedActivation) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
+}
+
+// EndedLog is a statsd instance's account of its ended records, as of the
+// answer it comes in: who numbers them, which are held, and how many it
+// dropped (for --ended-retention, --ended-max or its state file's 1 MiB).
+// The counts are of this instance: a new instance_id starts them at 0.
+type EndedLog struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// EndedActivation.instance_id of this statsd.
+	InstanceId string `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	// The lowest sequence still held (the oldest record kept, not past the
+	// retention); next_sequence when none is held. Every record below it is
+	// dropped: a reader that has not read one of those missed it for good.
+	LowestSequence uint64 `protobuf:"varint,2,opt,name=lowest_sequence,json=lowestSequence,proto3" json:"lowest_sequence,omitempty"`
+	// The sequence the next record will get: the records held are
+	// lowest_sequence to next_sequence - 1 (a gap among them only where a
+	// record was recorded again for the same activation).
+	NextSequence uint64 `protobuf:"varint,3,opt,name=next_sequence,json=nextSequence,proto3" json:"next_sequence,omitempty"`
+	// Counter, records, layer: statsd. Dropped for being older than
+	// --ended-retention (counted as soon as a read finds them past it).
+	EvictedRetention uint64 `protobuf:"varint,4,opt,name=evicted_retention,json=evictedRetention,proto3" json:"evicted_retention,omitempty"`
+	// Counter, records, layer: statsd. Dropped for --ended-max.
+	EvictedMax uint64 `protobuf:"varint,5,opt,name=evicted_max,json=evictedMax,proto3" json:"evicted_max,omitempty"`
+	// Counter, records, layer: statsd. Dropped to keep the state file under
+	// its 1 MiB.
+	EvictedSize uint64 `protobuf:"varint,6,opt,name=evicted_size,json=evictedSize,proto3" json:"evicted_size,omitempty"`
+	// Counter, records, layer: statsd. Of the evicted ones, those no answer of
+	// StatsActiveWorkloads or ListEndedActivations had listed: usage no reader
+	// can have accounted. It may count a record served in the same instant it
+	// was dropped, never miss one; a restart forgets the serves since the
+	// state file was last written (counting those records unserved).
+	EvictedNeverServed uint64 `protobuf:"varint,7,opt,name=evicted_never_served,json=evictedNeverServed,proto3" json:"evicted_never_served,omitempty"`
+	unknownFields      protoimpl.UnknownFields
+	sizeCache          protoimpl.SizeCache
+}
+
+func (x *EndedLog) Reset() {
+	*x = EndedLog{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *EndedLog) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*EndedLog) ProtoMessage() {}
+
+func (x *EndedLog) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use EndedLog.ProtoReflect.Descriptor instead.
+func (*EndedLog) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
+}
+
+func (x *EndedLog) GetInstanceId() string {
+	if x != nil {
+		return x.InstanceId
+	}
+	return ""
+}
+
+func (x *EndedLog) GetLowestSequence() uint64 {
+	if x != nil {
+		return x.LowestSequence
+	}
+	return 0
+}
+
+func (x *EndedLog) GetNextSequence() uint64 {
+	if x != nil {
+		return x.NextSequence
+	}
+	return 0
+}
+
+func (x *EndedLog) GetEvictedRetention() uint64 {
+	if x != nil {
+		return x.EvictedRetention
+	}
+	return 0
+}
+
+func (x *EndedLog) GetEvictedMax() uint64 {
+	if x != nil {
+		return x.EvictedMax
+	}
+	return 0
+}
+
+func (x *EndedLog) GetEvictedSize() uint64 {
+	if x != nil {
+		return x.EvictedSize
+	}
+	return 0
+}
+
+func (x *EndedLog) GetEvictedNeverServed() uint64 {
+	if x != nil {
+		return x.EvictedNeverServed
+	}
+	return 0
+}
+
 type ListEndedActivationsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Empty for the first page (the oldest records); else the
@@ -1928,7 +2080,7 @@ type ListEndedActivationsRequest struct {
 
 func (x *ListEndedActivationsRequest) Reset() {
 	*x = ListEndedActivationsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1940,7 +2092,7 @@ func (x *ListEndedActivationsRequest) String() string {
 func (*ListEndedActivationsRequest) ProtoMessage() {}
 
 func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1953,7 +2105,7 @@ func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ListEndedActivationsRequest) GetPageToken() string {
@@ -1970,13 +2122,17 @@ type ListEndedActivationsResponse struct {
 	// Set while records remain after this page: the page_token of the next.
 	// Empty on the last page.
 	NextPageToken string `protobuf:"bytes,2,opt,name=next_page_token,json=nextPageToken,proto3" json:"next_page_token,omitempty"`
+	// This statsd's ended records as of this page: its instance, the
+	// sequences held, and how many it dropped. Absent from a statsd older
+	// than the field.
+	EndedLog      *EndedLog `protobuf:"bytes,3,opt,name=ended_log,json=endedLog,proto3" json:"ended_log,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ListEndedActivationsResponse) Reset() {
 	*x = ListEndedActivationsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1988,7 +2144,7 @@ func (x *ListEndedActivationsResponse) String() string {
 func (*ListEndedActivationsResponse) ProtoMessage() {}
 
 func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2001,7 +2157,7 @@ func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListEndedActivationsResponse) GetEnded() []*EndedActivation {
@@ -2018,6 +2174,13 @@ func (x *ListEndedActivationsResponse) GetNextPageToken() string {
 	return ""
 }
 
+func (x *ListEndedActivationsResponse) GetEndedLog() *EndedLog {
+	if x != nil {
+		return x.EndedLog
+	}
+	return nil
+}
+
 // ContainerReadError is one workload container the guest agent could not
 // report on.
 type ContainerReadError struct {
@@ -2032,7 +2195,7 @@ type ContainerReadError struct {
 
 func (x *ContainerReadError) Reset() {
 	*x = ContainerReadError{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2044,7 +2207,7 @@ func (x *ContainerReadError) String() string {
 func (*ContainerReadError) ProtoMessage() {}
 
 func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2057,7 +2220,7 @@ func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerReadError.ProtoReflect.Descriptor instead.
 func (*ContainerReadError) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ContainerReadError) GetContainerId() string {
@@ -2084,7 +2247,7 @@ type RunWorkloadRequest struct {
 
 func (x *RunWorkloadRequest) Reset() {
 	*x = RunWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2096,7 +2259,7 @@ func (x *RunWorkloadRequest) String() string {
 func (*RunWorkloadRequest) ProtoMessage() {}
 
 func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2109,7 +2272,7 @@ func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RunWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *RunWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2139,7 +2302,7 @@ type RunWorkloadResponse struct {
 
 func (x *RunWorkloadResponse) Reset() {
 	*x = RunWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2151,7 +2314,7 @@ func (x *RunWorkloadResponse) String() string {
 func (*RunWorkloadResponse) ProtoMessage() {}
 
 func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2164,7 +2327,7 @@ func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RunWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2191,7 +2354,7 @@ type RestoreWorkloadRequest struct {
 
 func (x *RestoreWorkloadRequest) Reset() {
 	*x = RestoreWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2203,7 +2366,7 @@ func (x *RestoreWorkloadRequest) String() string {
 func (*RestoreWorkloadRequest) ProtoMessage() {}
 
 func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2216,7 +2379,7 @@ func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RestoreWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2246,7 +2409,7 @@ type RestoreWorkloadResponse struct {
 
 func (x *RestoreWorkloadResponse) Reset() {
 	*x = RestoreWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2258,7 +2421,7 @@ func (x *RestoreWorkloadResponse) String() string {
 func (*RestoreWorkloadResponse) ProtoMessage() {}
 
 func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2271,7 +2434,7 @@ func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RestoreWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2310,7 +2473,7 @@ type CheckpointWorkloadRequest struct {
 
 func (x *CheckpointWorkloadRequest) Reset() {
 	*x = CheckpointWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2322,7 +2485,7 @@ func (x *CheckpointWorkloadRequest) String() string {
 func (*CheckpointWorkloadRequest) ProtoMessage() {}
 
 func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2335,7 +2498,7 @@ func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *CheckpointWorkloadRequest) GetActorUid() string {
@@ -2362,7 +2525,7 @@ type CheckpointWorkloadResponse struct {
 
 func (x *CheckpointWorkloadResponse) Reset() {
 	*x = CheckpointWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2374,7 +2537,7 @@ func (x *CheckpointWorkloadResponse) String() string {
 func (*CheckpointWorkloadResponse) ProtoMessage() {}
 
 func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2387,7 +2550,7 @@ func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckpointWorkloadResponse) GetEnded() *EndedActivation {
@@ -2415,7 +2578,7 @@ type DriftFinding struct {
 
 func (x *DriftFinding) Reset() {
 	*x = DriftFinding{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2427,7 +2590,7 @@ func (x *DriftFinding) String() string {
 func (*DriftFinding) ProtoMessage() {}
 
 func (x *DriftFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2440,7 +2603,7 @@ func (x *DriftFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftFinding.ProtoReflect.Descriptor instead.
 func (*DriftFinding) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *DriftFinding) GetKind() DriftKind {
@@ -2490,7 +2653,7 @@ type DriftEvent struct {
 
 func (x *DriftEvent) Reset() {
 	*x = DriftEvent{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2502,7 +2665,7 @@ func (x *DriftEvent) String() string {
 func (*DriftEvent) ProtoMessage() {}
 
 func (x *DriftEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2515,7 +2678,7 @@ func (x *DriftEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftEvent.ProtoReflect.Descriptor instead.
 func (*DriftEvent) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DriftEvent) GetAtUnixNano() int64 {
@@ -2565,7 +2728,7 @@ type DriftCheckStatus struct {
 
 func (x *DriftCheckStatus) Reset() {
 	*x = DriftCheckStatus{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2577,7 +2740,7 @@ func (x *DriftCheckStatus) String() string {
 func (*DriftCheckStatus) ProtoMessage() {}
 
 func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2590,7 +2753,7 @@ func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftCheckStatus.ProtoReflect.Descriptor instead.
 func (*DriftCheckStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DriftCheckStatus) GetEnabled() bool {
@@ -2629,7 +2792,7 @@ type ListDriftFindingsRequest struct {
 
 func (x *ListDriftFindingsRequest) Reset() {
 	*x = ListDriftFindingsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2641,7 +2804,7 @@ func (x *ListDriftFindingsRequest) String() string {
 func (*ListDriftFindingsRequest) ProtoMessage() {}
 
 func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2654,7 +2817,7 @@ func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsRequest.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{26}
 }
 
 type ListDriftFindingsResponse struct {
@@ -2669,7 +2832,7 @@ type ListDriftFindingsResponse struct {
 
 func (x *ListDriftFindingsResponse) Reset() {
 	*x = ListDriftFindingsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2681,7 +2844,7 @@ func (x *ListDriftFindingsResponse) String() string {
 func (*ListDriftFindingsResponse) ProtoMessage() {}
 
 func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2694,7 +2857,7 @@ func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsResponse.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{26}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ListDriftFindingsResponse) GetFindings() []*DriftFinding {
@@ -2750,14 +2913,15 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x15StatsWorkloadResponse\x12<\n" +
 	"\x06sample\x18\x01 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\x06sample\"@\n" +
 	"\x1bStatsActiveWorkloadsRequest\x12!\n" +
-	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\xfa\x02\n" +
+	"\finclude_host\x18\x01 \x01(\bR\vincludeHost\"\xb2\x03\n" +
 	"\x1cStatsActiveWorkloadsResponse\x12>\n" +
 	"\asamples\x18\x01 \x03(\v2$.sandboxstats.v1.WorkloadStatsSampleR\asamples\x12I\n" +
 	"\x10no_sample_reason\x18\x02 \x01(\x0e2\x1f.sandboxstats.v1.NoSampleReasonR\x0enoSampleReason\x12(\n" +
 	"\x10no_sample_detail\x18\x03 \x01(\tR\x0enoSampleDetail\x126\n" +
 	"\x05ended\x18\x04 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\x121\n" +
 	"\x15ended_next_page_token\x18\x05 \x01(\tR\x12endedNextPageToken\x12:\n" +
-	"\apending\x18\x06 \x03(\v2 .sandboxstats.v1.PendingWorkloadR\apending\"\x8a\x02\n" +
+	"\apending\x18\x06 \x03(\v2 .sandboxstats.v1.PendingWorkloadR\apending\x126\n" +
+	"\tended_log\x18\a \x01(\v2\x19.sandboxstats.v1.EndedLogR\bendedLog\"\x8a\x02\n" +
 	"\x0fPendingWorkload\x12=\n" +
 	"\bidentity\x18\x01 \x01(\v2!.sandboxstats.v1.WorkloadIdentityR\bidentity\x12B\n" +
 	"\rsandbox_class\x18\x02 \x01(\x0e2\x1d.sandboxstats.v1.SandboxClassR\fsandboxClass\x12&\n" +
@@ -2811,7 +2975,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.sandboxstats.v1.BaselineKindR\x04kind\x121\n" +
 	"\x15observed_at_unix_nano\x18\x02 \x01(\x03R\x12observedAtUnixNano\x12C\n" +
 	"\n" +
-	"first_read\x18\x03 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\tfirstRead\"\xc0\x06\n" +
+	"first_read\x18\x03 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\tfirstRead\"\xfd\x06\n" +
 	"\x0fEndedActivation\x12=\n" +
 	"\bidentity\x18\x01 \x01(\v2!.sandboxstats.v1.WorkloadIdentityR\bidentity\x12B\n" +
 	"\rsandbox_class\x18\x02 \x01(\x0e2\x1d.sandboxstats.v1.SandboxClassR\fsandboxClass\x124\n" +
@@ -2828,15 +2992,29 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x11memory_peak_bytes\x18\f \x01(\x04H\x01R\x0fmemoryPeakBytes\x88\x01\x01\x12:\n" +
 	"\x1amemory_peak_is_lower_bound\x18\r \x01(\bR\x16memoryPeakIsLowerBound\x120\n" +
 	"\x14baseline_delay_nanos\x18\x0e \x01(\x03R\x12baselineDelayNanos\x124\n" +
-	"\x06absent\x18\x0f \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absentB\v\n" +
+	"\x06absent\x18\x0f \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\x12\x1f\n" +
+	"\vinstance_id\x18\x10 \x01(\tR\n" +
+	"instanceId\x12\x1a\n" +
+	"\bsequence\x18\x11 \x01(\x04R\bsequenceB\v\n" +
 	"\t_cpu_usecB\x14\n" +
-	"\x12_memory_peak_bytes\"<\n" +
+	"\x12_memory_peak_bytes\"\x9c\x02\n" +
+	"\bEndedLog\x12\x1f\n" +
+	"\vinstance_id\x18\x01 \x01(\tR\n" +
+	"instanceId\x12'\n" +
+	"\x0flowest_sequence\x18\x02 \x01(\x04R\x0elowestSequence\x12#\n" +
+	"\rnext_sequence\x18\x03 \x01(\x04R\fnextSequence\x12+\n" +
+	"\x11evicted_retention\x18\x04 \x01(\x04R\x10evictedRetention\x12\x1f\n" +
+	"\vevicted_max\x18\x05 \x01(\x04R\n" +
+	"evictedMax\x12!\n" +
+	"\fevicted_size\x18\x06 \x01(\x04R\vevictedSize\x120\n" +
+	"\x14evicted_never_served\x18\a \x01(\x04R\x12evictedNeverServed\"<\n" +
 	"\x1bListEndedActivationsRequest\x12\x1d\n" +
 	"\n" +
-	"page_token\x18\x01 \x01(\tR\tpageToken\"~\n" +
+	"page_token\x18\x01 \x01(\tR\tpageToken\"\xb6\x01\n" +
 	"\x1cListEndedActivationsResponse\x126\n" +
 	"\x05ended\x18\x01 \x03(\v2 .sandboxstats.v1.EndedActivationR\x05ended\x12&\n" +
-	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\"O\n" +
+	"\x0fnext_page_token\x18\x02 \x01(\tR\rnextPageToken\x126\n" +
+	"\tended_log\x18\x03 \x01(\v2\x19.sandboxstats.v1.EndedLogR\bendedLog\"O\n" +
 	"\x12ContainerReadError\x12!\n" +
 	"\fcontainer_id\x18\x01 \x01(\tR\vcontainerId\x12\x16\n" +
 	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8a\x01\n" +
@@ -2964,7 +3142,7 @@ func file_sandboxstats_v1_stats_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 27)
+var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
 var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(ErrorReason)(0),                     // 0: sandboxstats.v1.ErrorReason
 	(SandboxClass)(0),                    // 1: sandboxstats.v1.SandboxClass
@@ -2988,27 +3166,28 @@ var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(*WorkloadStatsSample)(nil),          // 19: sandboxstats.v1.WorkloadStatsSample
 	(*EpochBaseline)(nil),                // 20: sandboxstats.v1.EpochBaseline
 	(*EndedActivation)(nil),              // 21: sandboxstats.v1.EndedActivation
-	(*ListEndedActivationsRequest)(nil),  // 22: sandboxstats.v1.ListEndedActivationsRequest
-	(*ListEndedActivationsResponse)(nil), // 23: sandboxstats.v1.ListEndedActivationsResponse
-	(*ContainerReadError)(nil),           // 24: sandboxstats.v1.ContainerReadError
-	(*RunWorkloadRequest)(nil),           // 25: sandboxstats.v1.RunWorkloadRequest
-	(*RunWorkloadResponse)(nil),          // 26: sandboxstats.v1.RunWorkloadResponse
-	(*RestoreWorkloadRequest)(nil),       // 27: sandboxstats.v1.RestoreWorkloadRequest
-	(*RestoreWorkloadResponse)(nil),      // 28: sandboxstats.v1.RestoreWorkloadResponse
-	(*CheckpointWorkloadRequest)(nil),    // 29: sandboxstats.v1.CheckpointWorkloadRequest
-	(*CheckpointWorkloadResponse)(nil),   // 30: sandboxstats.v1.CheckpointWorkloadResponse
-	(*DriftFinding)(nil),                 // 31: sandboxstats.v1.DriftFinding
-	(*DriftEvent)(nil),                   // 32: sandboxstats.v1.DriftEvent
-	(*DriftCheckStatus)(nil),             // 33: sandboxstats.v1.DriftCheckStatus
-	(*ListDriftFindingsRequest)(nil),     // 34: sandboxstats.v1.ListDriftFindingsRequest
-	(*ListDriftFindingsResponse)(nil),    // 35: sandboxstats.v1.ListDriftFindingsResponse
-	(*HostStats)(nil),                    // 36: sandboxstats.v1.HostStats
-	(*MemorySignals)(nil),                // 37: sandboxstats.v1.MemorySignals
-	(*CpuThrottling)(nil),                // 38: sandboxstats.v1.CpuThrottling
-	(*Pressure)(nil),                     // 39: sandboxstats.v1.Pressure
-	(*Pids)(nil),                         // 40: sandboxstats.v1.Pids
-	(*NetworkStats)(nil),                 // 41: sandboxstats.v1.NetworkStats
-	(*BlockIo)(nil),                      // 42: sandboxstats.v1.BlockIo
+	(*EndedLog)(nil),                     // 22: sandboxstats.v1.EndedLog
+	(*ListEndedActivationsRequest)(nil),  // 23: sandboxstats.v1.ListEndedActivationsRequest
+	(*ListEndedActivationsResponse)(nil), // 24: sandboxstats.v1.ListEndedActivationsResponse
+	(*ContainerReadError)(nil),           // 25: sandboxstats.v1.ContainerReadError
+	(*RunWorkloadRequest)(nil),           // 26: sandboxstats.v1.RunWorkloadRequest
+	(*RunWorkloadResponse)(nil),          // 27: sandboxstats.v1.RunWorkloadResponse
+	(*RestoreWorkloadRequest)(nil),       // 28: sandboxstats.v1.RestoreWorkloadRequest
+	(*RestoreWorkloadResponse)(nil),      // 29: sandboxstats.v1.RestoreWorkloadResponse
+	(*CheckpointWorkloadRequest)(nil),    // 30: sandboxstats.v1.CheckpointWorkloadRequest
+	(*CheckpointWorkloadResponse)(nil),   // 31: sandboxstats.v1.CheckpointWorkloadResponse
+	(*DriftFinding)(nil),                 // 32: sandboxstats.v1.DriftFinding
+	(*DriftEvent)(nil),                   // 33: sandboxstats.v1.DriftEvent
+	(*DriftCheckStatus)(nil),             // 34: sandboxstats.v1.DriftCheckStatus
+	(*ListDriftFindingsRequest)(nil),     // 35: sandboxstats.v1.ListDriftFindingsRequest
+	(*ListDriftFindingsResponse)(nil),    // 36: sandboxstats.v1.ListDriftFindingsResponse
+	(*HostStats)(nil),                    // 37: sandboxstats.v1.HostStats
+	(*MemorySignals)(nil),                // 38: sandboxstats.v1.MemorySignals
+	(*CpuThrottling)(nil),                // 39: sandboxstats.v1.CpuThrottling
+	(*Pressure)(nil),                     // 40: sandboxstats.v1.Pressure
+	(*Pids)(nil),                         // 41: sandboxstats.v1.Pids
+	(*NetworkStats)(nil),                 // 42: sandboxstats.v1.NetworkStats
+	(*BlockIo)(nil),                      // 43: sandboxstats.v1.BlockIo
 }
 var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	1,  // 0: sandboxstats.v1.SandboxRef.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
@@ -3017,69 +3196,71 @@ var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	3,  // 3: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
 	21, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
 	15, // 5: sandboxstats.v1.StatsActiveWorkloadsResponse.pending:type_name -> sandboxstats.v1.PendingWorkload
-	9,  // 6: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 7: sandboxstats.v1.PendingWorkload.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	0,  // 8: sandboxstats.v1.PendingWorkload.reason:type_name -> sandboxstats.v1.ErrorReason
-	9,  // 9: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 10: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	36, // 11: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
-	18, // 12: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
-	1,  // 13: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 14: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	36, // 15: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	24, // 16: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
-	18, // 17: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	20, // 18: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
-	37, // 19: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
-	38, // 20: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
-	39, // 21: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
-	40, // 22: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
-	41, // 23: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
-	42, // 24: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
-	4,  // 25: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
-	19, // 26: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
-	9,  // 27: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 28: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 29: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
-	5,  // 30: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
-	6,  // 31: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
-	19, // 32: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
-	18, // 33: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
-	21, // 34: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 35: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 36: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	21, // 37: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 38: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 39: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	21, // 40: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	21, // 41: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	7,  // 42: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
-	8,  // 43: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
-	31, // 44: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
-	31, // 45: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
-	32, // 46: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
-	33, // 47: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
-	11, // 48: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	13, // 49: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	16, // 50: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	34, // 51: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
-	22, // 52: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
-	25, // 53: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	27, // 54: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	29, // 55: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	12, // 56: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	14, // 57: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	17, // 58: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	35, // 59: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
-	23, // 60: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
-	26, // 61: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	28, // 62: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	30, // 63: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	56, // [56:64] is the sub-list for method output_type
-	48, // [48:56] is the sub-list for method input_type
-	48, // [48:48] is the sub-list for extension type_name
-	48, // [48:48] is the sub-list for extension extendee
-	0,  // [0:48] is the sub-list for field type_name
+	22, // 6: sandboxstats.v1.StatsActiveWorkloadsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	9,  // 7: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 8: sandboxstats.v1.PendingWorkload.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	0,  // 9: sandboxstats.v1.PendingWorkload.reason:type_name -> sandboxstats.v1.ErrorReason
+	9,  // 10: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 11: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	37, // 12: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
+	18, // 13: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
+	1,  // 14: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 15: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
+	37, // 16: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	25, // 17: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	18, // 18: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
+	20, // 19: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
+	38, // 20: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
+	39, // 21: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
+	40, // 22: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
+	41, // 23: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
+	42, // 24: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
+	43, // 25: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
+	4,  // 26: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
+	19, // 27: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
+	9,  // 28: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 29: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 30: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
+	5,  // 31: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
+	6,  // 32: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
+	19, // 33: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
+	18, // 34: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
+	21, // 35: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	22, // 36: sandboxstats.v1.ListEndedActivationsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	9,  // 37: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 38: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	21, // 39: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 40: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 41: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	21, // 42: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	21, // 43: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	7,  // 44: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	8,  // 45: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	32, // 46: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	32, // 47: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	33, // 48: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	34, // 49: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	11, // 50: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	13, // 51: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	16, // 52: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	35, // 53: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	23, // 54: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
+	26, // 55: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	28, // 56: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	30, // 57: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	12, // 58: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	14, // 59: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	17, // 60: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	36, // 61: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	24, // 62: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
+	27, // 63: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	29, // 64: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	31, // 65: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	58, // [58:66] is the sub-list for method output_type
+	50, // [50:58] is the sub-list for method input_type
+	50, // [50:50] is the sub-list for extension type_name
+	50, // [50:50] is the sub-list for extension extendee
+	0,  // [0:50] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }
@@ -3097,7 +3278,7 @@ func file_sandboxstats_v1_stats_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_stats_proto_rawDesc), len(file_sandboxstats_v1_stats_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   27,
+			NumMessages:   28,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

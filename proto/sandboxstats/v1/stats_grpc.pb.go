@@ -102,8 +102,10 @@ type WorkloadStatsServiceClient interface {
 	// record the token names or, when that record is no longer kept, at the
 	// oldest record kept (records leave oldest first, so every record before
 	// it left too). A reader that follows the tokens reaches every record kept
-	// meanwhile once. It reads statsd's memory only; it never measures
-	// anything itself.
+	// meanwhile once. Each record carries its instance_id and sequence, and
+	// each page the instance's ended_log (the sequences held, what was
+	// dropped), so a reader tells what it missed. It reads statsd's memory
+	// only; it never measures anything itself.
 	//
 	// Codes:
 	//
@@ -234,8 +236,10 @@ type WorkloadStatsServiceServer interface {
 	// record the token names or, when that record is no longer kept, at the
 	// oldest record kept (records leave oldest first, so every record before
 	// it left too). A reader that follows the tokens reaches every record kept
-	// meanwhile once. It reads statsd's memory only; it never measures
-	// anything itself.
+	// meanwhile once. Each record carries its instance_id and sequence, and
+	// each page the instance's ended_log (the sequences held, what was
+	// dropped), so a reader tells what it missed. It reads statsd's memory
+	// only; it never measures anything itself.
 	//
 	// Codes:
 	//
