@@ -151,6 +151,9 @@ func TestAgentAgainstFakes(t *testing.T) {
 		"sandboxstats_agent_discovery_failures_total{}":                                           0,
 		"sandboxstats_agent_http_connections_refused_total{}":                                     0,
 		"sandboxstats_agent_http_requests_refused_total{}":                                        0,
+		"sandboxstats_agent_implausible_samples_total{reason=absurd}":                             0,
+		"sandboxstats_agent_implausible_samples_total{reason=growth}":                             0,
+		"sandboxstats_agent_ended_records_evicted_total{}":                                        0,
 	}
 	got := withoutTimes(m)
 	if diff := cmp.Diff(want, got); diff != "" {
