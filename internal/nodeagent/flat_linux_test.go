@@ -118,6 +118,12 @@ func TestFlatAcrossSweeps(t *testing.T) {
 	if testing.Short() {
 		t.Skip("100 sweeps over 1000 daemons: not under -short")
 	}
+	if raceEnabled {
+		// Under -race the heap's flatness is the detector's shadow memory
+		// (peak RSS 750 MiB to 1 GiB, +18% by sweep 91 on a loaded 2-core
+		// machine, the 10-minute timeout reached): make test runs it without.
+		t.Skip("100 sweeps over 1000 daemons: a memory bound, not under -race")
+	}
 	statsdfake.EnsureNoFile(t, flatDaemons+64) // a connection per daemon
 	dir := statsdfake.StartFleet(t, "TestFleetHelper", flatDaemons)
 	a, err := New(Config{Sockets: filepath.Join(dir, "d*.sock"), Interval: time.Minute, Timeout: 10 * time.Second,

@@ -1,0 +1,5 @@
+//go:build !race
+
+package nodeagent
+
+const raceEnabled = false
