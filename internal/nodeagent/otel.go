@@ -10,9 +10,7 @@ import (
 	otellog "go.opentelemetry.io/otel/log"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // OTel is where the agent's metrics and usage events go besides
@@ -30,6 +28,10 @@ type OTel struct {
 	// (1: every sweep); 0: none. The initial and final events are always
 	// sent.
 	PeriodicEvery int
+	// Distributions, when set, exports the per-activation distributions:
+	// it must be a producer of the reader of Meters' provider (without it
+	// they are not exported over OTel).
+	Distributions *Distributions
 	// Swept, when set, is called after each sweep became the latest (the
 	// pipeline's cue to export it); it must not block.
 	Swept func()
@@ -142,12 +144,17 @@ type otelMetrics struct {
 	intCounters                                                               map[string]metric.Int64ObservableCounter
 	floatCounters                                                             map[string]metric.Float64ObservableCounter
 
-	ended, finals, noPeak, sweeps, pollErrors, conflicts metric.Int64Counter
-	actCPU, actDuration, sweepDuration                   metric.Float64Histogram
-	actPeak                                              metric.Int64Histogram
+	// ended, finals, noPeak: observed from the snapshot's activation
+	// counts, so that a template's series leave with them (a synchronous
+	// counter's are kept for ever by the SDK).
+	ended, finals, noPeak                 metric.Int64ObservableCounter
+	sweeps, pollErrors, conflicts, folded metric.Int64Counter
+	actCPU, actDuration, sweepDuration    metric.Float64Histogram
+	actPeak                               metric.Int64Histogram
 
-	mu    sync.Mutex // the callback's attribute sets, by label set
-	attrs map[labelSet]*labelAttrs
+	mu sync.Mutex // the callback's attribute sets, by label set:
+	// workload label sets, and template label sets (no actor attributes)
+	attrs, tmplAttrs map[labelSet]*labelAttrs
 
 	sweepNo uint64 // Apply's count, for PeriodicEvery (under metrics.mu)
 }
@@ -156,7 +163,7 @@ type otelMetrics struct {
 // callback that observes m's latest snapshot.
 func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	o := &otelMetrics{cfg: cfg, intCounters: map[string]metric.Int64ObservableCounter{}, floatCounters: map[string]metric.Float64ObservableCounter{},
-		attrs: map[labelSet]*labelAttrs{}}
+		attrs: map[labelSet]*labelAttrs{}, tmplAttrs: map[labelSet]*labelAttrs{}}
 	meter := cfg.Meters.Meter(otelScope)
 	if cfg.Loggers != nil {
 		o.logger = cfg.Loggers.Logger(otelScope)
@@ -213,31 +220,22 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 		inst, err = meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		return inst
 	}
-	o.ended = counter("sandboxstats.activations.ended", "{activation}", "Activations that ended (each once), by outcome.")
-	o.finals = counter("sandboxstats.activation.final_samples", "{activation}", "Ended activations by how their final sample was obtained.")
-	o.noPeak = counter("sandboxstats.activation.memory.peak_missing", "{activation}", "Ended activations left out of sandboxstats.activation.memory.peak: lower-bound or absent.")
+	observed := func(name, unit, desc string) metric.Int64ObservableCounter {
+		if err != nil {
+			return nil
+		}
+		var inst metric.Int64ObservableCounter
+		inst, err = meter.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		observables = append(observables, inst)
+		return inst
+	}
+	o.ended = observed("sandboxstats.activations.ended", "{activation}", "Activations that ended (each once), by outcome.")
+	o.finals = observed("sandboxstats.activation.final_samples", "{activation}", "Ended activations by how their final sample was obtained.")
+	o.noPeak = observed("sandboxstats.activation.memory.peak_missing", "{activation}", "Ended activations left out of sandboxstats.activation.memory.peak: lower-bound or absent.")
+	o.folded = counter("sandboxstats.agent.templates_folded", "{observation}", "Samples (one a sweep) and ended activations whose template was exported as (other): --max-templates other templates held a slot.")
 	o.sweeps = counter("sandboxstats.agent.sweeps", "{sweep}", "Sweeps completed.")
 	o.pollErrors = counter("sandboxstats.agent.poll_errors", "{error}", "Failed StatsActiveWorkloads polls, by gRPC code.")
 	o.conflicts = counter("sandboxstats.agent.actor_conflicts", "{actor}", "Actors whose samples or ended records came from more than one daemon: none of them believed.")
-	if err == nil {
-		o.actCPU, err = meter.Float64Histogram("sandboxstats.activation.cpu.time", metric.WithUnit("s"),
-			metric.WithDescription("CPU time of each ended activation (its own: final minus the epoch baseline)."),
-			metric.WithExplicitBucketBoundaries(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4*3600))
-	}
-	if err == nil {
-		o.actDuration, err = meter.Float64Histogram("sandboxstats.activation.duration", metric.WithUnit("s"),
-			metric.WithDescription("Wall time of each ended activation, from its Run/Restore to its end."),
-			metric.WithExplicitBucketBoundaries(1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4*3600, 12*3600, 24*3600))
-	}
-	if err == nil {
-		bounds := make([]float64, 13) // 16 MiB .. 64 GiB, as the Prometheus histogram
-		for i := range bounds {
-			bounds[i] = float64(int64(16<<20) << i)
-		}
-		o.actPeak, err = meter.Int64Histogram("sandboxstats.activation.memory.peak", metric.WithUnit("By"),
-			metric.WithDescription("Peak memory of each ended activation (the source's peak within the epoch)."),
-			metric.WithExplicitBucketBoundaries(bounds...))
-	}
 	if err == nil {
 		o.sweepDuration, err = meter.Float64Histogram("sandboxstats.agent.sweep.duration", metric.WithUnit("s"),
 			metric.WithDescription("Wall time of one sweep: discovery plus every poll."),
@@ -252,8 +250,14 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	}, observables...); err != nil {
 		return nil, fmt.Errorf("otel callback: %w", err)
 	}
+	if cfg.Distributions != nil {
+		cfg.Distributions.m.Store(m)
+	}
 	return o, nil
 }
+
+// templatesFolded counts a fold (metrics.fold).
+func (o *otelMetrics) templatesFolded() { o.folded.Add(context.Background(), 1) }
 
 // swept records a finished sweep.
 func (o *otelMetrics) swept(took time.Duration) {
@@ -266,24 +270,4 @@ func (o *otelMetrics) swept(took time.Duration) {
 // periodic reports whether this sweep sends periodic events.
 func (o *otelMetrics) periodic() bool {
 	return o.logger != nil && o.cfg.PeriodicEvery > 0 && (o.sweepNo+1)%uint64(o.cfg.PeriodicEvery) == 0
-}
-
-// endedCounted records an ended activation in the OTel counters and
-// distributions, as addEnded does in Prometheus's.
-func (o *otelMetrics) endedCounted(tmpl labelSet, e *sandboxstatsv1.EndedActivation) {
-	ctx := context.Background()
-	o.ended.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrOutcome, api.OutcomeName(e.GetOutcome()))))
-	o.finals.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrProvenance, api.ProvenanceName(e.GetFinalProvenance()))))
-	if e.CpuUsec != nil {
-		o.actCPU.Record(ctx, float64(e.GetCpuUsec())/1e6, templateAttrs(tmpl))
-	}
-	switch {
-	case e.MemoryPeakBytes == nil:
-		o.noPeak.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrPeakMissing, "absent")))
-	case e.GetMemoryPeakIsLowerBound():
-		o.noPeak.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrPeakMissing, "lower-bound")))
-	default:
-		o.actPeak.Record(ctx, clampInt64(e.GetMemoryPeakBytes()), templateAttrs(tmpl))
-	}
-	o.actDuration.Record(ctx, time.Duration(e.GetEndUnixNano()-e.GetEpochUnixNano()).Seconds(), templateAttrs(tmpl))
 }

@@ -19,10 +19,12 @@ type labelAttrs struct {
 }
 
 // extraKey names one list of extra attributes: a counter's own and an
-// interface, or a drift kind.
+// interface, a drift kind, or an ended activation counter's own.
 type extraKey struct {
 	counter     rate.Counter
 	iface, kind string
+	attr        attribute.Key // an ended activation's: its outcome, provenance or missing peak
+	value       string
 }
 
 // with returns la's options with the extra attributes key names, made by
@@ -43,12 +45,13 @@ func (la *labelAttrs) with(key extraKey, extra func() []attribute.KeyValue) metr
 	return opt
 }
 
-// labels returns l's options, kept in seen for the next collection.
-func (o *otelMetrics) labels(l labelSet, withActor bool, seen map[labelSet]*labelAttrs) *labelAttrs {
+// labels returns l's options (from kept, those of the last collection),
+// kept in seen for the next collection.
+func labels(l labelSet, withActor bool, kept, seen map[labelSet]*labelAttrs) *labelAttrs {
 	if la, ok := seen[l]; ok {
 		return la
 	}
-	la, ok := o.attrs[l]
+	la, ok := kept[l]
 	if !ok {
 		set := attribute.NewSet(workloadAttrs(l, withActor)...)
 		la = &labelAttrs{set: set, base: metric.WithAttributeSet(set)}
@@ -76,7 +79,7 @@ func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor boo
 	defer o.mu.Unlock()
 	seen := make(map[labelSet]*labelAttrs, len(o.attrs))
 	for l, sv := range snap.series {
-		la := o.labels(l, withActor, seen)
+		la := labels(l, withActor, o.attrs, seen)
 		obs.ObserveInt64(o.sampled, int64(sv.workloads), la.base)
 		if l.source == unmeasuredSource || l.source == unknownLabel {
 			continue
@@ -115,7 +118,7 @@ func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor boo
 		}
 	}
 	for l, cv := range snap.counters {
-		la := o.labels(l, withActor, seen)
+		la := labels(l, withActor, o.attrs, seen)
 		for c, v := range cv.total {
 			if cv.has[c] {
 				count(rate.Counter(c), la, v, "")
@@ -126,7 +129,7 @@ func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor boo
 		}
 	}
 	for k, n := range snap.drift {
-		la := o.labels(k.labels, withActor, seen)
+		la := labels(k.labels, withActor, o.attrs, seen)
 		obs.ObserveInt64(o.drift, int64(n), la.with(extraKey{kind: k.kind}, func() []attribute.KeyValue {
 			return []attribute.KeyValue{attribute.String(attrDriftKind, k.kind)}
 		}))
@@ -136,7 +139,23 @@ func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor boo
 			obs.ObserveInt64(o.daemons, int64(snap.daemons[st]), metric.WithAttributes(attribute.String(attrResult, string(st))))
 		}
 	}
-	o.attrs = seen // forget the label sets no longer in the snapshot
+	tmplSeen := make(map[labelSet]*labelAttrs, len(o.tmplAttrs))
+	for l, ac := range snap.activations {
+		la := labels(l, false, o.tmplAttrs, tmplSeen)
+		for _, c := range []struct {
+			inst   metric.Int64ObservableCounter
+			key    attribute.Key
+			counts map[string]int64
+		}{{o.ended, attrOutcome, ac.ended}, {o.finals, attrProvenance, ac.finals}, {o.noPeak, attrPeakMissing, ac.noPeak}} {
+			for v, n := range c.counts {
+				obs.ObserveInt64(c.inst, n, la.with(extraKey{attr: c.key, value: v}, func() []attribute.KeyValue {
+					return []attribute.KeyValue{attribute.String(string(c.key), v)}
+				}))
+			}
+		}
+	}
+	// Forget the label sets no longer in the snapshot.
+	o.attrs, o.tmplAttrs = seen, tmplSeen
 }
 
 // clampInt64 is v as an int64, the largest int64 above it (a hostile
@@ -146,10 +165,4 @@ func clampInt64(v uint64) int64 {
 		return 1<<63 - 1
 	}
 	return int64(v)
-}
-
-// templateAttrs are an ended activation's per-template attributes, as its
-// Prometheus distributions' labels.
-func templateAttrs(l labelSet, extra ...attribute.KeyValue) metric.MeasurementOption {
-	return metric.WithAttributes(append(workloadAttrs(l, false), extra...)...)
 }
