@@ -129,6 +129,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 		metricLastSweepSeconds + "{}":        0.12,
 		metricLastSweepTime + "{}":           float64(t0.Unix()),
 		metricSweeps + "{}":                  1,
+		metricTemplatesFolded + "{}":         0,
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("sweep 1 (-want +got):\n%s", diff)
