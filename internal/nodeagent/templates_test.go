@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
-	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
@@ -46,41 +45,18 @@ func promTemplates(t *testing.T, reg prometheus.Gatherer) (templates map[string]
 func otelTemplates(t *testing.T, h *otelHarness, counter string) (templates map[string]bool, points int, sum int64) {
 	t.Helper()
 	templates = map[string]bool{}
-	note := func(a *attribute.Set) {
-		if v, ok := a.Value(attrTemplateName); ok {
-			templates[v.AsString()] = true
-		}
-	}
 	for _, sm := range h.collect(t).ScopeMetrics {
 		for _, m := range sm.Metrics {
-			switch d := m.Data.(type) {
-			case metricdata.Sum[int64]:
-				for _, p := range d.DataPoints {
-					points++
-					note(&p.Attributes)
-					if m.Name == counter {
-						sum += p.Value
-					}
+			_, sets := instrumentOf(m)
+			for _, set := range sets {
+				if v, ok := set.Value(attrTemplateName); ok {
+					templates[v.AsString()] = true
 				}
-			case metricdata.Sum[float64]:
-				for _, p := range d.DataPoints {
-					points++
-					note(&p.Attributes)
-				}
-			case metricdata.Gauge[int64]:
-				for _, p := range d.DataPoints {
-					points++
-					note(&p.Attributes)
-				}
-			case metricdata.Histogram[float64]:
-				for _, p := range d.DataPoints {
-					points++
-					note(&p.Attributes)
-				}
-			case metricdata.Histogram[int64]:
-				for _, p := range d.DataPoints {
-					points++
-					note(&p.Attributes)
+			}
+			points += len(sets)
+			if m.Name == counter {
+				for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					sum += p.Value
 				}
 			}
 		}
@@ -170,4 +146,36 @@ func sumPicked(series map[string]float64) float64 {
 		sum += v
 	}
 	return sum
+}
+
+// TestOTelCardinalityLimitKeepsWorkloads: the SDK's cardinality limit
+// (OTelCardinalityLimit, as the pipeline sets it) folds none of 1000
+// workloads' series with LabelActor, each of a template of its own (the
+// agent folds the templates past the cap; the actors stay apart).
+func TestOTelCardinalityLimitKeepsWorkloads(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 20, 0, 0, 0, time.UTC)
+	h := newOTelHarness(t, metricsConfig{Grace: time.Hour, Started: t0.Add(-time.Hour), CPUs: 2, LabelActor: true}, 0)
+	results := benchResults(benchDaemons, t0)
+	for i, r := range results {
+		r.Samples[0].TemplateName = fmt.Sprintf("fresh-%04d", i)
+	}
+	h.m.Apply(results, t0, time.Millisecond)
+	advance(results, t0.Add(time.Minute))
+	h.m.Apply(results, t0.Add(time.Minute), time.Millisecond)
+	overflow, most := 0, 0
+	for _, sm := range h.collect(t).ScopeMetrics {
+		for _, m := range sm.Metrics {
+			_, sets := instrumentOf(m)
+			most = max(most, len(sets))
+			for _, set := range sets {
+				if set.HasValue("otel.metric.overflow") {
+					overflow++
+				}
+			}
+		}
+	}
+	t.Logf("limit %d: at most %d points of one instrument, %d overflow points", OTelCardinalityLimit(0), most, overflow)
+	if overflow != 0 || most < 2*benchDaemons {
+		t.Errorf("%d overflow points, at most %d points of one instrument; want none, and %d (1000 workloads x 2 directions)", overflow, most, 2*benchDaemons)
+	}
 }
