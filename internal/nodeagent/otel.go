@@ -149,8 +149,9 @@ type otelMetrics struct {
 	// counter's are kept for ever by the SDK).
 	ended, finals, noPeak                 metric.Int64ObservableCounter
 	sweeps, pollErrors, conflicts, folded metric.Int64Counter
-	actCPU, actDuration, sweepDuration    metric.Float64Histogram
-	actPeak                               metric.Int64Histogram
+	sweepDuration                         metric.Float64Histogram
+	// The per-activation histograms are Distributions (the SDK's would
+	// keep every template's point for ever).
 
 	mu sync.Mutex // the callback's attribute sets, by label set:
 	// workload label sets, and template label sets (no actor attributes)
