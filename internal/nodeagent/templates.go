@@ -12,7 +12,7 @@ import (
 // A pod's author names its template (the sandboxstats.dev/template label),
 // so the template labels are a tenant's to multiply: every series that
 // carries them is per template. Two bounds keep them finite. At most
-// maxTemplates templates have their own label values at a time; the others
+// metricsConfig.MaxTemplates templates have their own label values at a time; the others
 // are folded into otherTemplate, their numbers summed whole there (as
 // maxInterfacesPerSet folds interfaces). And a template leaves the export
 // when nothing of it is left to report: its workload counters after
@@ -111,11 +111,9 @@ type activationCounts struct {
 }
 
 func (ac *activationCounts) clone() *activationCounts {
-	return &activationCounts{ended: cloneCounts(ac.ended), finals: cloneCounts(ac.finals), noPeak: cloneCounts(ac.noPeak),
+	return &activationCounts{ended: maps.Clone(ac.ended), finals: maps.Clone(ac.finals), noPeak: maps.Clone(ac.noPeak),
 		cpu: ac.cpu.clone(), duration: ac.duration.clone(), peak: ac.peak.clone(), start: ac.start, last: ac.last}
 }
-
-func cloneCounts(c map[string]int64) map[string]int64 { return maps.Clone(c) }
 
 // endedSeries returns the per-activation counts of template label set l,
 // made the first time, marked used at now.
