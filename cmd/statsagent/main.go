@@ -123,7 +123,8 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	fs.IntVar(&o.agent.Limits.MaxReplyBytes, "max-reply-bytes", sweep.DefaultLimits.MaxReplyBytes, "largest answer accepted from a daemon, and most bytes of ended-activation pages read from one daemon in a sweep")
 	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen; raised to at least 2 x --interval + --timeout")
 	fs.StringVar(&o.activationLog, "activation-log", "", "append one JSON line per ended activation (identity, epoch, end, CPU, peak, outcome, final provenance) to this file, or - for stdout")
-	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once; must exceed statsd's --ended-retention")
+	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once, and a template's per-activation series after its last activation ended; must exceed statsd's --ended-retention")
+	fs.IntVar(&o.agent.MaxTemplates, "max-templates", nodeagent.DefaultMaxTemplates, "most templates exported by name at a time (Prometheus and OTLP); the others are exported as template (other) and counted in sandboxstats_agent_templates_folded_total")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
 	fs.StringVar(&o.otlp.Endpoint, "otlp-endpoint", "", "also push metrics and usage events over OTLP to this OpenTelemetry Collector: http://HOST:PORT (plaintext), https://HOST:PORT (TLS) or unix:///PATH; off when empty (Prometheus is served either way)")
@@ -166,6 +167,8 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 		return o, nil, errors.New("--grace must not be negative")
 	case o.agent.EndedHorizon <= 0:
 		return o, nil, errors.New("--ended-horizon must be positive")
+	case o.agent.MaxTemplates < 1:
+		return o, nil, errors.New("--max-templates must be at least 1")
 	case o.agent.SweepTimeout < 0:
 		return o, nil, errors.New("--sweep-timeout must not be negative")
 	case o.otlp.Timeout <= 0 || o.otlp.QueueRecords < 1 || o.otlp.QueueBytes < 1:
@@ -256,11 +259,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	var pipeline *otlp.Pipeline
 	if o.otlp.Endpoint != "" {
 		o.otlp.Resource = resourceAttrs(cmp.Or(o.nodeName, os.Getenv("NODE_NAME")))
+		dists := nodeagent.NewDistributions()
+		o.otlp.CardinalityLimit, o.otlp.Producer = nodeagent.OTelCardinalityLimit(o.agent.MaxTemplates), dists
 		pipeline, err = otlp.New(o.otlp, logger.With("component", "otlp"))
 		if err != nil {
 			return err
 		}
-		o.agent.OTel = &nodeagent.OTel{Meters: pipeline.Meters(), Loggers: pipeline.Loggers(), PeriodicEvery: o.otlpPeriodic, Swept: pipeline.Swept}
+		o.agent.OTel = &nodeagent.OTel{Meters: pipeline.Meters(), Loggers: pipeline.Loggers(), PeriodicEvery: o.otlpPeriodic, Swept: pipeline.Swept,
+			Distributions: dists}
 	}
 	a, err := nodeagent.New(o.agent, logger.With("component", "agent"))
 	if err != nil {

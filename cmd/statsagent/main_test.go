@@ -147,6 +147,7 @@ func TestAgentAgainstFakes(t *testing.T) {
 		"sandboxstats_agent_actor_conflicts_total{}":                                              0,
 		"sandboxstats_agent_poll_errors_total{code=DeadlineExceeded}":                             1,
 		"sandboxstats_agent_sweeps_total{}":                                                       1,
+		"sandboxstats_agent_templates_folded_total{}":                                             0,
 		"sandboxstats_agent_sweep_duration_seconds_count{}":                                       1,
 		"sandboxstats_agent_discovery_failures_total{}":                                           0,
 		"sandboxstats_agent_http_connections_refused_total{}":                                     0,

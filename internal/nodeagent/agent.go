@@ -41,12 +41,13 @@ type Config struct {
 	AllowUIDs []uint32
 	// Limits bound each daemon's answer (sweep.DefaultLimits where zero).
 	Limits sweep.Limits
-	// LabelActor, LabelInterface, Grace, EndedHorizon and ActivationLog:
-	// see metricsConfig.
+	// LabelActor, LabelInterface, Grace, EndedHorizon, MaxTemplates and
+	// ActivationLog: see metricsConfig.
 	LabelActor     bool
 	LabelInterface bool
 	Grace          time.Duration
 	EndedHorizon   time.Duration
+	MaxTemplates   int
 	ActivationLog  io.Writer
 	// OTel, when set, gets the metrics and the usage events over
 	// OpenTelemetry (metricsConfig.OTel).
@@ -98,7 +99,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	live.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
 	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
-		Started: started, EndedHorizon: cfg.EndedHorizon, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel}, logger)
+		Started: started, EndedHorizon: cfg.EndedHorizon, MaxTemplates: cfg.MaxTemplates, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel}, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}

@@ -38,6 +38,7 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 			delete(m.owners, k)
 		}
 	}
+	m.pruneActivations(now)
 	suspect := m.conflicting(results)
 	for _, r := range results {
 		snap.daemons[r.Status]++
@@ -76,6 +77,12 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 			continue
 		}
 		snap.counters[l] = t.values.clone()
+	}
+	if m.otel != nil {
+		snap.activations = make(map[labelSet]*activationCounts, len(m.activations))
+		for l, ac := range m.activations {
+			snap.activations[l] = ac.clone()
+		}
 	}
 	m.sweepDuration.Observe(took.Seconds())
 	m.lastSweep.Set(took.Seconds())
@@ -152,7 +159,9 @@ func (m *metrics) addDrift(snap *snapshot, findings []*sandboxstatsv1.DriftFindi
 		matched := false
 		for _, s := range samples {
 			if s.GetActorUid() == f.GetActorUid() {
-				snap.drift[driftKey{kind: kind, labels: m.labelsOf(s)}]++
+				l := m.labelsOf(s)
+				l.templateNamespace, l.templateName = m.templates.exported(l.templateNamespace, l.templateName)
+				snap.drift[driftKey{kind: kind, labels: l}]++
 				matched = true
 			}
 		}
@@ -179,6 +188,7 @@ func addSat(a, b uint64) uint64 {
 
 func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
 	l := m.labelsOf(s)
+	m.fold(&l, now, false)
 	sv := snap.series[l]
 	if sv == nil {
 		sv = &seriesValues{}
@@ -249,29 +259,43 @@ func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now
 	charged := charges.CPU()
 	id := e.GetIdentity()
 	tmpl, l := m.endedLabels(e)
+	m.fold(&tmpl, now, true)
+	l.templateNamespace, l.templateName = tmpl.templateNamespace, tmpl.templateName
 	tl := tmpl.values(false)
 	if knownSource(e.GetSource()) {
 		m.charge(l, charges, now)
 	}
-	m.ended.WithLabelValues(append(tl, api.OutcomeName(e.GetOutcome()))...).Inc()
-	m.finals.WithLabelValues(append(tl, api.ProvenanceName(e.GetFinalProvenance()))...).Inc()
+	ac := m.endedSeries(tmpl, now)
+	outcome, provenance := api.OutcomeName(e.GetOutcome()), api.ProvenanceName(e.GetFinalProvenance())
+	m.ended.WithLabelValues(append(tl, outcome)...).Inc()
+	ac.ended[outcome]++
+	m.finals.WithLabelValues(append(tl, provenance)...).Inc()
+	ac.finals[provenance]++
 	if e.CpuUsec != nil {
-		m.actCPU.WithLabelValues(tl...).Observe(float64(e.GetCpuUsec()) / 1e6)
+		cpu := float64(e.GetCpuUsec()) / 1e6
+		m.actCPU.WithLabelValues(tl...).Observe(cpu)
+		ac.cpu.record(cpu, cpuBounds)
 	}
+	noPeak := ""
 	switch {
 	case e.MemoryPeakBytes == nil:
-		m.noPeak.WithLabelValues(append(tl, "absent")...).Inc()
+		noPeak = "absent"
 	case e.GetMemoryPeakIsLowerBound():
-		m.noPeak.WithLabelValues(append(tl, "lower-bound")...).Inc()
+		noPeak = "lower-bound"
 	default:
 		m.actPeak.WithLabelValues(tl...).Observe(float64(e.GetMemoryPeakBytes()))
+		ac.peak.record(clampInt64(e.GetMemoryPeakBytes()), peakBounds)
+	}
+	if noPeak != "" {
+		m.noPeak.WithLabelValues(append(tl, noPeak)...).Inc()
+		ac.noPeak[noPeak]++
 	}
 	duration := time.Duration(e.GetEndUnixNano() - e.GetEpochUnixNano())
 	m.actDuration.WithLabelValues(tl...).Observe(duration.Seconds())
+	ac.duration.record(duration.Seconds(), durationBounds)
 	m.logger.Debug("activation ended", "actor_uid", cut(id.GetActorUid()), "epoch_unix_nano", e.GetEpochUnixNano(),
 		"outcome", api.OutcomeName(e.GetOutcome()), "charged_usec", charged, "charge", string(how), "socket", socket)
 	if m.otel != nil {
-		m.otel.endedCounted(tmpl, e)
 		m.otel.finalEvent(socket, e, charged, how, now)
 	}
 	if m.actLog != nil {

@@ -82,6 +82,10 @@ type metricsConfig struct {
 	// interface label, at most rate.MaxInterfaces of a sample) instead of
 	// their total over the interfaces but loopback.
 	LabelInterface bool
+	// MaxTemplates bounds the templates with label values of their own
+	// (DefaultMaxTemplates when zero); the others are exported as
+	// otherTemplate (see templateSlots).
+	MaxTemplates int
 	// OTel, when set, gets the same metrics over OpenTelemetry and the
 	// usage events.
 	OTel *OTel
@@ -101,8 +105,12 @@ type metrics struct {
 	// owners: the socket each activation was sampled from, so that another
 	// socket's sample or record of it is a conflict (never believed).
 	owners map[rate.ActivationKey]owner
-	actLog *json.Encoder // nil: no activation log
-	otel   *otelMetrics  // nil: no OpenTelemetry export
+	// templates: the templates with label values of their own;
+	// activations: the per-activation series, by template label set.
+	templates   templateSlots
+	activations map[labelSet]*activationCounts
+	actLog      *json.Encoder // nil: no activation log
+	otel        *otelMetrics  // nil: no OpenTelemetry export
 
 	snap atomic.Pointer[snapshot]
 
@@ -117,6 +125,7 @@ type metrics struct {
 	conflicts     prometheus.Counter
 	capped        *prometheus.CounterVec // + part
 	refused       *prometheus.CounterVec // + reason
+	folded        prometheus.Counter
 
 	ended       *prometheus.CounterVec   // + outcome
 	finals      *prometheus.CounterVec   // + provenance
@@ -216,7 +225,9 @@ type snapshot struct {
 	drift    map[driftKey]int
 	series   map[labelSet]*seriesValues
 	counters map[labelSet]*counterValues // charged, in each counter's unit
-	daemons  map[sweep.Status]int
+	// activations: the per-activation counts (OTel only; nil without it).
+	activations map[labelSet]*activationCounts
+	daemons     map[sweep.Status]int
 }
 
 // newMetrics returns metrics and registers them, with the agent's own sweep
@@ -240,6 +251,8 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 			PerInterface: cfg.LabelInterface, HeadSlack: rate.DefaultHeadSlack,
 		}),
 		totals:       make(map[labelSet]*counterTotals),
+		templates:    templateSlots{max: cmp.Or(cfg.MaxTemplates, DefaultMaxTemplates), slots: map[templateKey]*templateUse{}},
+		activations:  make(map[labelSet]*activationCounts),
 		owners:       make(map[rate.ActivationKey]owner),
 		descCounters: counterDescs(labels, cfg.LabelInterface),
 		descCur: prometheus.NewDesc(metricMemoryCurrent,
@@ -284,6 +297,9 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		refused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricSocketsRefused, Help: "Sockets matched by the glob and not polled, by reason: symlink, owner (not an allowed uid), duplicate (the same socket under another name), peer (the server's uid is not allowed).",
 		}, []string{"reason"}),
+		folded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricTemplatesFolded, Help: "Samples (one a sweep) and ended activations whose template was exported as template_namespace and template_name \"(other)\": --max-templates other templates held a slot (see docs/statsagent.md).",
+		}),
 		ended: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: metricActivationsEnded, Help: "Activations that ended (each once), by how: checkpointed, sandbox-dead, oom-killed, replaced.",
 		}, append(templateLabels[:4:4], "outcome")),
@@ -295,15 +311,15 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		}, append(templateLabels[:4:4], "reason")),
 		actCPU: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: metricActivationCPU, Help: "CPU time of each ended activation (seconds, its own: final minus the epoch baseline); _sum is the CPU the activations used.",
-			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4 * 3600},
+			Buckets: cpuBounds,
 		}, templateLabels),
 		actPeak: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: metricActivationPeak, Help: "Peak memory of each ended activation (bytes, the source's peak within the epoch).",
-			Buckets: prometheus.ExponentialBuckets(16<<20, 2, 13), // 16 MiB .. 64 GiB
+			Buckets: peakBounds,
 		}, templateLabels),
 		actDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: metricActivationDuration, Help: "Wall time of each ended activation, from its Run/Restore to its end (seconds).",
-			Buckets: []float64{1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4 * 3600, 12 * 3600, 24 * 3600},
+			Buckets: durationBounds,
 		}, templateLabels),
 	}
 	if cfg.ActivationLog != nil {
@@ -318,7 +334,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		m.otel = o
 	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
-		m.conflicts, m.capped, m.refused, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct)} {
+		m.conflicts, m.capped, m.refused, m.folded, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -129,6 +129,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 		metricLastSweepSeconds + "{}":        0.12,
 		metricLastSweepTime + "{}":           float64(t0.Unix()),
 		metricSweeps + "{}":                  1,
+		metricTemplatesFolded + "{}":         0,
 	}
 	for _, k := range []string{metricImplausibleSamples + "{reason=absurd}", metricImplausibleSamples + "{reason=growth}", metricEndedEvicted + "{}"} {
 		want[k] = 0 // nothing refused, nothing evicted

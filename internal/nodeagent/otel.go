@@ -3,7 +3,6 @@ package nodeagent
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"time"
 
@@ -11,16 +10,13 @@ import (
 	otellog "go.opentelemetry.io/otel/log"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
-	"github.com/sandboxstats/sandboxstats/internal/sweep"
-	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // OTel is where the agent's metrics and usage events go besides
 // Prometheus: the OpenTelemetry providers of an OTLP pipeline
 // (internal/otlp). Every name, unit and attribute is in
-// docs/telemetry/registry.yaml, which TestRegistry holds this file to.
+// docs/telemetry/registry.yaml, which TestRegistry holds these files to.
 type OTel struct {
 	// Meters are the metrics: the same snapshot the Prometheus export
 	// serves, observed when the provider's reader collects, and the
@@ -32,6 +28,10 @@ type OTel struct {
 	// (1: every sweep); 0: none. The initial and final events are always
 	// sent.
 	PeriodicEvery int
+	// Distributions, when set, exports the per-activation distributions:
+	// it must be a producer of the reader of Meters' provider (without it
+	// they are not exported over OTel).
+	Distributions *Distributions
 	// Swept, when set, is called after each sweep became the latest (the
 	// pipeline's cue to export it); it must not block.
 	Swept func()
@@ -144,12 +144,18 @@ type otelMetrics struct {
 	intCounters                                                               map[string]metric.Int64ObservableCounter
 	floatCounters                                                             map[string]metric.Float64ObservableCounter
 
-	ended, finals, noPeak, sweeps, pollErrors, conflicts metric.Int64Counter
-	actCPU, actDuration, sweepDuration                   metric.Float64Histogram
-	actPeak                                              metric.Int64Histogram
+	// ended, finals, noPeak: observed from the snapshot's activation
+	// counts, so that a template's series leave with them (a synchronous
+	// counter's are kept for ever by the SDK).
+	ended, finals, noPeak                 metric.Int64ObservableCounter
+	sweeps, pollErrors, conflicts, folded metric.Int64Counter
+	sweepDuration                         metric.Float64Histogram
+	// The per-activation histograms are Distributions (the SDK's would
+	// keep every template's point for ever).
 
-	mu    sync.Mutex // the callback's attribute sets, by label set
-	attrs map[labelSet]*labelAttrs
+	mu sync.Mutex // the callback's attribute sets, by label set:
+	// workload label sets, and template label sets (no actor attributes)
+	attrs, tmplAttrs map[labelSet]*labelAttrs
 
 	sweepNo uint64 // Apply's count, for PeriodicEvery (under metrics.mu)
 }
@@ -158,7 +164,7 @@ type otelMetrics struct {
 // callback that observes m's latest snapshot.
 func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	o := &otelMetrics{cfg: cfg, intCounters: map[string]metric.Int64ObservableCounter{}, floatCounters: map[string]metric.Float64ObservableCounter{},
-		attrs: map[labelSet]*labelAttrs{}}
+		attrs: map[labelSet]*labelAttrs{}, tmplAttrs: map[labelSet]*labelAttrs{}}
 	meter := cfg.Meters.Meter(otelScope)
 	if cfg.Loggers != nil {
 		o.logger = cfg.Loggers.Logger(otelScope)
@@ -215,31 +221,22 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 		inst, err = meter.Int64Counter(name, metric.WithUnit(unit), metric.WithDescription(desc))
 		return inst
 	}
-	o.ended = counter("sandboxstats.activations.ended", "{activation}", "Activations that ended (each once), by outcome.")
-	o.finals = counter("sandboxstats.activation.final_samples", "{activation}", "Ended activations by how their final sample was obtained.")
-	o.noPeak = counter("sandboxstats.activation.memory.peak_missing", "{activation}", "Ended activations left out of sandboxstats.activation.memory.peak: lower-bound or absent.")
+	observed := func(name, unit, desc string) metric.Int64ObservableCounter {
+		if err != nil {
+			return nil
+		}
+		var inst metric.Int64ObservableCounter
+		inst, err = meter.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		observables = append(observables, inst)
+		return inst
+	}
+	o.ended = observed("sandboxstats.activations.ended", "{activation}", "Activations that ended (each once), by outcome.")
+	o.finals = observed("sandboxstats.activation.final_samples", "{activation}", "Ended activations by how their final sample was obtained.")
+	o.noPeak = observed("sandboxstats.activation.memory.peak_missing", "{activation}", "Ended activations left out of sandboxstats.activation.memory.peak: lower-bound or absent.")
+	o.folded = counter("sandboxstats.agent.templates_folded", "{observation}", "Samples (one a sweep) and ended activations whose template was exported as (other): --max-templates other templates held a slot.")
 	o.sweeps = counter("sandboxstats.agent.sweeps", "{sweep}", "Sweeps completed.")
 	o.pollErrors = counter("sandboxstats.agent.poll_errors", "{error}", "Failed StatsActiveWorkloads polls, by gRPC code.")
 	o.conflicts = counter("sandboxstats.agent.actor_conflicts", "{actor}", "Actors whose samples or ended records came from more than one daemon: none of them believed.")
-	if err == nil {
-		o.actCPU, err = meter.Float64Histogram("sandboxstats.activation.cpu.time", metric.WithUnit("s"),
-			metric.WithDescription("CPU time of each ended activation (its own: final minus the epoch baseline)."),
-			metric.WithExplicitBucketBoundaries(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 300, 900, 3600, 4*3600))
-	}
-	if err == nil {
-		o.actDuration, err = meter.Float64Histogram("sandboxstats.activation.duration", metric.WithUnit("s"),
-			metric.WithDescription("Wall time of each ended activation, from its Run/Restore to its end."),
-			metric.WithExplicitBucketBoundaries(1, 5, 10, 30, 60, 300, 900, 1800, 3600, 4*3600, 12*3600, 24*3600))
-	}
-	if err == nil {
-		bounds := make([]float64, 13) // 16 MiB .. 64 GiB, as the Prometheus histogram
-		for i := range bounds {
-			bounds[i] = float64(int64(16<<20) << i)
-		}
-		o.actPeak, err = meter.Int64Histogram("sandboxstats.activation.memory.peak", metric.WithUnit("By"),
-			metric.WithDescription("Peak memory of each ended activation (the source's peak within the epoch)."),
-			metric.WithExplicitBucketBoundaries(bounds...))
-	}
 	if err == nil {
 		o.sweepDuration, err = meter.Float64Histogram("sandboxstats.agent.sweep.duration", metric.WithUnit("s"),
 			metric.WithDescription("Wall time of one sweep: discovery plus every poll."),
@@ -254,154 +251,14 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	}, observables...); err != nil {
 		return nil, fmt.Errorf("otel callback: %w", err)
 	}
+	if cfg.Distributions != nil {
+		cfg.Distributions.m.Store(m)
+	}
 	return o, nil
 }
 
-// labelAttrs are one label set's measurement options, made once while the
-// label set is in the snapshots: its attributes alone, and with each extra
-// attribute (a counter's direction or PSI resource, an interface, a drift
-// kind).
-type labelAttrs struct {
-	base  metric.MeasurementOption
-	set   attribute.Set
-	extra map[extraKey]metric.MeasurementOption
-}
-
-// extraKey names one list of extra attributes: a counter's own and an
-// interface, or a drift kind.
-type extraKey struct {
-	counter     rate.Counter
-	iface, kind string
-}
-
-// with returns la's options with the extra attributes key names, made by
-// extra the first time.
-func (la *labelAttrs) with(key extraKey, extra func() []attribute.KeyValue) metric.MeasurementOption {
-	if opt, ok := la.extra[key]; ok {
-		return opt
-	}
-	kv := extra()
-	if len(kv) == 0 {
-		return la.base
-	}
-	opt := metric.WithAttributeSet(attribute.NewSet(append(la.set.ToSlice(), kv...)...))
-	if la.extra == nil {
-		la.extra = map[extraKey]metric.MeasurementOption{}
-	}
-	la.extra[key] = opt
-	return opt
-}
-
-// labels returns l's options, kept in seen for the next collection.
-func (o *otelMetrics) labels(l labelSet, withActor bool, seen map[labelSet]*labelAttrs) *labelAttrs {
-	if la, ok := seen[l]; ok {
-		return la
-	}
-	la, ok := o.attrs[l]
-	if !ok {
-		set := attribute.NewSet(workloadAttrs(l, withActor)...)
-		la = &labelAttrs{set: set, base: metric.WithAttributeSet(set)}
-	}
-	seen[l] = la
-	return la
-}
-
-func workloadAttrs(l labelSet, withActor bool) []attribute.KeyValue {
-	kv := []attribute.KeyValue{
-		attribute.String(attrClass, l.class), attribute.String(attrSource, l.source),
-		attribute.String(attrTemplateNamespace, l.templateNamespace), attribute.String(attrTemplateName, l.templateName),
-	}
-	if withActor {
-		kv = append(kv, attribute.String(attrActorUID, l.actorUID), attribute.String(attrActorName, l.actorName),
-			attribute.String(attrActorNamespace, l.actorNamespace))
-	}
-	return kv
-}
-
-// observe reports snap: the numbers the Prometheus export serves, each
-// absent where it is (not measured, no peak, unlimited), never zero.
-func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	seen := make(map[labelSet]*labelAttrs, len(o.attrs))
-	for l, sv := range snap.series {
-		la := o.labels(l, withActor, seen)
-		obs.ObserveInt64(o.sampled, int64(sv.workloads), la.base)
-		if l.source == unmeasuredSource || l.source == unknownLabel {
-			continue
-		}
-		obs.ObserveInt64(o.memUsage, clampInt64(sv.current), la.base)
-		obs.ObserveInt64(o.memWorkingSet, clampInt64(sv.wset), la.base)
-		if !sv.peakIncomplete {
-			obs.ObserveInt64(o.memPeak, clampInt64(sv.peak), la.base)
-		}
-		if !sv.limitMissing {
-			obs.ObserveInt64(o.memLimit, clampInt64(sv.limit), la.base)
-		}
-		if !sv.pidsMissing {
-			obs.ObserveInt64(o.pids, clampInt64(sv.pids), la.base)
-		}
-	}
-	count := func(c rate.Counter, la *labelAttrs, v uint64, iface string) {
-		oc := otelCounters[c]
-		opt := la.base
-		if oc.extra.Key != "" || iface != "" {
-			opt = la.with(extraKey{counter: c, iface: iface}, func() []attribute.KeyValue {
-				var extra []attribute.KeyValue
-				if oc.extra.Key != "" {
-					extra = append(extra, oc.extra)
-				}
-				if iface != "" {
-					extra = append(extra, attribute.String(attrNetInterface, iface))
-				}
-				return extra
-			})
-		}
-		if oc.scale != 0 {
-			obs.ObserveFloat64(o.floatCounters[oc.name], float64(v)*oc.scale, opt)
-		} else {
-			obs.ObserveInt64(o.intCounters[oc.name], clampInt64(v), opt)
-		}
-	}
-	for l, cv := range snap.counters {
-		la := o.labels(l, withActor, seen)
-		for c, v := range cv.total {
-			if cv.has[c] {
-				count(rate.Counter(c), la, v, "")
-			}
-		}
-		for id, v := range cv.perInterface {
-			count(id.Counter, la, v, id.Interface)
-		}
-	}
-	for k, n := range snap.drift {
-		la := o.labels(k.labels, withActor, seen)
-		obs.ObserveInt64(o.drift, int64(n), la.with(extraKey{kind: k.kind}, func() []attribute.KeyValue {
-			return []attribute.KeyValue{attribute.String(attrDriftKind, k.kind)}
-		}))
-	}
-	if snap.daemons != nil {
-		for _, st := range []sweep.Status{sweep.StatusOK, sweep.StatusNoSample, sweep.StatusVanished, sweep.StatusError, sweep.StatusSkipped} {
-			obs.ObserveInt64(o.daemons, int64(snap.daemons[st]), metric.WithAttributes(attribute.String(attrResult, string(st))))
-		}
-	}
-	o.attrs = seen // forget the label sets no longer in the snapshot
-}
-
-// clampInt64 is v as an int64, the largest int64 above it (a hostile
-// daemon's sums saturate at the largest uint64).
-func clampInt64(v uint64) int64 {
-	if v > 1<<63-1 {
-		return 1<<63 - 1
-	}
-	return int64(v)
-}
-
-// templateAttrs are an ended activation's per-template attributes, as its
-// Prometheus distributions' labels.
-func templateAttrs(l labelSet, extra ...attribute.KeyValue) metric.MeasurementOption {
-	return metric.WithAttributes(append(workloadAttrs(l, false), extra...)...)
-}
+// templatesFolded counts a fold (metrics.fold).
+func (o *otelMetrics) templatesFolded() { o.folded.Add(context.Background(), 1) }
 
 // swept records a finished sweep.
 func (o *otelMetrics) swept(took time.Duration) {
@@ -414,123 +271,4 @@ func (o *otelMetrics) swept(took time.Duration) {
 // periodic reports whether this sweep sends periodic events.
 func (o *otelMetrics) periodic() bool {
 	return o.logger != nil && o.cfg.PeriodicEvery > 0 && (o.sweepNo+1)%uint64(o.cfg.PeriodicEvery) == 0
-}
-
-// endedCounted records an ended activation in the OTel counters and
-// distributions, as addEnded does in Prometheus's.
-func (o *otelMetrics) endedCounted(tmpl labelSet, e *sandboxstatsv1.EndedActivation) {
-	ctx := context.Background()
-	o.ended.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrOutcome, api.OutcomeName(e.GetOutcome()))))
-	o.finals.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrProvenance, api.ProvenanceName(e.GetFinalProvenance()))))
-	if e.CpuUsec != nil {
-		o.actCPU.Record(ctx, float64(e.GetCpuUsec())/1e6, templateAttrs(tmpl))
-	}
-	switch {
-	case e.MemoryPeakBytes == nil:
-		o.noPeak.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrPeakMissing, "absent")))
-	case e.GetMemoryPeakIsLowerBound():
-		o.noPeak.Add(ctx, 1, templateAttrs(tmpl, attribute.String(attrPeakMissing, "lower-bound")))
-	default:
-		o.actPeak.Record(ctx, clampInt64(e.GetMemoryPeakBytes()), templateAttrs(tmpl))
-	}
-	o.actDuration.Record(ctx, time.Duration(e.GetEndUnixNano()-e.GetEpochUnixNano()).Seconds(), templateAttrs(tmpl))
-}
-
-// eventText is foreign text as an event carries it: cut as labels are,
-// valid UTF-8 (protobuf refuses a whole export over one bad string), and a
-// copy of its own, so a queued event does not keep a daemon's whole answer
-// alive.
-func eventText(s string) string {
-	return strings.Clone(strings.ToValidUTF8(cut(s), "\uFFFD"))
-}
-
-// identityAttrs are an event's workload attributes: the actor always (an
-// event is one activation's), cut as labels are.
-func identityAttrs(actorUID, actorName, actorNamespace, tmplNamespace, tmplName string, class sandboxstatsv1.SandboxClass,
-	src sandboxstatsv1.StatsSource, epoch int64, kind, socket string) []attribute.KeyValue {
-	kv := []attribute.KeyValue{
-		attribute.String(attrKind, kind),
-		attribute.String(attrActorUID, eventText(actorUID)),
-		attribute.String(attrClass, classLabel(class)), attribute.String(attrSource, sourceLabel(src)),
-		attribute.Int64(attrEpoch, epoch),
-		attribute.String(attrDaemon, eventText(socket)),
-	}
-	for _, a := range []struct{ k, v string }{{attrActorName, actorName}, {attrActorNamespace, actorNamespace},
-		{attrTemplateNamespace, tmplNamespace}, {attrTemplateName, tmplName}} {
-		if a.v != "" {
-			kv = append(kv, attribute.String(a.k, eventText(a.v)))
-		}
-	}
-	return kv
-}
-
-// sampleEvent emits an initial or periodic event of s.
-func (o *otelMetrics) sampleEvent(kind, socket string, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
-	if o.logger == nil {
-		return
-	}
-	kv := identityAttrs(s.GetActorUid(), s.GetActorName(), s.GetActorNamespace(), s.GetTemplateNamespace(), s.GetTemplateName(),
-		s.GetSandboxClass(), s.GetSource(), s.GetEpochUnixNano(), kind, socket)
-	kv = append(kv,
-		attribute.Int64(attrMemUsage, clampInt64(s.GetMemoryCurrentBytes())),
-		attribute.Int64(attrMemWorkingSet, clampInt64(s.GetMemoryWorkingSetBytes())),
-		attribute.Int64(attrObservedAt, s.GetObservedAtUnixNano()))
-	if s.MemoryPeakBytes != nil {
-		kv = append(kv, attribute.Int64(attrMemPeak, clampInt64(s.GetMemoryPeakBytes())))
-	}
-	if usec, ok := rate.OwnCPU(s); ok {
-		kv = append(kv, attribute.Float64(attrCPUTime, float64(usec)/1e6))
-	}
-	o.emit(time.Unix(0, s.GetObservedAtUnixNano()), now, kv)
-}
-
-// finalEvent emits the final event of e, which charged charged µs (how).
-func (o *otelMetrics) finalEvent(socket string, e *sandboxstatsv1.EndedActivation, charged uint64, how rate.EndEvent, now time.Time) {
-	if o.logger == nil {
-		return
-	}
-	id := e.GetIdentity()
-	kv := identityAttrs(id.GetActorUid(), id.GetActorName(), id.GetActorNamespace(), id.GetTemplateNamespace(), id.GetTemplateName(),
-		e.GetSandboxClass(), e.GetSource(), e.GetEpochUnixNano(), KindFinal, socket)
-	kv = append(kv,
-		attribute.Int64(attrEnd, e.GetEndUnixNano()),
-		attribute.Float64(attrDuration, time.Duration(e.GetEndUnixNano()-e.GetEpochUnixNano()).Seconds()),
-		attribute.String(attrOutcome, api.OutcomeName(e.GetOutcome())),
-		attribute.String(attrProvenance, api.ProvenanceName(e.GetFinalProvenance())),
-		attribute.Float64(attrCharged, float64(charged)/1e6),
-		attribute.String(attrCharge, string(how)))
-	if a := e.GetFinalAgeNanos(); a != 0 {
-		kv = append(kv, attribute.Float64(attrFinalAge, time.Duration(a).Seconds()))
-	}
-	if r := e.GetFinalReason(); r != "" {
-		kv = append(kv, attribute.String(attrFinalReason, eventText(r)))
-	}
-	if e.CpuUsec != nil {
-		kv = append(kv, attribute.Float64(attrCPUTime, float64(e.GetCpuUsec())/1e6))
-	}
-	if e.MemoryPeakBytes != nil {
-		kv = append(kv, attribute.Int64(attrMemPeak, clampInt64(e.GetMemoryPeakBytes())))
-		if e.GetMemoryPeakIsLowerBound() {
-			kv = append(kv, attribute.Bool(attrMemPeakLower, true))
-		}
-	}
-	if f := e.GetFinal(); f != nil {
-		kv = append(kv, attribute.Int64(attrMemUsage, clampInt64(f.GetMemoryCurrentBytes())),
-			attribute.Int64(attrMemWorkingSet, clampInt64(f.GetMemoryWorkingSetBytes())))
-	}
-	if d := e.GetBaselineDelayNanos(); d != 0 {
-		kv = append(kv, attribute.Float64(attrBaselineDelay, time.Duration(d).Seconds()))
-	}
-	o.emit(time.Unix(0, e.GetEndUnixNano()), now, kv)
-}
-
-func (o *otelMetrics) emit(at, now time.Time, kv []attribute.KeyValue) {
-	var r otellog.Record
-	r.SetEventName(EventUsageSampled)
-	r.SetTimestamp(at)
-	r.SetObservedTimestamp(now)
-	r.SetSeverity(otellog.SeverityInfo)
-	r.SetSeverityText("INFO")
-	r.AddAttributes(kv...)
-	o.logger.Emit(context.Background(), r)
 }

@@ -59,11 +59,14 @@ type otelHarness struct {
 
 func newOTelHarness(t *testing.T, cfg metricsConfig, periodicEvery int) *otelHarness {
 	t.Helper()
-	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(), events: &recordingProcessor{}}
+	dists := NewDistributions()
+	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(sdkmetric.WithProducer(dists)), events: &recordingProcessor{}}
 	cfg.OTel = &OTel{
-		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader)),
+		// As internal/otlp's pipeline makes it for statsagent.
+		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader), sdkmetric.WithCardinalityLimit(OTelCardinalityLimit(cfg.MaxTemplates))),
 		Loggers:       sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
 		PeriodicEvery: periodicEvery,
+		Distributions: dists,
 	}
 	m, err := newMetrics(h.reg, cfg, discard())
 	if err != nil {
@@ -99,7 +102,8 @@ func everySignalSample(actor string, epoch, at time.Time, v uint64) *sandboxstat
 // richSweeps applies sweeps in which every metric and every kind of event
 // has a point: two workloads sampled twice, one ended with a read at the
 // end, one never sampled and ended without a peak, one with a lower-bound
-// peak; a drift finding; a failed poll; an actor two daemons report.
+// peak; a drift finding; a failed poll; an actor two daemons report; a
+// second template (folded with MaxTemplates 1).
 func richSweeps(h *otelHarness, t0 time.Time) {
 	epoch := t0.Add(10 * time.Second)
 	w1 := func(at time.Time, v uint64) *sandboxstatsv1.WorkloadStatsSample {
@@ -107,6 +111,7 @@ func richSweeps(h *otelHarness, t0 time.Time) {
 	}
 	w2 := everySignalSample("w2", epoch, t0.Add(20*time.Second), 1_000_000)
 	w2.SandboxClass, w2.Source = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
+	w2.TemplateName = "java" // folded into (other) with MaxTemplates 1: w1's python holds the slot
 	first := okResult("/run/statsd/a.sock", w1(t0.Add(20*time.Second), 4_000_000), w2)
 	first.DriftFindings = []*sandboxstatsv1.DriftFinding{{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, Subject: "/pod", ActorUid: "w1"}}
 	dup := everySignalSample("dup", epoch, t0.Add(20*time.Second), 1)
@@ -222,7 +227,7 @@ func TestRegistry(t *testing.T) {
 	for _, labelActor := range []bool{false, true} {
 		t.Run(fmt.Sprintf("label-actor=%v", labelActor), func(t *testing.T) {
 			t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-			h := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 2, LabelActor: labelActor}, 1)
+			h := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 2, LabelActor: labelActor, MaxTemplates: 1}, 1)
 			richSweeps(h, t0)
 			rm := h.collect(t)
 			var errs []string

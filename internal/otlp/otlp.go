@@ -86,6 +86,11 @@ type Config struct {
 	QueueRecords, QueueBytes int
 	// Resource describes this agent (service.name and the like).
 	Resource []attribute.KeyValue
+	// CardinalityLimit bounds each instrument's attribute sets (past it the
+	// SDK folds them into one overflow point); 0: no limit. Producer, when
+	// set, adds its metrics to every export (nodeagent.Distributions).
+	CardinalityLimit int
+	Producer         sdkmetric.Producer
 }
 
 // Pipeline is an OTLP export: its providers are what nodeagent.OTel
@@ -171,12 +176,15 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		p.closeConn()
 		return nil, fmt.Errorf("otlp: resource: %w", err)
 	}
-	p.reader = sdkmetric.NewManualReader()
-	// No cardinality limit: the series are the sweep's snapshot, bounded
-	// by the agent as the Prometheus export is (the SDK's default, 2000
-	// per instrument, would fold 1000 workloads' directions into one
-	// overflow point).
-	p.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader), sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(0))
+	var readerOpts []sdkmetric.ManualReaderOption
+	if cfg.Producer != nil {
+		readerOpts = append(readerOpts, sdkmetric.WithProducer(cfg.Producer))
+	}
+	p.reader = sdkmetric.NewManualReader(readerOpts...)
+	// The agent's limit (nodeagent.OTelCardinalityLimit: its template cap,
+	// and 1000 workloads' series with --label-actor, never folded), so
+	// that no tenant's template names outgrow it here either.
+	p.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader), sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(cfg.CardinalityLimit))
 	p.queue = newEventQueue(cfg.QueueRecords, cfg.QueueBytes, logger)
 	p.loggers = sdklog.NewLoggerProvider(sdklog.WithProcessor(p.queue), sdklog.WithResource(res))
 	p.exports = prometheus.NewCounterVec(prometheus.CounterOpts{

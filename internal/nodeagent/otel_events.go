@@ -1,0 +1,113 @@
+package nodeagent
+
+import (
+	"context"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	otellog "go.opentelemetry.io/otel/log"
+
+	"github.com/sandboxstats/sandboxstats/internal/api"
+	"github.com/sandboxstats/sandboxstats/internal/rate"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// eventText is foreign text as an event carries it: cut as labels are,
+// valid UTF-8 (protobuf refuses a whole export over one bad string), and a
+// copy of its own, so a queued event does not keep a daemon's whole answer
+// alive.
+func eventText(s string) string {
+	return strings.Clone(strings.ToValidUTF8(cut(s), "\uFFFD"))
+}
+
+// identityAttrs are an event's workload attributes: the actor always (an
+// event is one activation's), cut as labels are.
+func identityAttrs(actorUID, actorName, actorNamespace, tmplNamespace, tmplName string, class sandboxstatsv1.SandboxClass,
+	src sandboxstatsv1.StatsSource, epoch int64, kind, socket string) []attribute.KeyValue {
+	kv := []attribute.KeyValue{
+		attribute.String(attrKind, kind),
+		attribute.String(attrActorUID, eventText(actorUID)),
+		attribute.String(attrClass, classLabel(class)), attribute.String(attrSource, sourceLabel(src)),
+		attribute.Int64(attrEpoch, epoch),
+		attribute.String(attrDaemon, eventText(socket)),
+	}
+	for _, a := range []struct{ k, v string }{{attrActorName, actorName}, {attrActorNamespace, actorNamespace},
+		{attrTemplateNamespace, tmplNamespace}, {attrTemplateName, tmplName}} {
+		if a.v != "" {
+			kv = append(kv, attribute.String(a.k, eventText(a.v)))
+		}
+	}
+	return kv
+}
+
+// sampleEvent emits an initial or periodic event of s.
+func (o *otelMetrics) sampleEvent(kind, socket string, s *sandboxstatsv1.WorkloadStatsSample, now time.Time) {
+	if o.logger == nil {
+		return
+	}
+	kv := identityAttrs(s.GetActorUid(), s.GetActorName(), s.GetActorNamespace(), s.GetTemplateNamespace(), s.GetTemplateName(),
+		s.GetSandboxClass(), s.GetSource(), s.GetEpochUnixNano(), kind, socket)
+	kv = append(kv,
+		attribute.Int64(attrMemUsage, clampInt64(s.GetMemoryCurrentBytes())),
+		attribute.Int64(attrMemWorkingSet, clampInt64(s.GetMemoryWorkingSetBytes())),
+		attribute.Int64(attrObservedAt, s.GetObservedAtUnixNano()))
+	if s.MemoryPeakBytes != nil {
+		kv = append(kv, attribute.Int64(attrMemPeak, clampInt64(s.GetMemoryPeakBytes())))
+	}
+	if usec, ok := rate.OwnCPU(s); ok {
+		kv = append(kv, attribute.Float64(attrCPUTime, float64(usec)/1e6))
+	}
+	o.emit(time.Unix(0, s.GetObservedAtUnixNano()), now, kv)
+}
+
+// finalEvent emits the final event of e, which charged charged µs (how).
+func (o *otelMetrics) finalEvent(socket string, e *sandboxstatsv1.EndedActivation, charged uint64, how rate.EndEvent, now time.Time) {
+	if o.logger == nil {
+		return
+	}
+	id := e.GetIdentity()
+	kv := identityAttrs(id.GetActorUid(), id.GetActorName(), id.GetActorNamespace(), id.GetTemplateNamespace(), id.GetTemplateName(),
+		e.GetSandboxClass(), e.GetSource(), e.GetEpochUnixNano(), KindFinal, socket)
+	kv = append(kv,
+		attribute.Int64(attrEnd, e.GetEndUnixNano()),
+		attribute.Float64(attrDuration, time.Duration(e.GetEndUnixNano()-e.GetEpochUnixNano()).Seconds()),
+		attribute.String(attrOutcome, api.OutcomeName(e.GetOutcome())),
+		attribute.String(attrProvenance, api.ProvenanceName(e.GetFinalProvenance())),
+		attribute.Float64(attrCharged, float64(charged)/1e6),
+		attribute.String(attrCharge, string(how)))
+	if a := e.GetFinalAgeNanos(); a != 0 {
+		kv = append(kv, attribute.Float64(attrFinalAge, time.Duration(a).Seconds()))
+	}
+	if r := e.GetFinalReason(); r != "" {
+		kv = append(kv, attribute.String(attrFinalReason, eventText(r)))
+	}
+	if e.CpuUsec != nil {
+		kv = append(kv, attribute.Float64(attrCPUTime, float64(e.GetCpuUsec())/1e6))
+	}
+	if e.MemoryPeakBytes != nil {
+		kv = append(kv, attribute.Int64(attrMemPeak, clampInt64(e.GetMemoryPeakBytes())))
+		if e.GetMemoryPeakIsLowerBound() {
+			kv = append(kv, attribute.Bool(attrMemPeakLower, true))
+		}
+	}
+	if f := e.GetFinal(); f != nil {
+		kv = append(kv, attribute.Int64(attrMemUsage, clampInt64(f.GetMemoryCurrentBytes())),
+			attribute.Int64(attrMemWorkingSet, clampInt64(f.GetMemoryWorkingSetBytes())))
+	}
+	if d := e.GetBaselineDelayNanos(); d != 0 {
+		kv = append(kv, attribute.Float64(attrBaselineDelay, time.Duration(d).Seconds()))
+	}
+	o.emit(time.Unix(0, e.GetEndUnixNano()), now, kv)
+}
+
+func (o *otelMetrics) emit(at, now time.Time, kv []attribute.KeyValue) {
+	var r otellog.Record
+	r.SetEventName(EventUsageSampled)
+	r.SetTimestamp(at)
+	r.SetObservedTimestamp(now)
+	r.SetSeverity(otellog.SeverityInfo)
+	r.SetSeverityText("INFO")
+	r.AddAttributes(kv...)
+	o.logger.Emit(context.Background(), r)
+}
