@@ -15,6 +15,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/statsdfake"
+	"github.com/sandboxstats/sandboxstats/internal/telemetry"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -160,6 +161,7 @@ func TestAgentAgainstFakes(t *testing.T) {
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("first sweep (-want +got):\n%s\nlog:\n%s", diff, logs)
 	}
+	checkServedInRegistry(t, m)
 	// The hung daemon cost one timeout and did not delay the others.
 	if d := m["sandboxstats_agent_last_sweep_duration_seconds{}"]; d < tmo.Seconds() || d > tmo.Seconds()+1.5 {
 		t.Errorf("sweep took %.3f s, want about one timeout (%v)", d, tmo)
@@ -322,5 +324,32 @@ func TestIntervalZero(t *testing.T) {
 	stop()
 	if d.Calls() != 0 {
 		t.Errorf("daemon polled %d times with --interval 0", d.Calls())
+	}
+}
+
+// checkServedInRegistry: every metric the binary serves (the sweep's, the
+// metrics server's, discovery's, not only those internal/nodeagent's
+// TestRegistry sees) is declared in docs/telemetry/registry.yaml.
+func checkServedInRegistry(t *testing.T, served map[string]float64) {
+	t.Helper()
+	reg, err := telemetry.Load("../../docs/telemetry/registry.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	declared := map[string]bool{}
+	for _, n := range reg.PrometheusNames() {
+		declared[n] = true
+	}
+	for series := range served {
+		name, _, _ := strings.Cut(series, "{")
+		base := name
+		for _, suffix := range []string{"_bucket", "_sum", "_count"} {
+			if b, ok := strings.CutSuffix(name, suffix); ok && declared[b] {
+				base = b
+			}
+		}
+		if !declared[base] {
+			t.Errorf("served metric %s is not in docs/telemetry/registry.yaml", name)
+		}
 	}
 }
