@@ -15,10 +15,12 @@ import (
 const module = "github.com/sandboxstats/sandboxstats"
 
 // Daemon packages: statsd's internals. A client that links one links the
-// daemon.
+// daemon. (internal/atomicfile is not one: a dependency-free helper that
+// writes statsd's state and the bridge's placement key alike; statsctl's
+// allowlist keeps it out of statsctl.)
 var daemonPackages = []string{
 	"internal/server", "internal/identity", "internal/drift", "internal/hoststat",
-	"internal/gvisor", "internal/microvm", "internal/atomicfile", "internal/bounded",
+	"internal/gvisor", "internal/microvm", "internal/bounded",
 	"internal/process", "internal/source", "internal/nodeagent",
 }
 
