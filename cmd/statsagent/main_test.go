@@ -156,6 +156,7 @@ func TestAgentAgainstFakes(t *testing.T) {
 		"sandboxstats_agent_implausible_samples_total{reason=absurd}":                             0,
 		"sandboxstats_agent_implausible_samples_total{reason=growth}":                             0,
 		"sandboxstats_agent_ended_records_evicted_total{}":                                        0,
+		"sandboxstats_agent_ended_records_lost_total{}":                                           0,
 	}
 	got := withoutTimes(m)
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -39,6 +39,7 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 		}
 	}
 	m.pruneActivations(now)
+	m.pruneEndedMarks(now)
 	suspect := m.conflicting(results)
 	for _, r := range results {
 		snap.daemons[r.Status]++
@@ -54,6 +55,7 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 		if r.PeerRefused {
 			m.refused.WithLabelValues("peer").Inc()
 		}
+		m.watchEnded(r, now)
 		for _, e := range r.Ended {
 			if !suspect[e.GetIdentity().GetActorUid()] {
 				m.addEnded(r.Socket, e, now)

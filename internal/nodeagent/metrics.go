@@ -105,6 +105,9 @@ type metrics struct {
 	// owners: the socket each activation was sampled from, so that another
 	// socket's sample or record of it is a conflict (never believed).
 	owners map[rate.ActivationKey]owner
+	// endedMarks: by socket, what the agent read of its ended records
+	// (ended_gap.go).
+	endedMarks map[string]endedMark
 	// templates: the templates with label values of their own;
 	// activations: the per-activation series, by template label set.
 	templates   templateSlots
@@ -126,6 +129,7 @@ type metrics struct {
 	capped        *prometheus.CounterVec // + part
 	refused       *prometheus.CounterVec // + reason
 	folded        prometheus.Counter
+	endedLost     prometheus.Counter
 
 	ended       *prometheus.CounterVec   // + outcome
 	finals      *prometheus.CounterVec   // + provenance
@@ -254,6 +258,8 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		templates:    templateSlots{max: cmp.Or(cfg.MaxTemplates, DefaultMaxTemplates), slots: map[templateKey]*templateUse{}},
 		activations:  make(map[labelSet]*activationCounts),
 		owners:       make(map[rate.ActivationKey]owner),
+		endedMarks:   make(map[string]endedMark),
+		endedLost:    newEndedLostCounter(),
 		descCounters: counterDescs(labels, cfg.LabelInterface),
 		descCur: prometheus.NewDesc(metricMemoryCurrent,
 			"Memory charged now (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
@@ -334,7 +340,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		m.otel = o
 	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
-		m.conflicts, m.capped, m.refused, m.folded, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct)} {
+		m.conflicts, m.capped, m.refused, m.folded, m.endedLost, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

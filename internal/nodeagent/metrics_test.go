@@ -131,8 +131,8 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 		metricSweeps + "{}":                  1,
 		metricTemplatesFolded + "{}":         0,
 	}
-	for _, k := range []string{metricImplausibleSamples + "{reason=absurd}", metricImplausibleSamples + "{reason=growth}", metricEndedEvicted + "{}"} {
-		want[k] = 0 // nothing refused, nothing evicted
+	for _, k := range []string{metricImplausibleSamples + "{reason=absurd}", metricImplausibleSamples + "{reason=growth}", metricEndedEvicted + "{}", metricEndedLost + "{}"} {
+		want[k] = 0 // nothing refused, nothing evicted, nothing lost
 	}
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Fatalf("sweep 1 (-want +got):\n%s", diff)

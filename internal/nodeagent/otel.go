@@ -50,6 +50,9 @@ const (
 	KindInitial  = "initial"
 	KindPeriodic = "periodic"
 	KindFinal    = "final"
+	// KindLost: ended records of one daemon dropped before this agent read
+	// them (ended_gap.go).
+	KindLost = "lost"
 )
 
 // Attribute keys. The workload attributes are those of the Prometheus
@@ -92,6 +95,11 @@ const (
 	attrBaselineDelay = "sandboxstats.activation.baseline_delay"
 	attrDaemon        = "sandboxstats.daemon.socket"
 	attrObservedAt    = "sandboxstats.stats.observed_at"
+	attrInstance      = "sandboxstats.ended.instance_id"
+	attrSequence      = "sandboxstats.ended.sequence"
+	attrLostRecords   = "sandboxstats.ended.lost_records"
+	attrLostFrom      = "sandboxstats.ended.lost_from_sequence"
+	attrLostTo        = "sandboxstats.ended.lost_to_sequence"
 )
 
 // otelCounter is the OTLP counter one rate.Counter is exported as: its
@@ -149,6 +157,7 @@ type otelMetrics struct {
 	// counter's are kept for ever by the SDK).
 	ended, finals, noPeak                 metric.Int64ObservableCounter
 	sweeps, pollErrors, conflicts, folded metric.Int64Counter
+	endedLost                             metric.Int64Counter
 	sweepDuration                         metric.Float64Histogram
 	// The per-activation histograms are Distributions (the SDK's would
 	// keep every template's point for ever).
@@ -234,6 +243,7 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	o.finals = observed("sandboxstats.activation.final_samples", "{activation}", "Ended activations by how their final sample was obtained.")
 	o.noPeak = observed("sandboxstats.activation.memory.peak_missing", "{activation}", "Ended activations left out of sandboxstats.activation.memory.peak: lower-bound or absent.")
 	o.folded = counter("sandboxstats.agent.templates_folded", "{observation}", "Samples (one a sweep) and ended activations whose template was exported as (other): --max-templates other templates held a slot.")
+	o.endedLost = counter("sandboxstats.agent.ended_records.lost", "{record}", "Ended records a statsd dropped before this agent read them (a gap in its instance's sequences).")
 	o.sweeps = counter("sandboxstats.agent.sweeps", "{sweep}", "Sweeps completed.")
 	o.pollErrors = counter("sandboxstats.agent.poll_errors", "{error}", "Failed StatsActiveWorkloads polls, by gRPC code.")
 	o.conflicts = counter("sandboxstats.agent.actor_conflicts", "{actor}", "Actors whose samples or ended records came from more than one daemon: none of them believed.")

@@ -24,9 +24,10 @@ func eventText(s string) string {
 // identityAttrs are an event's workload attributes: the actor always (an
 // event is one activation's), cut as labels are.
 func identityAttrs(actorUID, actorName, actorNamespace, tmplNamespace, tmplName string, class sandboxstatsv1.SandboxClass,
-	src sandboxstatsv1.StatsSource, epoch int64, kind, socket string) []attribute.KeyValue {
+	src sandboxstatsv1.StatsSource, epoch int64, kind, uid, socket string) []attribute.KeyValue {
 	kv := []attribute.KeyValue{
 		attribute.String(attrKind, kind),
+		attribute.String(attrRecordUID, uid),
 		attribute.String(attrActorUID, eventText(actorUID)),
 		attribute.String(attrClass, classLabel(class)), attribute.String(attrSource, sourceLabel(src)),
 		attribute.Int64(attrEpoch, epoch),
@@ -47,7 +48,7 @@ func (o *otelMetrics) sampleEvent(kind, socket string, s *sandboxstatsv1.Workloa
 		return
 	}
 	kv := identityAttrs(s.GetActorUid(), s.GetActorName(), s.GetActorNamespace(), s.GetTemplateNamespace(), s.GetTemplateName(),
-		s.GetSandboxClass(), s.GetSource(), s.GetEpochUnixNano(), kind, socket)
+		s.GetSandboxClass(), s.GetSource(), s.GetEpochUnixNano(), kind, sampleUID(kind, s), socket)
 	kv = append(kv,
 		attribute.Int64(attrMemUsage, clampInt64(s.GetMemoryCurrentBytes())),
 		attribute.Int64(attrMemWorkingSet, clampInt64(s.GetMemoryWorkingSetBytes())),
@@ -68,7 +69,7 @@ func (o *otelMetrics) finalEvent(socket string, e *sandboxstatsv1.EndedActivatio
 	}
 	id := e.GetIdentity()
 	kv := identityAttrs(id.GetActorUid(), id.GetActorName(), id.GetActorNamespace(), id.GetTemplateNamespace(), id.GetTemplateName(),
-		e.GetSandboxClass(), e.GetSource(), e.GetEpochUnixNano(), KindFinal, socket)
+		e.GetSandboxClass(), e.GetSource(), e.GetEpochUnixNano(), KindFinal, finalUID(e), socket)
 	kv = append(kv,
 		attribute.Int64(attrEnd, e.GetEndUnixNano()),
 		attribute.Float64(attrDuration, time.Duration(e.GetEndUnixNano()-e.GetEpochUnixNano()).Seconds()),
@@ -98,7 +99,28 @@ func (o *otelMetrics) finalEvent(socket string, e *sandboxstatsv1.EndedActivatio
 	if d := e.GetBaselineDelayNanos(); d != 0 {
 		kv = append(kv, attribute.Float64(attrBaselineDelay, time.Duration(d).Seconds()))
 	}
+	if in := e.GetInstanceId(); in != "" {
+		kv = append(kv, attribute.String(attrInstance, eventText(in)), attribute.Int64(attrSequence, clampInt64(e.GetSequence())))
+	}
 	o.emit(time.Unix(0, e.GetEndUnixNano()), now, kv)
+}
+
+// lostEvent emits the lost event of a gap: the records from to to of
+// socket's statsd instance were dropped before this agent read them.
+func (o *otelMetrics) lostEvent(socket, instance string, from, to uint64, now time.Time) {
+	o.endedLost.Add(context.Background(), clampInt64(to-from+1))
+	if o.logger == nil {
+		return
+	}
+	o.emit(now, now, []attribute.KeyValue{
+		attribute.String(attrKind, KindLost),
+		attribute.String(attrRecordUID, lostUID(instance, from, to)),
+		attribute.String(attrDaemon, eventText(socket)),
+		attribute.String(attrInstance, eventText(instance)),
+		attribute.Int64(attrLostRecords, clampInt64(to-from+1)),
+		attribute.Int64(attrLostFrom, clampInt64(from)),
+		attribute.Int64(attrLostTo, clampInt64(to)),
+	})
 }
 
 func (o *otelMetrics) emit(at, now time.Time, kv []attribute.KeyValue) {

@@ -103,7 +103,8 @@ func everySignalSample(actor string, epoch, at time.Time, v uint64) *sandboxstat
 // has a point: two workloads sampled twice, one ended with a read at the
 // end, one never sampled and ended without a peak, one with a lower-bound
 // peak; a drift finding; a failed poll; an actor two daemons report; a
-// second template (folded with MaxTemplates 1).
+// second template (folded with MaxTemplates 1); two ended records dropped
+// before they were read (a lost event).
 func richSweeps(h *otelHarness, t0 time.Time) {
 	epoch := t0.Add(10 * time.Second)
 	w1 := func(at time.Time, v uint64) *sandboxstatsv1.WorkloadStatsSample {
@@ -114,6 +115,7 @@ func richSweeps(h *otelHarness, t0 time.Time) {
 	w2.TemplateName = "java" // folded into (other) with MaxTemplates 1: w1's python holds the slot
 	first := okResult("/run/statsd/a.sock", w1(t0.Add(20*time.Second), 4_000_000), w2)
 	first.DriftFindings = []*sandboxstatsv1.DriftFinding{{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, Subject: "/pod", ActorUid: "w1"}}
+	first.EndedLog = &sandboxstatsv1.EndedLog{InstanceId: "i1", LowestSequence: 1, NextSequence: 1}
 	dup := everySignalSample("dup", epoch, t0.Add(20*time.Second), 1)
 	h.m.Apply([]sweep.DaemonResult{first,
 		okResult("/run/statsd/b.sock", dup), okResult("/run/statsd/c.sock", proto.Clone(dup).(*sandboxstatsv1.WorkloadStatsSample)),
@@ -129,6 +131,10 @@ func richSweeps(h *otelHarness, t0 time.Time) {
 	lower.MemoryPeakIsLowerBound, lower.Outcome, lower.BaselineDelayNanos = true, sandboxstatsv1.ActivationOutcome_ACTIVATION_OUTCOME_SANDBOX_DEAD, int64(time.Second)
 	second := okResult("/run/statsd/a.sock", w2)
 	second.Ended = []*sandboxstatsv1.EndedActivation{ended, unseen, lower}
+	for i, e := range second.Ended { // 1 and 2 were dropped before this sweep
+		e.InstanceId, e.Sequence = "i1", uint64(3+i)
+	}
+	second.EndedLog = &sandboxstatsv1.EndedLog{InstanceId: "i1", LowestSequence: 3, NextSequence: 6}
 	second.DriftFindings = first.DriftFindings
 	h.m.Apply([]sweep.DaemonResult{second}, t0.Add(80*time.Second), time.Millisecond)
 }

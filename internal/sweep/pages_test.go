@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/testing/protocmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/server"
@@ -152,6 +153,12 @@ func TestPollReadsEveryPage(t *testing.T) {
 			if diff := cmp.Diff(storeKeys(d.store.Ended()), keys(r.Ended)); diff != "" {
 				t.Errorf("%s: ended (-kept +polled):\n%s", name, diff)
 			}
+			// The ended log is the first answer's: its lowest sequence is
+			// the oldest record read, however many pages followed.
+			wantLog := &sandboxstatsv1.EndedLog{InstanceId: d.store.EndedLog().InstanceID, LowestSequence: 1, NextSequence: 65}
+			if diff := cmp.Diff(wantLog, r.EndedLog, protocmp.Transform()); diff != "" || r.Ended[0].GetSequence() != 1 {
+				t.Errorf("%s: ended log (-want +got):\n%s\nfirst record #%d", name, diff, r.Ended[0].GetSequence())
+			}
 			t.Logf("%s: %d records: StatsActiveWorkloads' and %d pages after it", name, len(r.Ended), d.pages.Load()-before)
 			if d.pages.Load()-before < 5 {
 				t.Errorf("%s: %d pages for 64 records of 8.5 KiB", name, d.pages.Load()-before)
@@ -176,6 +183,9 @@ func TestPollReadsEveryPage(t *testing.T) {
 		r := cfg.PollAll(ctx, []string{d.socket})[0]
 		if r.EndedErr != nil {
 			t.Fatal(r.EndedErr)
+		}
+		if lowest := r.EndedLog.GetLowestSequence(); lowest != r.Ended[0].GetSequence() || lowest == 0 {
+			t.Errorf("ended log's lowest sequence %d, the first record read #%d: not the first answer's", lowest, r.Ended[0].GetSequence())
 		}
 		got, seen := keys(r.Ended), map[string]bool{}
 		for _, k := range got {
@@ -329,4 +339,36 @@ func TestListEnded(t *testing.T) {
 		t.Errorf("64 records with MaxEnded 10: %v", err)
 	}
 	t.Logf("%d records, %d bytes, in %d pages", len(got), proto.Size(&sandboxstatsv1.ListEndedActivationsResponse{Ended: got}), d.pages.Load())
+}
+
+// TestFirstPageLog: the ended log ListEndedActivations' pages give (the
+// last page's) is told as the first page gave it: the lowest sequence is
+// the first record's; a log without records, or of another instance than
+// the records', is kept as it is.
+func TestFirstPageLog(t *testing.T) {
+	rec := func(instance string, seq uint64) *sandboxstatsv1.EndedActivation {
+		return &sandboxstatsv1.EndedActivation{InstanceId: instance, Sequence: seq}
+	}
+	last := &sandboxstatsv1.EndedLog{InstanceId: "i1", LowestSequence: 9, NextSequence: 12, EvictedMax: 3}
+	for _, tc := range []struct {
+		name   string
+		log    *sandboxstatsv1.EndedLog
+		ended  []*sandboxstatsv1.EndedActivation
+		lowest uint64
+	}{
+		{"pages", last, []*sandboxstatsv1.EndedActivation{rec("i1", 4), rec("i1", 9)}, 4},
+		{"no record", last, nil, 9},
+		{"another instance", last, []*sandboxstatsv1.EndedActivation{rec("i0", 4)}, 9},
+		{"no log", nil, []*sandboxstatsv1.EndedActivation{rec("i1", 4)}, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := firstPageLog(tc.log, tc.ended)
+			if got.GetLowestSequence() != tc.lowest || got.GetNextSequence() != tc.log.GetNextSequence() || got.GetEvictedMax() != tc.log.GetEvictedMax() {
+				t.Errorf("got %v, want lowest %d and the rest of %v", got, tc.lowest, tc.log)
+			}
+		})
+	}
+	if last.GetLowestSequence() != 9 {
+		t.Error("the last page's log was modified")
+	}
 }

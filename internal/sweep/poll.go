@@ -169,6 +169,7 @@ func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonR
 		}
 	}
 	r.Pending = resp.GetPending()
+	r.EndedLog = resp.GetEndedLog()
 	if len(r.Pending) > p.limits.MaxSamples {
 		r.Pending, r.Capped = nil, append(r.Capped, "pending")
 	}
@@ -262,8 +263,22 @@ func (p poller) listEnded(ctx context.Context, client sandboxstatsv1.WorkloadSta
 		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: no time left: %w", socket, err)
 		return
 	}
-	ended, err := ListEnded(ctx, client, p.limits)
+	ended, log, err := ListEndedLog(ctx, client, p.limits)
 	setEnded(socket, r, ended, err)
+	r.EndedLog = firstPageLog(log, ended)
+}
+
+// firstPageLog is the ended log as the first page of ended told it, from
+// log, the last page's: a page's lowest_sequence is its first record's, so
+// the first page's is the first record's (the oldest held when it was
+// read), or log's own when no record was read.
+func firstPageLog(log *sandboxstatsv1.EndedLog, ended []*sandboxstatsv1.EndedActivation) *sandboxstatsv1.EndedLog {
+	if log == nil || len(ended) == 0 || ended[0].GetInstanceId() != log.GetInstanceId() {
+		return log
+	}
+	first := proto.CloneOf(log)
+	first.LowestSequence = ended[0].GetSequence()
+	return first
 }
 
 // failed classifies a failed poll. A socket that no longer exists after the

@@ -75,6 +75,13 @@ type DaemonResult struct {
 	// ended activations were dropped whole (over Limits.MaxEnded records or
 	// pages, or Limits.MaxReplyBytes bytes of pages).
 	EndedErr error
+	// EndedLog is the daemon's ended log as of the first answer that
+	// carried its records (StatsActiveWorkloads', or ListEndedActivations'
+	// first page): its lowest_sequence is the oldest record held then, so a
+	// reader that had read up to a lower sequence knows what was dropped
+	// before it read it. Nil from a statsd older than the log, or when no
+	// answer came.
+	EndedLog *sandboxstatsv1.EndedLog
 	// Capped lists the parts of the answer dropped whole for being over
 	// their cap: "samples" (then the result is an error,
 	// ResourceExhausted), "pending" (over Limits.MaxSamples entries),
