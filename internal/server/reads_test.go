@@ -142,7 +142,8 @@ func TestDiscoveryStormIsBoundedAndShared(t *testing.T) {
 // TestDiscoveryShareKeepsEachDeadline: a discovery read in flight for as
 // long as the read timeout (beside a hung neighbour) is not joined by a
 // caller with less time: it reads on its own, within its own bound, and
-// gets its answer in time, the hung neighbour pending.
+// gets its answer before its deadline, the hung neighbour pending
+// READ_TIMEOUT.
 func TestDiscoveryShareKeepsEachDeadline(t *testing.T) {
 	ctx := context.Background()
 	f := hungFleet(t, 3)
@@ -156,12 +157,14 @@ func TestDiscoveryShareKeepsEachDeadline(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	resp, err := f.client.StatsActiveWorkloads(short, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	// Answered at all is answered within its 400 ms: had it joined the long
+	// read's flight (2 s) it would have failed DeadlineExceeded. How long it
+	// took is not asserted (on a loaded machine under -race a bound under
+	// 400 ms is a flake, not a finding).
 	if err != nil {
-		t.Fatalf("the short read beside the long one: %v", err)
+		t.Fatalf("the short read beside the long one (after %v of its 400 ms): %v", time.Since(start), err)
 	}
-	if took := time.Since(start); took > 350*time.Millisecond {
-		t.Errorf("the short read took %v of its 400 ms", took)
-	}
+	t.Logf("the short read answered in %v of its 400 ms", time.Since(start))
 	samples, pending := activeActors(resp)
 	if diff := cmp.Diff([]string{"actor-1", "actor-3"}, samples); diff != "" {
 		t.Errorf("samples (-want +got):\n%s", diff)
