@@ -115,10 +115,12 @@ type activeFlight struct {
 	sendAs *sandboxstatsv1.StatsActiveWorkloadsResponse // its key in activeShare.sending
 }
 
-// maxFlights is the most discovery flights in flight at once for each
-// include_host: a caller that cannot join one (its reads must end sooner)
-// leads a flight of its own only while fewer are in flight, and is refused
-// TOO_MANY_READS otherwise. Without it a reader sending shrinking or random
+// maxFlights is the most discovery flights whose reads are in flight at
+// once for each include_host: a caller that cannot join one (its reads
+// must end sooner) leads a flight of its own only while fewer are reading,
+// and is refused TOO_MANY_READS otherwise (a flight whose reads are done,
+// building its answer, reads nothing more and takes no member: it does not
+// count). Without it a reader sending shrinking or random
 // deadlines started a flight, each reading every binding, with most calls.
 const maxFlights = 2
 
@@ -127,20 +129,19 @@ const maxFlights = 2
 var tooManyFlights = statusError(codes.ResourceExhausted, sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS,
 	"%d discovery reads are in flight, each reading longer than this call's deadline leaves it: nothing was read; retry after a backoff (or with a longer deadline)", maxFlights)
 
-// activeShare holds the flights callers may join and counts the flights in
-// flight, by include_host, and holds the flights whose encoded answer
-// members' streams have yet to send.
+// activeShare holds the flights callers may join, by include_host (those
+// whose reads are in flight: at most maxFlights each), and the flights
+// whose encoded answer members' streams have yet to send.
 type activeShare struct {
 	mu      sync.Mutex
-	open    [2][]*activeFlight // taking members
-	flying  [2]int             // led and not done (at most maxFlights)
+	open    [2][]*activeFlight
 	sending map[*sandboxstatsv1.StatsActiveWorkloadsResponse]*activeFlight
 }
 
 // shared answers a discovery read from a flight open for includeHost whose
 // reads the caller can wait for (the one ending soonest), else from a
 // flight of its own (which later callers join) if fewer than maxFlights are
-// in flight, else refuses it (TOO_MANY_READS: nothing read). A flight is
+// reading, else refuses it (TOO_MANY_READS: nothing read). A flight is
 // built by build (given the bound of each read and a func that closes the
 // flight to joiners, to call before the answer's state is taken). A member
 // whose context ends first gets its context's status; the flight goes on
@@ -167,13 +168,12 @@ func (s *StatsService) shared(ctx context.Context, includeHost bool, build func(
 		}
 	}
 	switch {
-	case f == nil && s.share.flying[key] >= maxFlights:
+	case f == nil && len(s.share.open[key]) >= maxFlights:
 		s.share.mu.Unlock()
 		return nil, tooManyFlights
 	case f == nil:
 		f = &activeFlight{readsEnd: readsEnd, done: make(chan struct{}), unsent: 1}
 		s.share.open[key] = append(s.share.open[key], f)
-		s.share.flying[key]++
 		s.share.mu.Unlock()
 		s.lead(ctx, key, f, bound, build)
 	default:
@@ -207,11 +207,6 @@ func (s *StatsService) lead(ctx context.Context, key int, f *activeFlight, bound
 	}
 	f.err = status.Error(codes.Internal, "the discovery answer failed") // if build panics
 	defer close(f.done)
-	defer func() { // landed: its reads are done (or build panicked)
-		s.share.mu.Lock()
-		s.share.flying[key]--
-		s.share.mu.Unlock()
-	}()
 	defer closeJoin() // also when build panics
 	// The flight outlives a leader that goes away: its members wait for
 	// it. Each read is bounded by bound.
