@@ -110,3 +110,20 @@ func TestPollTooManyReads(t *testing.T) {
 		}
 	})
 }
+
+// TestPoolKeepsBusyDaemonsConnection: a daemon refusing reads
+// TOO_MANY_READS keeps its connection in a Pool (the connection is sound;
+// dialing again in a storm would compete for the daemon's
+// --max-read-connections with the reader storming it).
+func TestPoolKeepsBusyDaemonsConnection(t *testing.T) {
+	d := &busyDaemon{refuse: -1}
+	socket := startBusyDaemon(t, d)
+	p := Config{Concurrency: 1, Timeout: 5 * time.Second}.NewPool()
+	defer p.Close()
+	if r := pollOne(t, p, socket); r.Status != StatusError || r.Code != codes.ResourceExhausted {
+		t.Fatalf("poll: %s %s %v; want an error, ResourceExhausted", r.Status, r.Code, r.Err)
+	}
+	if kept(t, p, socket) == nil {
+		t.Errorf("the connection to a busy daemon was dropped")
+	}
+}
