@@ -10,6 +10,7 @@ package server
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -114,20 +115,44 @@ type activeFlight struct {
 	sendAs *sandboxstatsv1.StatsActiveWorkloadsResponse // its key in activeShare.sending
 }
 
-// activeShare holds the flight callers may join, by include_host, and the
-// flights whose encoded answer members' streams have yet to send.
+// maxFlights is the most discovery flights whose reads are in flight at
+// once for each include_host: a caller that cannot join one (its reads
+// must end sooner) leads a flight of its own only while fewer are reading,
+// and is refused TOO_MANY_READS otherwise (a flight whose reads are done,
+// building its answer, reads nothing more and takes no member: it does not
+// count). Without it a reader sending shrinking or random
+// deadlines started a flight, each reading every binding, with most calls.
+const maxFlights = 2
+
+// tooManyFlights refuses a discovery read that can neither join a flight
+// nor lead one; built once.
+var tooManyFlights = statusError(codes.ResourceExhausted, sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS,
+	"%d discovery reads are in flight, each reading longer than this call's deadline leaves it: nothing was read; retry after a backoff (or with a longer deadline)", maxFlights)
+
+// activeShare holds the flights callers may join, by include_host (those
+// whose reads are in flight: at most maxFlights each), and the flights
+// whose encoded answer members' streams have yet to send.
 type activeShare struct {
 	mu      sync.Mutex
-	open    [2]*activeFlight
+	open    [2][]*activeFlight
 	sending map[*sandboxstatsv1.StatsActiveWorkloadsResponse]*activeFlight
 }
 
-// shared answers a discovery read from the flight open for includeHost if
-// the caller can wait for its reads, else from a flight of its own (which
-// later callers join), built by build (given the bound of each read and a
-// func that closes the flight to joiners, to call before the answer's
-// state is taken). A member whose context ends first gets its context's
-// status; the flight goes on for the others.
+// shared answers a discovery read from a flight open for includeHost whose
+// reads the caller can wait for (the one ending soonest), else from a
+// flight of its own (which later callers join) if fewer than maxFlights are
+// reading, else refuses it (TOO_MANY_READS: nothing read). A flight is
+// built by build (given the bound of each read and a func that closes the
+// flight to joiners, to call before the answer's state is taken). A member
+// whose context ends first gets its context's status; the flight goes on
+// for the others.
+//
+// A caller that cannot join is refused rather than joined with an answer
+// cut at its own deadline: that would be an answer per member, built from
+// a flight's reads in flight (each member's own snapshot, pending entries
+// and encoding), a second answer path where the refusal keeps the one
+// shared answer and its safety argument whole; and a refused reader
+// retries, as it does a refusal by the read gate.
 func (s *StatsService) shared(ctx context.Context, includeHost bool, build func(ctx context.Context, bound time.Duration, closeJoin func()) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error)) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
 	key := 0
 	if includeHost {
@@ -136,13 +161,22 @@ func (s *StatsService) shared(ctx context.Context, includeHost bool, build func(
 	bound := s.readBound(ctx)
 	readsEnd := time.Now().Add(bound)
 	s.share.mu.Lock()
-	f := s.share.open[key]
-	if f == nil || f.readsEnd.After(readsEnd) {
+	var f *activeFlight
+	for _, o := range s.share.open[key] {
+		if !o.readsEnd.After(readsEnd) && (f == nil || o.readsEnd.Before(f.readsEnd)) {
+			f = o
+		}
+	}
+	switch {
+	case f == nil && len(s.share.open[key]) >= maxFlights:
+		s.share.mu.Unlock()
+		return nil, tooManyFlights
+	case f == nil:
 		f = &activeFlight{readsEnd: readsEnd, done: make(chan struct{}), unsent: 1}
-		s.share.open[key] = f
+		s.share.open[key] = append(s.share.open[key], f)
 		s.share.mu.Unlock()
 		s.lead(ctx, key, f, bound, build)
-	} else {
+	default:
 		f.unsent++
 		s.share.mu.Unlock()
 		select {
@@ -168,9 +202,7 @@ func (s *StatsService) shared(ctx context.Context, includeHost bool, build func(
 func (s *StatsService) lead(ctx context.Context, key int, f *activeFlight, bound time.Duration, build func(ctx context.Context, bound time.Duration, closeJoin func()) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error)) {
 	closeJoin := func() {
 		s.share.mu.Lock()
-		if s.share.open[key] == f {
-			s.share.open[key] = nil
-		}
+		s.share.open[key] = slices.DeleteFunc(s.share.open[key], func(o *activeFlight) bool { return o == f })
 		s.share.mu.Unlock()
 	}
 	f.err = status.Error(codes.Internal, "the discovery answer failed") // if build panics

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -130,18 +131,23 @@ func (p poller) pollOnce(ctx context.Context, socket string) DaemonResult {
 func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonResult {
 	client := dc.client
 	resp, err := client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	if tooManyReads(err) && pause(ctx, busyPause) {
+		// statsd is busy (a reader's storm): once more, after a pause.
+		resp, err = client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})
+	}
 	if err != nil {
 		if rerr := dc.refused.Load(); rerr != nil {
 			return DaemonResult{Status: StatusError, Code: codes.PermissionDenied, Err: *rerr, PeerRefused: true}
 		}
 		r := failed(socket, err)
 		switch {
-		case r.Code == codes.ResourceExhausted:
+		case overReplyCap(err):
 			r.Capped = []string{"reply-bytes"}
 			return r // an answer over the cap: ask that daemon nothing more
-		case r.Status == StatusError && (r.Code == codes.DeadlineExceeded || r.Code == codes.Internal):
+		case r.Status == StatusError && (r.Code == codes.DeadlineExceeded || r.Code == codes.Internal || tooManyReads(err)):
 			// A workload whose reads time out or fail produces no sample,
-			// but drift (a dead sandbox, a silent agent) may say why.
+			// but drift (a dead sandbox, a silent agent) may say why; a
+			// busy daemon's findings are still its findings.
 			p.listDrift(ctx, client, socket, &r)
 		}
 		if r.Status == StatusError && r.Code != codes.Unavailable {
@@ -195,7 +201,7 @@ func setEnded(socket string, r *DaemonResult, ended []*sandboxstatsv1.EndedActiv
 		r.EndedErr = fmt.Errorf("sweep: %s: %w: dropped", socket, err)
 		return false
 	case err != nil:
-		if status.Code(err) == codes.ResourceExhausted {
+		if overReplyCap(err) {
 			r.Capped = append(r.Capped, "reply-bytes")
 		}
 		r.EndedErr = fmt.Errorf("sweep: list ended activations %s: %w", socket, err)
@@ -241,7 +247,7 @@ func (p poller) listDrift(ctx context.Context, client sandboxstatsv1.WorkloadSta
 	}
 	drift, err := client.ListDriftFindings(ctx, &sandboxstatsv1.ListDriftFindingsRequest{})
 	if err != nil {
-		if status.Code(err) == codes.ResourceExhausted {
+		if overReplyCap(err) {
 			r.Capped = append(r.Capped, "reply-bytes")
 		}
 		r.DriftErr = fmt.Errorf("sweep: list drift findings %s: %w", socket, err)
@@ -279,6 +285,41 @@ func firstPageLog(log *sandboxstatsv1.EndedLog, ended []*sandboxstatsv1.EndedAct
 	first := proto.CloneOf(log)
 	first.LowestSequence = ended[0].GetSequence()
 	return first
+}
+
+// busyPause is how long a poll refused TOO_MANY_READS waits before asking
+// once more (statsd leaves a read's slot as its status is queued: a slot is
+// soon free unless a storm holds them all).
+var busyPause = 50 * time.Millisecond
+
+// tooManyReads reports whether err is statsd's refusal of a read beyond
+// its bound on reads in flight (RESOURCE_EXHAUSTED, ErrorInfo reason
+// TOO_MANY_READS): the daemon is busy, its answer was never sent.
+func tooManyReads(err error) bool {
+	return status.Code(err) == codes.ResourceExhausted && api.ReasonOf(err) == api.Reason(sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS)
+}
+
+// overReplyCap reports whether err is an answer over the reply cap (gRPC's
+// own RESOURCE_EXHAUSTED for a message over MaxCallRecvMsgSize), or any
+// other RESOURCE_EXHAUSTED but a busy daemon's refusal.
+func overReplyCap(err error) bool {
+	return status.Code(err) == codes.ResourceExhausted && !tooManyReads(err)
+}
+
+// pause waits d, if ctx leaves at least twice d after it (for the call
+// after the pause), and reports whether it did.
+func pause(ctx context.Context, d time.Duration) bool {
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) < 3*d {
+		return false
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // failed classifies a failed poll. A socket that no longer exists after the

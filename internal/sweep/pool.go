@@ -133,7 +133,10 @@ func (p *Pool) poll(ctx context.Context, socket string) DaemonResult {
 		}
 		r = p.p.poll(ctx, socket, dc)
 	}
-	if r.Status == StatusError || r.Status == StatusVanished {
+	// A busy statsd's refusal (TOO_MANY_READS) came over a sound
+	// connection: kept (dialing again in a reader's storm would compete
+	// with the reader for the daemon's connections).
+	if r.Status == StatusError && !tooManyReads(r.Err) || r.Status == StatusVanished {
 		p.drop(abs, dc)
 	}
 	return r

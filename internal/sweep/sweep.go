@@ -55,8 +55,10 @@ type DaemonResult struct {
 	// second call (ListDriftFindings) on the same connection, within the
 	// same per-call deadline, when a sample says it has some, and when the
 	// daemon produced no sample for a reason drift may explain: it answered
-	// NOT_MEASURABLE_YET, or the call failed DeadlineExceeded or Internal
-	// (not for NO_WORKLOAD, a vanished daemon or a refused connection).
+	// NOT_MEASURABLE_YET, or the call failed DeadlineExceeded or Internal,
+	// or was refused TOO_MANY_READS (a busy statsd; asked once more after a
+	// short pause first) (not for NO_WORKLOAD, a vanished daemon or a
+	// refused connection).
 	DriftFindings []*sandboxstatsv1.DriftFinding
 	// DriftErr is why that second call failed or was not made (out of
 	// time), or why its findings were dropped (over Limits.MaxFindings);
@@ -86,7 +88,9 @@ type DaemonResult struct {
 	// their cap: "samples" (then the result is an error,
 	// ResourceExhausted), "pending" (over Limits.MaxSamples entries),
 	// "drift-findings", "ended", "reply-bytes" (an
-	// answer over Limits.MaxReplyBytes: an error, ResourceExhausted).
+	// answer over Limits.MaxReplyBytes: an error, ResourceExhausted; not a
+	// busy statsd's refusal, ResourceExhausted with the reason
+	// TOO_MANY_READS, which is a poll error only).
 	Capped []string
 	// PeerRefused: the server's uid (SO_PEERCRED) is not an allowed one;
 	// nothing was sent to it (an error, PermissionDenied).
