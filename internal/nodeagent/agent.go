@@ -76,15 +76,20 @@ type Agent struct {
 	discoveryFailures prometheus.Counter
 }
 
-// pollMemo is what the sweep order remembers of a daemon's last poll.
+// pollMemo is what the sweep order remembers of a daemon from the last
+// sweep.
 type pollMemo struct {
-	seq   uint64 // the sweep it was last polled in (not skipped); 0: never
-	quick bool   // it answered within quickPoll of the call's bound
+	// since is the sweep it was last polled in (not skipped) or, for a
+	// daemon never polled, the sweep before the one that first found it:
+	// how long it has waited.
+	since   uint64
+	skipped bool // the last sweep's bound ran out before it
+	quick   bool // polled in the last sweep, answered within quickPoll of the call's bound
 }
 
 // quickPoll is the share of --timeout within which an answer counts as
-// quick: quick daemons go first in the next sweep (they cost the others
-// little), before the daemons skipped longest.
+// quick: quick daemons go next after those skipped last time (they cost
+// the others little).
 const quickPoll = 10
 
 // New returns an Agent with its own registry (no global state).
@@ -135,11 +140,12 @@ func (a *Agent) Close() error { return a.pool.Close() }
 const metricDiscoveryFailures = "sandboxstats_agent_discovery_failures_total"
 
 // SweepOnce runs one sweep and makes it the exported snapshot. Every daemon
-// gets its turn (order): the quick ones of the last sweep first, then new
-// ones, then the daemons polled longest ago (a daemon skipped last time
-// before any polled then). When the glob's directory cannot be read the
-// sweep fails: the old snapshot stays, the failure is counted and logged,
-// and /healthz answers 503 until a discovery succeeds.
+// gets its turn (order): those skipped last time first, longest waiting
+// first, then the quick ones of the last sweep, then new ones, then the
+// rest; a daemon goes at most ceil(N/C)-1 sweeps in a row unpolled (N
+// daemons found, C = Concurrency). When the glob's directory cannot be
+// read the sweep fails: the old snapshot stays, the failure is counted and
+// logged, and /healthz answers 503 until a discovery succeeds.
 func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 	start := time.Now()
 	d, err := sweep.DiscoverAllowed(a.cfg.Sockets, a.cfg.AllowUIDs)
@@ -195,31 +201,44 @@ func (a *Agent) SweepOnce(ctx context.Context) []sweep.DaemonResult {
 }
 
 // order returns sockets in the order to poll them, so that every daemon
-// gets its turn however many answer slowly or hang: first those that
-// answered quickly in the last sweep (they cost the others little), then
-// the daemons new since it, then the rest by the sweep they were last
-// polled in, oldest first (so those skipped last time, when the sweep's
-// bound ran out before them, go before any polled then), each group in a
-// random order. Before, the daemons that answered last time went first in
-// sorted order: 30 slow ones used up every sweep's bound and a healthy one
-// after them was never polled.
+// gets its turn however many answer slowly or hang: first the daemons the
+// last sweep skipped (its bound ran out before them), those waiting since
+// the oldest sweep first; then those that answered quickly in the last
+// sweep (they cost the others little); then the daemons new since it; then
+// the rest (polled in the last sweep, not quickly); each group by how long
+// it has waited, ties in a random order.
+//
+// The bound: a sweep starts its first C = Concurrency daemons at once, and
+// a sweep polls a prefix of its order. A daemon skipped in a sweep that
+// skipped S daemons is polled within the next ceil(S/C) sweeps: the
+// daemons skipped with it (or waiting longer) stay ahead of every daemon
+// skipped later, a new one included, so each sweep polls at least C of
+// them until it reaches it. With N daemons found, S <= N-C: no daemon goes
+// more than ceil(N/C)-1 sweeps in a row unpolled, and a new one is polled
+// within ceil(N/C) sweeps of being found. Before, the daemons that
+// answered last time went first in sorted order (30 slow ones used up
+// every sweep's bound and a healthy one after them was never polled), and
+// then the quick answerers went first, so daemons answering just within
+// Timeout/quickPoll could fill every sweep and never let the others in.
 func (a *Agent) order(sockets []string) []string {
-	// rank: 0 answered quickly last sweep, 1 new (not found before), 2
-	// the others.
+	// rank: 0 skipped last sweep, 1 answered quickly in it, 2 new (not
+	// found before), 3 the others.
 	rank := func(s string) int {
 		m, ok := a.polled[s]
 		switch {
 		case !ok:
-			return 1
-		case m.quick && m.seq == a.seq:
+			return 2
+		case m.skipped:
 			return 0
+		case m.quick:
+			return 1
 		}
-		return 2
+		return 3
 	}
 	out := slices.Clone(sockets)
 	rand.Shuffle(len(out), func(i, j int) { out[i], out[j] = out[j], out[i] })
 	slices.SortStableFunc(out, func(x, y string) int {
-		return cmp.Or(cmp.Compare(rank(x), rank(y)), cmp.Compare(a.polled[x].seq, a.polled[y].seq))
+		return cmp.Or(cmp.Compare(rank(x), rank(y)), cmp.Compare(a.polled[x].since, a.polled[y].since))
 	})
 	return out
 }
@@ -227,16 +246,21 @@ func (a *Agent) order(sockets []string) []string {
 // remember notes each daemon's poll of the sweep just done for the next
 // sweep's order, and forgets the sockets it no longer found.
 func (a *Agent) remember(results []sweep.DaemonResult) {
-	a.seq++
 	seen := make(map[string]pollMemo, len(results))
 	for _, r := range results {
-		m := a.polled[r.Socket]
-		if r.Status != sweep.StatusSkipped {
+		m, ok := a.polled[r.Socket]
+		if !ok {
+			m.since = a.seq // found now: waiting since the sweep before
+		}
+		m.skipped = r.Status == sweep.StatusSkipped
+		m.quick = false
+		if !m.skipped {
 			answered := r.Status == sweep.StatusOK || r.Status == sweep.StatusNoSample
-			m = pollMemo{seq: a.seq, quick: answered && r.Took <= a.cfg.Timeout/quickPoll}
+			m.since, m.quick = a.seq+1, answered && r.Took <= a.cfg.Timeout/quickPoll
 		}
 		seen[r.Socket] = m
 	}
+	a.seq++
 	a.polled = seen
 }
 

@@ -2,15 +2,10 @@ package otlp
 
 import (
 	"context"
-	"encoding/pem"
 	"fmt"
 	"io"
-	"log"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,7 +19,6 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	otellog "go.opentelemetry.io/otel/log"
 	"go.opentelemetry.io/otel/metric"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	collogs "go.opentelemetry.io/proto/otlp/collector/logs/v1"
 	colmetrics "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
 	"google.golang.org/grpc"
@@ -251,176 +245,6 @@ func TestNeverBlocks(t *testing.T) {
 	}
 }
 
-// TestHTTPProtobuf: the HTTP/protobuf transport delivers metrics and events
-// to /v1/metrics and /v1/logs, and a 503 keeps the events for later.
-func TestHTTPProtobuf(t *testing.T) {
-	var mu sync.Mutex
-	paths := map[string]int{}
-	unavailable := true
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		mu.Lock()
-		defer mu.Unlock()
-		if unavailable && r.URL.Path == "/v1/logs" {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		paths[r.URL.Path]++
-		w.Header().Set("Content-Type", "application/x-protobuf")
-	})}
-	go srv.Serve(ln)
-	t.Cleanup(func() { srv.Close() })
-	p, _, emit := startPipeline(t, Config{Endpoint: "http://" + ln.Addr().String(), Protocol: ProtocolHTTP, Timeout: time.Second})
-	emit("a", "final")
-	p.Swept()
-	waitFor(t, "a kept batch after a 503", func() bool { return testutil.ToFloat64(p.exports.WithLabelValues("logs", "retry")) >= 1 })
-	mu.Lock()
-	unavailable = false
-	mu.Unlock()
-	waitFor(t, "the event and the metrics delivered", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return paths["/v1/logs"] == 1 && paths["/v1/metrics"] >= 1
-	})
-}
-
-func TestParseEndpoint(t *testing.T) {
-	for _, tc := range []struct {
-		in      string
-		want    Endpoint
-		wantErr string
-	}{
-		{in: "http://127.0.0.1:4317", want: Endpoint{Scheme: "http", Host: "127.0.0.1:4317"}},
-		{in: "https://collector.example:4318", want: Endpoint{Scheme: "https", Host: "collector.example:4318"}},
-		{in: "http://[::1]:4317/", want: Endpoint{Scheme: "http", Host: "[::1]:4317"}},
-		{in: "unix:///run/otel/otlp.sock", want: Endpoint{Scheme: "unix", Path: "/run/otel/otlp.sock"}},
-		{in: "127.0.0.1:4317", wantErr: "want http://HOST:PORT"},
-		{in: "http://127.0.0.1", wantErr: "want http://HOST:PORT"},
-		{in: "http://127.0.0.1:4318/v1/metrics", wantErr: "want http://HOST:PORT"},
-		{in: "unix://relative/path", wantErr: "want unix:///ABSOLUTE/PATH"},
-		{in: "grpc://127.0.0.1:4317", wantErr: "want http://HOST:PORT"},
-	} {
-		t.Run(tc.in, func(t *testing.T) {
-			got, err := ParseEndpoint(tc.in)
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
-					t.Fatalf("err = %v, want one containing %q", err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if diff := cmp.Diff(tc.want, got); diff != "" {
-				t.Errorf("(-want +got):\n%s", diff)
-			}
-		})
-	}
-}
-
-// TestHTTPTimeoutNotResent: over HTTP/protobuf, a batch whose export timed
-// out after the collector read it is counted uncertain and never sent
-// again (the exporter calls such timeouts retry-able).
-func TestHTTPTimeoutNotResent(t *testing.T) {
-	var mu sync.Mutex
-	posts := 0
-	release := make(chan struct{})
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		if r.URL.Path != "/v1/logs" {
-			return
-		}
-		mu.Lock()
-		posts++
-		mu.Unlock()
-		<-release // answers only after the exporter gave up
-	}))
-	t.Cleanup(func() { close(release); srv.Close() })
-	p, _, emit := startPipeline(t, Config{Endpoint: srv.URL, Protocol: ProtocolHTTP, Timeout: 300 * time.Millisecond})
-	emit("a", "final")
-	waitFor(t, "the timed-out batch counted uncertain", func() bool {
-		return testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "uncertain")) == 1
-	})
-	time.Sleep(time.Second) // a resend would come within the backoff
-	mu.Lock()
-	defer mu.Unlock()
-	if posts != 1 {
-		t.Errorf("the batch was posted %d times, want 1", posts)
-	}
-}
-
-// TestBatchTooLarge: a collector that refuses a batch as too large
-// (ResourceExhausted without RetryInfo) gets it again in halves, each
-// event once; none is dropped.
-func TestBatchTooLarge(t *testing.T) {
-	sock := filepath.Join(t.TempDir(), "otlp.sock")
-	f := &fakeCollector{}
-	ln, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.MaxRecvMsgSize(1500))
-	colmetrics.RegisterMetricsServiceServer(srv, f)
-	collogs.RegisterLogsServiceServer(srv, logsServer{f: f})
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
-	p, _, emit := startPipeline(t, Config{Endpoint: "unix://" + sock, Timeout: time.Second})
-	var want []string
-	for i := range 20 {
-		emit(fmt.Sprint("a", i), "final")
-		want = append(want, fmt.Sprint("test.event/a", i))
-	}
-	waitFor(t, "every event delivered", func() bool { _, ev := f.got(); return len(ev) >= 20 })
-	_, events := f.got()
-	slices.Sort(events)
-	slices.Sort(want)
-	if diff := cmp.Diff(want, events); diff != "" {
-		t.Errorf("events (-want +got):\n%s", diff)
-	}
-	// The collector keeps a batch before the exporter has its answer.
-	waitFor(t, "20 finals counted sent", func() bool { return testutil.ToFloat64(p.queue.sentC.WithLabelValues("final")) == 20 })
-}
-
-// TestSplitMetrics: an export of more points than the bound is cut into
-// parts of at most the bound, every point once, in order.
-func TestSplitMetrics(t *testing.T) {
-	sum := func(n int) metricdata.Sum[int64] {
-		s := metricdata.Sum[int64]{Temporality: metricdata.CumulativeTemporality, IsMonotonic: true}
-		for i := range n {
-			s.DataPoints = append(s.DataPoints, metricdata.DataPoint[int64]{Value: int64(i)})
-		}
-		return s
-	}
-	rm := &metricdata.ResourceMetrics{ScopeMetrics: []metricdata.ScopeMetrics{{Metrics: []metricdata.Metrics{
-		{Name: "a", Data: sum(5)}, {Name: "b", Data: sum(0)}, {Name: "c", Data: sum(7)},
-	}}}}
-	var got []string
-	for _, part := range splitMetrics(rm, 4) {
-		n := 0
-		var names []string
-		for _, sm := range part.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-					names = append(names, fmt.Sprint(m.Name, dp.Value))
-				}
-				n += points(m.Data)
-			}
-		}
-		if n > 4 {
-			t.Errorf("a part of %d points", n)
-		}
-		got = append(got, strings.Join(names, " "))
-	}
-	want := []string{"a0 a1 a2 a3", "a4 c0 c1 c2", "c3 c4 c5 c6"}
-	if diff := cmp.Diff(want, got); diff != "" {
-		t.Errorf("parts (-want +got):\n%s", diff)
-	}
-}
-
 // TestRegistryPipelineMetrics: the pipeline's Prometheus metrics are the
 // registry's sandboxstats_agent_otlp_ ones.
 func TestRegistryPipelineMetrics(t *testing.T) {
@@ -452,50 +276,5 @@ func TestRegistryPipelineMetrics(t *testing.T) {
 	slices.Sort(got)
 	if diff := cmp.Diff(want, got); diff != "" {
 		t.Errorf("pipeline metrics (-registry +code):\n%s", diff)
-	}
-}
-
-// TestTLS: an https endpoint is verified with --otlp-ca-file (and refused
-// without it: the system's roots do not know a test certificate); TLS
-// files with a plaintext endpoint are refused.
-func TestTLS(t *testing.T) {
-	var mu sync.Mutex
-	got := map[string]int{}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		io.Copy(io.Discard, r.Body)
-		mu.Lock()
-		got[r.URL.Path]++
-		mu.Unlock()
-		w.Header().Set("Content-Type", "application/x-protobuf")
-	}))
-	srv.Config.ErrorLog = log.New(io.Discard, "", 0) // the refused handshakes
-	srv.StartTLS()
-	t.Cleanup(srv.Close)
-	ca := filepath.Join(t.TempDir(), "ca.pem")
-	if err := os.WriteFile(ca, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	endpoint := srv.URL
-	p, _, emit := startPipeline(t, Config{Endpoint: endpoint, Protocol: ProtocolHTTP, CAFile: ca, Timeout: time.Second})
-	emit("a", "final")
-	p.Swept()
-	waitFor(t, "events and metrics over TLS", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		return got["/v1/logs"] == 1 && got["/v1/metrics"] >= 1
-	})
-
-	unverified, _, emit2 := startPipeline(t, Config{Endpoint: endpoint, Protocol: ProtocolHTTP, Timeout: time.Second})
-	emit2("b", "final")
-	waitFor(t, "the unverified server's export refused", func() bool {
-		return testutil.ToFloat64(unverified.exports.WithLabelValues("logs", "failed")) >= 1
-	})
-	mu.Lock()
-	defer mu.Unlock()
-	if got["/v1/logs"] != 1 {
-		t.Errorf("a server the CA does not verify got events: %v", got)
-	}
-	if _, err := New(Config{Endpoint: "http://127.0.0.1:4318", CAFile: ca}, discard()); err == nil {
-		t.Error("a CA file with a plaintext endpoint was accepted")
 	}
 }

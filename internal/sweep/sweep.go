@@ -195,10 +195,16 @@ func (c Config) PollAll(ctx context.Context, sockets []string) []DaemonResult {
 // pollAll polls each socket with poll under c's bounds (see PollAll).
 func (c Config) pollAll(ctx context.Context, sockets []string, poll func(context.Context, string) DaemonResult) []DaemonResult {
 	sctx := ctx
+	// over reports the sweep's bound past by the clock: sctx.Err() is set
+	// by a timer that can run late, and a poll started meanwhile failed at
+	// once (DeadlineExceeded) without a call, counted as polled.
+	over := func() bool { return sctx.Err() != nil }
 	if c.SweepTimeout > 0 {
 		var cancel context.CancelFunc
-		sctx, cancel = context.WithTimeout(ctx, c.SweepTimeout)
+		end := time.Now().Add(c.SweepTimeout)
+		sctx, cancel = context.WithDeadline(ctx, end)
 		defer cancel()
+		over = func() bool { return sctx.Err() != nil || !time.Now().Before(end) }
 	}
 	p := c.poller()
 	results := make([]DaemonResult, len(sockets))
@@ -214,7 +220,7 @@ func (c Config) pollAll(ctx context.Context, sockets []string, poll func(context
 					return
 				}
 				sock := sockets[i]
-				if ctx.Err() == nil && sctx.Err() != nil {
+				if ctx.Err() == nil && over() {
 					results[i] = DaemonResult{Socket: sock, Status: StatusSkipped,
 						Err: fmt.Errorf("sweep: %s not polled: the sweep's bound of %v ran out", sock, c.SweepTimeout)}
 					continue
