@@ -235,7 +235,8 @@ func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.Wor
 
 // charge adds charges to l's counters. CPU is there from the first charge
 // on (0 when the sample had none); another counter once some sample or
-// record carried it: absent is not zero.
+// record carried it: absent is not zero. A charge that would make a total
+// overflow is refused and counted (reason overflow).
 func (m *metrics) charge(l labelSet, charges rate.Charges, now time.Time) {
 	t := m.totals[l]
 	if t == nil {
@@ -244,7 +245,9 @@ func (m *metrics) charge(l labelSet, charges rate.Charges, now time.Time) {
 		m.totals[l] = t
 	}
 	for _, c := range charges {
-		t.values.add(c.ID, c.Value)
+		if !t.values.add(c.ID, c.Value) {
+			m.overflows.Add(1)
+		}
 	}
 	t.lastSeen = now
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
+	"math/bits"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -126,6 +127,9 @@ type metrics struct {
 	capped        *prometheus.CounterVec // + part
 	refused       *prometheus.CounterVec // + reason
 	folded        prometheus.Counter
+	// overflows: charges refused because they would have made a shared
+	// total overflow (read by a scrape while Apply adds).
+	overflows atomic.Uint64
 
 	ended       *prometheus.CounterVec   // + outcome
 	finals      *prometheus.CounterVec   // + provenance
@@ -164,8 +168,10 @@ const maxInterfacesPerSet = 64
 // otherInterface is the interface label of what maxInterfacesPerSet folds.
 const otherInterface = "(other)"
 
-// add charges v to counter id.
-func (cv *counterValues) add(id rate.CounterID, v uint64) {
+// add charges v to counter id; false (and nothing charged) when that
+// would make the total overflow: a shared series never wraps and never
+// sticks at the uint64 maximum (a neighbour's later charges still count).
+func (cv *counterValues) add(id rate.CounterID, v uint64) bool {
 	if id.Interface != "" {
 		if cv.perInterface == nil {
 			cv.perInterface = make(map[rate.CounterID]uint64)
@@ -173,11 +179,20 @@ func (cv *counterValues) add(id rate.CounterID, v uint64) {
 		if _, ok := cv.perInterface[id]; !ok && cv.interfaces(id.Interface) >= maxInterfacesPerSet {
 			id.Interface = otherInterface
 		}
-		cv.perInterface[id] = addSat(cv.perInterface[id], v)
-		return
+		sum, carry := bits.Add64(cv.perInterface[id], v, 0)
+		if carry != 0 {
+			return false
+		}
+		cv.perInterface[id] = sum
+		return true
 	}
 	cv.has[id.Counter] = true
-	cv.total[id.Counter] = addSat(cv.total[id.Counter], v)
+	sum, carry := bits.Add64(cv.total[id.Counter], v, 0)
+	if carry != 0 {
+		return false
+	}
+	cv.total[id.Counter] = sum
+	return true
 }
 
 // interfaces counts the interface names cv exports besides name and
@@ -334,7 +349,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		m.otel = o
 	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
-		m.conflicts, m.capped, m.refused, m.folded, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct)} {
+		m.conflicts, m.capped, m.refused, m.folded, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct, &m.overflows)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -12,9 +12,12 @@ import (
 type Refusal string
 
 const (
-	// RefusedGrowth: a bounded counter (CPU, stall time, periods) grew
-	// more between two samples, or from the last sample to the final, than
-	// CPUs x the time between them allows.
+	// RefusedGrowth: a counter grew more between two samples, or from the
+	// last sample to the final (or, for bytes and counts, from the epoch
+	// start to a head, or to a reset's new value), than its bound allows
+	// in the time: CPUs x the time for CPU and stall time, one period a
+	// millisecond, MaxBytesPerSecond, MaxCountsPerSecond. Only that
+	// counter charges nothing; counted once per sample or record.
 	RefusedGrowth Refusal = "growth"
 	// RefusedAbsurd: a counter at or past absurdValue (2^62: 146,000 years
 	// of CPU, 4 EiB).
