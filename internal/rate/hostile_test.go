@@ -56,6 +56,12 @@ func TestEndedKeyCut(t *testing.T) {
 	if EndedKeyOf(e) != KeyOf(smp(0, 1, actor(long))) {
 		t.Error("a sample and the record of one activation have different keys")
 	}
+	// Two uids of one length sharing their first 9,999 bytes: a cut
+	// alone ("...(+N bytes)") would be one key.
+	other := long[:len(long)-1] + "v"
+	if KeyOf(smp(0, 1, actor(long))) == KeyOf(smp(0, 1, actor(other))) {
+		t.Errorf("two distinct %d-byte uids share a key: %q", len(long), KeyOf(smp(0, 1, actor(long))).ActorUID)
+	}
 	short := strings.Repeat("u", maxKeyUIDBytes)
 	if got := KeyOf(smp(0, 1, actor(short))).ActorUID; got != short {
 		t.Errorf("a %d-byte uid was cut to %q", len(short), got)
