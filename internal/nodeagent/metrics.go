@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"maps"
 	"math/bits"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,9 +65,13 @@ type metricsConfig struct {
 	// grace period continues its counter; after it, it is a first sight.
 	Grace time.Duration
 	// CPUs bounds how much CPU time a workload can have used since its
-	// counter restarted (see rate.Accountant); 0 means runtime.NumCPU(),
-	// the node's CPUs as this agent sees them.
+	// counter restarted (see rate.Accountant); 0 means the node's online
+	// CPUs as CPUOnlinePath lists them (runtime.NumCPU(), this agent's
+	// affinity, only when that cannot be read).
 	CPUs int
+	// CPUOnlinePath is the node's online CPU list (defaultCPUOnlinePath
+	// where empty).
+	CPUOnlinePath string
 	// Started is when this agent started (rate.AccountantConfig.Started);
 	// zero means when newMetrics ran.
 	Started time.Time
@@ -256,13 +259,21 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		cfg.Started = time.Now()
 	}
 	cfg.EndedHorizon = cmp.Or(cfg.EndedHorizon, time.Hour)
+	if cfg.CPUs <= 0 {
+		n, err := nodeCPUs(cmp.Or(cfg.CPUOnlinePath, defaultCPUOnlinePath))
+		if err != nil {
+			logger.Warn("the node's online CPUs could not be read: bounding CPU by this agent's (its affinity may be fewer than the node's)",
+				"path", cmp.Or(cfg.CPUOnlinePath, defaultCPUOnlinePath), "cpus", n, "err", err)
+		}
+		cfg.CPUs = n
+	}
 	templateLabels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
 	m := &metrics{
 		cfg:        cfg,
 		logger:     logger,
 		labelNames: labels,
 		acct: rate.NewAccountant(rate.AccountantConfig{
-			Started: cfg.Started, CPUs: cmp.Or(cfg.CPUs, runtime.NumCPU()), Horizon: cfg.EndedHorizon,
+			Started: cfg.Started, CPUs: cfg.CPUs, Horizon: cfg.EndedHorizon,
 			PerInterface: cfg.LabelInterface, HeadSlack: rate.DefaultHeadSlack,
 		}),
 		totals:       make(map[labelSet]*counterTotals),
