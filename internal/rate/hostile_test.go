@@ -255,4 +255,19 @@ func TestPlausibilityBounds(t *testing.T) {
 			t.Errorf("CPU %d (%q), tx %d; want 0 (%q), %d", value(cs, cpu), ev, value(cs, tx), EventImplausible, 5<<20)
 		}
 	})
+	t.Run("an implausible stall counter, the sample's CPU charged", func(t *testing.T) {
+		a := NewAccountant(AccountantConfig{Started: started, CPUs: 2, Horizon: time.Hour})
+		s0 := smp(0, 1_000, baselineAt(e1))
+		setters[CounterPressureIOSome](s0, 0)
+		a.Sample(s0, base)
+		s1 := smp(60, 1_000+30_000_000, baselineAt(e1)) // 30 s of CPU in 60 s
+		setters[CounterPressureIOSome](s1, 500_000_000) // 500 s of stall in 60 s on 2 CPUs
+		cs, ev := a.Sample(s1, base)
+		if stall := value(cs, CounterID{Counter: CounterPressureIOSome}); value(cs, cpu) != 30_000_000 || ev != EventNone || stall != 0 {
+			t.Errorf("CPU %d (%q), io stall %d; want 30000000 (%q), 0", value(cs, cpu), ev, stall, EventNone)
+		}
+		if got := a.Refused()[RefusedGrowth]; got != 1 {
+			t.Errorf("refused growth = %d, want 1", got)
+		}
+	})
 }
