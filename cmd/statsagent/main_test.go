@@ -155,6 +155,7 @@ func TestAgentAgainstFakes(t *testing.T) {
 		"sandboxstats_agent_http_requests_refused_total{}":                                        0,
 		"sandboxstats_agent_implausible_samples_total{reason=absurd}":                             0,
 		"sandboxstats_agent_implausible_samples_total{reason=growth}":                             0,
+		"sandboxstats_agent_implausible_samples_total{reason=overflow}":                           0,
 		"sandboxstats_agent_ended_records_evicted_total{}":                                        0,
 		"sandboxstats_agent_ended_records_lost_total{}":                                           0,
 	}

@@ -57,13 +57,13 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 		}
 		m.watchEnded(r, now)
 		for _, e := range r.Ended {
-			if !suspect[e.GetIdentity().GetActorUid()] {
+			if !suspect[rate.EndedKeyOf(e).ActorUID] {
 				m.addEnded(r.Socket, e, now)
 			}
 		}
 		var believed []*sandboxstatsv1.WorkloadStatsSample
 		for _, s := range r.Samples {
-			if !suspect[s.GetActorUid()] {
+			if !suspect[rate.KeyOf(s).ActorUID] {
 				m.addSample(snap, r.Socket, s, now)
 				believed = append(believed, s)
 			}
@@ -98,8 +98,9 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 	m.snap.Store(snap)
 }
 
-// conflicting returns the actors none of whose samples or records this
-// sweep believes, and counts each once as a conflict: an actor sampled by
+// conflicting returns the actors (by their keys' uids, rate.KeyOf: a uid
+// past the key's cut is checked as it is accounted) none of whose samples
+// or records this sweep believes, and counts each once as a conflict: an actor sampled by
 // more than one daemon (or twice by one), or an activation reported (sampled
 // or ended) by another socket than the one it was sampled from. The agent
 // cannot tell the real daemon from an impostor, so it believes neither:
@@ -124,10 +125,11 @@ func (m *metrics) conflicting(results []sweep.DaemonResult) map[string]bool {
 	}
 	for _, r := range results {
 		for _, s := range r.Samples {
-			if samples[s.GetActorUid()]++; samples[s.GetActorUid()] > 1 {
-				suspect[s.GetActorUid()] = true
+			k := rate.KeyOf(s)
+			if samples[k.ActorUID]++; samples[k.ActorUID] > 1 {
+				suspect[k.ActorUID] = true
 			}
-			report(rate.KeyOf(s), r.Socket)
+			report(k, r.Socket)
 		}
 		for _, e := range r.Ended {
 			report(rate.EndedKeyOf(e), r.Socket)
@@ -139,8 +141,8 @@ func (m *metrics) conflicting(results []sweep.DaemonResult) map[string]bool {
 	sockets := make(map[string][]string, len(suspect)) // suspect actor -> the sockets of its samples
 	for _, r := range results {
 		for _, s := range r.Samples {
-			if suspect[s.GetActorUid()] {
-				sockets[s.GetActorUid()] = append(sockets[s.GetActorUid()], r.Socket)
+			if actor := rate.KeyOf(s).ActorUID; suspect[actor] {
+				sockets[actor] = append(sockets[actor], r.Socket)
 			}
 		}
 	}
@@ -237,7 +239,8 @@ func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.Wor
 
 // charge adds charges to l's counters. CPU is there from the first charge
 // on (0 when the sample had none); another counter once some sample or
-// record carried it: absent is not zero.
+// record carried it: absent is not zero. A charge that would make a total
+// overflow is refused and counted (reason overflow).
 func (m *metrics) charge(l labelSet, charges rate.Charges, now time.Time) {
 	t := m.totals[l]
 	if t == nil {
@@ -246,7 +249,9 @@ func (m *metrics) charge(l labelSet, charges rate.Charges, now time.Time) {
 		m.totals[l] = t
 	}
 	for _, c := range charges {
-		t.values.add(c.ID, c.Value)
+		if !t.values.add(c.ID, c.Value) {
+			m.overflows.Add(1)
+		}
 	}
 	t.lastSeen = now
 }

@@ -179,3 +179,52 @@ func TestSweepBounded(t *testing.T) {
 		t.Errorf("outcomes %v: want some polls that timed out and the rest skipped", counts)
 	}
 }
+
+// TestLongActorUIDConflicts: an actor uid longer than the 253-byte key cut
+// (no statsd sends one) is checked for conflicts by the same key its
+// activation is accounted under: an activation sampled from one socket and
+// then reported by another is believed from neither, and two distinct
+// long uids sharing their first 253 bytes are two accounts.
+func TestLongActorUIDConflicts(t *testing.T) {
+	long := func(last byte) string { return strings.Repeat("u", 299) + string(last) }
+	t0 := time.Date(2026, 11, 29, 17, 0, 0, 0, time.UTC)
+	t.Run("one long uid from two sockets", func(t *testing.T) {
+		reg := prometheus.NewPedanticRegistry()
+		m, err := newMetrics(reg, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 4}, discard())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Apply([]sweep.DaemonResult{okResult("a.sock", sample(long('x'), 1_000_000, 1))}, t0, 0)
+		m.Apply([]sweep.DaemonResult{okResult("a.sock", sample(long('x'), 2_000_000, 1))}, t0.Add(time.Minute), 0) // +1 s
+		// Another socket reports the same activation: neither is believed.
+		m.Apply([]sweep.DaemonResult{
+			okResult("a.sock", sample(long('x'), 3_000_000, 1)),
+			okResult("b.sock", sample(long('x'), 60_000_000, 1)),
+		}, t0.Add(2*time.Minute), 0)
+		// Only the impostor reports it: not believed either.
+		m.Apply([]sweep.DaemonResult{okResult("b.sock", sample(long('x'), 120_000_000, 1))}, t0.Add(3*time.Minute), 0)
+		got := gather(t, reg)
+		if diff := cmp.Diff(map[string]float64{lCgroup: 1}, pick(got, metricCPUSeconds), approx()); diff != "" {
+			t.Errorf("the template's CPU: only the first socket's 1 s before the conflict (-want +got):\n%s", diff)
+		}
+		if n := got[metricActorConflicts+"{}"]; n != 2 {
+			t.Errorf("%s = %v, want 2 (one a sweep)", metricActorConflicts, n)
+		}
+	})
+	t.Run("two long uids sharing their cut", func(t *testing.T) {
+		reg := prometheus.NewPedanticRegistry()
+		m, err := newMetrics(reg, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 4}, discard())
+		if err != nil {
+			t.Fatal(err)
+		}
+		m.Apply([]sweep.DaemonResult{okResult("a.sock", sample(long('x'), 1_000_000, 1), sample(long('y'), 100_000_000, 1))}, t0, 0)
+		m.Apply([]sweep.DaemonResult{okResult("a.sock", sample(long('x'), 2_000_000, 1), sample(long('y'), 103_000_000, 1))}, t0.Add(time.Minute), 0)
+		got := gather(t, reg)
+		if diff := cmp.Diff(map[string]float64{lCgroup: 4}, pick(got, metricCPUSeconds), approx()); diff != "" {
+			t.Errorf("the template's CPU: 1 s + 3 s (-want +got):\n%s", diff)
+		}
+		if n := got[metricActorConflicts+"{}"]; n != 0 {
+			t.Errorf("%s = %v, want 0", metricActorConflicts, n)
+		}
+	})
+}

@@ -1,6 +1,8 @@
 package nodeagent
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxstats/sandboxstats/internal/rate"
@@ -18,14 +20,19 @@ const (
 // a scrape never waits for a sweep.
 type refusedCollector struct {
 	acct              *rate.Accountant
+	overflows         *atomic.Uint64
 	implausible, evic *prometheus.Desc
 }
 
-func newRefusedCollector(acct *rate.Accountant) refusedCollector {
+// reasonOverflow: a charge refused because it would have made a shared
+// total overflow (metrics.charge; not the Accountant's).
+const reasonOverflow = "overflow"
+
+func newRefusedCollector(acct *rate.Accountant, overflows *atomic.Uint64) refusedCollector {
 	return refusedCollector{
-		acct: acct,
+		acct: acct, overflows: overflows,
 		implausible: prometheus.NewDesc(metricImplausibleSamples,
-			"Samples and ended records that charged nothing, by reason: growth (a CPU, stall or period counter grew more than the node's CPUs x the time since the last sample allow), absurd (a counter at 2^62 or more). Their activation continues from their values; no series is charged.",
+			"Samples and ended records refused, whole or a counter of them, by reason: growth (a counter grew more than its bound allows in the time since the last sample, or since the epoch for a head of bytes or counts: CPU and stall time the node's CPUs x the time, periods one per ms, bytes 2^40/s, packets, IOs and kills 2^32/s; only that counter charges nothing, once per sample), absurd (a counter at 2^62 or more: nothing of the sample charged), overflow (a charge that would have made a shared total overflow, refused). Their activation continues from their values.",
 			[]string{"reason"}, nil),
 		evic: prometheus.NewDesc(metricEndedEvicted,
 			"Ended records forgotten before the horizon because the most the agent remembers were (oldest first): one served again afterwards is charged again.",
@@ -40,5 +47,6 @@ func (c refusedCollector) Collect(ch chan<- prometheus.Metric) {
 	for _, r := range []rate.Refusal{rate.RefusedGrowth, rate.RefusedAbsurd} {
 		ch <- prometheus.MustNewConstMetric(c.implausible, prometheus.CounterValue, float64(n[r]), string(r))
 	}
+	ch <- prometheus.MustNewConstMetric(c.implausible, prometheus.CounterValue, float64(c.overflows.Load()), reasonOverflow)
 	ch <- prometheus.MustNewConstMetric(c.evic, prometheus.CounterValue, float64(n[rate.RefusedEndedEvicted]))
 }

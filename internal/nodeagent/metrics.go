@@ -6,7 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"runtime"
+	"math/bits"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -65,9 +65,13 @@ type metricsConfig struct {
 	// grace period continues its counter; after it, it is a first sight.
 	Grace time.Duration
 	// CPUs bounds how much CPU time a workload can have used since its
-	// counter restarted (see rate.Accountant); 0 means runtime.NumCPU(),
-	// the node's CPUs as this agent sees them.
+	// counter restarted (see rate.Accountant); 0 means the node's online
+	// CPUs as CPUOnlinePath lists them (runtime.NumCPU(), this agent's
+	// affinity, only when that cannot be read).
 	CPUs int
+	// CPUOnlinePath is the node's online CPU list (defaultCPUOnlinePath
+	// where empty).
+	CPUOnlinePath string
 	// Started is when this agent started (rate.AccountantConfig.Started);
 	// zero means when newMetrics ran.
 	Started time.Time
@@ -130,6 +134,9 @@ type metrics struct {
 	refused       *prometheus.CounterVec // + reason
 	folded        prometheus.Counter
 	endedLost     prometheus.Counter
+	// overflows: charges refused because they would have made a shared
+	// total overflow (read by a scrape while Apply adds).
+	overflows atomic.Uint64
 
 	ended       *prometheus.CounterVec   // + outcome
 	finals      *prometheus.CounterVec   // + provenance
@@ -168,8 +175,10 @@ const maxInterfacesPerSet = 64
 // otherInterface is the interface label of what maxInterfacesPerSet folds.
 const otherInterface = "(other)"
 
-// add charges v to counter id.
-func (cv *counterValues) add(id rate.CounterID, v uint64) {
+// add charges v to counter id; false (and nothing charged) when that
+// would make the total overflow: a shared series never wraps and never
+// sticks at the uint64 maximum (a neighbour's later charges still count).
+func (cv *counterValues) add(id rate.CounterID, v uint64) bool {
 	if id.Interface != "" {
 		if cv.perInterface == nil {
 			cv.perInterface = make(map[rate.CounterID]uint64)
@@ -177,11 +186,20 @@ func (cv *counterValues) add(id rate.CounterID, v uint64) {
 		if _, ok := cv.perInterface[id]; !ok && cv.interfaces(id.Interface) >= maxInterfacesPerSet {
 			id.Interface = otherInterface
 		}
-		cv.perInterface[id] = addSat(cv.perInterface[id], v)
-		return
+		sum, carry := bits.Add64(cv.perInterface[id], v, 0)
+		if carry != 0 {
+			return false
+		}
+		cv.perInterface[id] = sum
+		return true
 	}
 	cv.has[id.Counter] = true
-	cv.total[id.Counter] = addSat(cv.total[id.Counter], v)
+	sum, carry := bits.Add64(cv.total[id.Counter], v, 0)
+	if carry != 0 {
+		return false
+	}
+	cv.total[id.Counter] = sum
+	return true
 }
 
 // interfaces counts the interface names cv exports besides name and
@@ -245,13 +263,21 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		cfg.Started = time.Now()
 	}
 	cfg.EndedHorizon = cmp.Or(cfg.EndedHorizon, time.Hour)
+	if cfg.CPUs <= 0 {
+		n, err := nodeCPUs(cmp.Or(cfg.CPUOnlinePath, defaultCPUOnlinePath))
+		if err != nil {
+			logger.Warn("the node's online CPUs could not be read: bounding CPU by this agent's (its affinity may be fewer than the node's)",
+				"path", cmp.Or(cfg.CPUOnlinePath, defaultCPUOnlinePath), "cpus", n, "err", err)
+		}
+		cfg.CPUs = n
+	}
 	templateLabels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
 	m := &metrics{
 		cfg:        cfg,
 		logger:     logger,
 		labelNames: labels,
 		acct: rate.NewAccountant(rate.AccountantConfig{
-			Started: cfg.Started, CPUs: cmp.Or(cfg.CPUs, runtime.NumCPU()), Horizon: cfg.EndedHorizon,
+			Started: cfg.Started, CPUs: cfg.CPUs, Horizon: cfg.EndedHorizon,
 			PerInterface: cfg.LabelInterface, HeadSlack: rate.DefaultHeadSlack,
 		}),
 		totals:       make(map[labelSet]*counterTotals),
@@ -340,7 +366,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		m.otel = o
 	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
-		m.conflicts, m.capped, m.refused, m.folded, m.endedLost, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct)} {
+		m.conflicts, m.capped, m.refused, m.folded, m.endedLost, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct, &m.overflows)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

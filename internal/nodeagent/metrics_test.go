@@ -131,7 +131,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 		metricSweeps + "{}":                  1,
 		metricTemplatesFolded + "{}":         0,
 	}
-	for _, k := range []string{metricImplausibleSamples + "{reason=absurd}", metricImplausibleSamples + "{reason=growth}", metricEndedEvicted + "{}", metricEndedLost + "{}"} {
+	for _, k := range []string{metricImplausibleSamples + "{reason=absurd}", metricImplausibleSamples + "{reason=growth}", metricImplausibleSamples + "{reason=overflow}", metricEndedEvicted + "{}", metricEndedLost + "{}"} {
 		want[k] = 0 // nothing refused, nothing evicted, nothing lost
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

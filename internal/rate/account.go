@@ -1,6 +1,8 @@
 package rate
 
 import (
+	"math"
+	"math/bits"
 	"time"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -76,16 +78,16 @@ const DefaultHeadSlack = 10 * time.Second
 //     that sample), if it could have been used in the time since the
 //     baseline (CPU and stall time: at most CPUs x that time; periods: one
 //     per millisecond). A larger value is a source reused across epochs and
-//     becomes the baseline; then the counters without such a bound (bytes,
-//     packets, kills) of the same activation are not charged from the epoch
+//     becomes the baseline; then the counters without such a tight bound
+//     (bytes, packets, kills) of the same activation are not charged from the epoch
 //     start either. An activation that began before the poller started
 //     charges nothing at first sight: a previous poller process charged it
 //     until it stopped.
 //   - Body: each later sample charges the growth of the own usage since the
 //     last sample. A decrease within the epoch is a counter reset: the new
 //     value is charged in full if it could have been used since the last
-//     sample (for a counter without a bound: unless a bounded counter of
-//     the same sample says it could not).
+//     sample (for a byte or count counter: within its plausibility bound,
+//     unless a CPU-like counter of the same sample says it could not).
 //   - Tail: the ended record (End) charges the final's own usage (for CPU:
 //     the record's cpu_usec) minus what the last sample charged up to, once:
 //     repeated records of the same activation charge nothing.
@@ -94,11 +96,21 @@ const DefaultHeadSlack = 10 * time.Second
 //     charged twice. An activation never sampled, whose epoch began after
 //     the poller started, is charged its whole own usage (the activation
 //     that started and ended between two sweeps).
-//   - A sample or record whose bounded counter grew more than CPUs x the
-//     time since the last sample (plus a second) allows, or with a counter
-//     at an absurd value (2^62 or more), charges nothing and is counted
-//     (Refused): its values are where the activation continues from, so
-//     one daemon's lie never reaches a series it shares with others.
+//   - Bytes and counts (network, block IO, OOM kills) have a plausibility
+//     bound instead of a time bound: MaxBytesPerSecond (2^40) and
+//     MaxCountsPerSecond (2^32) per second of the window. It never shows a
+//     history (only CPU-like counters do); a head, body, reset or tail
+//     past it is a lie.
+//   - A counter whose head (plausibility-bounded), body, reset
+//     (plausibility-bounded) or tail grew more than its bound allows in
+//     the time since the last sample (plus a second) charges nothing and
+//     its sample or record is counted once (RefusedGrowth); each counter
+//     is judged on its own, so the sample's other counters are charged. A
+//     sample or record with any counter at an absurd value (2^62 or more)
+//     is untrustworthy as a whole: it charges nothing and is counted
+//     (RefusedAbsurd). Either way its values are where the activation
+//     continues from, so one daemon's lie never reaches a series it
+//     shares with others.
 //   - A counter without a baseline (a guest agent whose first read has not
 //     succeeded, an old statsd, a baseline read that lacked the counter)
 //     charges nothing at first sight and then deltas of the raw counter;
@@ -241,20 +253,29 @@ func (a *Accountant) Sample(s *sandboxstatsv1.WorkloadStatsSample, now time.Time
 	acc.prevSeen, acc.lastSeen = acc.lastSeen, now
 	fresh := !time.Unix(0, s.GetEpochUnixNano()).Before(a.cfg.Started)
 	charges := make(Charges, 0, len(rs))
-	var implausibleReset bool
-	var refused Refusal
+	var implausibleReset, grew, absurd bool
 	for _, r := range rs {
 		if r.v >= absurdValue {
-			refused = RefusedAbsurd
+			absurd = true
 		}
-		charges = append(charges, a.step(acc, s, r, fresh, &implausibleReset, &refused))
+		ch, ok := a.step(acc, s, r, fresh, &implausibleReset)
+		if !ok {
+			// Refused on its own: the other counters are judged on theirs.
+			grew = true
+			ch.Value, ch.Event = 0, EventImplausible
+		}
+		charges = append(charges, ch)
 	}
-	if refused != "" {
-		a.refused.add(refused)
+	switch {
+	case absurd:
+		// No real counter reaches 2^62: the whole sample is untrustworthy.
+		a.refused.add(RefusedAbsurd)
 		for i := range charges {
 			charges[i].Value = 0
 		}
 		return charges, EventImplausible
+	case grew:
+		a.refused.add(RefusedGrowth)
 	}
 	if c, ok := charges.Of(CounterID{Counter: CounterCPU}); ok {
 		return charges, c.Event
@@ -266,10 +287,12 @@ func (a *Accountant) Sample(s *sandboxstatsv1.WorkloadStatsSample, now time.Time
 // epoch began after the poller started. *implausibleReset is set when a
 // bounded counter of the sample decreased to more than the time since the
 // last sample allows (not a reset: another source's counters), and then
-// the unbounded counters' decreases of the same sample charge nothing.
-// *refused is set when a bounded counter grew more than the time since the
-// last sample allows (then the caller charges nothing of the sample).
-func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r reading, fresh bool, implausibleReset *bool, refused *Refusal) Charge {
+// the decreases of the sample's counters without a tight bound charge
+// nothing. ok is false when the counter's charge is refused: it grew
+// (body, or a reset's new value, or the head of a counter without a tight
+// bound) more than its bound allows in the time; then the caller charges
+// nothing of this counter, and the account continues from its value.
+func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r reading, fresh bool, implausibleReset *bool) (Charge, bool) {
 	own, since, withBase, below := ownValue(s, r.id, r.v)
 	if below {
 		// The counter went below the baseline: the guest's counter was reset
@@ -278,15 +301,17 @@ func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r
 	}
 	at := s.GetObservedAtUnixNano()
 	ch := Charge{ID: r.id}
+	ok := true
 	c := acc.counters[r.id]
 	if c == nil {
 		c = &counterAccount{withBaseline: withBase}
 		acc.counters[r.id] = c
 		ch.Event = EventFirst
 		if withBase && fresh {
-			ch.Value = a.head(acc, r.id.Counter, own, since, at)
+			ch.Value, ok = a.head(acc, r.id.Counter, own, since, at)
 		}
 	} else {
+		tight := counterSpecs[r.id.Counter].bound.tight()
 		switch {
 		case withBase != c.withBaseline:
 			// The baseline appeared or changed mid-activation (statsd
@@ -296,15 +321,18 @@ func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r
 			ch.Event = EventCounterReset
 		case own >= c.last:
 			ch.Value = own - c.last
-			if !a.grewPlausibly(acc, c, r.id.Counter, ch.Value, at) && *refused == "" {
-				*refused = RefusedGrowth
-			}
+			ok = a.grewPlausibly(acc, c, r.id.Counter, ch.Value, at)
 		default:
 			ch.Event = EventCounterReset
 			switch {
-			case counterSpecs[r.id.Counter].bound == boundNone:
+			case !tight:
+				// A reset of a counter with only a plausibility bound: its
+				// new value is charged if it is plausible since the last
+				// sample, unless a tight counter of the sample said the
+				// decrease is another source's.
 				if !*implausibleReset {
 					ch.Value = own
+					ok = a.grewPlausibly(acc, c, r.id.Counter, own, at)
 				}
 			case a.fits(r.id.Counter, own, c.lastObserved, at):
 				ch.Value = own
@@ -314,25 +342,31 @@ func (a *Accountant) step(acc *account, s *sandboxstatsv1.WorkloadStatsSample, r
 		}
 	}
 	c.last, c.lastObserved = own, at
-	return ch
+	return ch, ok
 }
 
 // head returns what the head (own usage from sinceUnixNano to atUnixNano)
-// of counter c charges: all of it if it fits the time, else nothing and the
-// activation has a history; a counter without a bound is charged unless
-// the activation has a history.
-func (a *Accountant) head(acc *account, c Counter, own uint64, sinceUnixNano, atUnixNano int64) uint64 {
-	if counterSpecs[c].bound == boundNone {
-		if acc.history {
-			return 0
+// of counter c charges: all of it if it fits the time. A counter with a
+// tight bound that does not fit shows a history (the activation's other
+// counters are not charged from the epoch start either): nothing, ok. A
+// counter with a plausibility bound is not charged when the activation
+// has a history, and is refused (nothing, !ok) when it does not fit.
+func (a *Accountant) head(acc *account, c Counter, own uint64, sinceUnixNano, atUnixNano int64) (uint64, bool) {
+	fits := a.fits(c, own, sinceUnixNano-a.headSlack().Nanoseconds(), atUnixNano)
+	switch {
+	case !counterSpecs[c].bound.tight():
+		switch {
+		case acc.history:
+			return 0, true
+		case !fits:
+			return 0, false
 		}
-		return own
-	}
-	if !a.fits(c, own, sinceUnixNano-a.headSlack().Nanoseconds(), atUnixNano) {
+		return own, true
+	case !fits:
 		acc.history = true
-		return 0
+		return 0, true
 	}
-	return own
+	return own, true
 }
 
 // grewPlausibly reports whether counter c of acc could have grown by v
@@ -350,10 +384,13 @@ func (a *Accountant) grewPlausibly(acc *account, c *counterAccount, counter Coun
 func (a *Accountant) headSlack() time.Duration { return max(a.cfg.HeadSlack, 0) }
 
 // fits reports whether counter c could have grown by v between
-// sinceUnixNano and atUnixNano on CPUs processors.
+// sinceUnixNano and atUnixNano: CPU and stall time on CPUs processors
+// (unbounded when CPUs is 0, as periods are), periods at one per
+// millisecond, bytes at MaxBytesPerSecond and counts at
+// MaxCountsPerSecond (whatever CPUs).
 func (a *Accountant) fits(c Counter, v uint64, sinceUnixNano, atUnixNano int64) bool {
 	b := counterSpecs[c].bound
-	if v == 0 || a.cfg.CPUs <= 0 || b == boundNone {
+	if v == 0 || (a.cfg.CPUs <= 0 && b.tight()) {
 		return true
 	}
 	window := atUnixNano - sinceUnixNano
@@ -361,10 +398,26 @@ func (a *Accountant) fits(c Counter, v uint64, sinceUnixNano, atUnixNano int64) 
 		return false
 	}
 	us := uint64(window) / 1000
-	if b == boundPeriods {
+	switch b {
+	case boundPeriods:
 		return v <= us/1000
+	case boundBytes:
+		return v <= perWindow(MaxBytesPerSecond, uint64(window))
+	case boundCount:
+		return v <= perWindow(MaxCountsPerSecond, uint64(window))
 	}
 	return v/uint64(a.cfg.CPUs) <= us
+}
+
+// perWindow returns perSecond x windowNanos / 1e9, the uint64 maximum
+// where that is more.
+func perWindow(perSecond, windowNanos uint64) uint64 {
+	hi, lo := bits.Mul64(perSecond, windowNanos)
+	if hi >= 1e9 {
+		return math.MaxUint64
+	}
+	q, _ := bits.Div64(hi, lo, 1e9)
+	return q
 }
 
 // Prune forgets the activations not seen, and the ended records not

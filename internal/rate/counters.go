@@ -1,6 +1,8 @@
 package rate
 
 import (
+	"strings"
+
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -43,13 +45,35 @@ const (
 type bound int
 
 const (
-	// boundNone: nothing (bytes, kills): only a bounded counter of the same
-	// activation can show that the source has a history.
-	boundNone bound = iota
 	// boundCPUTime: at most CPUs x the window (µs of CPU or of stall).
-	boundCPUTime
+	boundCPUTime bound = iota
 	// boundPeriods: at most one per millisecond (the shortest CFS period).
 	boundPeriods
+	// boundBytes: at most MaxBytesPerSecond per second of the window (a
+	// plausibility bound, far above any real device: it refuses lies, it
+	// never shows a history).
+	boundBytes
+	// boundCount: at most MaxCountsPerSecond per second of the window
+	// (packets, errors, drops, IOs, OOM kills; a plausibility bound too).
+	boundCount
+)
+
+// tight reports whether b is a bound a real counter can come close to,
+// so that a head past it shows a source reused with a history (CPU and
+// stall time, periods); the plausibility bounds (bytes, counts) only
+// refuse.
+func (b bound) tight() bool { return b == boundCPUTime || b == boundPeriods }
+
+// The plausibility bounds of the counters that have no bound of their own
+// in CPU time: generous by orders of magnitude (1 TiB/s is about 20 times
+// a 400 Gb/s NIC and far beyond any disk; 2^32 packets or IOs a second is
+// about 7 times the packets of a 400 Gb/s NIC at its smallest frames), so
+// that only a broken or hostile daemon's counter is refused, and one
+// workload can add at most about 2^46 bytes to a shared series per minute
+// of its time.
+const (
+	MaxBytesPerSecond  = 1 << 40
+	MaxCountsPerSecond = 1 << 32
 )
 
 type counterSpec struct {
@@ -88,7 +112,7 @@ func throttling(s *sandboxstatsv1.WorkloadStatsSample, f func(*sandboxstatsv1.Cp
 // net returns a network counter spec reading field f of the total (absent
 // when the sample has no total: no network, or loopback only).
 func net(field string, f func(c *sandboxstatsv1.InterfaceCounters) uint64) counterSpec {
-	return counterSpec{field: "network.total." + field, iface: f, get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
+	return counterSpec{field: "network.total." + field, bound: bytesOrCount(field), iface: f, get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
 		if t := s.GetNetwork().GetTotal(); t != nil {
 			return f(t), true
 		}
@@ -97,12 +121,20 @@ func net(field string, f func(c *sandboxstatsv1.InterfaceCounters) uint64) count
 }
 
 func blockIO(field string, f func(b *sandboxstatsv1.BlockIo) uint64) counterSpec {
-	return counterSpec{field: "block_io." + field, get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
+	return counterSpec{field: "block_io." + field, bound: bytesOrCount(field), get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
 		if b := s.GetBlockIo(); b != nil {
 			return f(b), true
 		}
 		return 0, false
 	}}
+}
+
+// bytesOrCount returns the plausibility bound of a counter named field.
+func bytesOrCount(field string) bound {
+	if strings.HasSuffix(field, "_bytes") {
+		return boundBytes
+	}
+	return boundCount
 }
 
 var counterSpecs = [NumCounters]counterSpec{
@@ -136,7 +168,7 @@ var counterSpecs = [NumCounters]counterSpec{
 	CounterThrottledPeriods: {field: "cpu_throttling.throttled_periods", bound: boundPeriods, get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
 		return throttling(s, func(t *sandboxstatsv1.CpuThrottling) *uint64 { return t.ThrottledPeriods })
 	}},
-	CounterOOMKills: {field: "memory_signals.oom_kills", get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
+	CounterOOMKills: {field: "memory_signals.oom_kills", bound: boundCount, get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
 		if m := s.GetMemorySignals(); m != nil {
 			return opt(m.OomKills)
 		}

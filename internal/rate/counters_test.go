@@ -183,7 +183,7 @@ func TestAccountantBounds(t *testing.T) {
 		{"stall time is bounded like CPU time (2 CPUs x 10 s)",
 			map[Counter]uint64{CounterPressureIOSome: 20_000_000, CounterThrottledUsec: 20_000_002},
 			map[Counter]uint64{CounterPressureIOSome: 20_000_000, CounterThrottledUsec: 0}},
-		{"bytes, packets and kills have no bound of their own",
+		{"bytes, packets and kills: only a plausibility bound (2^40 B/s, 2^32/s), no history",
 			map[Counter]uint64{CounterOOMKills: 3, CounterNetTxBytes: 1 << 40, CounterIOWriteOps: 1 << 30},
 			map[Counter]uint64{CounterOOMKills: 3, CounterNetTxBytes: 1 << 40, CounterIOWriteOps: 1 << 30}},
 	} {

@@ -60,31 +60,35 @@ func (a *Accountant) End(e *sandboxstatsv1.EndedActivation, now time.Time) (char
 	if at == 0 {
 		at = e.GetEndUnixNano()
 	}
-	var refused Refusal
-	if how == endRefused {
-		refused, how = RefusedGrowth, EndImplausible
+	// Each counter's tail is judged on its own: a refused one charges
+	// nothing and the others are charged; a counter at an absurd value
+	// makes the whole record untrustworthy.
+	grew := how == endRefused
+	if grew {
+		how = EndImplausible
 	}
-	if e.GetCpuUsec() >= absurdValue {
-		refused = RefusedAbsurd
-	}
+	absurd := e.GetCpuUsec() >= absurdValue
 	for _, r := range readings(final, a.cfg.PerInterface) {
 		if r.v >= absurdValue {
-			refused = RefusedAbsurd
+			absurd = true
 		}
 		if r.id.Counter != CounterCPU {
 			v, ok := a.endCounter(acc, e, r, fresh, at, now)
-			if !ok && refused == "" {
-				refused = RefusedGrowth
+			if !ok {
+				grew, v = true, 0
 			}
 			charges = append(charges, Charge{ID: r.id, Value: v})
 		}
 	}
-	if refused != "" {
-		a.refused.add(refused)
+	switch {
+	case absurd:
+		a.refused.add(RefusedAbsurd)
 		for i := range charges {
 			charges[i].Value = 0
 		}
 		how = EndImplausible
+	case grew:
+		a.refused.add(RefusedGrowth)
 	}
 	return charges, how, true
 }
@@ -155,7 +159,8 @@ func (a *Accountant) endCPU(acc *account, e *sandboxstatsv1.EndedActivation, fre
 
 // endCounter charges the tail of one counter other than CPU from the final
 // sample of e (observed at atUnixNano); false: a tail grown more than the
-// time since the last sample allows.
+// time since the last sample allows, or (never sampled) a head past its
+// plausibility bound.
 func (a *Accountant) endCounter(acc *account, e *sandboxstatsv1.EndedActivation, r reading, fresh bool, atUnixNano int64, now time.Time) (uint64, bool) {
 	final := e.GetFinal()
 	own, since, withBase, below := ownValue(final, r.id, r.v)
@@ -172,5 +177,5 @@ func (a *Accountant) endCounter(acc *account, e *sandboxstatsv1.EndedActivation,
 	if !fresh || !withBase {
 		return 0, true // begun before the poller started, or nothing to count from
 	}
-	return a.head(acc, r.id.Counter, own, since, atUnixNano), true
+	return a.head(acc, r.id.Counter, own, since, atUnixNano)
 }

@@ -1,6 +1,8 @@
 package rate
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"sync/atomic"
 	"time"
 
@@ -12,9 +14,12 @@ import (
 type Refusal string
 
 const (
-	// RefusedGrowth: a bounded counter (CPU, stall time, periods) grew
-	// more between two samples, or from the last sample to the final, than
-	// CPUs x the time between them allows.
+	// RefusedGrowth: a counter grew more between two samples, or from the
+	// last sample to the final (or, for bytes and counts, from the epoch
+	// start to a head, or to a reset's new value), than its bound allows
+	// in the time: CPUs x the time for CPU and stall time, one period a
+	// millisecond, MaxBytesPerSecond, MaxCountsPerSecond. Only that
+	// counter charges nothing; counted once per sample or record.
 	RefusedGrowth Refusal = "growth"
 	// RefusedAbsurd: a counter at or past absurdValue (2^62: 146,000 years
 	// of CPU, 4 EiB).
@@ -40,19 +45,29 @@ const bodySlack = time.Second
 // about 10 MiB with uids at the 253-byte cut.
 const DefaultMaxEnded = 1 << 16
 
-// maxKeyUIDBytes is the most of an actor uid an ActivationKey keeps (the
-// agent's label cut): statsd's uids are at most 128 bytes; a longer one
-// is a hostile daemon's and is cut, with its length, as foreign text is.
+// maxKeyUIDBytes is the longest actor uid an ActivationKey keeps whole:
+// statsd's uids are at most 128 bytes; a longer one is a hostile daemon's
+// and is cut (see keyUID).
 const maxKeyUIDBytes = 253
+
+// keyUIDHashBytes is how much of a cut key is the whole uid's hash: "#"
+// and 32 hex digits (128 bits of SHA-256).
+const keyUIDHashBytes = 1 + 32
 
 // keyUID returns the actor uid an ActivationKey keeps: uid itself within
 // maxKeyUIDBytes (a copy of none: the key shares the sample's string),
-// else its cut (a new string: the key never holds the daemon's whole one).
+// else its first bytes cut as foreign text is ("...(+N bytes)") followed
+// by "#" and a hash of the whole uid (a new string: the key never holds
+// the daemon's whole one), at most maxKeyUIDBytes+24 bytes. Two distinct
+// uids never share a key: the cut alone is not unique (uids of one length
+// sharing their first bytes), the hash is; and a cut key, longer than
+// maxKeyUIDBytes, is never a uid kept whole.
 func keyUID(uid string) string {
 	if len(uid) <= maxKeyUIDBytes {
 		return uid
 	}
-	return foreign.Bound(uid, maxKeyUIDBytes)
+	sum := sha256.Sum256([]byte(uid))
+	return foreign.Bound(uid, maxKeyUIDBytes-keyUIDHashBytes) + "#" + hex.EncodeToString(sum[:16])
 }
 
 // refusals counts each Refusal; safe for concurrent use (a scrape reads
