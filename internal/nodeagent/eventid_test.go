@@ -19,7 +19,7 @@ func eventAttr(r sdklog.Record, key string) string {
 	v := ""
 	r.WalkAttributes(func(kv attribute.KeyValue) bool {
 		if string(kv.Key) == key {
-			v = kv.Value.Emit()
+			v = kv.Value.String()
 			return false
 		}
 		return true
