@@ -21,7 +21,6 @@ import (
 	protoenc "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 	"google.golang.org/protobuf/proto"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -31,10 +30,9 @@ import (
 // StatsWorkload, StatsActiveWorkloads, StatsHost, ListEndedActivations)
 // statsd serves at once by default, across every connection: a node agent
 // and a few tools poll one call at a time each (the load test's 64 pollers
-// each wait 2 ms between calls; a slot is left as its status is queued,
-// before the poller has it). Each slot held in a storm is about a quarter
-// MiB of statsd's peak: at 128, 128 x 16 streams took it to 60 MiB, at 64
-// to 45 to 50.
+// each wait 2 ms between calls; a slot is left as its handler returns,
+// before the poller has the answer). At 64, 128 x 16 streams took statsd's
+// peak to 43-44 MiB on an idle machine (TestIntegrationDiscoveryStorm).
 const DefaultMaxReads = 64
 
 // readGate admits at most cap(slots) reads at once; one more is refused
@@ -74,25 +72,33 @@ func (s *StatsService) WithMaxReads(n int) *StatsService {
 var readsPrefix = "/" + sandboxstatsv1.WorkloadStatsService_ServiceDesc.ServiceName + "/"
 
 // ServerOptions are the options of the server s is registered on. The read
-// gate: a read's stream is admitted (a gate slot taken) as its headers
-// arrive, before gRPC starts a goroutine for it, and its slot is left when
-// the stream ends (its status written, or the stream reset); one beyond
-// the bound is answered RESOURCE_EXHAUSTED TOO_MANY_READS there and then,
-// costing no goroutine and no read. Other services on the server (health,
-// reflection) are not bounded by it. And the codec that encodes a shared
-// discovery answer once for all its streams (answerCodec).
+// gate, the server's first interceptor: a read takes a slot (one beyond the
+// bound is answered RESOURCE_EXHAUSTED TOO_MANY_READS at once, reading
+// nothing) and leaves it when its handler returns. Other services on the
+// server (health, reflection) are not bounded by it. And the codec that
+// encodes a shared discovery answer once for all its streams
+// (answerCodec).
+//
+// The gate is not in gRPC's tap (grpc.InTapHandle), where a refusal would
+// cost no goroutine: grpc-go (v1.85.0, http2Server.operateHeaders) never
+// cancels the context of a stream its tap refused, so each refusal left a
+// context with a live timer until the caller's deadline; 148,000 refusals
+// in a 10 s storm (128 connections x 16 streams) fired 98,000 timer
+// goroutines at once when their deadlines came, and statsd's peak RSS went
+// to 264 MiB. A refused stream that reaches an interceptor ends as every
+// stream does, its context cancelled; its goroutine lives for the refusal
+// only, and gRPC serves at most 16 streams per connection.
 func (s *StatsService) ServerOptions() []grpc.ServerOption {
-	gate := grpc.InTapHandle(func(ctx context.Context, info *tap.Info) (context.Context, error) {
-		if !strings.HasPrefix(info.FullMethodName, readsPrefix) {
-			return ctx, nil
+	gate := grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		if !strings.HasPrefix(info.FullMethod, readsPrefix) {
+			return handler(ctx, req)
 		}
 		g := s.gate
 		if err := g.enter(); err != nil {
-			return ctx, err
+			return nil, err
 		}
-		// The stream's context ends with the stream, whatever ends it.
-		context.AfterFunc(ctx, g.leave)
-		return ctx, nil
+		defer g.leave()
+		return handler(ctx, req)
 	})
 	return []grpc.ServerOption{gate, grpc.ForceServerCodecV2(answerCodec{proto: encoding.GetCodecV2(protoenc.Name), s: s})}
 }
