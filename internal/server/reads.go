@@ -124,16 +124,12 @@ type activeFlight struct {
 // maxFlights is the most discovery flights whose reads are in flight at
 // once for each include_host: a caller that cannot join one (its reads
 // must end sooner) leads a flight of its own only while fewer are reading,
-// and is refused TOO_MANY_READS otherwise (a flight whose reads are done,
-// building its answer, reads nothing more and takes no member: it does not
-// count). Without it a reader sending shrinking or random
-// deadlines started a flight, each reading every binding, with most calls.
+// and otherwise joins the one whose reads end soonest, its own deadline
+// standing (a flight whose reads are done, building its answer, reads
+// nothing more and takes no member: it does not count). Without it a
+// reader sending shrinking or random deadlines started a flight, each
+// reading every binding, with most calls.
 const maxFlights = 2
-
-// tooManyFlights refuses a discovery read that can neither join a flight
-// nor lead one; built once.
-var tooManyFlights = statusError(codes.ResourceExhausted, sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS,
-	"%d discovery reads are in flight, each reading longer than this call's deadline leaves it: nothing was read; retry after a backoff (or with a longer deadline)", maxFlights)
 
 // activeShare holds the flights callers may join, by include_host (those
 // whose reads are in flight: at most maxFlights each), and the flights
@@ -147,18 +143,18 @@ type activeShare struct {
 // shared answers a discovery read from a flight open for includeHost whose
 // reads the caller can wait for (the one ending soonest), else from a
 // flight of its own (which later callers join) if fewer than maxFlights are
-// reading, else refuses it (TOO_MANY_READS: nothing read). A flight is
-// built by build (given the bound of each read and a func that closes the
-// flight to joiners, to call before the answer's state is taken). A member
-// whose context ends first gets its context's status; the flight goes on
-// for the others.
+// reading, else from the open flight whose reads end soonest, the caller's
+// own deadline standing. A flight is built by build (given the bound of
+// each read and a func that closes the flight to joiners, to call before
+// the answer's state is taken). A member whose context ends first gets its
+// context's status; the flight goes on for the others.
 //
-// A caller that cannot join is refused rather than joined with an answer
-// cut at its own deadline: that would be an answer per member, built from
-// a flight's reads in flight (each member's own snapshot, pending entries
-// and encoding), a second answer path where the refusal keeps the one
-// shared answer and its safety argument whole; and a refused reader
-// retries, as it does a refusal by the read gate.
+// A caller joined to a flight that reads longer than it may wait gets the
+// flight's whole answer or its own DEADLINE_EXCEEDED, never an answer cut
+// at its deadline: that would be an answer per member, built from a
+// flight's reads in flight (each member's own snapshot, pending entries and
+// encoding), a second answer path beside the one shared answer and its
+// safety argument.
 func (s *StatsService) shared(ctx context.Context, includeHost bool, build func(ctx context.Context, bound time.Duration, closeJoin func()) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error)) (*sandboxstatsv1.StatsActiveWorkloadsResponse, error) {
 	key := 0
 	if includeHost {
@@ -173,10 +169,19 @@ func (s *StatsService) shared(ctx context.Context, includeHost bool, build func(
 			f = o
 		}
 	}
+	if f == nil && len(s.share.open[key]) >= maxFlights {
+		// No flight it can wait for, and no room for another: it joins
+		// the one whose reads end soonest, and its own deadline may come
+		// first (DEADLINE_EXCEEDED: reads are done in milliseconds unless
+		// a source hangs). Refusing it failed a legitimate poller now and
+		// then (TestIntegrationLoad: 1 in 411,668).
+		for _, o := range s.share.open[key] {
+			if f == nil || o.readsEnd.Before(f.readsEnd) {
+				f = o
+			}
+		}
+	}
 	switch {
-	case f == nil && len(s.share.open[key]) >= maxFlights:
-		s.share.mu.Unlock()
-		return nil, tooManyFlights
 	case f == nil:
 		f = &activeFlight{readsEnd: readsEnd, done: make(chan struct{}), unsent: 1}
 		s.share.open[key] = append(s.share.open[key], f)

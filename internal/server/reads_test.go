@@ -181,8 +181,9 @@ func TestDiscoveryShareKeepsEachDeadline(t *testing.T) {
 // discovery reads with random deadlines (some shorter than the flight in
 // flight's, which they cannot join) starts at most two flights per
 // include_host: the sources are read at most twice, not once per caller
-// whose deadline is the shortest yet. Those that can neither join nor lead
-// are refused TOO_MANY_READS; every answer is right.
+// whose deadline is the shortest yet. Those that can neither join a flight
+// they can wait for nor lead one join the sooner flight, their deadlines
+// standing; every answer is right.
 func TestDiscoveryFlightsBoundedUnderRandomDeadlines(t *testing.T) {
 	const (
 		workloads = 8

@@ -526,9 +526,23 @@ func (c *Containerd) StopPod(t testing.TB, id string) {
 }
 
 // RemovePod removes a stopped pod (crictl rmp).
+// A pod whose sandbox was killed under the runtime may still read running
+// to containerd for a moment after stopp returned ("is running, please
+// stop it first": it has not yet seen the task exit); it is stopped again
+// and removed, for up to 10 s.
 func (c *Containerd) RemovePod(t testing.TB, id string) {
 	t.Helper()
-	c.Crictl(t, "rmp", id)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		_, err := c.crictl(60*time.Second, "rmp", id)
+		if err == nil {
+			return
+		}
+		if !strings.Contains(err.Error(), "please stop it first") || time.Now().After(deadline) {
+			t.Fatal(err)
+		}
+		time.Sleep(200 * time.Millisecond)
+		c.StopPod(t, id)
+	}
 }
 
 // PodInfo is a pod as crictl pods lists it.
