@@ -90,10 +90,17 @@ type rwStat struct {
 // since Linux 4.19).
 var blkioOps = map[string]bool{"Read": true, "Write": true, "Sync": true, "Async": true, "Discard": true, "Total": true}
 
+// unknownBlkioDevice is what the kernel prints for a device whose disk has
+// no name at that moment (bdi_dev_name's "(unknown)": a loop device being
+// set up or torn down): seen in the root blkio cgroup while another test
+// attached a loop device.
+const unknownBlkioDevice = "(unknown)"
+
 // parseBlkioRWStat parses a v1 blkio rwstat file
 // (blkio.throttle.io_service_bytes, io_serviced): "MAJ:MIN <op> <n>" lines
-// per device and a last "Total <n>" line, which must be there. It returns
-// each device's Read and Write and the file's Total.
+// per device and a last "Total <n>" line, which must be there; a line of an
+// "(unknown)" device counts in Total only. It returns each device's Read
+// and Write and the file's Total.
 func parseBlkioRWStat(b []byte) (devs []rwStat, total uint64, err error) {
 	var index map[[2]uint32]int // made at the first device line
 	sawTotal := false
@@ -123,16 +130,19 @@ func parseBlkioRWStat(b []byte) (devs []rwStat, total uint64, err error) {
 		if len(f2) == 0 || len(f3) > 0 {
 			return bad(fmt.Errorf("want \"MAJ:MIN <op> <n>\" or \"Total <n>\", got %d fields", countFields(line)))
 		}
-		ma, mi, err := parseDevice(string(f0))
-		if err != nil {
-			return bad(err)
-		}
 		if !blkioOps[string(f1)] {
 			return bad(fmt.Errorf("token %q: not an operation", f1))
 		}
 		v, err := strconv.ParseUint(string(f2), 10, 64)
 		if err != nil {
 			return bad(fmt.Errorf("token %q: %w", f2, err))
+		}
+		if string(f0) == unknownBlkioDevice {
+			continue // a disk being added or removed: counted in Total only
+		}
+		ma, mi, err := parseDevice(string(f0))
+		if err != nil {
+			return bad(err)
 		}
 		if index == nil {
 			index = map[[2]uint32]int{}
