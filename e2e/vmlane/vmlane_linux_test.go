@@ -43,7 +43,7 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
 				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationGVisorSentryDiedProcessesLeft",
 				"TestIntegrationWorkerCgroupNamespace", "TestIntegrationRunscUpstreamLayout", "TestIntegrationSeveralWorkloads",
-				"TestIntegrationActivationChurnCgroup",
+				"TestIntegrationActivationChurnCgroup", "TestIntegrationAgentRestartsKillLoop",
 			}},
 			{Name: "microvm", Binary: testenv.BuildTestBinary(t, dir, "internal/microvm"), Tests: []string{"TestIntegrationVsockLoopback"}},
 		},

@@ -1,0 +1,454 @@
+package e2e
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
+)
+
+// Where in the agent's cycle a kill is aimed.
+const (
+	killMidExport = "mid-export"     // 0-20 ms after a sweep completed: its events in flight to the sink
+	killQueued    = "events queued"  // the sink down and events waiting in the agent's queue
+	killBetween   = "between sweeps" // about half an interval after a sweep completed
+	killRandom    = "random"         // anywhere in an interval
+)
+
+// killPlan is one SIGKILL of the kill loop.
+type killPlan struct {
+	how      string
+	up, down time.Duration // how long the life runs before the kill is aimed; how long the agent stays down after it
+}
+
+// killLoop is the size of a kill loop: the activations each statsd's lane
+// runs at least (it goes on until the kills are done), the kills in order,
+// the kills (by index) before which the sink is stopped and after which it
+// is started again, and the lane whose statsd restarts before which of its
+// activations.
+type killLoop struct {
+	perLane                int
+	kills                  []killPlan
+	sinkDownAt, sinkUpAt   int
+	restartLane, restartAt int
+}
+
+// hostKillLoop is the host's: at least 42 activations, ten kills (two of
+// them leaving the agent down for 4 and 5 intervals), the Collector down
+// across two kills. The places of the kills but the two while the
+// Collector is down, and the short downs and the lives' lengths, are
+// drawn from rng.
+func hostKillLoop(rng *rand.Rand) killLoop {
+	free := []string{killMidExport, killMidExport, killMidExport, killBetween, killBetween, killRandom, killRandom, killRandom}
+	rng.Shuffle(len(free), func(i, j int) { free[i], free[j] = free[j], free[i] })
+	hows := slices.Concat(free[:3], []string{killQueued, killQueued}, free[3:])
+	k := killLoop{perLane: 14, sinkDownAt: 3, sinkUpAt: 4, restartLane: 2, restartAt: 6}
+	for i, how := range hows {
+		p := killPlan{how: how, up: churnInterval + randUpTo(rng, churnInterval), down: randUpTo(rng, 400*time.Millisecond)}
+		switch i {
+		case 2:
+			p.down = 4 * churnInterval
+		case 7:
+			p.down = 5 * churnInterval
+		}
+		k.kills = append(k.kills, p)
+	}
+	return k
+}
+
+// vmKillLoop is the VM lane's short form (QEMU TCG is slow): three
+// activations a lane, three kills, one leaving the agent down 3 intervals
+// with the sink down.
+func vmKillLoop(rng *rand.Rand) killLoop {
+	return killLoop{perLane: 3, sinkDownAt: 1, sinkUpAt: 1, restartLane: 1, restartAt: 1, kills: []killPlan{
+		{how: killMidExport, up: churnInterval, down: randUpTo(rng, 300*time.Millisecond)},
+		{how: killQueued, up: churnInterval, down: 3 * churnInterval},
+		{how: killBetween, up: churnInterval, down: randUpTo(rng, 300*time.Millisecond)},
+	}}
+}
+
+// TestIntegrationAgentRestartsKillLoop is issue 30's kill loop on real
+// cgroups: three statsd and a churn of activations burning known CPU
+// (e2e/churn_linux_test.go), polled by statsagent with --state-dir pushing
+// OTLP to the real Collector (on a Unix socket) and scraped every 0.5 s by
+// the real Prometheus. The agent is SIGKILLed ten times at drawn places
+// (right after a sweep with its events in flight, between sweeps, anywhere,
+// and with events queued while the Collector is down), restarted on the
+// same arguments and state, left down 4 and 5 intervals once each; the
+// Collector is stopped and started once, one statsd restarted. Afterwards,
+// deduplicated by log.record.uid: every activation has exactly one final
+// and at most one initial (the duplicate sends counted and explained by
+// the lives that sent them), and the finals' CPU equals the cgroups' own
+// within 1%; Prometheus' increase() of the CPU counter over the whole run,
+// the restarts in it, equals it too. About 50 s on an idle machine.
+//
+// In the cgroup v2 VM lane's guest (no Collector, no Prometheus) it runs a
+// short form: nine activations, three kills, an in-process OTLP receiver,
+// the agent's own counter for Prometheus'.
+func TestIntegrationAgentRestartsKillLoop(t *testing.T) {
+	needCgroups(t)
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 0))
+	plan, short := hostKillLoop(rng), testenv.InVMLane()
+	if short {
+		plan = vmKillLoop(rng)
+	}
+	t.Logf("seed %d: %d kills %+v", seed, len(plan.kills), plan.kills)
+	began := time.Now()
+
+	c := &churn{bin: testenv.BuildBinaries(t, "statsagent"), dir: fleetDir(t), truth: map[string]uint64{}}
+	c.actLog = filepath.Join(c.dir, "activations.jsonl")
+	socket := filepath.Join(t.TempDir(), "otlp.sock")
+	var sink eventSink
+	if short {
+		sink = startOTLPSink(t, socket)
+	} else {
+		sink = collectorSink{testenv.StartCollector(t, testenv.WithCollectorSocket(socket))}
+	}
+	stateDir := filepath.Join(c.dir, "agent-state")
+	agent := startAgentLives(t, c.bin, c.dir, "--sockets", filepath.Join(c.dir, "stats", "*.sock"), "--interval", churnInterval.String(),
+		"--min-interval", "100ms", "--timeout", "5s", "--grace", "2m", "--activation-log", c.actLog,
+		"--otlp-endpoint", "unix://"+socket, "--otlp-periodic-every", "1", "--state-dir", stateDir)
+	c.agentURL = agent.url()
+	if !short {
+		c.prom = testenv.StartPrometheus(t, []string{agent.addr}, 500*time.Millisecond)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			b, _ := os.ReadFile(filepath.Join(stateDir, "agent-state.json"))
+			t.Logf("%s at the end (%d bytes), its first 4 KiB:\n%s", stateDir, len(b), b[:min(len(b), 4096)])
+		}
+	})
+	var daemons []*testenv.Statsd
+	for _, name := range []string{"a", "b", "c"} {
+		daemons = append(daemons, startStatsdIn(t, c.bin, c.dir, name))
+	}
+	zeroActivation(t, c, daemons[0])
+
+	chaosDone := make(chan struct{})
+	var kills []string // what each kill hit, for the log
+	go func() {
+		// t.Fatal from this goroutine would end only it: errors are
+		// reported with t.Error and end the chaos.
+		defer close(chaosDone)
+		for i, k := range plan.kills {
+			time.Sleep(k.up)
+			if i == plan.sinkDownAt {
+				sink.Stop(t)
+			}
+			what, err := aimKill(agent, k.how, rng)
+			if err == nil {
+				err = agent.kill(k.how)
+			}
+			if err != nil {
+				t.Errorf("kill %d (%s): %v", i, k.how, err)
+				return
+			}
+			kills = append(kills, fmt.Sprintf("kill %d (%s, %s) then down %v", i, k.how, what, k.down.Round(time.Millisecond)))
+			time.Sleep(k.down)
+			if err := agent.start(); err != nil {
+				t.Errorf("restart after kill %d: %v", i, err)
+				return
+			}
+			if i == plan.sinkUpAt {
+				sink.Start(t)
+			}
+		}
+	}()
+	t.Run("churn", func(t *testing.T) {
+		lifetimes := []float64{0.25, 1, 3, 0.5, 2, 1.5, 0.3, 2.5, 0.75}
+		for i, d := range daemons {
+			t.Run(fmt.Sprint("statsd-", i), func(t *testing.T) {
+				t.Parallel()
+				for j := 0; ; j++ {
+					select {
+					case <-chaosDone:
+						if j >= plan.perLane {
+							return
+						}
+					default:
+					}
+					if i == plan.restartLane && j == plan.restartAt {
+						d.Restart(t)
+						t.Logf("statsd %d restarted", i)
+					}
+					lifetime := time.Duration(lifetimes[(i*4+j)%len(lifetimes)] * float64(churnInterval))
+					c.activation(t, d, fmt.Sprintf("restarts-%d-%d", i, j), lifetime, anytime)
+				}
+			})
+		}
+	})
+	<-chaosDone
+	t.Logf("%d kills:\n%s", len(kills), strings.Join(kills, "\n"))
+	if t.Failed() {
+		return
+	}
+	testenv.WaitNewSweeps(t, c.agentURL) // the last ends seen ...
+	testenv.WaitNewSweeps(t, c.agentURL) // ... and charged, the events queued
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		if n, ok := agentGauge(c.agentURL, "sandboxstats_agent_otlp_queue_records"); ok && n == 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	truth, n := c.truthSum()
+	c.mu.Lock()
+	actors := make([]string, 0, len(c.truth))
+	for a := range c.truth {
+		actors = append(actors, a)
+	}
+	c.mu.Unlock()
+	slices.Sort(actors)
+	var events []sentEvent
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		events = sink.events(t)
+		if finals := dedupSends(events).finals; len(finals) >= n || time.Now().After(deadline) {
+			break
+		}
+	}
+	t.Logf("%d activations in %v, %d agent lives", n, time.Since(began).Round(time.Second), len(agent.lives))
+	checkSends(t, agent, dedupSends(events), actors, truth)
+	checkCounter(t, c, began, truth)
+}
+
+// zeroActivation runs an activation of an empty cgroup (no CPU at all) and
+// waits, before its Checkpoint, until the agent exports the CPU counter of
+// its labels at 0 and (on the host) Prometheus has scraped it: the
+// series' first sample is 0, so that increase() from before it has
+// nothing to extrapolate at its start (checkCounter).
+func zeroActivation(t *testing.T, c *churn, d *testenv.Statsd) {
+	t.Helper()
+	const key = "sandboxstats_workload_cpu_seconds_total{sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"
+	cg := fmt.Sprintf("/churn-%d-zero", os.Getpid())
+	testCgroup(t, cg)
+	lc := lifecycleClient(t, d.Lifecycle)
+	run(t, lc, "zero", &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: cg})
+	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(100 * time.Millisecond) {
+		v, ok := testenv.Scrape(t, c.agentURL)[key]
+		scraped := c.prom == nil
+		if ok && v == 0 && c.prom != nil {
+			q := c.prom.Query(t, `sandboxstats_workload_cpu_seconds_total{source="cgroup"}`)
+			scraped = len(q) == 1 && q[0].Value == 0
+		}
+		if ok && v == 0 && scraped {
+			break
+		}
+		if ok && v != 0 || time.Now().After(deadline) {
+			t.Fatalf("the CPU counter of an empty cgroup's activation: %v (exported: %v), want 0 exported and scraped within 15 s", v, ok)
+		}
+	}
+	checkpoint(t, lc, "zero")
+	c.mu.Lock()
+	c.truth["zero"] = cgroupCPUUsec(t, cg)
+	c.mu.Unlock()
+}
+
+// aimKill waits for the place how names and says what the agent was doing
+// there (its sweeps and queue).
+func aimKill(a *agentLives, how string, rng *rand.Rand) (string, error) {
+	base := a.url()
+	sweeps, _ := agentGauge(base, "sandboxstats_agent_sweeps_total")
+	nextSweep := func() error {
+		for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if n, ok := agentGauge(base, "sandboxstats_agent_sweeps_total"); ok && n > sweeps {
+				sweeps = n
+				return nil
+			}
+		}
+		return fmt.Errorf("no sweep completed within 10 s of sweep %v", sweeps)
+	}
+	switch how {
+	case killMidExport:
+		if err := nextSweep(); err != nil {
+			return "", err
+		}
+		time.Sleep(randUpTo(rng, 20*time.Millisecond))
+	case killBetween:
+		if err := nextSweep(); err != nil {
+			return "", err
+		}
+		time.Sleep(churnInterval/2 - 150*time.Millisecond + randUpTo(rng, 300*time.Millisecond))
+	case killRandom:
+		time.Sleep(randUpTo(rng, churnInterval))
+	case killQueued:
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+			if n, ok := agentGauge(base, "sandboxstats_agent_otlp_queue_records"); ok && n > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				return "", fmt.Errorf("no event queued within 10 s of the sink's stop")
+			}
+		}
+	}
+	queued, _ := agentGauge(base, "sandboxstats_agent_otlp_queue_records")
+	return fmt.Sprintf("after sweep %v, %v events queued", sweeps, queued), nil
+}
+
+// randUpTo draws a duration in [0, d).
+func randUpTo(rng *rand.Rand, d time.Duration) time.Duration {
+	return time.Duration(rng.Int64N(int64(d)))
+}
+
+// sends are the events that arrived, deduplicated by log.record.uid.
+type sends struct {
+	byUID              map[string][]sentEvent // every send of each uid
+	finals, initials   map[string][]string    // actor -> the distinct uids of its finals, of its initials
+	lost               []sentEvent
+	events, duplicates map[string]int // by kind: distinct uids, sends beyond the first
+}
+
+func dedupSends(events []sentEvent) sends {
+	s := sends{byUID: map[string][]sentEvent{}, finals: map[string][]string{}, initials: map[string][]string{},
+		events: map[string]int{}, duplicates: map[string]int{}}
+	for _, e := range events {
+		prev := s.byUID[e.uid]
+		s.byUID[e.uid] = append(prev, e)
+		if len(prev) > 0 {
+			s.duplicates[e.kind]++
+			continue
+		}
+		s.events[e.kind]++
+		switch e.kind {
+		case "final":
+			s.finals[e.actor] = append(s.finals[e.actor], e.uid)
+		case "initial":
+			s.initials[e.actor] = append(s.initials[e.actor], e.uid)
+		case "lost":
+			s.lost = append(s.lost, e)
+		}
+	}
+	return s
+}
+
+// checkSends checks the events after deduplication (one final per
+// activation, none missing, at most one initial, no lost records, the
+// finals' CPU the truth's within 1%) and explains every uid sent more than
+// once by the agent lives that emitted it.
+func checkSends(t *testing.T, a *agentLives, s sends, actors []string, truth float64) {
+	t.Helper()
+	if s.byUID[""] != nil {
+		t.Errorf("%d events without log.record.uid", len(s.byUID[""]))
+	}
+	var finalCPU float64
+	var missing, twice []string
+	for _, actor := range actors {
+		switch f := s.finals[actor]; len(f) {
+		case 0:
+			missing = append(missing, actor)
+		case 1:
+			finalCPU += s.byUID[f[0]][0].cpu
+		default:
+			twice = append(twice, fmt.Sprintf("%s (%d)", actor, len(f)))
+		}
+		if len(s.initials[actor]) > 1 {
+			t.Errorf("%s: %d initials of distinct uids", actor, len(s.initials[actor]))
+		}
+	}
+	t.Logf("after deduplication by log.record.uid: %v events by kind, %v sends beyond the first; finals of %d of %d activations, their CPU %.3f s of the cgroups' %.3f (%.4f)",
+		s.events, s.duplicates, len(actors)-len(missing), len(actors), finalCPU, truth, finalCPU/truth)
+	if len(missing) > 0 {
+		t.Errorf("no final for %d activations: %v", len(missing), missing)
+	}
+	if len(twice) > 0 {
+		t.Errorf("finals of distinct uids for one activation: %v", twice)
+	}
+	if len(s.lost) > 0 {
+		t.Errorf("%d lost events (no record was evicted): %+v", len(s.lost), s.lost)
+	}
+	if !within(finalCPU, truth, 0.01) {
+		t.Errorf("final events' CPU %.3f s, cgroups' own %.3f s: off by more than 1%%", finalCPU, truth)
+	}
+
+	// Every uid sent more than once: which lives emitted its copies (by
+	// the records' observed time, when the agent emitted them). One life
+	// twice: an export whose outcome was uncertain (the sink stopped or
+	// the life killed mid-export) sent again; a later life: an event
+	// emitted before a kill and not acknowledged sent again from the
+	// state file, or emitted again.
+	var lines []string
+	periodic := 0
+	uids := make([]string, 0, len(s.byUID))
+	for uid := range s.byUID {
+		uids = append(uids, uid)
+	}
+	slices.Sort(uids)
+	for _, uid := range uids {
+		copies := s.byUID[uid]
+		if len(copies) < 2 {
+			continue
+		}
+		if copies[0].kind == "periodic" {
+			if periodic++; periodic > 5 {
+				continue
+			}
+		}
+		var lives []string
+		for _, e := range copies {
+			lives = append(lives, fmt.Sprint(a.lifeAt(e.observed)))
+		}
+		how := "sent again"
+		if i := a.lifeAt(copies[0].observed); i >= 0 && i < len(a.lives) {
+			how = "first emitted by life " + fmt.Sprint(i) + ", killed " + a.lives[i].how
+		}
+		lines = append(lines, fmt.Sprintf("%s %s %s: %d sends, emitted by lives %s (%s)", copies[0].kind, copies[0].actor, uid[:8],
+			len(copies), strings.Join(lives, ","), how))
+	}
+	if periodic > 5 {
+		lines = append(lines, fmt.Sprintf("... and %d more periodic events sent more than once", periodic-5))
+	}
+	t.Logf("uids sent more than once:\n%s", strings.Join(lines, "\n"))
+}
+
+// checkCounter checks the CPU counter over the whole run, the agent's
+// restarts in it: the agent's own (its latest value) and, on the host,
+// Prometheus' increase() over a window from before the run's start.
+func checkCounter(t *testing.T, c *churn, began time.Time, truth float64) {
+	t.Helper()
+	const key = "sandboxstats_workload_cpu_seconds_total{sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"
+	own := testenv.Scrape(t, c.agentURL)[key]
+	t.Logf("the agent's CPU counter %.3f s (%.4f of the cgroups' %.3f)", own, own/truth, truth)
+	if !within(own, truth, 0.01) {
+		t.Errorf("the agent's CPU counter %.3f s, cgroups' own %.3f s: off by more than 1%%", own, truth)
+	}
+	if c.prom == nil {
+		t.Log("no Prometheus in the VM lane's guest: the host's run checks increase()")
+		return
+	}
+	// increase() extrapolates at the window's edges: toward its start by
+	// up to half the mean scrape interval, or to where the counter would
+	// have been 0 if that is nearer; toward its end likewise. Over about
+	// 60 s of 0.5 s scrapes half an interval is about 0.4% of the run, too
+	// near the 1% bound. So the window starts before the series' first
+	// sample, which zeroActivation made 0 (the extrapolation toward the
+	// start is then 0), and the query is evaluated at the series' last
+	// sample (none toward the end); the restarts' stale markers are not
+	// samples, and a reset, if any, is counted as increase() counts it.
+	const series = `sandboxstats_workload_cpu_seconds_total{source="cgroup"}`
+	time.Sleep(1500 * time.Millisecond) // at least two scrapes after the agent's last sweep
+	var last float64
+	for _, s := range c.prom.Query(t, "timestamp("+series+")") {
+		last = max(last, s.Value)
+	}
+	at := time.Unix(0, int64(math.Round(last*1000))*int64(time.Millisecond))
+	window := fmt.Sprintf("%ds", int(at.Sub(began).Seconds())+10)
+	inc := c.prom.QueryAt(t, "sum(increase("+series+"["+window+"]))", at)
+	resets := c.prom.QueryAt(t, "sum(resets("+series+"["+window+"]))", at)
+	if len(inc) != 1 || len(resets) != 1 {
+		t.Fatalf("prometheus answered %v and %v", inc, resets)
+	}
+	t.Logf("prometheus at its last sample (%s): increase over %s %.3f s (%.4f of the cgroups' %.3f), %.0f resets",
+		at.Format("15:04:05.000"), window, inc[0].Value, inc[0].Value/truth, truth, resets[0].Value)
+	if resets[0].Value != 0 {
+		t.Errorf("prometheus saw the CPU counter reset %.0f times: an agent restarted on its state continues it", resets[0].Value)
+	}
+	if !within(inc[0].Value, truth, 0.01) {
+		t.Errorf("prometheus: increase of the CPU counter over the run %.3f s, cgroups' own %.3f s: off by more than 1%%", inc[0].Value, truth)
+	}
+}
