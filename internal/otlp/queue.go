@@ -129,8 +129,8 @@ func recordBytes(r *sdklog.Record) (bytes int, kind, uid string) {
 }
 
 // settle calls settled with uids, if both are there. Never with q.mu held:
-// the callback may take its owner's lock, which may be held around an
-// emit.
+// the callback takes its owner's lock, and its owner may read the queue's
+// gauges under it.
 func (q *eventQueue) settle(uids []string) {
 	if q.settled != nil && len(uids) > 0 {
 		q.settled(uids)
