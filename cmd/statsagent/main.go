@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -258,6 +259,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		o.agent.ActivationLog = f
 	}
 	var pipeline *otlp.Pipeline
+	// The agent hears of each event the pipeline settled (its state keeps
+	// the others, to send again after a restart); made after the pipeline.
+	var agent atomic.Pointer[nodeagent.Agent]
+	o.otlp.Settled = func(uids []string) {
+		if a := agent.Load(); a != nil {
+			a.Settled(uids)
+		}
+	}
 	if o.otlp.Endpoint != "" {
 		o.otlp.Resource = resourceAttrs(cmp.Or(o.nodeName, os.Getenv("NODE_NAME")))
 		dists := nodeagent.NewDistributions()
@@ -273,6 +282,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	agent.Store(a)
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("metrics listener: %w", err)

@@ -288,9 +288,9 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 	}
 	templateLabels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
 	m := &metrics{
-		cfg:        cfg,
-		logger:     logger,
-		labelNames: labels,
+		cfg:          cfg,
+		logger:       logger,
+		labelNames:   labels,
 		totals:       make(map[labelSet]*counterTotals),
 		templates:    templateSlots{max: cmp.Or(cfg.MaxTemplates, DefaultMaxTemplates), slots: map[templateKey]*templateUse{}},
 		activations:  make(map[labelSet]*activationCounts),

@@ -18,8 +18,8 @@ const maxPendingEvents = 16384
 // it is kept in the state file and emitted again, the same record with
 // the same log.record.uid, after a restart.
 type pendingEvent struct {
-	UID          string      `json:"uid"`
-	TimeUnixNano int64       `json:"time_unix_nano"`
+	UID          string       `json:"uid"`
+	TimeUnixNano int64        `json:"time_unix_nano"`
 	Attrs        []storedAttr `json:"attributes"`
 }
 

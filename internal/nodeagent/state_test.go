@@ -125,8 +125,8 @@ func TestStateAcrossRestart(t *testing.T) {
 	endC := endedOf(c, t0.Add(40*time.Second), 700_000)
 	endC.InstanceId, endC.Sequence = "i1", 4
 	second.m.Apply([]sweep.DaemonResult{{Socket: "s", Status: sweep.StatusOK,
-		Samples: []*sandboxstatsv1.WorkloadStatsSample{a(t0.Add(70*time.Second), 5_000_000)},
-		Ended:   []*sandboxstatsv1.EndedActivation{endB, endC},
+		Samples:  []*sandboxstatsv1.WorkloadStatsSample{a(t0.Add(70*time.Second), 5_000_000)},
+		Ended:    []*sandboxstatsv1.EndedActivation{endB, endC},
 		EndedLog: &sandboxstatsv1.EndedLog{InstanceId: "i1", LowestSequence: 3, NextSequence: 5}}}, t0.Add(70*time.Second), time.Millisecond)
 	after := cpuTotals(t, second.otelHarness)
 
