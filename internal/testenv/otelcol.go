@@ -39,11 +39,11 @@ var collectorBuild struct {
 // OpenTelemetry Collector v0.165.0 with the otlp receiver, the batch and
 // memory_limiter processors, the otlp_grpc, otlp_http, debug and jsonfile
 // exporters, contrib's file_storage extension) and returns its binary's
-// path. The binary is kept in
-// os.TempDir()/sandboxstats-otelcol-<key>, the key a hash of the module's
-// go.mod, go.sum and Go files, the Go version and platform: later test
-// processes and packages reuse it, one build at a time (a lock file in that
-// directory); such directories unused for a day are removed. A cold build
+// path. The binary is kept in os.TempDir()/sandboxstats-otelcol-<key>,
+// the key a hash of the module's go.mod, go.sum and Go files, the Go
+// version and platform: later test processes and packages reuse it, one
+// build at a time (a lock file in that directory); such directories unused
+// for a day are removed. A cold build
 // costs about 3.5 minutes of CPU (about two minutes on two idle cores,
 // longer on a loaded machine); with Go's build cache warm it is a link of a
 // few seconds. Without a go command, or when the build fails (for
@@ -200,8 +200,8 @@ func pruneCollectorBuilds(keep string, age time.Duration) {
 
 // Collector is a real OpenTelemetry Collector (BuildCollector's) receiving
 // OTLP on loopback and writing what arrives to files the test reads back
-// (Metrics, Logs). Its pipelines are the production ones' shape (receiver
-// otlp, processors memory_limiter and batch with a 100 ms timeout) ending in
+// (Metrics, Logs). Its pipelines (receiver otlp, processors memory_limiter
+// and batch with a 100 ms timeout) end in
 // the jsonfile exporter, which appends every batch before acknowledging it.
 // It serves no internal telemetry on any port. The test's cleanup stops it
 // and, when the test failed, logs its output. WithCollectorConfigFile runs
