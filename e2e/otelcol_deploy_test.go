@@ -2,13 +2,9 @@ package e2e
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"os"
-	"os/exec"
-	"path/filepath"
+	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -17,61 +13,17 @@ import (
 
 // TestIntegrationCollectorDeploy runs deploy/otel/collector.yaml as a node
 // runs it, in the test collector (the same Collector release and
-// components), forwarding to a gateway (a second test collector): only the
-// listen addresses (free loopback ports instead of 4317/4318), TLS off and
-// a shorter batch timeout are overridden on the command line. A metric and
-// a usage event sent to the node arrive at the gateway; then the gateway is
-// stopped, a second round is sent, and it arrives once the gateway is back
-// on the same port (the exporter's queue and retry).
+// components), forwarding to a gateway (a second test collector), with
+// deployCollector's overrides. A metric and a usage event sent to the node
+// arrive at the gateway; then the gateway is stopped, a second round is
+// sent, and it arrives once the gateway is back on the same port (the
+// exporter's queue and retry).
 func TestIntegrationCollectorDeploy(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs the test collector")
 	}
 	gateway := testenv.StartCollector(t)
-	bin := testenv.BuildCollector(t)
-	grpcPort, httpPort := freeLoopbackPort(t), freeLoopbackPort(t)
-	logPath := filepath.Join(t.TempDir(), "node-otelcol.log")
-	logf, err := os.Create(logPath)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(bin, "--config", "../deploy/otel/collector.yaml",
-		"--config", fmt.Sprintf("yaml:receivers::otlp::protocols::grpc::endpoint: 127.0.0.1:%d", grpcPort),
-		"--config", fmt.Sprintf("yaml:receivers::otlp::protocols::http::endpoint: 127.0.0.1:%d", httpPort),
-		"--config", "yaml:exporters::otlp_grpc/gateway::tls::insecure: true",
-		"--config", "yaml:processors::batch::timeout: 100ms")
-	cmd.Env = append(os.Environ(), "OTEL_GATEWAY_ENDPOINT="+gateway.GRPCEndpoint())
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	logf.Close()
-	done := make(chan struct{})
-	go func() { _ = cmd.Wait(); close(done) }()
-	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		if t.Failed() {
-			b, _ := os.ReadFile(logPath)
-			t.Logf("%s:\n%s", logPath, b)
-		}
-	})
-	node := fmt.Sprintf("http://127.0.0.1:%d", httpPort)
-	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
-		if c, err := net.Dial("tcp", fmt.Sprintf("127.0.0.1:%d", grpcPort)); err == nil {
-			c.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			b, _ := os.ReadFile(logPath)
-			t.Fatalf("the node collector is not listening within 30 s:\n%s", b)
-		}
-	}
+	node := deployCollector(t, gateway, t.TempDir()).HTTPEndpoint()
 
 	send := func(round int) {
 		t.Helper()
@@ -110,6 +62,25 @@ func TestIntegrationCollectorDeploy(t *testing.T) {
 	arrived(2)
 }
 
+// deployCollector starts deploy/otel/collector.yaml in the test collector
+// (testenv.WithCollectorConfigFile) forwarding to gateway. Only what a test
+// on one machine needs is overridden: the listen addresses (free loopback
+// ports instead of 4317/4318), TLS off, the queue's storage in storageDir
+// (instead of /var/lib/otelcol), its batches flushed after 100 ms instead
+// of 5 s and its retries at most 1 s apart instead of 30 s; extra
+// overrides follow those.
+func deployCollector(t *testing.T, gateway *testenv.Collector, storageDir string, extra ...string) *testenv.Collector {
+	t.Helper()
+	return testenv.StartCollector(t, testenv.WithCollectorConfigFile("../deploy/otel/collector.yaml",
+		[]string{"OTEL_GATEWAY_ENDPOINT=" + gateway.GRPCEndpoint()},
+		append([]string{
+			"extensions::file_storage::directory: " + strconv.Quote(storageDir),
+			"exporters::otlp_grpc/gateway::tls::insecure: true",
+			"exporters::otlp_grpc/gateway::sending_queue::batch::flush_timeout: 100ms",
+			"exporters::otlp_grpc/gateway::retry_on_failure::max_interval: 1s",
+		}, extra...)...))
+}
+
 // post sends an OTLP/HTTP JSON request and fails the test unless it is
 // accepted.
 func post(t *testing.T, url, body string) {
@@ -122,15 +93,4 @@ func post(t *testing.T, url, body string) {
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("POST %s: %s", url, resp.Status)
 	}
-}
-
-// freeLoopbackPort returns a loopback TCP port that was free a moment ago.
-func freeLoopbackPort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }

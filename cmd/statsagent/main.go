@@ -21,6 +21,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -124,6 +125,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	fs.DurationVar(&o.agent.Grace, "grace", 10*time.Minute, "how long a workload's CPU counter is remembered after it was last seen; raised to at least 2 x --interval + --timeout")
 	fs.StringVar(&o.activationLog, "activation-log", "", "append one JSON line per ended activation (identity, epoch, end, CPU, peak, outcome, final provenance) to this file, or - for stdout")
 	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once, and a template's per-activation series after its last activation ended; must exceed statsd's --ended-retention")
+	fs.StringVar(&o.agent.StateDir, "state-dir", "", "keep what was charged and delivered in this directory (agent-state.json), so that a restarted agent continues every counter and sends every usage event not yet taken (docs/statsagent.md, \"Restarts\"); empty: none, a restart starts afresh")
 	fs.IntVar(&o.agent.MaxTemplates, "max-templates", nodeagent.DefaultMaxTemplates, "most templates exported by name at a time (Prometheus and OTLP); the others are exported as template (other) and counted in sandboxstats_agent_templates_folded_total")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
@@ -257,6 +259,14 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		o.agent.ActivationLog = f
 	}
 	var pipeline *otlp.Pipeline
+	// The agent hears of each event the pipeline settled (its state keeps
+	// the others, to send again after a restart); made after the pipeline.
+	var agent atomic.Pointer[nodeagent.Agent]
+	o.otlp.Settled = func(uids []string) {
+		if a := agent.Load(); a != nil {
+			a.Settled(uids)
+		}
+	}
 	if o.otlp.Endpoint != "" {
 		o.otlp.Resource = resourceAttrs(cmp.Or(o.nodeName, os.Getenv("NODE_NAME")))
 		dists := nodeagent.NewDistributions()
@@ -272,6 +282,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	agent.Store(a)
 	ln, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("metrics listener: %w", err)
@@ -321,6 +332,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 		return nil
 	})
 	err = g.Wait()
+	a.SaveState() // the pipeline settled what it could: not sent again
 	logger.Info("statsagent stopped", "err", err)
 	return err
 }

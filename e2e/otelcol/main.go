@@ -9,6 +9,8 @@
 //	exporters:  otlp_grpc (alias otlp), otlp_http (alias otlphttp), debug,
 //	            jsonfile (OTLP JSON lines, which the tests read back;
 //	            package jsonfile)
+//	extensions: file_storage (contrib's, at the same release: the exporters'
+//	            persistent sending queue, sending_queue.storage)
 //
 // Its own telemetry is upstream's (otelconftelemetry), so a config's
 // service.telemetry section is validated as a stock collector validates it;
@@ -34,6 +36,7 @@ import (
 	"go.opentelemetry.io/collector/exporter/debugexporter"
 	"go.opentelemetry.io/collector/exporter/otlpexporter"
 	"go.opentelemetry.io/collector/exporter/otlphttpexporter"
+	"go.opentelemetry.io/collector/extension"
 	"go.opentelemetry.io/collector/otelcol"
 	"go.opentelemetry.io/collector/processor"
 	"go.opentelemetry.io/collector/processor/batchprocessor"
@@ -41,6 +44,8 @@ import (
 	"go.opentelemetry.io/collector/receiver"
 	"go.opentelemetry.io/collector/receiver/otlpreceiver"
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
+
+	"github.com/open-telemetry/opentelemetry-collector-contrib/extension/storage/filestorage"
 
 	"github.com/sandboxstats/sandboxstats/e2e/otelcol/jsonfile"
 )
@@ -52,7 +57,7 @@ func main() {
 	cmd := otelcol.NewCommand(otelcol.CollectorSettings{
 		BuildInfo: component.BuildInfo{
 			Command:     "otelcol",
-			Description: "sandboxstats test collector (otlp receiver; batch, memory_limiter; otlp, otlphttp, debug, jsonfile exporters)",
+			Description: "sandboxstats test collector (otlp receiver; batch, memory_limiter; otlp, otlphttp, debug, jsonfile exporters; file_storage extension)",
 			Version:     version,
 		},
 		Factories: components,
@@ -85,6 +90,9 @@ func components() (otelcol.Factories, error) {
 	if f.Exporters, err = otelcol.MakeFactoryMap[exporter.Factory](
 		otlpexporter.NewFactory(), otlphttpexporter.NewFactory(), debugexporter.NewFactory(), jsonfile.NewFactory()); err != nil {
 		return f, fmt.Errorf("exporters: %w", err)
+	}
+	if f.Extensions, err = otelcol.MakeFactoryMap[extension.Factory](filestorage.NewFactory()); err != nil {
+		return f, fmt.Errorf("extensions: %w", err)
 	}
 	return f, nil
 }

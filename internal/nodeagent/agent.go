@@ -52,6 +52,9 @@ type Config struct {
 	// OTel, when set, gets the metrics and the usage events over
 	// OpenTelemetry (metricsConfig.OTel).
 	OTel *OTel
+	// StateDir, when set, keeps what the agent charged and delivered
+	// across its restarts (state.go, docs/statsagent.md "Restarts").
+	StateDir string
 }
 
 // Agent sweeps on a timer and serves the result as Prometheus metrics.
@@ -103,8 +106,9 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	reg, live := prometheus.NewRegistry(), prometheus.NewRegistry()
 	live.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
-	m, err := newMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
-		Started: started, EndedHorizon: cfg.EndedHorizon, MaxTemplates: cfg.MaxTemplates, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel}, logger)
+	m, err := newStatefulMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
+		Started: started, EndedHorizon: cfg.EndedHorizon, MaxTemplates: cfg.MaxTemplates, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel},
+		cfg.StateDir, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)
 	}
@@ -130,6 +134,27 @@ func (a *Agent) RegisterLive(cs ...prometheus.Collector) error {
 		}
 	}
 	return nil
+}
+
+// Settled forgets the usage events with these log.record.uid values: the
+// collector took or refused them, or a full queue dropped them (the OTLP
+// pipeline's Settled). Safe for concurrent use; it never takes the sweep's
+// lock.
+func (a *Agent) Settled(uids []string) {
+	if a.metrics.pending != nil {
+		a.metrics.pending.settle(uids)
+	}
+}
+
+// SaveState writes the state file once more (with --state-dir): at
+// shutdown, after the OTLP pipeline settled what it could, so that a
+// restart does not send again what was taken.
+func (a *Agent) SaveState() {
+	a.metrics.mu.Lock()
+	defer a.metrics.mu.Unlock()
+	if a.metrics.state != nil {
+		a.metrics.state.save(a.metrics.exportState(time.Now()))
+	}
 }
 
 // Close closes the connections the agent keeps to its daemons (Run does
@@ -269,6 +294,7 @@ func (a *Agent) remember(results []sweep.DaemonResult) {
 // Interval 0 it only waits for ctx.
 func (a *Agent) Run(ctx context.Context) error {
 	defer a.Close()
+	a.metrics.resendPending(time.Now())
 	if a.cfg.Interval == 0 {
 		a.logger.Info("sweeping disabled (interval 0)")
 		<-ctx.Done()

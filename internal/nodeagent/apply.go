@@ -93,6 +93,11 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 	if m.otel != nil {
 		m.otel.swept(took)
 	}
+	// Saved before it is served: a restart continues from counters at
+	// least as high as any scrape saw (docs/statsagent.md, "Restarts").
+	if m.state != nil {
+		m.state.save(m.exportState(now))
+	}
 	// Last: a new snapshot is a new sweep for the Handler's gatherer
 	// (sweepGatherer), which gathers each sweep's metrics once.
 	m.snap.Store(snap)

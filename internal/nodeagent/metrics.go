@@ -54,6 +54,14 @@ const (
 	metricActivationNoPeak   = "sandboxstats_activation_memory_peak_missing_total"
 )
 
+// newAccountant returns an empty accountant of m's configuration.
+func (m *metrics) newAccountant() *rate.Accountant {
+	return rate.NewAccountant(rate.AccountantConfig{
+		Started: m.cfg.Started, CPUs: m.cfg.CPUs, Horizon: m.cfg.EndedHorizon,
+		PerInterface: m.cfg.LabelInterface, HeadSlack: rate.DefaultHeadSlack,
+	})
+}
+
 // metricsConfig configures metrics.
 type metricsConfig struct {
 	// LabelActor adds actor_uid, actor_name and actor_namespace to the
@@ -93,6 +101,9 @@ type metricsConfig struct {
 	// OTel, when set, gets the same metrics over OpenTelemetry and the
 	// usage events.
 	OTel *OTel
+	// State, when set, keeps what was charged and delivered across
+	// restarts (state.go); Started is then its origin.
+	State *stateStore
 }
 
 // metrics is a prometheus.Collector over the latest sweep: the workload
@@ -118,6 +129,10 @@ type metrics struct {
 	activations map[labelSet]*activationCounts
 	actLog      *json.Encoder // nil: no activation log
 	otel        *otelMetrics  // nil: no OpenTelemetry export
+	// state: the state directory (nil without --state-dir); pending: the
+	// usage events not yet settled (nil without it, or without OTel).
+	state   *stateStore
+	pending *pendingEvents
 
 	snap atomic.Pointer[snapshot]
 
@@ -273,13 +288,9 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 	}
 	templateLabels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
 	m := &metrics{
-		cfg:        cfg,
-		logger:     logger,
-		labelNames: labels,
-		acct: rate.NewAccountant(rate.AccountantConfig{
-			Started: cfg.Started, CPUs: cfg.CPUs, Horizon: cfg.EndedHorizon,
-			PerInterface: cfg.LabelInterface, HeadSlack: rate.DefaultHeadSlack,
-		}),
+		cfg:          cfg,
+		logger:       logger,
+		labelNames:   labels,
 		totals:       make(map[labelSet]*counterTotals),
 		templates:    templateSlots{max: cmp.Or(cfg.MaxTemplates, DefaultMaxTemplates), slots: map[templateKey]*templateUse{}},
 		activations:  make(map[labelSet]*activationCounts),
@@ -357,13 +368,24 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 	if cfg.ActivationLog != nil {
 		m.actLog = json.NewEncoder(cfg.ActivationLog)
 	}
+	m.acct = m.newAccountant()
 	m.snap.Store(&snapshot{})
+	m.state = cfg.State
 	if cfg.OTel != nil {
 		o, err := newOTelMetrics(*cfg.OTel, m)
 		if err != nil {
 			return nil, err
 		}
 		m.otel = o
+		if m.state != nil {
+			m.pending = newPendingEvents()
+			o.pending = m.pending
+		}
+	}
+	if m.state != nil {
+		if err := reg.Register(m.state.saves); err != nil {
+			return nil, err
+		}
 	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
 		m.conflicts, m.capped, m.refused, m.folded, m.endedLost, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct, &m.overflows)} {

@@ -167,6 +167,10 @@ type otelMetrics struct {
 	attrs, tmplAttrs map[labelSet]*labelAttrs
 
 	sweepNo uint64 // Apply's count, for PeriodicEvery (under metrics.mu)
+
+	// pending: the events not yet settled, kept in the state file (nil
+	// without --state-dir).
+	pending *pendingEvents
 }
 
 // newOTelMetrics makes the instruments of cfg's meter and registers the

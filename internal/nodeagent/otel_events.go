@@ -123,7 +123,24 @@ func (o *otelMetrics) lostEvent(socket, instance string, from, to uint64, now ti
 	})
 }
 
+// emit emits one usage event. With --state-dir an initial, final or lost
+// event is kept pending (in the state file) until the pipeline settles it,
+// so that a restart sends it again.
 func (o *otelMetrics) emit(at, now time.Time, kv []attribute.KeyValue) {
+	if o.pending != nil {
+		var uid, kind string
+		for _, a := range kv {
+			switch a.Key {
+			case attrRecordUID:
+				uid = a.Value.AsString()
+			case attrKind:
+				kind = a.Value.AsString()
+			}
+		}
+		if uid != "" && kind != KindPeriodic {
+			o.pending.add(pendingEvent{UID: uid, TimeUnixNano: at.UnixNano(), Attrs: storedAttrs(kv)})
+		}
+	}
 	var r otellog.Record
 	r.SetEventName(EventUsageSampled)
 	r.SetTimestamp(at)

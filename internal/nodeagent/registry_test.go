@@ -233,7 +233,9 @@ func TestRegistry(t *testing.T) {
 	for _, labelActor := range []bool{false, true} {
 		t.Run(fmt.Sprintf("label-actor=%v", labelActor), func(t *testing.T) {
 			t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
-			h := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 2, LabelActor: labelActor, MaxTemplates: 1}, 1)
+			// With a state directory: its saves are counted too.
+			h := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 2, LabelActor: labelActor, MaxTemplates: 1,
+				State: newStateStore(t.TempDir(), discard())}, 1)
 			richSweeps(h, t0)
 			rm := h.collect(t)
 			var errs []string

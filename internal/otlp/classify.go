@@ -24,7 +24,7 @@ const (
 	sent      sendResult = iota
 	keep                 // not taken: send again later
 	tooLarge             // refused for its size: send again in smaller batches
-	uncertain            // may have been taken: never sent again
+	uncertain            // may have been taken: send again later (the consumer deduplicates by log.record.uid)
 	rejected             // refused: dropped
 )
 
@@ -42,8 +42,8 @@ type outcome struct {
 // counts); keep (the collector surely did not take it: not reached,
 // refused for now); tooLarge (refused for its size: send it in smaller
 // parts); uncertain (a timeout, or a connection cut after the request was
-// written and before any answer: it may have been taken, so never sent
-// again); rejected.
+// written and before any answer: it may have been taken; sent again later
+// all the same, and counted resent); rejected.
 func (p *Pipeline) classify(err error, note *sendNote) outcome {
 	if err == nil {
 		return outcome{res: sent}

@@ -10,8 +10,11 @@
 // totals. Events are kept and sent again while the collector cannot be
 // reached (connection refused, Unavailable), up to the queue's bounds; a
 // batch the collector may have taken (a timeout, a connection cut after the
-// request was written) is never sent twice. A partial success is an export
-// the collector took: only the items it says it rejected are counted so.
+// request was written) is sent again too, and counted resent: every event
+// carries log.record.uid, by which a consumer deduplicates. A partial
+// success is an export the collector took: only the items it says it
+// rejected are counted so. Config.Settled hears of every event that left
+// the queue for good.
 package otlp
 
 import (
@@ -91,6 +94,21 @@ type Config struct {
 	// set, adds its metrics to every export (nodeagent.Distributions).
 	CardinalityLimit int
 	Producer         sdkmetric.Producer
+	// Settled, when set, is called with the log.record.uid attribute values
+	// of the usage events that left the queue for good (records without
+	// one are left out): sent (the collector took them), rejected (the
+	// collector refused them, the rejected share of a partial success, a
+	// record too large to send alone) and dropped queue-full at emit. It
+	// is not called for the events still queued, nor for those dropped at
+	// shutdown (still queued when Run returned, or emitted after: the
+	// agent keeps them to send after its restart). It is called without
+	// the queue's lock held, possibly at once from several goroutines (it
+	// must be safe for concurrent use): from Run's export goroutine, from
+	// Flush's caller, and for a queue-full drop from the emitting
+	// goroutine, inside Logger.Emit (so a Settled that takes a lock the
+	// emitter holds around Emit deadlocks). It should be quick: it holds
+	// up the exports. The slice is the callee's.
+	Settled func(uids []string)
 }
 
 // Pipeline is an OTLP export: its providers are what nodeagent.OTel
@@ -185,11 +203,11 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 	// and 1000 workloads' series with --label-actor, never folded), so
 	// that no tenant's template names outgrow it here either.
 	p.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader), sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(cfg.CardinalityLimit))
-	p.queue = newEventQueue(cfg.QueueRecords, cfg.QueueBytes, logger)
+	p.queue = newEventQueue(cfg.QueueRecords, cfg.QueueBytes, logger, cfg.Settled)
 	p.loggers = sdklog.NewLoggerProvider(sdklog.WithProcessor(p.queue), sdklog.WithResource(res))
 	p.exports = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "sandboxstats_agent_otlp_exports_total",
-		Help: "OTLP exports by signal (metrics, logs) and result: ok; partial (the collector took the export but rejected some of its items: logs: counted in " + metricEventsDropped + "); failed (metrics: superseded by the next export, which carries every counter whole; logs: see " + metricEventsDropped + "); retry (logs: the collector could not be reached, the batch is kept and sent again).",
+		Help: "OTLP exports by signal (metrics, logs) and result: ok; partial (the collector took the export but rejected some of its items: logs: counted in " + metricEventsDropped + "); failed (metrics: superseded by the next export, which carries every counter whole; logs: see " + metricEventsDropped + "); retry (logs: the collector could not be reached, or the export's outcome is unknown: counted in " + metricEventsResent + "; the batch is kept and sent again).",
 	}, []string{"signal", "result"})
 	return p, nil
 }
@@ -298,7 +316,8 @@ func (p *Pipeline) exportMetrics(ctx context.Context) {
 }
 
 // exportEventsLoop sends queued events as they come, and after a failure
-// to reach the collector, again after a backoff.
+// to reach the collector or an export of unknown outcome, again after a
+// backoff.
 func (p *Pipeline) exportEventsLoop(ctx context.Context) {
 	backoff := time.Duration(0)
 	timer := time.NewTimer(0)
@@ -351,8 +370,8 @@ func (p *Pipeline) sendEvents(ctx context.Context, batch []sdklog.Record) outcom
 		p.exports.WithLabelValues("logs", "retry").Inc()
 		p.queue.warn("too-large", "otlp: the collector refused an event batch as too large; sending smaller ones", err)
 	case uncertain:
-		p.exports.WithLabelValues("logs", "failed").Inc()
-		p.queue.warn("uncertain", "otlp: events export timed out or its connection was cut after the request was written; the collector may have taken them, so they are not sent again", err)
+		p.exports.WithLabelValues("logs", "retry").Inc()
+		p.queue.warn("uncertain", "otlp: events export timed out or its connection was cut after the request was written; the collector may have taken them: sent again (counted in "+metricEventsResent+"), a consumer deduplicates by log.record.uid", err)
 	default:
 		p.exports.WithLabelValues("logs", "failed").Inc()
 		p.queue.warn("rejected", "otlp: events refused by the collector", err)

@@ -124,7 +124,8 @@ func (f *fakeCollector) got() (metricExports int, events []string) {
 }
 
 // startPipeline runs a Pipeline to endpoint with one counter and returns
-// it, the counter and an emit of one event of actor.
+// it, the counter and an emit of one event of actor (its log.record.uid:
+// the actor).
 func startPipeline(t *testing.T, cfg Config) (*Pipeline, *prometheus.Registry, func(actor, kind string)) {
 	t.Helper()
 	cfg.Resource = []attribute.KeyValue{attribute.String("service.name", "statsagent")}
@@ -152,7 +153,7 @@ func startPipeline(t *testing.T, cfg Config) (*Pipeline, *prometheus.Registry, f
 	emit := func(actor, kind string) {
 		var r otellog.Record
 		r.SetEventName("test.event")
-		r.AddAttributes(attribute.String("actor", actor), attribute.String(kindKey, kind))
+		r.AddAttributes(attribute.String("actor", actor), attribute.String(kindKey, kind), attribute.String(uidKey, actor))
 		logger.Emit(context.Background(), r)
 	}
 	return p, reg, emit
@@ -203,13 +204,14 @@ func TestEventsKeptWhileCollectorDown(t *testing.T) {
 
 // TestNeverBlocks: a collector that hangs costs the emitter and Swept
 // nothing; each export ends at its timeout, and a batch that timed out is
-// counted uncertain, never sent again; the queue drops what is over its
-// bound, finals last.
+// kept and sent again, counted resent; the queue drops what is over its
+// bound, finals last. Once the collector answers, what was kept is
+// delivered: twice at most where a resend is counted.
 func TestNeverBlocks(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "otlp.sock")
 	f := &fakeCollector{hang: make(chan struct{})}
 	f.serve(t, sock)
-	p, _, emit := startPipeline(t, Config{Endpoint: "unix://" + sock, Timeout: 300 * time.Millisecond, QueueRecords: 8})
+	p, reg, emit := startPipeline(t, Config{Endpoint: "unix://" + sock, Timeout: 300 * time.Millisecond, QueueRecords: 8})
 	start := time.Now()
 	for i := range 100 {
 		kind := "periodic"
@@ -222,8 +224,8 @@ func TestNeverBlocks(t *testing.T) {
 	if took := time.Since(start); took > 50*time.Millisecond {
 		t.Errorf("100 emits and Swept calls took %v with a hung collector", took)
 	}
-	waitFor(t, "a timed-out batch counted uncertain", func() bool {
-		return testutil.ToFloat64(p.queue.dropped.WithLabelValues("periodic", "uncertain"))+testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "uncertain")) >= 1
+	waitFor(t, "a timed-out batch sent again", func() bool {
+		return testutil.ToFloat64(p.queue.resent.WithLabelValues("periodic"))+testutil.ToFloat64(p.queue.resent.WithLabelValues("final")) >= 1
 	})
 	full := testutil.ToFloat64(p.queue.dropped.WithLabelValues("periodic", "queue-full"))
 	if full < 80 {
@@ -234,14 +236,24 @@ func TestNeverBlocks(t *testing.T) {
 	if got := testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "queue-full")); got > 7 {
 		t.Errorf("finals dropped as queue-full: %v, want at most 7 of 10 (the queue's last quarter is theirs)", got)
 	}
+	kept, _ := p.queue.size()
 	close(f.hang)
+	waitFor(t, "the kept events delivered", func() bool { n, _ := p.queue.size(); return n == 0 })
+	sent := testutil.ToFloat64(p.queue.sentC.WithLabelValues("periodic")) + testutil.ToFloat64(p.queue.sentC.WithLabelValues("final"))
+	resent := testutil.ToFloat64(p.queue.resent.WithLabelValues("periodic")) + testutil.ToFloat64(p.queue.resent.WithLabelValues("final"))
 	_, events := f.got()
-	seen := map[string]bool{}
+	seen := map[string]int{}
 	for _, e := range events {
-		if seen[e] {
-			t.Errorf("event %s delivered twice", e)
-		}
-		seen[e] = true
+		seen[e]++
+	}
+	if len(seen) != kept || sent != float64(kept) {
+		t.Errorf("%d distinct events delivered, %v counted sent; want the %d kept", len(seen), sent, kept)
+	}
+	if dups := len(events) - len(seen); float64(dups) > resent {
+		t.Errorf("%d events delivered twice, more than the %v counted resent", dups, resent)
+	}
+	if n, err := testutil.GatherAndCount(reg, metricEventsDropped); err != nil || n != 2 {
+		t.Errorf("dropped series: %d (%v), want 2 (queue-full, by kind)", n, err)
 	}
 }
 

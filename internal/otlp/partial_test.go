@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"go.opentelemetry.io/otel/attribute"
 	otellog "go.opentelemetry.io/otel/log"
@@ -24,7 +25,8 @@ import (
 
 // newFlushed returns a Pipeline to cfg's endpoint that exports only when
 // the test calls Flush (no Run: each export is the test's), with one
-// counter of points data points, and an emit of n final events.
+// counter of points data points, and an emit of n final events (actor
+// a<i>, log.record.uid uid-a<i>).
 func newFlushed(t *testing.T, cfg Config, points int) (*Pipeline, func(n int)) {
 	t.Helper()
 	cfg.Resource = []attribute.KeyValue{attribute.String("service.name", "statsagent")}
@@ -45,7 +47,7 @@ func newFlushed(t *testing.T, cfg Config, points int) (*Pipeline, func(n int)) {
 		for i := range n {
 			var r otellog.Record
 			r.SetEventName("test.event")
-			r.AddAttributes(attribute.String("actor", fmt.Sprint("a", i)), attribute.String(kindKey, "final"))
+			r.AddAttributes(attribute.String("actor", fmt.Sprint("a", i)), attribute.String(kindKey, "final"), attribute.String(uidKey, fmt.Sprint("uid-a", i)))
 			logger.Emit(context.Background(), r)
 		}
 	}
@@ -182,9 +184,13 @@ func TestPartialSuccess(t *testing.T) {
 				if proto == ProtocolHTTP {
 					ep = f.serveHTTP
 				}
-				p, emit := newFlushed(t, Config{Endpoint: ep(t), Protocol: proto, Timeout: 5 * time.Second}, 2501)
+				var settled settledLog
+				p, emit := newFlushed(t, Config{Endpoint: ep(t), Protocol: proto, Timeout: 5 * time.Second, Settled: settled.add}, 2501)
 				emit(10)
 				p.Flush(context.Background())
+				if diff := cmp.Diff(uids(0, 10), settled.got()); diff != "" {
+					t.Errorf("settled, the rejected share included (-want +got):\n%s", diff)
+				}
 				sent := testutil.ToFloat64(p.queue.sentC.WithLabelValues("final"))
 				dropped := testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "rejected"))
 				if want := 10 - float64(tc.rejected); sent != want || dropped != float64(tc.rejected) {
@@ -200,8 +206,9 @@ func TestPartialSuccess(t *testing.T) {
 	}
 }
 
-// cutCollector takes a request whole, then closes its connection without
-// answering (a collector that crashed, or a proxy that dropped it).
+// cutCollector takes the first request whole, then closes its connection
+// without answering (a collector that crashed, or a proxy that dropped
+// it); it answers the next ones.
 type cutCollector struct {
 	collogs.UnimplementedLogsServiceServer
 	mu    sync.Mutex
@@ -215,17 +222,25 @@ func (c *cutCollector) took() int {
 	return c.calls
 }
 
-func (c *cutCollector) cut() {
+// cut counts a call and, for the first, closes every connection: it
+// reports whether it did.
+func (c *cutCollector) cut() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.calls++
+	if c.calls > 1 {
+		return false
+	}
 	for _, conn := range c.conns {
 		conn.Close()
 	}
+	return true
 }
 
 func (c *cutCollector) Export(ctx context.Context, _ *collogs.ExportLogsServiceRequest) (*collogs.ExportLogsServiceResponse, error) {
-	c.cut()
+	if !c.cut() {
+		return &collogs.ExportLogsServiceResponse{}, nil
+	}
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
@@ -246,10 +261,11 @@ func (l trackingListener) Accept() (net.Conn, error) {
 	return conn, err
 }
 
-// TestCutAfterRequestNotResent: a collector that reads a batch whole, then
-// drops the connection without answering, may have taken it: the batch is
-// counted uncertain and never sent again (gRPC: Unavailable; HTTP: EOF).
-func TestCutAfterRequestNotResent(t *testing.T) {
+// TestCutAfterRequestResent: a collector that reads a batch whole, then
+// drops the connection without answering (gRPC: Unavailable; HTTP: EOF),
+// may have taken it: the batch stays queued, unsettled, and is sent again,
+// counted resent; the collector gets it twice (the same log.record.uids).
+func TestCutAfterRequestResent(t *testing.T) {
 	for _, proto := range []string{ProtocolGRPC, ProtocolHTTP} {
 		t.Run(proto, func(t *testing.T) {
 			c := &cutCollector{}
@@ -268,6 +284,11 @@ func TestCutAfterRequestNotResent(t *testing.T) {
 			} else {
 				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 					io.Copy(io.Discard, r.Body)
+					if c.took() > 0 {
+						c.cut() // counted; answered OK
+						w.Header().Set("Content-Type", "application/x-protobuf")
+						return
+					}
 					conn, _, err := w.(http.Hijacker).Hijack()
 					if err != nil {
 						t.Error(err)
@@ -281,21 +302,48 @@ func TestCutAfterRequestNotResent(t *testing.T) {
 				t.Cleanup(srv.Close)
 				endpoint = srv.URL
 			}
-			p, emit := newFlushed(t, Config{Endpoint: endpoint, Protocol: proto, Timeout: 5 * time.Second}, 0)
+			var settled settledLog
+			p, emit := newFlushed(t, Config{Endpoint: endpoint, Protocol: proto, Timeout: 5 * time.Second, Settled: settled.add}, 0)
 			emit(3)
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			for range 3 { // a batch kept would be sent again by each drain
-				p.queue.drainOnce(ctx, p.sendEvents)
+			if !p.queue.drainOnce(ctx, p.sendEvents) {
+				t.Fatal("drainOnce did not keep the batch of unknown outcome")
 			}
-			if got := testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "uncertain")); got != 3 {
-				t.Errorf("finals dropped as uncertain: %v, want 3", got)
+			if n, _ := p.queue.size(); n != 3 || len(settled.got()) != 0 || c.took() != 1 {
+				t.Fatalf("after the cut: %d of 3 finals queued, settled %v, collector took %d; want 3 queued, none settled, 1", n, settled.got(), c.took())
+			}
+			// Sent again (gRPC may first answer that it is reconnecting:
+			// kept, not sent).
+			for i := 0; p.queue.drainOnce(ctx, p.sendEvents); i++ {
+				if i == 50 {
+					t.Fatal("the batch was never sent again")
+				}
+				time.Sleep(20 * time.Millisecond)
 			}
 			if n, _ := p.queue.size(); n != 0 {
-				t.Errorf("%d finals still queued, to be sent again", n)
+				t.Errorf("%d finals still queued", n)
 			}
-			if got := c.took(); got != 1 {
-				t.Errorf("the collector took the batch %d times, want 1", got)
+			if got := c.took(); got != 2 {
+				t.Errorf("the collector took the batch %d times, want 2", got)
+			}
+			for _, m := range []struct {
+				name      string
+				got, want float64
+			}{
+				{"resent", testutil.ToFloat64(p.queue.resent.WithLabelValues("final")), 3},
+				{"sent", testutil.ToFloat64(p.queue.sentC.WithLabelValues("final")), 3},
+				{"exports retry", testutil.ToFloat64(p.exports.WithLabelValues("logs", "retry")), 1},
+				{"exports ok", testutil.ToFloat64(p.exports.WithLabelValues("logs", "ok")), 1},
+				{"exports failed", testutil.ToFloat64(p.exports.WithLabelValues("logs", "failed")), 0},
+				{"dropped uncertain", testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "uncertain")), 0},
+			} {
+				if m.got != m.want {
+					t.Errorf("%s: %v, want %v", m.name, m.got, m.want)
+				}
+			}
+			if diff := cmp.Diff(uids(0, 3), settled.got()); diff != "" {
+				t.Errorf("settled after the resend (-want +got):\n%s", diff)
 			}
 		})
 	}

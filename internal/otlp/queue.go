@@ -15,6 +15,7 @@ import (
 const (
 	metricEventsSent    = "sandboxstats_agent_otlp_events_sent_total"
 	metricEventsDropped = "sandboxstats_agent_otlp_events_dropped_total"
+	metricEventsResent  = "sandboxstats_agent_otlp_events_resent_total"
 	metricQueueRecords  = "sandboxstats_agent_otlp_queue_records"
 	metricQueueBytes    = "sandboxstats_agent_otlp_queue_bytes"
 )
@@ -22,6 +23,10 @@ const (
 // kindKey is the event attribute the queue keeps finals by
 // (nodeagent's sandboxstats.stats.kind).
 const kindKey = "sandboxstats.stats.kind"
+
+// uidKey is the event attribute Config.Settled reports records by
+// (semantic conventions' log.record.uid, nodeagent's eventUID).
+const uidKey = "log.record.uid"
 
 // recordOverhead is what a record costs beyond its attributes' strings:
 // the SDK's Record (timestamps, severity, scope, resource pointer, its
@@ -44,6 +49,7 @@ type eventQueue struct {
 	maxRecords, maxBytes int
 	logger               *slog.Logger
 	wake                 chan struct{}
+	settled              func(uids []string) // Config.Settled; nil: none
 
 	mu       sync.Mutex
 	recs     []queued
@@ -54,6 +60,7 @@ type eventQueue struct {
 
 	sentC    *prometheus.CounterVec // kind
 	dropped  *prometheus.CounterVec // kind, reason
+	resent   *prometheus.CounterVec // kind
 	recordsG prometheus.GaugeFunc
 	bytesG   prometheus.GaugeFunc
 }
@@ -61,18 +68,27 @@ type eventQueue struct {
 type queued struct {
 	rec   sdklog.Record
 	kind  string
+	uid   string // its log.record.uid; "" if none
 	bytes int
+	// unsure: an export of it ended with its outcome unknown (uncertain):
+	// the collector may hold it already.
+	unsure bool
 }
 
-func newEventQueue(maxRecords, maxBytes int, logger *slog.Logger) *eventQueue {
+// newEventQueue returns a queue of at most maxRecords records and maxBytes
+// bytes; settled (nil: none) is Config.Settled.
+func newEventQueue(maxRecords, maxBytes int, logger *slog.Logger, settled func(uids []string)) *eventQueue {
 	q := &eventQueue{maxRecords: maxRecords, maxBytes: maxBytes, logger: logger, wake: make(chan struct{}, 1), batch: maxBatch,
-		lastWarn: map[string]time.Time{}}
+		lastWarn: map[string]time.Time{}, settled: settled}
 	q.sentC = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: metricEventsSent, Help: "Usage events the collector took, by kind (initial, periodic, final).",
 	}, []string{"kind"})
 	q.dropped = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: metricEventsDropped, Help: "Usage events not sent, by kind and reason: queue-full (the queue's count or byte bound), uncertain (an export timed out, or its connection was cut after the request was written: the collector may have taken them, so they are not sent again), rejected (the collector refused them, or took their batch rejecting that many: a partial success), shutdown (still queued when the agent stopped).",
+		Name: metricEventsDropped, Help: "Usage events not sent, by kind and reason: queue-full (the queue's count or byte bound), rejected (the collector refused them, or took their batch rejecting that many: a partial success), shutdown (still queued when the agent stopped).",
 	}, []string{"kind", "reason"})
+	q.resent = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: metricEventsResent, Help: "Usage events sent again because an earlier send's outcome was unknown (a timeout, or the connection cut after the request was written): the collector may have taken them, so it may get them twice; each carries the same log.record.uid, by which a consumer deduplicates.",
+	}, []string{"kind"})
 	q.recordsG = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: metricQueueRecords, Help: "Usage events waiting to be sent.",
 	}, func() float64 { n, _ := q.size(); return float64(n) })
@@ -83,7 +99,7 @@ func newEventQueue(maxRecords, maxBytes int, logger *slog.Logger) *eventQueue {
 }
 
 func (q *eventQueue) collectors() []prometheus.Collector {
-	return []prometheus.Collector{q.sentC, q.dropped, q.recordsG, q.bytesG}
+	return []prometheus.Collector{q.sentC, q.dropped, q.resent, q.recordsG, q.bytesG}
 }
 
 func (q *eventQueue) size() (records, bytes int) {
@@ -92,26 +108,39 @@ func (q *eventQueue) size() (records, bytes int) {
 	return len(q.recs), q.bytes
 }
 
-// recordBytes is what r costs the queue.
-func recordBytes(r *sdklog.Record) (bytes int, kind string) {
+// recordBytes is what r costs the queue, its kind and its log.record.uid
+// ("" where it has none).
+func recordBytes(r *sdklog.Record) (bytes int, kind, uid string) {
 	bytes = recordOverhead + len(r.EventName())
 	r.WalkAttributes(func(kv attribute.KeyValue) bool {
 		bytes += len(kv.Key) + attrOverhead
 		if kv.Value.Type() == attribute.STRING {
 			bytes += len(kv.Value.AsString())
 		}
-		if kv.Key == kindKey {
+		switch kv.Key {
+		case kindKey:
 			kind = kv.Value.AsString()
+		case uidKey:
+			uid = kv.Value.AsString()
 		}
 		return true
 	})
-	return bytes, kind
+	return bytes, kind, uid
+}
+
+// settle calls settled with uids, if both are there. Never with q.mu held:
+// the callback takes its owner's lock, and its owner may read the queue's
+// gauges under it.
+func (q *eventQueue) settle(uids []string) {
+	if q.settled != nil && len(uids) > 0 {
+		q.settled(uids)
+	}
 }
 
 // OnEmit implements sdklog.Processor: it queues a copy of r, or counts it
 // dropped when the queue is full. It never blocks.
 func (q *eventQueue) OnEmit(_ context.Context, r *sdklog.Record) error {
-	n, kind := recordBytes(r)
+	n, kind, uid := recordBytes(r)
 	maxRecs, maxBytes := q.maxRecords, q.maxBytes
 	if kind != "final" {
 		maxRecs, maxBytes = maxRecs*3/4, maxBytes*3/4
@@ -120,7 +149,7 @@ func (q *eventQueue) OnEmit(_ context.Context, r *sdklog.Record) error {
 	closed := q.closed
 	full := len(q.recs)+1 > maxRecs || q.bytes+n > maxBytes
 	if !full && !closed {
-		q.recs = append(q.recs, queued{rec: r.Clone(), kind: kind, bytes: n})
+		q.recs = append(q.recs, queued{rec: r.Clone(), kind: kind, uid: uid, bytes: n})
 		q.bytes += n
 	}
 	q.mu.Unlock()
@@ -131,6 +160,9 @@ func (q *eventQueue) OnEmit(_ context.Context, r *sdklog.Record) error {
 	case full:
 		q.dropped.WithLabelValues(kind, "queue-full").Inc()
 		q.warn("queue-full", "otlp: event queue full: events dropped (counted in "+metricEventsDropped+")", nil)
+		if uid != "" {
+			q.settle([]string{uid})
+		}
 		return nil
 	}
 	select {
@@ -150,11 +182,16 @@ func (q *eventQueue) Shutdown(context.Context) error { return nil }
 func (q *eventQueue) ForceFlush(context.Context) error { return nil }
 
 // drainOnce sends the queue's records in batches until it is empty, ctx
-// ends or a batch could not reach the collector (then it returns true:
-// the batch stays at the head, to be sent again). Of a batch the collector
-// took rejecting some (a partial success: it does not say which), the
-// last that many are counted rejected.
-func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, []sdklog.Record) outcome) (unreached bool) {
+// ends or a batch is to be sent again after a backoff (then it returns
+// true: the batch stays at the head): one that could not reach the
+// collector, or one whose outcome is unknown (the collector may have taken
+// it: sent again all the same, its records carrying log.record.uid, and
+// counted resent when that later send reaches the collector). Of a batch
+// the collector took rejecting some (a partial success: it does not say
+// which), the last that many are counted rejected. The records that left
+// the queue for good (sent, rejected) are reported to settled, after q.mu
+// is released.
+func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, []sdklog.Record) outcome) (again bool) {
 	for ctx.Err() == nil {
 		q.mu.Lock()
 		n := min(len(q.recs), q.batch)
@@ -172,6 +209,22 @@ func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, [
 			return true
 		}
 		q.mu.Lock()
+		if res == sent || res == uncertain {
+			// This copy reached the collector, or may have: one that an
+			// earlier unknown outcome may have delivered already.
+			for _, r := range q.recs[:n] {
+				if r.unsure {
+					q.resent.WithLabelValues(r.kind).Inc()
+				}
+			}
+		}
+		if res == uncertain {
+			for i := range n {
+				q.recs[i].unsure = true
+			}
+			q.mu.Unlock()
+			return true
+		}
 		if res == tooLarge {
 			if n > 1 { // again at once, in halves
 				q.batch = max(n/2, 1)
@@ -182,17 +235,17 @@ func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, [
 		}
 		taken := q.recs[:n]
 		firstRejected := n - int(min(out.rejected, int64(n)))
+		var uids []string
 		for i, r := range taken {
 			q.bytes -= r.bytes
 			switch {
-			case res == sent && i >= firstRejected:
+			case res == sent && i >= firstRejected, res == rejected:
 				q.dropped.WithLabelValues(r.kind, "rejected").Inc()
 			case res == sent:
 				q.sentC.WithLabelValues(r.kind).Inc()
-			case res == uncertain:
-				q.dropped.WithLabelValues(r.kind, "uncertain").Inc()
-			case res == rejected:
-				q.dropped.WithLabelValues(r.kind, "rejected").Inc()
+			}
+			if r.uid != "" {
+				uids = append(uids, r.uid)
 			}
 		}
 		// A new slice, so the records sent are not held by the old array.
@@ -201,12 +254,14 @@ func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, [
 			q.batch = min(2*q.batch, maxBatch) // back toward full batches
 		}
 		q.mu.Unlock()
+		q.settle(uids)
 	}
 	return false
 }
 
 // close counts whatever is still queued, and every record emitted from now
-// on, as dropped at shutdown.
+// on, as dropped at shutdown; none is reported to settled (the agent sends
+// them again after its restart).
 func (q *eventQueue) close() {
 	q.mu.Lock()
 	defer q.mu.Unlock()

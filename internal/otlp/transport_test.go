@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -53,10 +54,10 @@ func TestHTTPProtobuf(t *testing.T) {
 	})
 }
 
-// TestHTTPTimeoutNotResent: over HTTP/protobuf, a batch whose export timed
-// out after the collector read it is counted uncertain and never sent
-// again (the exporter calls such timeouts retry-able).
-func TestHTTPTimeoutNotResent(t *testing.T) {
+// TestHTTPTimeoutResent: over HTTP/protobuf, a batch whose export timed
+// out after the collector read it may have been taken: it is sent again
+// after the backoff, counted resent, and settled once, when taken.
+func TestHTTPTimeoutResent(t *testing.T) {
 	var mu sync.Mutex
 	posts := 0
 	release := make(chan struct{})
@@ -67,20 +68,33 @@ func TestHTTPTimeoutNotResent(t *testing.T) {
 		}
 		mu.Lock()
 		posts++
+		first := posts == 1
 		mu.Unlock()
-		<-release // answers only after the exporter gave up
+		if first {
+			<-release // answers only after the exporter gave up
+		}
+		w.Header().Set("Content-Type", "application/x-protobuf")
 	}))
 	t.Cleanup(func() { close(release); srv.Close() })
-	p, _, emit := startPipeline(t, Config{Endpoint: srv.URL, Protocol: ProtocolHTTP, Timeout: 300 * time.Millisecond})
+	var settled settledLog
+	p, _, emit := startPipeline(t, Config{Endpoint: srv.URL, Protocol: ProtocolHTTP, Timeout: 300 * time.Millisecond, Settled: settled.add})
 	emit("a", "final")
-	waitFor(t, "the timed-out batch counted uncertain", func() bool {
-		return testutil.ToFloat64(p.queue.dropped.WithLabelValues("final", "uncertain")) == 1
+	waitFor(t, "the timed-out batch sent again", func() bool {
+		return testutil.ToFloat64(p.queue.sentC.WithLabelValues("final")) == 1
 	})
-	time.Sleep(time.Second) // a resend would come within the backoff
 	mu.Lock()
 	defer mu.Unlock()
-	if posts != 1 {
-		t.Errorf("the batch was posted %d times, want 1", posts)
+	if posts != 2 {
+		t.Errorf("the batch was posted %d times, want 2", posts)
+	}
+	if got := testutil.ToFloat64(p.queue.resent.WithLabelValues("final")); got != 1 {
+		t.Errorf("finals resent: %v, want 1", got)
+	}
+	if got := testutil.ToFloat64(p.exports.WithLabelValues("logs", "retry")); got != 1 {
+		t.Errorf("logs exports counted retry: %v, want 1", got)
+	}
+	if diff := cmp.Diff([]string{"a"}, settled.got()); diff != "" {
+		t.Errorf("settled (-want +got):\n%s", diff)
 	}
 }
 

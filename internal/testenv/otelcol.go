@@ -38,11 +38,12 @@ var collectorBuild struct {
 // BuildCollector builds the test collector (the e2e/otelcol module: an
 // OpenTelemetry Collector v0.165.0 with the otlp receiver, the batch and
 // memory_limiter processors, the otlp_grpc, otlp_http, debug and jsonfile
-// exporters) and returns its binary's path. The binary is kept in
-// os.TempDir()/sandboxstats-otelcol-<key>, the key a hash of the module's
-// go.mod, go.sum and Go files, the Go version and platform: later test
-// processes and packages reuse it, one build at a time (a lock file in that
-// directory); such directories unused for a day are removed. A cold build
+// exporters, contrib's file_storage extension) and returns its binary's
+// path. The binary is kept in os.TempDir()/sandboxstats-otelcol-<key>,
+// the key a hash of the module's go.mod, go.sum and Go files, the Go
+// version and platform: later test processes and packages reuse it, one
+// build at a time (a lock file in that directory); such directories unused
+// for a day are removed. A cold build
 // costs about 3.5 minutes of CPU (about two minutes on two idle cores,
 // longer on a loaded machine); with Go's build cache warm it is a link of a
 // few seconds. Without a go command, or when the build fails (for
@@ -199,11 +200,12 @@ func pruneCollectorBuilds(keep string, age time.Duration) {
 
 // Collector is a real OpenTelemetry Collector (BuildCollector's) receiving
 // OTLP on loopback and writing what arrives to files the test reads back
-// (Metrics, Logs). Its pipelines are the production ones' shape (receiver
-// otlp, processors memory_limiter and batch with a 100 ms timeout) ending in
+// (Metrics, Logs). Its pipelines (receiver otlp, processors memory_limiter
+// and batch with a 100 ms timeout) end in
 // the jsonfile exporter, which appends every batch before acknowledging it.
 // It serves no internal telemetry on any port. The test's cleanup stops it
-// and, when the test failed, logs its output.
+// and, when the test failed, logs its output. WithCollectorConfigFile runs
+// a config of the repository's instead.
 type Collector struct {
 	Dir         string // its temporary directory: config, output files, log
 	Config      string // its config file
@@ -215,6 +217,12 @@ type Collector struct {
 	grpcAddr string // 127.0.0.1:port
 	httpAddr string // 127.0.0.1:port
 	socket   string // OTLP/gRPC Unix socket path, or ""
+
+	// A collector run with a config file of the repository's
+	// (WithCollectorConfigFile) rather than the test's own.
+	configFile string   // absolute path, or "" for configYAML
+	overrides  []string // laid over configFile, confmap YAML each
+	env        []string // added to its environment, KEY=value each
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when cmd has been waited for
@@ -251,7 +259,9 @@ func StartCollector(t testing.TB, opts ...CollectorOption) *Collector {
 	for _, o := range opts {
 		o(c)
 	}
-	if err := os.WriteFile(c.Config, []byte(c.configYAML()), 0o644); err != nil {
+	if c.configFile != "" {
+		c.Config = c.configFile
+	} else if err := os.WriteFile(c.Config, []byte(c.configYAML()), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -314,7 +324,8 @@ func (c *Collector) Start(t testing.TB) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.cmd = exec.Command(c.bin, "--config", c.Config)
+	c.cmd = exec.Command(c.bin, c.args()...)
+	c.cmd.Env = append(os.Environ(), c.env...)
 	c.cmd.Stdout, c.cmd.Stderr = logf, logf
 	err = c.cmd.Start()
 	logf.Close()
