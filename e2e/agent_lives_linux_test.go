@@ -167,6 +167,20 @@ func (a *agentLives) lifeAt(ts uint64) int {
 	return -1
 }
 
+// describeLife says which life i is and how it ended.
+func (a *agentLives) describeLife(i int) string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if i < 0 || i >= len(a.lives) {
+		return "no life (the agent was down)"
+	}
+	l := a.lives[i]
+	if l.end.IsZero() {
+		return fmt.Sprintf("life %d (still running)", i)
+	}
+	return fmt.Sprintf("life %d (killed %s at %s)", i, l.how, l.end.Format("15:04:05.000"))
+}
+
 // logTails logs the last lines of every life's log.
 func (a *agentLives) logTails(t *testing.T) {
 	a.mu.Lock()
@@ -209,14 +223,40 @@ type sentEvent struct {
 
 // eventSink is where the agent's OTLP goes: the real Collector on the host,
 // an in-process receiver in the VM lane's guest (which has no Collector).
+// While paused it answers no export (they hang until it resumes).
 type eventSink interface {
 	Start(t testing.TB)
 	Stop(t testing.TB)
+	pause() error
+	resume() error
 	events(t testing.TB) []sentEvent
 }
 
-// collectorSink is the real Collector as an eventSink.
+// collectorSink is the real Collector as an eventSink, paused by SIGSTOP.
 type collectorSink struct{ *testenv.Collector }
+
+func (c collectorSink) pause() error  { return c.signal(syscall.SIGSTOP) }
+func (c collectorSink) resume() error { return c.signal(syscall.SIGCONT) }
+
+// signal signals the Collector's process, found by its config file on its
+// command line.
+func (c collectorSink) signal(sig syscall.Signal) error {
+	dirs, err := filepath.Glob("/proc/[0-9]*/cmdline")
+	if err != nil {
+		return err
+	}
+	for _, f := range dirs {
+		b, _ := os.ReadFile(f)
+		if strings.Contains(string(b), "\x00--config\x00"+c.Config+"\x00") {
+			pid, err := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			if err != nil {
+				return err
+			}
+			return syscall.Kill(pid, sig)
+		}
+	}
+	return fmt.Errorf("no collector process with --config %s", c.Config)
+}
 
 func (c collectorSink) events(t testing.TB) []sentEvent {
 	var out []sentEvent
@@ -242,9 +282,29 @@ type otlpSink struct {
 	collogs.UnimplementedLogsServiceServer
 	socket string
 
-	mu  sync.Mutex
-	srv *grpc.Server
-	got []sentEvent
+	mu     sync.Mutex
+	srv    *grpc.Server
+	got    []sentEvent
+	paused chan struct{} // closed by resume; nil when not paused
+}
+
+func (s *otlpSink) pause() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused == nil {
+		s.paused = make(chan struct{})
+	}
+	return nil
+}
+
+func (s *otlpSink) resume() error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.paused != nil {
+		close(s.paused)
+		s.paused = nil
+	}
+	return nil
 }
 
 func startOTLPSink(t *testing.T, socket string) *otlpSink {
@@ -281,7 +341,17 @@ func (s *otlpSink) Stop(testing.TB) {
 	}
 }
 
-func (s *otlpSink) Export(_ context.Context, req *collogs.ExportLogsServiceRequest) (*collogs.ExportLogsServiceResponse, error) {
+func (s *otlpSink) Export(ctx context.Context, req *collogs.ExportLogsServiceRequest) (*collogs.ExportLogsServiceResponse, error) {
+	s.mu.Lock()
+	paused := s.paused
+	s.mu.Unlock()
+	if paused != nil {
+		select {
+		case <-paused:
+		case <-ctx.Done(): // the agent gave up or died: nothing was taken
+			return nil, ctx.Err()
+		}
+	}
 	var got []sentEvent
 	for _, rl := range req.GetResourceLogs() {
 		for _, sl := range rl.GetScopeLogs() {

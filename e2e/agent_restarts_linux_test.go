@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -17,7 +18,7 @@ import (
 
 // Where in the agent's cycle a kill is aimed.
 const (
-	killMidExport = "mid-export"     // 0-20 ms after a sweep completed: its events in flight to the sink
+	killMidExport = "mid-export"     // events in flight to the sink
 	killQueued    = "events queued"  // the sink down and events waiting in the agent's queue
 	killBetween   = "between sweeps" // about half an interval after a sweep completed
 	killRandom    = "random"         // anywhere in an interval
@@ -80,7 +81,7 @@ func vmKillLoop(rng *rand.Rand) killLoop {
 // (e2e/churn_linux_test.go), polled by statsagent with --state-dir pushing
 // OTLP to the real Collector (on a Unix socket) and scraped every 0.5 s by
 // the real Prometheus. The agent is SIGKILLed ten times at drawn places
-// (right after a sweep with its events in flight, between sweeps, anywhere,
+// (with events in flight to the Collector, between sweeps, anywhere,
 // and with events queued while the Collector is down), restarted on the
 // same arguments and state, left down 4 and 5 intervals once each; the
 // Collector is stopped and started once, one statsd restarted. Afterwards,
@@ -144,10 +145,7 @@ func TestIntegrationAgentRestartsKillLoop(t *testing.T) {
 			if i == plan.sinkDownAt {
 				sink.Stop(t)
 			}
-			what, err := aimKill(agent, k.how, rng)
-			if err == nil {
-				err = agent.kill(k.how)
-			}
+			what, err := killAt(agent, sink, k.how, rng)
 			if err != nil {
 				t.Errorf("kill %d (%s): %v", i, k.how, err)
 				return
@@ -164,30 +162,19 @@ func TestIntegrationAgentRestartsKillLoop(t *testing.T) {
 		}
 	}()
 	t.Run("churn", func(t *testing.T) {
+		// The lanes' subtests run at once from goroutines (t.Parallel
+		// would run at most GOMAXPROCS of them at once: 2 on CI's machine).
 		lifetimes := []float64{0.25, 1, 3, 0.5, 2, 1.5, 0.3, 2.5, 0.75}
+		var lanes sync.WaitGroup
+		defer lanes.Wait()
 		for i, d := range daemons {
-			t.Run(fmt.Sprint("statsd-", i), func(t *testing.T) {
-				t.Parallel()
-				for j := 0; ; j++ {
-					select {
-					case <-chaosDone:
-						if j >= plan.perLane {
-							return
-						}
-					default:
-					}
-					if i == plan.restartLane && j == plan.restartAt {
-						d.Restart(t)
-						t.Logf("statsd %d restarted", i)
-					}
-					lifetime := time.Duration(lifetimes[(i*4+j)%len(lifetimes)] * float64(churnInterval))
-					c.activation(t, d, fmt.Sprintf("restarts-%d-%d", i, j), lifetime, anytime)
-				}
+			lanes.Go(func() {
+				t.Run(fmt.Sprint("statsd-", i), func(t *testing.T) { churnLane(t, c, d, i, plan, chaosDone, lifetimes) })
 			})
 		}
 	})
 	<-chaosDone
-	t.Logf("%d kills:\n%s", len(kills), strings.Join(kills, "\n"))
+	t.Logf("%d kills in %v:\n%s", len(kills), time.Since(began).Round(time.Second), strings.Join(kills, "\n"))
 	if t.Failed() {
 		return
 	}
@@ -216,6 +203,27 @@ func TestIntegrationAgentRestartsKillLoop(t *testing.T) {
 	t.Logf("%d activations in %v, %d agent lives", n, time.Since(began).Round(time.Second), len(agent.lives))
 	checkSends(t, agent, dedupSends(events), actors, truth)
 	checkCounter(t, c, began, truth)
+}
+
+// churnLane runs activations of statsd d (lane i) until the kills are done
+// and it ran at least plan.perLane, restarting d before its activation
+// plan.restartAt if it is plan.restartLane.
+func churnLane(t *testing.T, c *churn, d *testenv.Statsd, i int, plan killLoop, chaosDone <-chan struct{}, lifetimes []float64) {
+	for j := 0; ; j++ {
+		select {
+		case <-chaosDone:
+			if j >= plan.perLane {
+				return
+			}
+		default:
+		}
+		if i == plan.restartLane && j == plan.restartAt {
+			d.Restart(t)
+			t.Logf("statsd %d restarted", i)
+		}
+		lifetime := time.Duration(lifetimes[(i*4+j)%len(lifetimes)] * float64(churnInterval))
+		c.activation(t, d, fmt.Sprintf("restarts-%d-%d", i, j), lifetime, anytime)
+	}
 }
 
 // zeroActivation runs an activation of an empty cgroup (no CPU at all) and
@@ -250,9 +258,26 @@ func zeroActivation(t *testing.T, c *churn, d *testenv.Statsd) {
 	c.mu.Unlock()
 }
 
+// killAt waits for the place how names, SIGKILLs the agent there, and says
+// what the agent was doing (its sweeps, the events in its queue: a record
+// stays queued until its export's outcome is known).
+func killAt(a *agentLives, sink eventSink, how string, rng *rand.Rand) (string, error) {
+	what, err := aimKill(a, sink, how, rng)
+	if err == nil {
+		err = a.kill(how)
+	}
+	if how == killMidExport {
+		if rerr := sink.resume(); err == nil {
+			err = rerr
+		}
+	}
+	return what, err
+}
+
 // aimKill waits for the place how names and says what the agent was doing
-// there (its sweeps and queue).
-func aimKill(a *agentLives, how string, rng *rand.Rand) (string, error) {
+// there. For a kill mid-export it pauses the sink: the next export hangs,
+// sent and unanswered, until killAt resumes the sink after the kill.
+func aimKill(a *agentLives, sink eventSink, how string, rng *rand.Rand) (string, error) {
 	base := a.url()
 	sweeps, _ := agentGauge(base, "sandboxstats_agent_sweeps_total")
 	nextSweep := func() error {
@@ -264,12 +289,28 @@ func aimKill(a *agentLives, how string, rng *rand.Rand) (string, error) {
 		}
 		return fmt.Errorf("no sweep completed within 10 s of sweep %v", sweeps)
 	}
+	// queued waits (up to within) until the queue holds events and returns
+	// how many.
+	queued := func(within time.Duration) float64 {
+		for deadline := time.Now().Add(within); time.Now().Before(deadline); {
+			if n, ok := agentGauge(base, "sandboxstats_agent_otlp_queue_records"); ok && n > 0 {
+				return n
+			}
+			time.Sleep(time.Millisecond)
+		}
+		return 0
+	}
 	switch how {
-	case killMidExport:
-		if err := nextSweep(); err != nil {
+	case killMidExport: // the sink paused: the next sweep's events are sent and hang unanswered
+		if err := sink.pause(); err != nil {
 			return "", err
 		}
-		time.Sleep(randUpTo(rng, 20*time.Millisecond))
+		n := queued(5 * time.Second)
+		if n == 0 {
+			return "", fmt.Errorf("no event queued within 5 s of the sink's pause")
+		}
+		time.Sleep(50 * time.Millisecond) // the export on the wire
+		return fmt.Sprintf("%v events in an export left unanswered", n), nil
 	case killBetween:
 		if err := nextSweep(); err != nil {
 			return "", err
@@ -278,17 +319,14 @@ func aimKill(a *agentLives, how string, rng *rand.Rand) (string, error) {
 	case killRandom:
 		time.Sleep(randUpTo(rng, churnInterval))
 	case killQueued:
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-			if n, ok := agentGauge(base, "sandboxstats_agent_otlp_queue_records"); ok && n > 0 {
-				break
-			}
-			if time.Now().After(deadline) {
-				return "", fmt.Errorf("no event queued within 10 s of the sink's stop")
-			}
+		n := queued(10 * time.Second)
+		if n == 0 {
+			return "", fmt.Errorf("no event queued within 10 s of the sink's stop")
 		}
+		return fmt.Sprintf("%v events queued", n), nil
 	}
-	queued, _ := agentGauge(base, "sandboxstats_agent_otlp_queue_records")
-	return fmt.Sprintf("after sweep %v, %v events queued", sweeps, queued), nil
+	n, _ := agentGauge(base, "sandboxstats_agent_otlp_queue_records")
+	return fmt.Sprintf("%v events queued, %v sweeps", n, sweeps), nil
 }
 
 // randUpTo draws a duration in [0, d).
@@ -366,12 +404,12 @@ func checkSends(t *testing.T, a *agentLives, s sends, actors []string, truth flo
 		t.Errorf("final events' CPU %.3f s, cgroups' own %.3f s: off by more than 1%%", finalCPU, truth)
 	}
 
-	// Every uid sent more than once: which lives emitted its copies (by
-	// the records' observed time, when the agent emitted them). One life
-	// twice: an export whose outcome was uncertain (the sink stopped or
-	// the life killed mid-export) sent again; a later life: an event
-	// emitted before a kill and not acknowledged sent again from the
-	// state file, or emitted again.
+	// Every uid sent more than once, explained by the lives that emitted
+	// its copies (by the records' observed time, when the agent emitted
+	// them): one emission sent again by the same life (an export whose
+	// outcome was unknown), or emitted again by a later life (the first
+	// life killed before its state recorded the Collector's
+	// acknowledgement: the event still pending in the state file).
 	var lines []string
 	periodic := 0
 	uids := make([]string, 0, len(s.byUID))
@@ -389,16 +427,20 @@ func checkSends(t *testing.T, a *agentLives, s sends, actors []string, truth flo
 				continue
 			}
 		}
-		var lives []string
+		var emitted []string
+		seen := map[uint64]bool{}
 		for _, e := range copies {
-			lives = append(lives, fmt.Sprint(a.lifeAt(e.observed)))
+			if !seen[e.observed] {
+				seen[e.observed] = true
+				emitted = append(emitted, a.describeLife(a.lifeAt(e.observed)))
+			}
 		}
-		how := "sent again"
-		if i := a.lifeAt(copies[0].observed); i >= 0 && i < len(a.lives) {
-			how = "first emitted by life " + fmt.Sprint(i) + ", killed " + a.lives[i].how
+		why := "one emission sent again (an export of unknown outcome)"
+		if len(emitted) > 1 {
+			why = "pending in the state of a killed life, emitted again by the next"
 		}
-		lines = append(lines, fmt.Sprintf("%s %s %s: %d sends, emitted by lives %s (%s)", copies[0].kind, copies[0].actor, uid[:8],
-			len(copies), strings.Join(lives, ","), how))
+		lines = append(lines, fmt.Sprintf("%s of %s (uid %s…): %d sends, %s; emitted by %s", copies[0].kind, copies[0].actor, uid[:8],
+			len(copies), why, strings.Join(emitted, "; ")))
 	}
 	if periodic > 5 {
 		lines = append(lines, fmt.Sprintf("... and %d more periodic events sent more than once", periodic-5))
