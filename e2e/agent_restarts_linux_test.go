@@ -186,13 +186,7 @@ func TestIntegrationAgentRestartsKillLoop(t *testing.T) {
 		}
 	}
 	truth, n := c.truthSum()
-	c.mu.Lock()
-	actors := make([]string, 0, len(c.truth))
-	for a := range c.truth {
-		actors = append(actors, a)
-	}
-	c.mu.Unlock()
-	slices.Sort(actors)
+	actors := c.actors()
 	var events []sentEvent
 	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		events = sink.events(t)

@@ -6,11 +6,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -201,6 +203,13 @@ func (c *churn) truthSum() (sum float64, n int) {
 		sum += float64(v) / 1e6
 	}
 	return sum, len(c.truth)
+}
+
+// actors returns the activations' actors, sorted.
+func (c *churn) actors() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.Sorted(maps.Keys(c.truth))
 }
 
 // records reads the activation log, by actor (each actor has one

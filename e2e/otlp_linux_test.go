@@ -3,7 +3,6 @@ package e2e
 import (
 	"fmt"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -212,13 +211,7 @@ func TestIntegrationOTLPChurn(t *testing.T) {
 
 	// One final per activation; their CPU, and the OTLP counter, equal the
 	// cgroups' own.
-	c.mu.Lock()
-	actors := make([]string, 0, len(c.truth))
-	for a := range c.truth {
-		actors = append(actors, a)
-	}
-	c.mu.Unlock()
-	slices.Sort(actors)
+	actors := c.actors()
 	var finalCPU float64
 	for _, a := range actors {
 		switch f := finals[a]; len(f) {
