@@ -178,7 +178,7 @@ func (a *agentLives) describeLife(i int) string {
 	if l.end.IsZero() {
 		return fmt.Sprintf("life %d (still running)", i)
 	}
-	return fmt.Sprintf("life %d (killed %s at %s)", i, l.how, l.end.Format("15:04:05.000"))
+	return fmt.Sprintf("life %d (killed: %s, at %s)", i, l.how, l.end.Format("15:04:05.000"))
 }
 
 // logTails logs the last lines of every life's log.

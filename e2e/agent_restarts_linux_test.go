@@ -431,7 +431,7 @@ func checkSends(t *testing.T, a *agentLives, s sends, actors []string, truth flo
 		}
 		why := "one emission sent again (an export of unknown outcome)"
 		if len(emitted) > 1 {
-			why = "pending in the state of a killed life, emitted again by the next"
+			why = "pending in the state of a killed life, emitted again by a later one"
 		}
 		lines = append(lines, fmt.Sprintf("%s of %s (uid %s…): %d sends, %s; emitted by %s", copies[0].kind, copies[0].actor, uid[:8],
 			len(copies), why, strings.Join(emitted, "; ")))
