@@ -223,10 +223,11 @@ type sentEvent struct {
 
 // eventSink is where the agent's OTLP goes: the real Collector on the host,
 // an in-process receiver in the VM lane's guest (which has no Collector).
-// While paused it answers no export (they hang until it resumes).
+// Killed, it is gone at once, what it held unwritten lost; while paused it
+// answers no export (they hang until it resumes).
 type eventSink interface {
 	Start(t testing.TB)
-	Stop(t testing.TB)
+	kill(t testing.TB)
 	pause() error
 	resume() error
 	events(t testing.TB) []sentEvent
@@ -234,6 +235,16 @@ type eventSink interface {
 
 // collectorSink is the real Collector as an eventSink, paused by SIGSTOP.
 type collectorSink struct{ *testenv.Collector }
+
+// kill SIGKILLs the Collector and removes the Unix socket it leaves behind
+// (which would keep it from starting again).
+func (c collectorSink) kill(t testing.TB) {
+	t.Helper()
+	c.Kill(t)
+	if err := os.Remove(c.Socket()); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Error(err)
+	}
+}
 
 func (c collectorSink) pause() error  { return c.signal(syscall.SIGSTOP) }
 func (c collectorSink) resume() error { return c.signal(syscall.SIGCONT) }
@@ -275,7 +286,7 @@ func (c collectorSink) events(t testing.TB) []sentEvent {
 }
 
 // otlpSink is an in-process OTLP/gRPC receiver on a Unix socket that keeps
-// the usage events it acknowledged (and acknowledges metrics unread); Stop
+// the usage events it acknowledged (and acknowledges metrics unread); kill
 // closes it as a killed collector would, Start listens again on the same
 // socket.
 type otlpSink struct {
@@ -310,7 +321,7 @@ func (s *otlpSink) resume() error {
 func startOTLPSink(t *testing.T, socket string) *otlpSink {
 	t.Helper()
 	s := &otlpSink{socket: socket}
-	t.Cleanup(func() { s.Stop(t) })
+	t.Cleanup(func() { s.kill(t) })
 	s.Start(t)
 	return s
 }
@@ -331,7 +342,7 @@ func (s *otlpSink) Start(t testing.TB) {
 	go func() { _ = srv.Serve(l) }()
 }
 
-func (s *otlpSink) Stop(testing.TB) {
+func (s *otlpSink) kill(testing.TB) {
 	s.mu.Lock()
 	srv := s.srv
 	s.srv = nil
