@@ -145,12 +145,14 @@ type gapDaemon struct {
 	before, evicted, held int
 }
 
-// gapDaemons: "r" evicts by --ended-retention (the agent stays down past
-// it), "m" by --ended-max 2 (its two held records push out the two that
-// ended before them).
+// gapDaemons: "m" evicts by --ended-max 2 (its two held records push out
+// the two that ended before them), "r" by --ended-retention (the agent
+// stays down past it). In each phase m's activations end first, so that
+// r's held records are the last to end before the restart: the furthest
+// from their retention when the restarted agent reads them.
 var gapDaemons = []gapDaemon{
-	{name: "r", args: []string{"--ended-retention", gapRetention.String()}, before: 2, evicted: 3, held: 2},
 	{name: "m", args: []string{"--ended-max", "2"}, before: 2, evicted: 2, held: 2},
+	{name: "r", args: []string{"--ended-retention", gapRetention.String()}, before: 2, evicted: 3, held: 2},
 }
 
 // gapOutcome is what an eviction gap run saw.
@@ -163,6 +165,7 @@ type gapOutcome struct {
 	finals    map[string][]testenv.CollectedLog
 	down      time.Duration // how long no agent ran
 	stateFile []byte        // agent-state.json as the killed agent left it
+	warnings  []string      // the restarted agent's log lines on records lost
 }
 
 // runEndedGap runs the eviction gap scenario on gapDaemons: the statsagent
@@ -252,6 +255,12 @@ func runEndedGap(t *testing.T, withState bool) gapOutcome {
 			out.lost = append(out.lost, l)
 		}
 	}
+	b, _ := os.ReadFile(agent.log)
+	for line := range strings.Lines(string(b)) {
+		if strings.Contains(line, "dropped by statsd") {
+			out.warnings = append(out.warnings, strings.TrimSpace(line))
+		}
+	}
 	return out
 }
 
@@ -274,9 +283,12 @@ func TestIntegrationEndedGapAcrossAgentDowntime(t *testing.T) {
 	for _, g := range gapDaemons {
 		lostWant += g.evicted
 	}
-	t.Logf("restarted agent: %v ended records lost; %d lost events (%d arrivals)", out.lostTotal, len(out.lost), out.lostSent)
+	t.Logf("restarted agent: %v ended records lost; %d lost events (%d arrivals); its log:\n%s", out.lostTotal, len(out.lost), out.lostSent, strings.Join(out.warnings, "\n"))
 	if out.lostTotal != float64(lostWant) {
 		t.Errorf("sandboxstats_agent_ended_records_lost_total %v, want %d", out.lostTotal, lostWant)
+	}
+	if len(out.warnings) != len(gapDaemons) {
+		t.Errorf("the restarted agent logged %d gaps, want one per statsd", len(out.warnings))
 	}
 	if len(out.lost) != len(gapDaemons) {
 		t.Errorf("%d lost events (distinct by log.record.uid), want one per statsd: %+v", len(out.lost), out.lost)
