@@ -178,6 +178,7 @@ var hostPaths = map[string]struct {
 	"nri":            {"/var/run/nri", []string{"statsnri"}, false},
 	"kata-run":       {"/run/vc", []string{"statsnri"}, false},
 	"statsnri-state": {"/var/lib/statsnri", []string{"statsnri"}, true},
+	"agent-state":    {"/var/lib/statsagent", []string{"statsagent"}, true},
 }
 
 // container returns the pod's container named name.
@@ -257,8 +258,12 @@ func TestDaemonSet(t *testing.T) {
 	if sc := c.SecurityContext; sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
 		t.Errorf("statsagent security context %+v: want a non-root user", sc)
 	}
-	if len(c.VolumeMounts) != 1 || c.VolumeMounts[0].Name != "statsd-sockets" {
-		t.Errorf("statsagent volume mounts %+v: want statsd-sockets only", c.VolumeMounts)
+	var mounts []string
+	for _, m := range c.VolumeMounts {
+		mounts = append(mounts, m.Name)
+	}
+	if !slices.Equal(mounts, []string{"statsd-sockets", "agent-state"}) || !slices.Contains(c.Args, "--state-dir=/var/lib/statsagent") {
+		t.Errorf("statsagent volume mounts %q, args %q: want statsd-sockets and its state (--state-dir) only", mounts, c.Args)
 	}
 	if !slices.Contains(c.Args, "--sockets=/run/statsd/*.sock") {
 		t.Errorf("args %q do not poll /run/statsd/*.sock", c.Args)
