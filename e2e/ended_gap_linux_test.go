@@ -173,7 +173,10 @@ type gapOutcome struct {
 // Collector; the "before" activations end while it runs, then it is
 // SIGKILLed; the "evicted" ones end while it is down and are evicted
 // (statsd r's left past the retention), the "held" ones end just before it
-// is started again (on the same state directory).
+// is started again (on the same state directory). Without withState it is
+// the agent before --state-dir (for a run by hand: the restarted agent sees
+// no gap, no lost event is sent, and no record that ended while it was
+// down gets a final).
 func runEndedGap(t *testing.T, withState bool) gapOutcome {
 	t.Helper()
 	needCgroups(t)
