@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/go-cmp/cmp"
+
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
@@ -50,6 +52,13 @@ func checkSends(t *testing.T, a *agentLives, s sends, actors []string, truth flo
 	t.Helper()
 	if s.byUID[""] != nil {
 		t.Errorf("%d events without log.record.uid", len(s.byUID[""]))
+	}
+	for uid, copies := range s.byUID {
+		for _, e := range copies[1:] {
+			if e.kind != copies[0].kind || e.actor != copies[0].actor || e.cpu != copies[0].cpu {
+				t.Errorf("uid %s sent as %+v and as %+v: the copies of one event differ", uid, copies[0], e)
+			}
+		}
 	}
 	var finalCPU float64
 	var missing, twice []string
@@ -169,5 +178,47 @@ func checkCounter(t *testing.T, c *churn, began time.Time, truth float64) {
 	}
 	if !within(inc[0].Value, truth, 0.01) {
 		t.Errorf("prometheus: increase of the CPU counter over the run %.3f s, cgroups' own %.3f s: off by more than 1%%", inc[0].Value, truth)
+	}
+}
+
+// TestDedupSends: the kill loop's deduplication by log.record.uid keeps
+// every copy of an id, counts the first by kind and the others as
+// duplicates, and lists each actor's distinct finals and initials.
+func TestDedupSends(t *testing.T) {
+	ev := func(uid, kind, actor string) sentEvent { return sentEvent{uid: uid, kind: kind, actor: actor} }
+	type tally struct {
+		Events, Dups     map[string]int
+		Finals, Initials map[string][]string
+		Lost, CopiesOfF1 int // lost events; sends of uid f1
+	}
+	for _, c := range []struct {
+		name             string
+		in               []sentEvent
+		events, dups     map[string]int
+		finals, initials map[string][]string
+		lost, copiesOfF1 int
+	}{
+		{name: "nothing sent", events: map[string]int{}, dups: map[string]int{}, finals: map[string][]string{}, initials: map[string][]string{}},
+		{
+			name:   "a final sent again after a kill, an initial once",
+			in:     []sentEvent{ev("i1", "initial", "a"), ev("f1", "final", "a"), ev("f1", "final", "a")},
+			events: map[string]int{"initial": 1, "final": 1}, dups: map[string]int{"final": 1},
+			finals: map[string][]string{"a": {"f1"}}, initials: map[string][]string{"a": {"i1"}}, copiesOfF1: 2,
+		},
+		{
+			name:   "two finals of distinct uids for one actor, a lost event",
+			in:     []sentEvent{ev("f1", "final", "a"), ev("f2", "final", "a"), ev("l1", "lost", "")},
+			events: map[string]int{"final": 2, "lost": 1}, dups: map[string]int{},
+			finals: map[string][]string{"a": {"f1", "f2"}}, initials: map[string][]string{}, lost: 1, copiesOfF1: 1,
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			s := dedupSends(c.in)
+			got := tally{s.events, s.duplicates, s.finals, s.initials, len(s.lost), len(s.byUID["f1"])}
+			want := tally{c.events, c.dups, c.finals, c.initials, c.lost, c.copiesOfF1}
+			if diff := cmp.Diff(want, got); diff != "" {
+				t.Errorf("(-want +got)\n%s", diff)
+			}
+		})
 	}
 }
