@@ -206,26 +206,45 @@ else
 fi
 # shellcheck disable=SC2086 # FETCH is a command and its options
 fetch() { $FETCH "$1"; }
-say "the node agent: statsagent --sockets '$TMP/stats/*.sock' --interval 1s, and the workload's lines of its /metrics"
-"$BIN/statsagent" --sockets "unix://$TMP/stats/*.sock" --interval 1s --min-interval 1s --timeout 500ms \
-	--label-actor --metrics-listen 127.0.0.1:0 >"$TMP/statsagent.log" 2>&1 &
-AGENT_PID=$!
-ADDR=
-i=0
-while [ -z "$ADDR" ]; do
-	i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsagent.log" >&2; die "statsagent did not start"; }
-	ADDR=$(sed -n 's/.*msg="statsagent serving" addr=\([^ ]*\).*/\1/p' "$TMP/statsagent.log")
-	sleep 0.1
-done
-# Two sweeps: the first sight of a workload charges no CPU, the next one does.
-i=0
-until fetch "http://$ADDR/metrics" 2>/dev/null | grep -Eq '^sandboxstats_agent_sweeps_total [2-9]'; do
-	i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsagent.log" >&2; die "statsagent did not sweep"; }
-	sleep 0.1
-done
+# start_agent starts statsagent in the background (AGENT_PID, ADDR) and
+# waits for two sweeps: the first sight of a workload charges no CPU on a
+# first start, the next one does.
+start_agent() {
+	: >"$TMP/statsagent.log"
+	"$BIN/statsagent" --sockets "unix://$TMP/stats/*.sock" --interval 1s --min-interval 1s --timeout 500ms \
+		--label-actor --state-dir "$TMP/agent-state" --metrics-listen 127.0.0.1:0 >"$TMP/statsagent.log" 2>&1 &
+	AGENT_PID=$!
+	ADDR=
+	i=0
+	while [ -z "$ADDR" ]; do
+		i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsagent.log" >&2; die "statsagent did not start"; }
+		ADDR=$(sed -n 's/.*msg="statsagent serving" addr=\([^ ]*\).*/\1/p' "$TMP/statsagent.log")
+		sleep 0.1
+	done
+	i=0
+	until fetch "http://$ADDR/metrics" 2>/dev/null | grep -Eq '^sandboxstats_agent_sweeps_total [2-9]'; do
+		i=$((i + 1)); [ $i -le 100 ] || { cat "$TMP/statsagent.log" >&2; die "statsagent did not sweep"; }
+		sleep 0.1
+	done
+}
+# cpu_line prints the workload's CPU counter line of the agent's /metrics.
+cpu_line() { fetch "http://$ADDR/metrics" | grep "^sandboxstats_workload_cpu_seconds_total{.*actor_uid=\"$ACTOR\""; }
+
+say "the node agent: statsagent --sockets '$TMP/stats/*.sock' --interval 1s --state-dir $TMP/agent-state, and the workload's lines of its /metrics"
+start_agent
 echo "statsagent pid $AGENT_PID on http://$ADDR (/metrics, /healthz: $(fetch "http://$ADDR/healthz"))"
 echo "\$ $FETCH http://$ADDR/metrics | grep 'actor_uid=\"$ACTOR\"'"
 fetch "http://$ADDR/metrics" | grep "actor_uid=\"$ACTOR\""
-echo "(sandboxstats_workload_cpu_seconds_total is a counter for rate(): an activation begun before this agent"
-echo " started is charged from the agent's first sight of it on, not its whole CPU; see docs/statsagent.md)"
+echo "(sandboxstats_workload_cpu_seconds_total is a counter for rate(); on this first start the agent charges"
+echo " the workload from its first sight on, so a fresh install is no spike: docs/statsagent.md, \"Restarts and delivery\")"
+
+say "kill -9 the agent, wait 3 s, start it again: the counter continues from what it had charged, the CPU used while it was down included"
+BEFORE=$(cpu_line)
+kill -9 "$AGENT_PID" 2>/dev/null; wait "$AGENT_PID" 2>/dev/null || true # 137: the SIGKILL
+AGENT_PID=
+sleep 3
+start_agent
+echo "before the kill:    $BEFORE"
+echo "after the restart:  $(cpu_line)"
+grep -o 'msg="agent state restored[^"]*"' "$TMP/statsagent.log" | head -1
 exit 0
