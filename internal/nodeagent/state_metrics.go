@@ -17,7 +17,8 @@ func (m *metrics) exportState(now time.Time) *agentState {
 	st := &agentState{Version: agentStateVersion, OriginUnixNano: m.cfg.Started.UnixNano(), SavedUnixNano: now.UnixNano(),
 		Accountant: m.acct.Export()}
 	for l, t := range m.totals {
-		ts := totalState{Labels: [7]string{l.class, l.source, l.templateNamespace, l.templateName, l.actorUID, l.actorName, l.actorNamespace}}
+		ts := totalState{Labels: [7]string{l.class, l.source, l.templateNamespace, l.templateName, l.actorUID, l.actorName, l.actorNamespace},
+			StartUnixNano: t.values.start.UnixNano()}
 		for c := range rate.NumCounters {
 			if t.values.has[c] {
 				ts.Counters = append(ts.Counters, totalCounter{Counter: c, Value: t.values.total[c]})
@@ -67,7 +68,10 @@ func decodeTotals(st *agentState, now time.Time) (map[labelSet]*counterTotals, e
 			return nil, fmt.Errorf("totals[%d]: label set twice", i)
 		}
 		t := &counterTotals{lastSeen: now}
-		t.values.has[rate.CounterCPU] = true
+		t.values.has[rate.CounterCPU], t.values.start = true, now
+		if ts.StartUnixNano > 0 && ts.StartUnixNano <= now.UnixNano() {
+			t.values.start = time.Unix(0, ts.StartUnixNano)
+		}
 		for j, c := range ts.Counters {
 			switch {
 			case c.Counter < 0 || c.Counter >= rate.NumCounters || len(c.Interface) > rate.MaxInterfaceName:

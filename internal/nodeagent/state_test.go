@@ -45,10 +45,12 @@ func (s *syncBuffer) String() string {
 
 func newStatefulHarness(t *testing.T, dir string, now time.Time) *statefulHarness {
 	t.Helper()
-	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(), events: &recordingProcessor{}}
+	dists := NewDistributions()
+	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(sdkmetric.WithProducer(dists)), events: &recordingProcessor{}}
 	cfg := metricsConfig{Grace: 5 * time.Minute, CPUs: 2, LabelActor: true, Started: now, OTel: &OTel{
-		Meters:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader)),
-		Loggers: sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
+		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader)),
+		Loggers:       sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
+		Distributions: dists,
 	}}
 	log := &syncBuffer{}
 	m, err := newStatefulMetrics(h.reg, cfg, dir, slog.New(slog.NewTextHandler(log, nil)))
