@@ -136,14 +136,18 @@ func checkSends(t *testing.T, a *agentLives, s sends, actors []string, truth flo
 
 // checkCounter checks the CPU counter over the whole run, the agent's
 // restarts in it: the agent's own (its latest value) and, on the host,
-// Prometheus' increase() over a window from before the run's start.
-func checkCounter(t *testing.T, c *churn, began time.Time, truth float64) {
+// OTLP's (checkOTLPCounter) and Prometheus' increase() over a window from
+// before the run's start.
+func checkCounter(t *testing.T, c *churn, sink eventSink, began time.Time, truth float64) {
 	t.Helper()
 	const key = "sandboxstats_workload_cpu_seconds_total{sandbox_class=gvisor,source=cgroup,template_name=py,template_namespace=tmpl}"
 	own := testenv.Scrape(t, c.agentURL)[key]
 	t.Logf("the agent's CPU counter %.3f s (%.4f of the cgroups' %.3f)", own, own/truth, truth)
 	if !within(own, truth, 0.01) {
 		t.Errorf("the agent's CPU counter %.3f s, cgroups' own %.3f s: off by more than 1%%", own, truth)
+	}
+	if col, ok := sink.(collectorSink); ok {
+		checkOTLPCounter(t, col, truth)
 	}
 	if c.prom == nil {
 		t.Log("no Prometheus in the VM lane's guest: the host's run checks increase()")
@@ -220,5 +224,36 @@ func TestDedupSends(t *testing.T) {
 				t.Errorf("(-want +got)\n%s", diff)
 			}
 		})
+	}
+}
+
+// checkOTLPCounter checks container.cpu.time as the Collector got it over
+// the agent's lives: its latest cumulative value equals the truth within
+// 1% (waiting up to 10 s for the last export), and each attribute set kept
+// one start time (no reset for OTLP either).
+func checkOTLPCounter(t *testing.T, col collectorSink, truth float64) {
+	t.Helper()
+	const match = "sandboxstats.stats.source=cgroup"
+	var pts []testenv.CollectedPoint
+	var latest float64
+	var sets int
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		pts = col.Metrics(t)
+		if latest, sets = latestCounter(pts, "container.cpu.time", match); within(latest, truth, 0.01) || time.Now().After(deadline) {
+			break
+		}
+	}
+	starts := map[uint64]bool{}
+	for _, p := range pts {
+		if p.Metric == "container.cpu.time" && p.Attributes["sandboxstats.stats.source"] == "cgroup" {
+			starts[p.StartUnixNano] = true
+		}
+	}
+	t.Logf("OTLP: container.cpu.time latest %.3f s over %d attribute sets (%.4f of the cgroups' %.3f), %d start times", latest, sets, latest/truth, truth, len(starts))
+	if !within(latest, truth, 0.01) {
+		t.Errorf("OTLP: container.cpu.time %.3f s, cgroups' own %.3f s: off by more than 1%%", latest, truth)
+	}
+	if len(starts) != sets {
+		t.Errorf("OTLP: container.cpu.time's %d attribute sets had %d start times: a reset", sets, len(starts))
 	}
 }

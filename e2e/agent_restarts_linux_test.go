@@ -87,9 +87,10 @@ func vmKillLoop(rng *rand.Rand) killLoop {
 // restarted. Afterwards, deduplicated by log.record.uid: every activation
 // has exactly one final and at most one initial (the duplicate sends
 // counted and explained by the lives that sent them), and the finals' CPU
-// equals the cgroups' own within 1%; so do the agent's CPU counter and
-// Prometheus' increase() of it over the whole run, the restarts in it,
-// with no reset. 45-50 s (on a loaded machine; the seed drawing the plan
+// equals the cgroups' own within 1%; so do the agent's CPU counter, the
+// Collector's latest container.cpu.time (one start time over every life)
+// and Prometheus' increase() over the whole run, the restarts in it, with
+// no reset. 45-50 s (on a loaded machine; the seed drawing the plan
 // is logged).
 //
 // In the cgroup v2 VM lane's guest (no Collector, no Prometheus) it runs a
@@ -210,7 +211,7 @@ func TestIntegrationAgentRestartsKillLoop(t *testing.T) {
 	}
 	t.Logf("%d activations in %v, %d agent lives", n, time.Since(began).Round(time.Second), len(agent.lives))
 	checkSends(t, agent, dedupSends(events), actors, truth)
-	checkCounter(t, c, began, truth)
+	checkCounter(t, c, sink, began, truth)
 }
 
 // churnLane runs activations of statsd d (lane i) until the kills are done
