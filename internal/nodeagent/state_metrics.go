@@ -171,6 +171,13 @@ func (m *metrics) restoreState(st *agentState, now time.Time) error {
 		return err
 	}
 	m.totals = fitTotals(totals, m.cfg.LabelActor, m.cfg.LabelInterface)
+	// The templates exported by name keep their slots (not the first
+	// sampled after the restart): their usage stays under their names.
+	for l := range m.totals {
+		if l.templateNamespace != otherTemplate || l.templateName != otherTemplate {
+			m.templates.use(l.templateNamespace, l.templateName, now, false)
+		}
+	}
 	for _, o := range st.Owners {
 		k := rate.ActivationKey{ActorUID: o.Key.ActorUID, Source: sandboxstatsv1.StatsSource(o.Key.Source), EpochUnixNano: o.Key.EpochUnixNano}
 		m.owners[k] = owner{socket: o.Socket, lastSeen: now}

@@ -5,6 +5,8 @@ package nodeagent
 // foreign file's pending events, and the cost of a save.
 
 import (
+	"encoding/json"
+	"fmt"
 	"log/slog"
 	"os"
 	"path/filepath"
@@ -16,18 +18,30 @@ import (
 	sdklog "go.opentelemetry.io/otel/sdk/log"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
+	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
 // newFlaggedHarness is newStatefulHarness with actor and interface labels
 // as given.
 func newFlaggedHarness(t *testing.T, dir string, now time.Time, labelActor, labelInterface bool) *statefulHarness {
 	t.Helper()
+	return newConfiguredHarness(t, dir, now, func(c *metricsConfig) { c.LabelActor, c.LabelInterface = labelActor, labelInterface })
+}
+
+// newConfiguredHarness is newStatefulHarness without actor labels, its
+// configuration then changed by set.
+func newConfiguredHarness(t *testing.T, dir string, now time.Time, set func(*metricsConfig)) *statefulHarness {
+	t.Helper()
 	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(), events: &recordingProcessor{}}
-	cfg := metricsConfig{Grace: 5 * time.Minute, CPUs: 2, LabelActor: labelActor, LabelInterface: labelInterface, Started: now, OTel: &OTel{
+	cfg := metricsConfig{Grace: 5 * time.Minute, CPUs: 2, Started: now, OTel: &OTel{
 		Meters:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader)),
 		Loggers: sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
 	}}
+	set(&cfg)
 	log := &syncBuffer{}
 	m, err := newStatefulMetrics(h.reg, cfg, dir, slog.New(slog.NewTextHandler(log, nil)))
 	if err != nil {
@@ -181,5 +195,102 @@ func TestStateForeignPendingSettles(t *testing.T) {
 	}
 	if !strings.Contains(second.log.String(), "moved aside") {
 		t.Errorf("the foreign file is not set aside:\n%s", second.log.String())
+	}
+}
+
+// TestStateTemplateSlots: the templates exported by name keep their slots
+// across a restart: with --max-templates 1, a template that had the slot
+// before keeps its usage under its name after, instead of the first
+// template sampled after the restart taking the slot (its usage then
+// under its own name while the other's goes to (other): two templates
+// named at once, past the bound, and each template's usage moved).
+func TestStateTemplateSlots(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	of := func(tmpl, actor string, at time.Time, cpu uint64) *sandboxstatsv1.WorkloadStatsSample {
+		s := signalSample(actor, t0.Add(time.Second), at, cpu)
+		s.TemplateName = tmpl
+		return s
+	}
+	maxOne := func(c *metricsConfig) { c.MaxTemplates = 1 }
+	first := newConfiguredHarness(t, dir, t0, maxOne)
+	for i, cpu := range []uint64{1_000_000, 2_000_000} {
+		at := t0.Add(time.Duration(10*(i+1)) * time.Second)
+		first.m.Apply([]sweep.DaemonResult{okResult("s", of("alpha", "a", at, cpu)), okResult("t", of("beta", "b", at, cpu))}, at, time.Millisecond)
+	}
+	second := newConfiguredHarness(t, dir, t0.Add(time.Minute), maxOne)
+	at := t0.Add(70 * time.Second)
+	// beta's daemon answers first now.
+	second.m.Apply([]sweep.DaemonResult{okResult("t", of("beta", "b", at, 5_000_000)), okResult("s", of("alpha", "a", at, 5_000_000))}, at, time.Millisecond)
+	got := map[string]float64{}
+	for k, v := range gather(t, second.reg) {
+		if strings.HasPrefix(k, metricCPUSeconds+"{") {
+			i := strings.Index(k, "template_name=") + len("template_name=")
+			got[k[i:strings.IndexAny(k[i:], ",}")+i]] = v
+		}
+	}
+	want := map[string]float64{"alpha": 5, otherTemplate: 5}
+	if diff := cmp.Diff(want, got); diff != "" {
+		t.Errorf("CPU by template after the restart (-want +got):\n%s", diff)
+	}
+}
+
+// TestStateSaveCost measures the save every sweep makes, with 1000 live
+// activations and --label-actor (the agent's documented scale): the
+// file's size and the time of one save (export, JSON, the atomic write
+// with its two fsyncs), logged (go test -v). The bound is loose (a loaded
+// machine): a save must stay well under a 1 s interval.
+func TestStateSaveCost(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	h := newStatefulHarness(t, dir, t0)
+	const n = 1000
+	sweepOf := func(at time.Time, cpu uint64) []sweep.DaemonResult {
+		ss := make([]*sandboxstatsv1.WorkloadStatsSample, n)
+		for i := range ss {
+			ss[i] = signalSample(fmt.Sprintf("actor-%04d-%s", i, strings.Repeat("u", 24)), t0.Add(time.Second), at, cpu)
+		}
+		return []sweep.DaemonResult{okResult("s", ss...)}
+	}
+	for i, cpu := range []uint64{1_000_000, 2_000_000} {
+		at := t0.Add(time.Duration(10*(i+1)) * time.Second)
+		h.m.Apply(sweepOf(at, cpu), at, time.Millisecond)
+	}
+	fi, err := os.Stat(filepath.Join(dir, agentStateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	withPending := fi.Size()
+	// The collector took the initials: the usual state.
+	evs, _ := h.m.pending.list()
+	for _, ev := range evs {
+		h.m.pending.settle([]string{ev.UID})
+	}
+	const saves = 5
+	var export, marshal, write time.Duration
+	for range saves {
+		start := time.Now()
+		h.m.mu.Lock()
+		st := h.m.exportState(t0.Add(30 * time.Second))
+		h.m.mu.Unlock()
+		e := time.Now()
+		b, err := json.Marshal(st)
+		if err != nil {
+			t.Fatal(err)
+		}
+		mm := time.Now()
+		if err := atomicfile.Write(dir, agentStateFile, b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		export, marshal, write = export+e.Sub(start), marshal+mm.Sub(e), write+time.Since(mm)
+	}
+	per := (export + marshal + write) / saves
+	if fi, err = os.Stat(filepath.Join(dir, agentStateFile)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("state of %d live activations (--label-actor): %d bytes (%d per activation; %d with their initials pending); one save %v (export %v, JSON %v, write+fsync %v); %.2f%% of a 60 s interval, %.1f%% of 1 s",
+		n, fi.Size(), fi.Size()/n, withPending, per, export/saves, marshal/saves, write/saves, 100*per.Seconds()/60, 100*per.Seconds())
+	if per > 500*time.Millisecond {
+		t.Errorf("one save takes %v with %d activations", per, n)
 	}
 }
