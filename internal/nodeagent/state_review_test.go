@@ -10,7 +10,9 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -292,5 +294,77 @@ func TestStateSaveCost(t *testing.T) {
 		n, fi.Size(), fi.Size()/n, withPending, per, export/saves, marshal/saves, write/saves, 100*per.Seconds()/60, 100*per.Seconds())
 	if per > 500*time.Millisecond {
 		t.Errorf("one save takes %v with %d activations", per, n)
+	}
+}
+
+// daemonSetMemoryLimit is the statsagent container's memory limit in
+// deploy/kubernetes/daemonset.yaml.
+const daemonSetMemoryLimit = 128 << 20
+
+// TestStateLoadMemory: reading the state file must fit the agent's memory
+// limit up to maxAgentStateBytes, or a large file (foreign, or a real one
+// after a long Collector outage) OOM-kills the agent at every start
+// before it can be set aside: a crash loop. Measured on an 8 MiB file of
+// pending events: the load's peak heap per byte of file, scaled to the
+// cap.
+func TestStateLoadMemory(t *testing.T) {
+	t.Skip("BUG: a state file near maxAgentStateBytes (256 MiB) takes ~4x its size in heap to load (JSON into structs, then written back), far past the DaemonSet's 128 MiB limit: the agent is OOM-killed at every start, before it sets the file aside; see /work/notes/30-review.md")
+	dir := t.TempDir()
+	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	st := agentState{Version: agentStateVersion, OriginUnixNano: t0.UnixNano(), SavedUnixNano: t0.UnixNano()}
+	for i := 0; ; i++ {
+		uid := fmt.Sprintf("%032x", i)
+		st.Pending = append(st.Pending, pendingEvent{UID: uid, TimeUnixNano: t0.UnixNano(), Attrs: []storedAttr{
+			{Key: string(attrRecordUID), Type: "s", S: uid}, {Key: string(attrKind), Type: "s", S: KindFinal},
+			{Key: string(attrActorUID), Type: "s", S: strings.Repeat("u", 36)}, {Key: "sandboxstats.cpu.usec", Type: "i", I: 123456}}})
+		if i%1000 == 0 {
+			if b, _ := json.Marshal(st); len(b) > 8<<20 {
+				break
+			}
+		}
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, agentStateFile), b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	st, b = agentState{}, nil
+	runtime.GC()
+	var before runtime.MemStats
+	runtime.ReadMemStats(&before)
+	var peak atomic.Uint64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			var m runtime.MemStats
+			runtime.ReadMemStats(&m)
+			if m.HeapInuse > peak.Load() {
+				peak.Store(m.HeapInuse)
+			}
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}()
+	fi, err := os.Stat(filepath.Join(dir, agentStateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := newStatefulHarness(t, dir, t0.Add(time.Minute))
+	close(stop)
+	<-done
+	if !strings.Contains(h.log.String(), "agent state restored") {
+		t.Fatalf("the file was not loaded:\n%s", h.log.String())
+	}
+	perByte := float64(peak.Load()-before.HeapInuse) / float64(fi.Size())
+	atCap := perByte * maxAgentStateBytes
+	t.Logf("a %d-byte state file took %.1f bytes of heap per byte to load: %.0f MiB at the %d MiB cap", fi.Size(), perByte, atCap/(1<<20), maxAgentStateBytes>>20)
+	if atCap > daemonSetMemoryLimit {
+		t.Errorf("loading a state file at the cap takes about %.0f MiB of heap, past the DaemonSet's %d MiB limit", atCap/(1<<20), daemonSetMemoryLimit>>20)
 	}
 }
