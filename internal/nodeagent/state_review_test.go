@@ -5,6 +5,7 @@ package nodeagent
 // foreign file's pending events, and the cost of a save.
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
@@ -12,11 +13,13 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/attribute"
 	sdklog "go.opentelemetry.io/otel/sdk/log"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
@@ -367,4 +370,119 @@ func TestStateLoadMemory(t *testing.T) {
 	if atCap > daemonSetMemoryLimit {
 		t.Errorf("loading a state file at the cap takes about %.0f MiB of heap, past the DaemonSet's %d MiB limit", atCap/(1<<20), daemonSetMemoryLimit>>20)
 	}
+}
+
+// TestStateSymlinkNotFollowed: a symlink at agent-state.json (planted, or
+// left by a tool) is neither read nor written through: it is set aside,
+// the agent starts as a first start, and the file it points to is left
+// alone; the state written is a regular file of mode 0600 in a directory
+// of mode 0700.
+func TestStateSymlinkNotFollowed(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	good := t.TempDir()
+	b := writeGoodState(t, good)
+	target := filepath.Join(good, agentStateFile)
+	dir := filepath.Join(t.TempDir(), "state")
+	if err := os.Mkdir(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(target, filepath.Join(dir, agentStateFile)); err != nil {
+		t.Fatal(err)
+	}
+	h := newStatefulHarness(t, dir, t0.Add(time.Hour))
+	if !h.m.cfg.Started.Equal(t0.Add(time.Hour)) || !strings.Contains(h.log.String(), "moved aside") {
+		t.Errorf("a symlinked state file was followed (start %v):\n%s", h.m.cfg.Started, h.log.String())
+	}
+	at := t0.Add(time.Hour + 10*time.Second)
+	h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", faultT0.Add(time.Second), at, 9_000_000))}, at, time.Millisecond)
+	if after, err := os.ReadFile(target); err != nil || string(after) != string(b) {
+		t.Errorf("the symlink's target was changed (err %v)", err)
+	}
+	fi, err := os.Lstat(filepath.Join(dir, agentStateFile))
+	if err != nil || !fi.Mode().IsRegular() || fi.Mode().Perm() != 0o600 {
+		t.Errorf("state written: %v, err %v; want a regular file of mode 0600", fi.Mode(), err)
+	}
+	fresh := filepath.Join(t.TempDir(), "new", "state")
+	newStatefulHarness(t, fresh, t0)
+	if fi, err := os.Stat(fresh); err != nil || fi.Mode().Perm() != 0o700 {
+		t.Errorf("state dir made: %v, err %v; want mode 0700", fi.Mode(), err)
+	}
+}
+
+// TestStateSettledConcurrently: the pipeline settles events from its own
+// goroutines (and from inside an emit, its queue full) while sweeps apply
+// and save, the previous process's events are sent again and the agent
+// saves at shutdown: no deadlock, no race (go test -race).
+func TestStateSettledConcurrently(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	var agent atomic.Pointer[Agent]
+	// Every other event is settled at once, from inside Emit, as a full
+	// queue does (the emitter holds the sweep's lock there).
+	sp := &settlingProcessor{settle: func(uid string) {
+		if a := agent.Load(); a != nil {
+			a.Settled([]string{uid})
+		}
+	}}
+	h := newConfiguredHarness(t, dir, t0, func(c *metricsConfig) {
+		c.LabelActor = true
+		c.OTel.Loggers = sdklog.NewLoggerProvider(sdklog.WithProcessor(sp))
+	})
+	a := &Agent{metrics: h.m}
+	agent.Store(a)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			for _, r := range sp.records() {
+				a.Settled([]string{eventAttr(r, attrRecordUID)})
+			}
+			a.SaveState()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		h.m.resendPending(t0)
+	}()
+	for i := range 50 {
+		at := t0.Add(time.Duration(10*(i+1)) * time.Second)
+		h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample(fmt.Sprintf("w%d", i), t0.Add(time.Second), at, uint64(i)*1000))}, at, time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	for _, r := range sp.records() {
+		a.Settled([]string{eventAttr(r, attrRecordUID)})
+	}
+	a.SaveState()
+	if evs, _ := h.m.pending.list(); len(evs) != 0 || len(sp.records()) < 50 {
+		t.Errorf("%d events left pending of %d emitted, every one settled", len(evs), len(sp.records()))
+	}
+}
+
+// settlingProcessor records the events and settles every other one from
+// inside OnEmit.
+type settlingProcessor struct {
+	recordingProcessor
+	settle func(uid string)
+	n      atomic.Int64
+}
+
+func (p *settlingProcessor) OnEmit(ctx context.Context, r *sdklog.Record) error {
+	_ = p.recordingProcessor.OnEmit(ctx, r)
+	if p.n.Add(1)%2 == 0 {
+		r.WalkAttributes(func(kv attribute.KeyValue) bool {
+			if kv.Key == attrRecordUID {
+				p.settle(kv.Value.AsString())
+			}
+			return true
+		})
+	}
+	return nil
 }
