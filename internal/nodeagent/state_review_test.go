@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -485,4 +486,47 @@ func (p *settlingProcessor) OnEmit(ctx context.Context, r *sdklog.Record) error 
 		})
 	}
 	return nil
+}
+
+// TestStateHostileFiles: a foreign state file (deep JSON, NaN, negative
+// numbers, duplicate keys and entries, a label past the cut, times in the
+// future, a huge attribute) never crashes the agent: it is set aside or
+// continued from, and the next sweep is served.
+func TestStateHostileFiles(t *testing.T) {
+	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	origin := strconv.FormatInt(t0.UnixNano(), 10)
+	for _, tc := range []struct {
+		name, file string
+		continued  bool
+	}{
+		{"deep", `{"version":1,"origin_unix_nano":` + origin + `,"totals":` + strings.Repeat("[", 100000) + strings.Repeat("]", 100000) + `}`, false},
+		{"NaN", `{"version":1,"origin_unix_nano":` + origin + `,"pending_events":[{"uid":"u","attributes":[{"k":"x","t":"f","f":NaN}]}]}`, false},
+		{"negative total", `{"version":1,"origin_unix_nano":` + origin + `,"totals":[{"labels":["a","b","c","d","","",""],"counters":[{"counter":0,"value":-5}]}]}`, false},
+		{"negative counter", `{"version":1,"origin_unix_nano":` + origin + `,"accountant":{"live":[{"key":{"actor_uid":"a"},"counters":[{"counter":-1,"last":1}]}]}}`, false},
+		{"negative origin", `{"version":1,"origin_unix_nano":-1}`, false},
+		{"duplicate keys", `{"version":1,"version":1,"origin_unix_nano":1,"origin_unix_nano":` + origin + `}`, true},
+		{"duplicate owners and marks", `{"version":1,"origin_unix_nano":` + origin + `,"owners":[{"key":{"actor_uid":"a"},"socket":"s"},{"key":{"actor_uid":"a"},"socket":"t"}],"ended_marks":[{"socket":"s","instance_id":"i","highest_sequence":5},{"socket":"s","instance_id":"j","highest_sequence":18446744073709551615}]}`, true},
+		{"duplicate totals", `{"version":1,"origin_unix_nano":` + origin + `,"totals":[{"labels":["a","b","c","d","","",""],"counters":[]},{"labels":["a","b","c","d","","",""],"counters":[]}]}`, false},
+		{"label past the cut", `{"version":1,"origin_unix_nano":` + origin + `,"totals":[{"labels":["` + strings.Repeat("x", 300) + `","b","c","d","","",""],"counters":[]}]}`, false},
+		{"invalid UTF-8 label", "{\"version\":1,\"origin_unix_nano\":" + origin + ",\"totals\":[{\"labels\":[\"\xff\",\"b\",\"c\",\"d\",\"\",\"\",\"\"],\"counters\":[{\"counter\":0,\"value\":5}]}]}", true},
+		{"ended charged in the future", `{"version":1,"origin_unix_nano":` + origin + `,"accountant":{"ended":[{"key":{"actor_uid":"a"},"charged_unix_nano":9223372036854775807}]}}`, true},
+		{"huge attribute", `{"version":1,"origin_unix_nano":` + origin + `,"pending_events":[{"uid":"u","attributes":[{"k":"log.record.uid","t":"s","s":"u"},{"k":"sandboxstats.stats.kind","t":"s","s":"final"},{"k":"x","t":"s","s":"` + strings.Repeat("y", 8<<20) + `"}]}]}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dir, agentStateFile), []byte(tc.file), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			h := newStatefulHarness(t, dir, t0.Add(time.Hour))
+			if got := h.m.cfg.Started.Equal(t0); got != tc.continued {
+				t.Errorf("continued from the file: %v, want %v:\n%s", got, tc.continued, h.log.String())
+			}
+			h.m.resendPending(t0.Add(time.Hour))
+			at := t0.Add(time.Hour + 10*time.Second)
+			h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", t0.Add(time.Second), at, 1_000_000))}, at, time.Millisecond)
+			if _, err := h.reg.Gather(); err != nil {
+				t.Errorf("scrape after the restart: %v", err)
+			}
+		})
+	}
 }
