@@ -57,6 +57,12 @@ func newConfiguredHarness(t *testing.T, dir string, now time.Time, set func(*met
 	return &statefulHarness{otelHarness: h, log: log}
 }
 
+// applyOne applies a sweep at at of one daemon sampling actor (epoch
+// begun at epoch) with cpu µs of CPU.
+func applyOne(h *statefulHarness, actor string, epoch, at time.Time, cpu uint64) {
+	h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample(actor, epoch, at, cpu))}, at, time.Millisecond)
+}
+
 // sumMetric sums every series of metric name in reg, failing the test
 // when reg cannot be gathered (a scrape would fail).
 func sumMetric(t *testing.T, reg prometheus.Gatherer, name string) float64 {
@@ -148,7 +154,7 @@ func TestStateShutdownSaveFailureKeepsLastSweep(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
 	h := newStatefulHarness(t, dir, t0)
 	at := t0.Add(10 * time.Second)
-	h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", t0.Add(time.Second), at, 1_000_000))}, at, time.Millisecond)
+	applyOne(h, "a", t0.Add(time.Second), at, 1_000_000)
 	// The shutdown save fails (a full disk, EIO).
 	h.m.state.write = func(string, string, []byte, os.FileMode) error { return os.ErrPermission }
 	a := &Agent{metrics: h.m}
@@ -158,7 +164,7 @@ func TestStateShutdownSaveFailureKeepsLastSweep(t *testing.T) {
 	}
 	second := newStatefulHarness(t, dir, t0.Add(time.Minute))
 	at = t0.Add(70 * time.Second)
-	second.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", t0.Add(time.Second), at, 5_000_000))}, at, time.Millisecond)
+	applyOne(second, "a", t0.Add(time.Second), at, 5_000_000)
 	if got := cpuTotals(t, second.otelHarness)["a"]; got != 5 {
 		t.Errorf("a's CPU after the restart: %v, want 5 (continued from the last sweep's state)", got)
 	}
@@ -174,7 +180,7 @@ func TestStateForeignPendingSettles(t *testing.T) {
 	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
 	writeGood := newStatefulHarness(t, dir, t0)
 	at := t0.Add(10 * time.Second)
-	writeGood.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", t0.Add(time.Second), at, 1_000_000))}, at, time.Millisecond)
+	applyOne(writeGood, "a", t0.Add(time.Second), at, 1_000_000)
 	p := filepath.Join(dir, agentStateFile)
 	b, err := os.ReadFile(p)
 	if err != nil {
@@ -395,7 +401,7 @@ func TestStateSymlinkNotFollowed(t *testing.T) {
 		t.Errorf("a symlinked state file was followed (start %v):\n%s", h.m.cfg.Started, h.log.String())
 	}
 	at := t0.Add(time.Hour + 10*time.Second)
-	h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", faultT0.Add(time.Second), at, 9_000_000))}, at, time.Millisecond)
+	applyOne(h, "a", faultT0.Add(time.Second), at, 9_000_000)
 	if after, err := os.ReadFile(target); err != nil || string(after) != string(b) {
 		t.Errorf("the symlink's target was changed (err %v)", err)
 	}
@@ -523,7 +529,7 @@ func TestStateHostileFiles(t *testing.T) {
 			}
 			h.m.resendPending(t0.Add(time.Hour))
 			at := t0.Add(time.Hour + 10*time.Second)
-			h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", t0.Add(time.Second), at, 1_000_000))}, at, time.Millisecond)
+			applyOne(h, "a", t0.Add(time.Second), at, 1_000_000)
 			if _, err := h.reg.Gather(); err != nil {
 				t.Errorf("scrape after the restart: %v", err)
 			}
