@@ -151,7 +151,7 @@ func (s *stateStore) setAside(p string, now time.Time, why error) {
 		s.logger.Error("agent state unusable and not moved aside: starting as a first start", "path", p, "err", why, "move_err", err)
 		return
 	}
-	s.logger.Error("agent state unusable; moved aside, starting as a first start: the usage charged and the events unsent that it held are lost (counters start again; finals of records statsd still holds are sent)",
+	s.logger.Error("agent state unusable; moved aside, starting as a first start: the usage charged and the events unsent that it held are lost (counters start again; the usage while no agent ran, and the activations that ended then, are neither charged nor sent a final)",
 		"path", p, "moved_to", aside, "err", why)
 }
 

@@ -536,3 +536,29 @@ func TestStateHostileFiles(t *testing.T) {
 		})
 	}
 }
+
+// TestStateSetAsideLoses: what a restart whose state file is set aside
+// (corrupt) loses, as its log says: an activation that ended while no
+// agent ran, its record still held by statsd, is neither charged nor sent
+// a final (it ended before this agent's start, a first start's rule: a
+// previous agent may have charged it). The log used to say such finals
+// are sent.
+func TestStateSetAsideLoses(t *testing.T) {
+	dir := t.TempDir()
+	t0 := time.Date(2026, 12, 7, 1, 0, 0, 0, time.UTC)
+	if err := os.WriteFile(filepath.Join(dir, agentStateFile), []byte("{torn"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := newStatefulHarness(t, dir, t0.Add(time.Minute))
+	s := signalSample("c", t0.Add(10*time.Second), t0.Add(20*time.Second), 700_000)
+	end := endedOf(s, t0.Add(30*time.Second), 700_000)
+	at := t0.Add(70 * time.Second)
+	h.m.Apply([]sweep.DaemonResult{{Socket: "s", Status: sweep.StatusOK, Ended: []*sandboxstatsv1.EndedActivation{end}}}, at, time.Millisecond)
+	kinds, _ := eventUIDs(h.otelHarness)
+	if len(kinds) != 0 {
+		t.Errorf("events after the set-aside restart: %v, want none (the record ended before this agent's start)", kinds)
+	}
+	if logged := h.log.String(); strings.Contains(logged, "finals of records statsd still holds are sent") || !strings.Contains(logged, "ended then, are neither charged nor sent") {
+		t.Errorf("the log does not say what is lost:\n%s", logged)
+	}
+}
