@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -98,6 +99,12 @@ func TestActivationLogStdout(t *testing.T) {
 		if err := dec.Decode(&rec); err != nil {
 			t.Fatalf("stdout line %q is not an activation record: %v\nlog:\n%s", sc.Text(), err, logs)
 		}
+		// The final event's log.record.uid: 32 hex digits (its derivation is
+		// nodeagent's TestEventUIDStable's).
+		if len(rec.UID) != 32 || strings.Trim(rec.UID, "0123456789abcdef") != "" {
+			t.Errorf("line %q: uid %q, want 32 hex digits", sc.Text(), rec.UID)
+		}
+		rec.UID = ""
 		got = append(got, rec)
 	}
 	if diff := cmp.Diff(want, got); diff != "" {

@@ -8,9 +8,11 @@ import (
 
 // ActivationRecord is one line of the activation log (--activation-log): a
 // chargeback record of one ended activation, written once. Identity rides
-// here, not on metric labels. A consumer dedupes by actor_uid and
-// epoch_unix_nano should it read the logs of two agent processes.
+// here, not on metric labels. A consumer dedupes by uid (the final event's
+// log.record.uid): an agent killed after writing a line and before saving
+// its state (--state-dir) writes it again after its restart.
 type ActivationRecord struct {
+	UID               string  `json:"uid"`
 	ActorUID          string  `json:"actor_uid"`
 	ActorName         string  `json:"actor_name,omitempty"`
 	ActorNamespace    string  `json:"actor_namespace,omitempty"`
@@ -45,6 +47,7 @@ type ActivationRecord struct {
 func activationRecord(socket string, e *sandboxstatsv1.EndedActivation, chargedUsec uint64, how rate.EndEvent) ActivationRecord {
 	id := e.GetIdentity()
 	r := ActivationRecord{
+		UID:      finalUID(e),
 		ActorUID: id.GetActorUid(), ActorName: id.GetActorName(), ActorNamespace: id.GetActorNamespace(),
 		TemplateNamespace: id.GetTemplateNamespace(), TemplateName: id.GetTemplateName(),
 		SandboxClass: api.ClassName(e.GetSandboxClass()), Source: api.SourceName(e.GetSource()),

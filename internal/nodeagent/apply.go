@@ -250,7 +250,7 @@ func (m *metrics) charge(l labelSet, charges rate.Charges, now time.Time) {
 	t := m.totals[l]
 	if t == nil {
 		t = &counterTotals{}
-		t.values.has[rate.CounterCPU] = true
+		t.values.has[rate.CounterCPU], t.values.start = true, now
 		m.totals[l] = t
 	}
 	for _, c := range charges {

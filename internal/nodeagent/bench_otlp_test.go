@@ -112,12 +112,13 @@ func BenchmarkExport1000(b *testing.B) {
 		{"otlp-http", httpEndpoint, otlp.ProtocolHTTP},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			p, err := otlp.New(otlp.Config{Endpoint: tc.endpoint, Protocol: tc.protocol, Timeout: 10 * time.Second}, discard())
+			dists := NewDistributions()
+			p, err := otlp.New(otlp.Config{Endpoint: tc.endpoint, Protocol: tc.protocol, Timeout: 10 * time.Second, Producer: dists}, discard())
 			if err != nil {
 				b.Fatal(err)
 			}
 			m, err := newMetrics(prometheus.NewRegistry(), metricsConfig{LabelActor: true, Grace: 10 * time.Minute, Started: t0.Add(-time.Hour), CPUs: 2,
-				OTel: &OTel{Meters: p.Meters(), Loggers: p.Loggers(), PeriodicEvery: 1}}, discard())
+				OTel: &OTel{Meters: p.Meters(), Loggers: p.Loggers(), PeriodicEvery: 1, Distributions: dists}}, discard())
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -8,7 +8,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
+	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/sandboxstats/sandboxstats/internal/rate"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 )
 
@@ -56,17 +58,29 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 		}
 	}
 	ifNames := append(names[:len(names):len(names)], "interface")
+	// A counter's created timestamp is its label set's start (kept across
+	// restarts): a scraper reading it (protobuf) sees no reset at a restart.
+	count := func(c rate.Counter, v uint64, pairs []*dto.LabelPair, err error, created *timestamppb.Timestamp) {
+		if err != nil {
+			ch <- prometheus.NewInvalidMetric(m.descCounters[c], err)
+			return
+		}
+		s := newSnapMetric(m.descCounters[c], prometheus.CounterValue, float64(v)*counterMetrics[c].scale, pairs)
+		s.count.CreatedTimestamp = created
+		ch <- s
+	}
 	for l, cv := range snap.counters {
 		lv := l.values(wa)
 		pairs, err := labelPairs(names, lv)
+		created := timestamppb.New(cv.start)
 		for c, v := range cv.total {
 			if cv.has[c] {
-				add(m.descCounters[c], prometheus.CounterValue, float64(v)*counterMetrics[c].scale, pairs, err)
+				count(rate.Counter(c), v, pairs, err, created)
 			}
 		}
 		for id, v := range cv.perInterface {
 			p, perr := labelPairs(ifNames, append(lv, id.Interface))
-			add(m.descCounters[id.Counter], prometheus.CounterValue, float64(v)*counterMetrics[id.Counter].scale, p, perr)
+			count(id.Counter, v, p, perr, created)
 		}
 	}
 	driftNames := append([]string{"kind"}, names...)

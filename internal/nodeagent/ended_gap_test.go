@@ -41,7 +41,7 @@ func TestEndedGap(t *testing.T) {
 	late := statsdfake.Start(t, filepath.Join(dir, "c-late.sock"))
 	events := &recordingProcessor{}
 	a, err := New(Config{Sockets: filepath.Join(dir, "*.sock"), Interval: time.Minute, Timeout: 5 * time.Second, Concurrency: 2, Grace: time.Minute,
-		OTel: &OTel{Meters: sdkmetric.NewMeterProvider(), Loggers: sdklog.NewLoggerProvider(sdklog.WithProcessor(events))}}, discard())
+		OTel: &OTel{Meters: sdkmetric.NewMeterProvider(), Loggers: sdklog.NewLoggerProvider(sdklog.WithProcessor(events)), Distributions: NewDistributions()}}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -179,6 +179,10 @@ type counterValues struct {
 	// perInterface are the network counters per interface
 	// (LabelInterface), apart from the totals (not kept then).
 	perInterface map[rate.CounterID]uint64
+	// start is when the label set was first charged (a restart keeps it:
+	// state.go): its series' start, as OTLP's start time and Prometheus's
+	// created timestamp. A label set forgotten (Grace) starts again.
+	start time.Time
 }
 
 // maxInterfacesPerSet bounds the interface names one label set exports

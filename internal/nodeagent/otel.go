@@ -2,6 +2,7 @@ package nodeagent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -19,8 +20,8 @@ import (
 // docs/telemetry/registry.yaml, which TestRegistry holds these files to.
 type OTel struct {
 	// Meters are the metrics: the same snapshot the Prometheus export
-	// serves, observed when the provider's reader collects, and the
-	// per-activation counters and distributions as they are charged.
+	// serves, observed when the provider's reader collects (the workload
+	// counters and per-activation distributions by Distributions).
 	Meters metric.MeterProvider
 	// Loggers get the usage events (EventUsageSampled) as log records.
 	Loggers otellog.LoggerProvider
@@ -28,9 +29,9 @@ type OTel struct {
 	// (1: every sweep); 0: none. The initial and final events are always
 	// sent.
 	PeriodicEvery int
-	// Distributions, when set, exports the per-activation distributions:
-	// it must be a producer of the reader of Meters' provider (without it
-	// they are not exported over OTel).
+	// Distributions exports the workload counters and the per-activation
+	// distributions: it must be a producer of the reader of Meters'
+	// provider. Required.
 	Distributions *Distributions
 	// Swept, when set, is called after each sweep became the latest (the
 	// pipeline's cue to export it); it must not block.
@@ -149,8 +150,8 @@ type otelMetrics struct {
 	logger otellog.Logger
 
 	memUsage, memWorkingSet, memPeak, memLimit, pids, sampled, drift, daemons metric.Int64Observable
-	intCounters                                                               map[string]metric.Int64ObservableCounter
-	floatCounters                                                             map[string]metric.Float64ObservableCounter
+	// The workload counters are Distributions' (each series' own start
+	// time).
 
 	// ended, finals, noPeak: observed from the snapshot's activation
 	// counts, so that a template's series leave with them (a synchronous
@@ -176,8 +177,10 @@ type otelMetrics struct {
 // newOTelMetrics makes the instruments of cfg's meter and registers the
 // callback that observes m's latest snapshot.
 func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
-	o := &otelMetrics{cfg: cfg, intCounters: map[string]metric.Int64ObservableCounter{}, floatCounters: map[string]metric.Float64ObservableCounter{},
-		attrs: map[labelSet]*labelAttrs{}, tmplAttrs: map[labelSet]*labelAttrs{}}
+	if cfg.Distributions == nil {
+		return nil, errors.New("otel: no Distributions: the workload counters would not be exported")
+	}
+	o := &otelMetrics{cfg: cfg, attrs: map[labelSet]*labelAttrs{}, tmplAttrs: map[labelSet]*labelAttrs{}}
 	meter := cfg.Meters.Meter(otelScope)
 	if cfg.Loggers != nil {
 		o.logger = cfg.Loggers.Logger(otelScope)
@@ -208,24 +211,6 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	o.drift = gauge("sandboxstats.drift.open_findings", "{finding}", "Open drift findings, by kind (docs/drift.md).")
 	o.daemons = gauge("sandboxstats.agent.daemons", "{daemon}", "Daemons found by the last sweep, by outcome.")
 	observables := []metric.Observable{o.memUsage, o.memWorkingSet, o.memPeak, o.memLimit, o.pids, o.sampled, o.drift, o.daemons}
-	for _, c := range otelCounters {
-		if err != nil {
-			break
-		}
-		if c.scale != 0 {
-			if _, ok := o.floatCounters[c.name]; !ok {
-				var inst metric.Float64ObservableCounter
-				inst, err = meter.Float64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.help))
-				o.floatCounters[c.name] = inst
-				observables = append(observables, inst)
-			}
-		} else if _, ok := o.intCounters[c.name]; !ok {
-			var inst metric.Int64ObservableCounter
-			inst, err = meter.Int64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.help))
-			o.intCounters[c.name] = inst
-			observables = append(observables, inst)
-		}
-	}
 	counter := func(name, unit, desc string) metric.Int64Counter {
 		if err != nil {
 			return nil
@@ -265,9 +250,7 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	}, observables...); err != nil {
 		return nil, fmt.Errorf("otel callback: %w", err)
 	}
-	if cfg.Distributions != nil {
-		cfg.Distributions.m.Store(m)
-	}
+	cfg.Distributions.m.Store(m)
 	return o, nil
 }
 

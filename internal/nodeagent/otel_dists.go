@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -62,14 +63,21 @@ func (d *dist[N]) point(set attribute.Set, start, now time.Time, bounds []float6
 }
 
 // Distributions exports the per-activation distributions
-// (sandboxstats.activation.cpu.time, .duration, .memory.peak) over OTel:
-// a sdkmetric.Producer for the reader of OTel.Meters' provider
-// (otlp.Config.Producer). The SDK's synchronous histograms would keep
-// every template's point for ever; these are the agent's own, and leave
-// with the template's per-activation series (pruneActivations). Made
-// before the metrics, so that the reader can be; newMetrics binds it.
+// (sandboxstats.activation.cpu.time, .duration, .memory.peak) and the
+// workload counters (otelCounters) over OTel: a sdkmetric.Producer for the
+// reader of OTel.Meters' provider (otlp.Config.Producer). The SDK's
+// synchronous histograms would keep every template's point for ever, and
+// its observable counters give every point the instrument's creation as
+// start time (a reset to OTLP after every restart); these are the agent's
+// own: the distributions leave with the template's per-activation series
+// (pruneActivations), each counter point starts at its label set's first
+// charge (otel_counters.go). Made before the metrics, so that the reader
+// can be; newMetrics binds it.
 type Distributions struct {
 	m atomic.Pointer[metrics]
+
+	mu    sync.Mutex
+	attrs map[labelSet]*counterAttrs // of the counters' last production
 }
 
 // NewDistributions returns Distributions to pass to the OTLP pipeline's
@@ -84,6 +92,10 @@ func (d *Distributions) Produce(context.Context) ([]metricdata.ScopeMetrics, err
 	}
 	snap := m.snap.Load()
 	now := time.Now()
+	d.mu.Lock()
+	out, attrs := counters(snap, m.cfg.LabelActor, OTelCardinalityLimit(m.cfg.MaxTemplates), now, d.attrs)
+	d.attrs = attrs
+	d.mu.Unlock()
 	cpu := metricdata.Histogram[float64]{Temporality: metricdata.CumulativeTemporality}
 	duration := metricdata.Histogram[float64]{Temporality: metricdata.CumulativeTemporality}
 	peak := metricdata.Histogram[int64]{Temporality: metricdata.CumulativeTemporality}
@@ -99,7 +111,6 @@ func (d *Distributions) Produce(context.Context) ([]metricdata.ScopeMetrics, err
 			peak.DataPoints = append(peak.DataPoints, ac.peak.point(set, ac.start, now, peakBounds))
 		}
 	}
-	var out []metricdata.Metrics
 	if len(cpu.DataPoints) > 0 {
 		out = append(out, metricdata.Metrics{Name: "sandboxstats.activation.cpu.time", Unit: "s",
 			Description: "CPU time of each ended activation (its own: final minus the epoch baseline).", Data: cpu})

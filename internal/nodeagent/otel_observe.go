@@ -4,27 +4,24 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 
-	"github.com/sandboxstats/sandboxstats/internal/rate"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 )
 
 // labelAttrs are one label set's measurement options, made once while the
 // label set is in the snapshots: its attributes alone, and with each extra
-// attribute (a counter's direction or PSI resource, an interface, a drift
-// kind).
+// attribute (a drift kind, an ended activation counter's own).
 type labelAttrs struct {
 	base  metric.MeasurementOption
 	set   attribute.Set
 	extra map[extraKey]metric.MeasurementOption
 }
 
-// extraKey names one list of extra attributes: a counter's own and an
-// interface, a drift kind, or an ended activation counter's own.
+// extraKey names one list of extra attributes: a drift kind, or an ended
+// activation counter's own.
 type extraKey struct {
-	counter     rate.Counter
-	iface, kind string
-	attr        attribute.Key // an ended activation's: its outcome, provenance or missing peak
-	value       string
+	kind  string
+	attr  attribute.Key // an ended activation's: its outcome, provenance or missing peak
+	value string
 }
 
 // with returns la's options with the extra attributes key names, made by
@@ -94,38 +91,6 @@ func (o *otelMetrics) observe(obs metric.Observer, snap *snapshot, withActor boo
 		}
 		if !sv.pidsMissing {
 			obs.ObserveInt64(o.pids, clampInt64(sv.pids), la.base)
-		}
-	}
-	count := func(c rate.Counter, la *labelAttrs, v uint64, iface string) {
-		oc := otelCounters[c]
-		opt := la.base
-		if oc.extra.Key != "" || iface != "" {
-			opt = la.with(extraKey{counter: c, iface: iface}, func() []attribute.KeyValue {
-				var extra []attribute.KeyValue
-				if oc.extra.Key != "" {
-					extra = append(extra, oc.extra)
-				}
-				if iface != "" {
-					extra = append(extra, attribute.String(attrNetInterface, iface))
-				}
-				return extra
-			})
-		}
-		if oc.scale != 0 {
-			obs.ObserveFloat64(o.floatCounters[oc.name], float64(v)*oc.scale, opt)
-		} else {
-			obs.ObserveInt64(o.intCounters[oc.name], clampInt64(v), opt)
-		}
-	}
-	for l, cv := range snap.counters {
-		la := labels(l, withActor, o.attrs, seen)
-		for c, v := range cv.total {
-			if cv.has[c] {
-				count(rate.Counter(c), la, v, "")
-			}
-		}
-		for id, v := range cv.perInterface {
-			count(id.Counter, la, v, id.Interface)
 		}
 	}
 	for k, n := range snap.drift {

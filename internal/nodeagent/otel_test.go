@@ -7,7 +7,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -42,20 +41,12 @@ func summarize(h *otelHarness) []eventSummary {
 	return out
 }
 
-// otelCPU returns container.cpu.time's points by actor uid (LabelActor).
+// otelCPU returns container.cpu.time's values by actor uid (LabelActor).
 func otelCPU(t *testing.T, h *otelHarness) map[string]float64 {
 	t.Helper()
 	out := map[string]float64{}
-	for _, sm := range h.collect(t).ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "container.cpu.time" {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Sum[float64]).DataPoints {
-				actor, _ := p.Attributes.Value(attrActorUID)
-				out[actor.AsString()] = p.Value
-			}
-		}
+	for actor, p := range otelCPUPoints(t, h) {
+		out[actor] = p.Value
 	}
 	return out
 }

@@ -60,7 +60,8 @@ func TestOutageMemoryFlat(t *testing.T) {
 		t.Skip("300 sweeps of 1000 workloads")
 	}
 	const sweeps, queue = 300, 4096
-	p, err := otlp.New(otlp.Config{Endpoint: "unix://" + filepath.Join(t.TempDir(), "nobody.sock"), Timeout: time.Second, QueueRecords: queue}, discard())
+	dists := NewDistributions()
+	p, err := otlp.New(otlp.Config{Endpoint: "unix://" + filepath.Join(t.TempDir(), "nobody.sock"), Timeout: time.Second, QueueRecords: queue, Producer: dists}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +74,7 @@ func TestOutageMemoryFlat(t *testing.T) {
 
 	t0 := time.Now()
 	m, err := newMetrics(prometheus.NewRegistry(), metricsConfig{Grace: time.Hour, Started: t0.Add(-time.Hour), CPUs: 2, LabelActor: true,
-		OTel: &OTel{Meters: p.Meters(), Loggers: p.Loggers(), PeriodicEvery: 1, Swept: p.Swept}}, discard())
+		OTel: &OTel{Meters: p.Meters(), Loggers: p.Loggers(), PeriodicEvery: 1, Swept: p.Swept, Distributions: dists}}, discard())
 	if err != nil {
 		t.Fatal(err)
 	}

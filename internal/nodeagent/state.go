@@ -59,6 +59,9 @@ type totalState struct {
 	// and namespace (empty without LabelActor).
 	Labels   [7]string      `json:"labels"`
 	Counters []totalCounter `json:"counters"`
+	// StartUnixNano is when the label set was first charged (its series'
+	// start); absent (an older file) or in the future: the restart's time.
+	StartUnixNano int64 `json:"start_unix_nano,omitempty"`
 }
 
 // totalCounter is one counter's total; Interface is set for a network

@@ -18,7 +18,8 @@ func (m *metrics) exportState(now time.Time) *agentState {
 	st := &agentState{Version: agentStateVersion, OriginUnixNano: m.cfg.Started.UnixNano(), SavedUnixNano: now.UnixNano(),
 		Accountant: m.acct.Export()}
 	for l, t := range m.totals {
-		ts := totalState{Labels: [7]string{l.class, l.source, l.templateNamespace, l.templateName, l.actorUID, l.actorName, l.actorNamespace}}
+		ts := totalState{Labels: [7]string{l.class, l.source, l.templateNamespace, l.templateName, l.actorUID, l.actorName, l.actorNamespace},
+			StartUnixNano: t.values.start.UnixNano()}
 		for c := range rate.NumCounters {
 			if t.values.has[c] {
 				ts.Counters = append(ts.Counters, totalCounter{Counter: c, Value: t.values.total[c]})
@@ -68,7 +69,10 @@ func decodeTotals(st *agentState, now time.Time) (map[labelSet]*counterTotals, e
 			return nil, fmt.Errorf("totals[%d]: label set twice", i)
 		}
 		t := &counterTotals{lastSeen: now}
-		t.values.has[rate.CounterCPU] = true
+		t.values.has[rate.CounterCPU], t.values.start = true, now
+		if ts.StartUnixNano > 0 && ts.StartUnixNano <= now.UnixNano() {
+			t.values.start = time.Unix(0, ts.StartUnixNano)
+		}
 		for j, c := range ts.Counters {
 			switch {
 			case c.Counter < 0 || c.Counter >= rate.NumCounters || len(c.Interface) > rate.MaxInterfaceName:
@@ -91,9 +95,9 @@ func decodeTotals(st *agentState, now time.Time) (map[labelSet]*counterTotals, e
 
 // fitTotals returns totals as this run exports them, when --label-actor
 // or --label-interface changed since the state was written: without actor
-// labels the sets that differ only in them are summed into one (else they
-// would be one Prometheus series served twice, a scrape's error, and
-// whichever came first); the network counters kept in the other form
+// labels the sets that differ only in them are summed into one, starting
+// at the earliest's start (else they would be one Prometheus series served
+// twice, a scrape's error, and whichever came first); the network counters kept in the other form
 // (per interface, or their total) are dropped, their series end (their
 // accounts start again from the next sample: rate.Accountant.Import).
 func fitTotals(totals map[labelSet]*counterTotals, labelActor, labelInterface bool) map[labelSet]*counterTotals {
@@ -123,6 +127,9 @@ func fitTotals(totals map[labelSet]*counterTotals, labelActor, labelInterface bo
 		}
 		for id, v := range t.values.perInterface {
 			o.values.add(id, v)
+		}
+		if t.values.start.Before(o.values.start) { // the sum accrued since the earliest
+			o.values.start = t.values.start
 		}
 	}
 	return out

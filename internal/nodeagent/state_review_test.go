@@ -42,10 +42,12 @@ func newFlaggedHarness(t *testing.T, dir string, now time.Time, labelActor, labe
 // configuration then changed by set.
 func newConfiguredHarness(t *testing.T, dir string, now time.Time, set func(*metricsConfig)) *statefulHarness {
 	t.Helper()
-	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(), events: &recordingProcessor{}}
+	dists := NewDistributions()
+	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(sdkmetric.WithProducer(dists)), events: &recordingProcessor{}}
 	cfg := metricsConfig{Grace: 5 * time.Minute, CPUs: 2, Started: now, OTel: &OTel{
-		Meters:  sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader)),
-		Loggers: sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
+		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader)),
+		Loggers:       sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
+		Distributions: dists,
 	}}
 	set(&cfg)
 	log := &syncBuffer{}
