@@ -96,10 +96,11 @@ func decodeTotals(st *agentState, now time.Time) (map[labelSet]*counterTotals, e
 // fitTotals returns totals as this run exports them, when --label-actor
 // or --label-interface changed since the state was written: without actor
 // labels the sets that differ only in them are summed into one, starting
-// at the earliest's start (else they would be one Prometheus series served
-// twice, a scrape's error, and whichever came first); the network counters kept in the other form
-// (per interface, or their total) are dropped, their series end (their
-// accounts start again from the next sample: rate.Accountant.Import).
+// at the earliest's start (else they would be one Prometheus series
+// served twice, a scrape's error, and whichever came first); the network
+// counters kept in the other form (per interface, or their total) are
+// dropped, their series end (their accounts start again from the next
+// sample: rate.Accountant.Import).
 func fitTotals(totals map[labelSet]*counterTotals, labelActor, labelInterface bool) map[labelSet]*counterTotals {
 	out := make(map[labelSet]*counterTotals, len(totals))
 	for l, t := range totals {
