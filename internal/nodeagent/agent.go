@@ -153,7 +153,7 @@ func (a *Agent) SaveState() {
 	a.metrics.mu.Lock()
 	defer a.metrics.mu.Unlock()
 	if a.metrics.state != nil {
-		a.metrics.state.save(a.metrics.exportState(time.Now()))
+		a.metrics.state.saveAgain(a.metrics.exportState(time.Now()))
 	}
 }
 

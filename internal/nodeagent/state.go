@@ -154,14 +154,23 @@ func (s *stateStore) setAside(p string, now time.Time, why error) {
 		s.logger.Error("agent state unusable and not moved aside: starting as a first start", "path", p, "err", why, "move_err", err)
 		return
 	}
-	s.logger.Error("agent state unusable; moved aside, starting as a first start: the usage charged and the events unsent that it held are lost (counters start again; finals of records statsd still holds are sent)",
+	s.logger.Error("agent state unusable; moved aside, starting as a first start: the usage charged and the events unsent that it held are lost (counters start again; the usage while no agent ran, and the activations that ended then, are neither charged nor sent a final)",
 		"path", p, "moved_to", aside, "err", why)
 }
 
 // save writes st and reports whether it did. A failure is counted and logged (once until a save
 // succeeds), and the file is removed: a restart from a file older than
 // what was served would show Prometheus a counter going down.
-func (s *stateStore) save(st *agentState) bool {
+func (s *stateStore) save(st *agentState) bool { return s.persist(st, true) }
+
+// saveAgain writes st, a state whose counters the file already holds (the
+// shutdown save: only events settled since the last sweep differ). A
+// failure is counted and logged, and the file is kept: it is in step with
+// what was served, and removing it would make the restart a first start.
+func (s *stateStore) saveAgain(st *agentState) bool { return s.persist(st, false) }
+
+// persist is save (removeOnFailure) and saveAgain.
+func (s *stateStore) persist(st *agentState, removeOnFailure bool) bool {
 	b, err := json.Marshal(st)
 	if err == nil && len(b) >= maxAgentStateBytes {
 		err = fmt.Errorf("state of %d bytes over the %d cap", len(b), maxAgentStateBytes)
@@ -171,6 +180,11 @@ func (s *stateStore) save(st *agentState) bool {
 	}
 	if err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
 		s.saves.WithLabelValues("failed").Inc()
+		if !removeOnFailure {
+			s.logger.Error("agent state not saved again at shutdown: the last sweep's is kept (the events settled since are sent again after a restart)",
+				"dir", s.dir, "err", err)
+			return false
+		}
 		rmErr := os.Remove(filepath.Join(s.dir, agentStateFile))
 		if errors.Is(rmErr, os.ErrNotExist) {
 			rmErr = nil

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -92,11 +93,71 @@ func decodeTotals(st *agentState, now time.Time) (map[labelSet]*counterTotals, e
 	return totals, nil
 }
 
+// fitTotals returns totals as this run exports them, when --label-actor
+// or --label-interface changed since the state was written: without actor
+// labels the sets that differ only in them are summed into one, starting
+// at the earliest's start (else they would be one Prometheus series
+// served twice, a scrape's error, and whichever came first); the network
+// counters kept in the other form (per interface, or their total) are
+// dropped, their series end (their accounts start again from the next
+// sample: rate.Accountant.Import).
+func fitTotals(totals map[labelSet]*counterTotals, labelActor, labelInterface bool) map[labelSet]*counterTotals {
+	out := make(map[labelSet]*counterTotals, len(totals))
+	for l, t := range totals {
+		if !labelActor {
+			l.actorUID, l.actorName, l.actorNamespace = "", "", ""
+		}
+		if labelInterface {
+			for c := range rate.NumCounters {
+				if c.IsNetwork() {
+					t.values.has[c], t.values.total[c] = false, 0
+				}
+			}
+		} else {
+			t.values.perInterface = nil
+		}
+		o := out[l]
+		if o == nil {
+			out[l] = t
+			continue
+		}
+		for c := range rate.NumCounters {
+			if t.values.has[c] {
+				o.values.add(rate.CounterID{Counter: c}, t.values.total[c])
+			}
+		}
+		for id, v := range t.values.perInterface {
+			o.values.add(id, v)
+		}
+		if t.values.start.Before(o.values.start) { // the sum accrued since the earliest
+			o.values.start = t.values.start
+		}
+	}
+	return out
+}
+
 // checkState returns why st does not hold together (nil if it does): what
 // restoreState would refuse, checked before the agent is made of it.
 func checkState(st *agentState, now time.Time) error {
 	if _, err := decodeTotals(st, now); err != nil {
 		return err
+	}
+	for i, ev := range st.Pending {
+		// The pipeline settles an event by its record's log.record.uid:
+		// one kept under another uid, or of a kind never kept, would be
+		// sent again at every restart.
+		var uid, kind string
+		for _, a := range ev.Attrs {
+			switch {
+			case a.Key == string(attrRecordUID) && a.Type == "s":
+				uid = a.S
+			case a.Key == string(attrKind) && a.Type == "s":
+				kind = a.S
+			}
+		}
+		if ev.UID == "" || uid != ev.UID || kind == KindPeriodic {
+			return fmt.Errorf("pending_events[%d]: uid %s, its record's %s, kind %s", i, foreign.Quote(ev.UID), foreign.Quote(uid), foreign.Quote(kind))
+		}
 	}
 	return rate.NewAccountant(rate.AccountantConfig{}).Import(st.Accountant, now)
 }
@@ -117,7 +178,14 @@ func (m *metrics) restoreState(st *agentState, now time.Time) error {
 	if err := m.acct.Import(st.Accountant, now); err != nil {
 		return err
 	}
-	m.totals = totals
+	m.totals = fitTotals(totals, m.cfg.LabelActor, m.cfg.LabelInterface)
+	// The templates exported by name keep their slots (not the first
+	// sampled after the restart): their usage stays under their names.
+	for l := range m.totals {
+		if l.templateNamespace != otherTemplate || l.templateName != otherTemplate {
+			m.templates.use(l.templateNamespace, l.templateName, now, false)
+		}
+	}
 	for _, o := range st.Owners {
 		k := rate.ActivationKey{ActorUID: o.Key.ActorUID, Source: sandboxstatsv1.StatsSource(o.Key.Source), EpochUnixNano: o.Key.EpochUnixNano}
 		m.owners[k] = owner{socket: o.Socket, lastSeen: now}

@@ -2,7 +2,6 @@ package nodeagent
 
 import (
 	"bytes"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -10,9 +9,6 @@ import (
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/google/go-cmp/cmp/cmpopts"
-	"github.com/prometheus/client_golang/prometheus"
-	sdklog "go.opentelemetry.io/otel/sdk/log"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -45,20 +41,7 @@ func (s *syncBuffer) String() string {
 
 func newStatefulHarness(t *testing.T, dir string, now time.Time) *statefulHarness {
 	t.Helper()
-	dists := NewDistributions()
-	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(sdkmetric.WithProducer(dists)), events: &recordingProcessor{}}
-	cfg := metricsConfig{Grace: 5 * time.Minute, CPUs: 2, LabelActor: true, Started: now, OTel: &OTel{
-		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader)),
-		Loggers:       sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
-		Distributions: dists,
-	}}
-	log := &syncBuffer{}
-	m, err := newStatefulMetrics(h.reg, cfg, dir, slog.New(slog.NewTextHandler(log, nil)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.m = m
-	return &statefulHarness{otelHarness: h, log: log}
+	return newConfiguredHarness(t, dir, now, func(c *metricsConfig) { c.LabelActor = true })
 }
 
 // cpuTotals returns the exported CPU counter by actor.

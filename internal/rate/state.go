@@ -97,7 +97,10 @@ func compareKeys(x, y KeyState) int {
 // that does not hold together (a counter this build does not know, a
 // duplicate key, an interface name past MaxInterfaceName) is refused
 // whole: a foreign file is not half believed. Past MaxEnded the oldest
-// ended are dropped.
+// ended are dropped. A network counter kept in the other form than a's
+// PerInterface (the flag changed across the restart) is dropped, its
+// activation marked as having a history: it is charged from its next
+// sample on, never its head again.
 func (a *Accountant) Import(st AccountantState, now time.Time) error {
 	live := make(map[ActivationKey]*account, len(st.Live))
 	for i, as := range st.Live {
@@ -109,6 +112,15 @@ func (a *Accountant) Import(st AccountantState, now time.Time) error {
 		for j, cs := range as.Counters {
 			if cs.Counter < 0 || cs.Counter >= NumCounters || len(cs.Interface) > MaxInterfaceName {
 				return fmt.Errorf("rate: state: live[%d].counters[%d]: counter %d (interface %d bytes) not known", i, j, cs.Counter, len(cs.Interface))
+			}
+			if cs.Counter.IsNetwork() && (cs.Interface != "") != a.cfg.PerInterface {
+				// Kept in the other form (PerInterface changed across the
+				// restart): no account of this form to continue. The
+				// activation is taken as one with a history, so that its
+				// network counters start from their next sample instead
+				// of charging their head again.
+				acc.history = true
+				continue
 			}
 			id := CounterID{Counter: cs.Counter, Interface: cs.Interface}
 			if _, dup := acc.counters[id]; dup {
