@@ -9,9 +9,9 @@ import (
 )
 
 // maxPendingEvents bounds the events kept for sending again after a
-// restart: twice the OTLP queue's default count. Past it the oldest are
+// restart: the OTLP queue's default count. Past it the oldest are
 // forgotten (and logged): they may still be sent by this process.
-const maxPendingEvents = 16384
+const maxPendingEvents = 8192
 
 // pendingEvent is a usage event emitted and not yet settled (taken or
 // refused by the collector, or dropped by a full queue): with --state-dir

@@ -30,10 +30,14 @@ const agentStateFile = "agent-state.json"
 const agentStateVersion = 1
 
 // maxAgentStateBytes caps agent-state.json: a larger file is set aside at
-// start. The accountant's own bounds (rate.DefaultMaxEnded ended records,
-// the live activations the daemons' answers cap) and maxPendingEvents
-// keep a real one far below it.
-const maxAgentStateBytes = 256 << 20
+// start, and a save that would be larger fails (the file is removed: a
+// restart starts afresh). Loading takes about 4.7 bytes of heap a byte
+// (TestStateLoadMemory), so the cap keeps a load within the DaemonSet's
+// 128 MiB. A real file holds about 2.6 KiB a live activation with
+// --label-actor, 100 bytes an ended one charged (at most
+// rate.DefaultMaxEnded) and 1 KiB an unsettled event (at most
+// maxPendingEvents): 1000 live activations take about 3 MB.
+const maxAgentStateBytes = 20 << 20
 
 // metricStateSaves counts the state file's writes.
 const metricStateSaves = "sandboxstats_agent_state_saves_total"
@@ -158,6 +162,21 @@ func (s *stateStore) setAside(p string, now time.Time, why error) {
 		"path", p, "moved_to", aside, "err", why)
 }
 
+// probeFile is the file probe writes and removes.
+const probeFile = agentStateFile + ".probe"
+
+// probe reports whether a file can be written in the state directory (a
+// small one, crash-safe as a save is, then removed): a state that could
+// not be kept in step with what the agent serves is not continued from.
+// Cheaper than writing the state back (a large state's bytes twice in
+// memory at start).
+func (s *stateStore) probe() error {
+	if err := s.write(s.dir, probeFile, []byte("probe\n"), 0o600); err != nil && !errors.Is(err, atomicfile.ErrNotDurable) {
+		return err
+	}
+	return os.Remove(filepath.Join(s.dir, probeFile))
+}
+
 // save writes st and reports whether it did. A failure is counted and logged (once until a save
 // succeeds), and the file is removed: a restart from a file older than
 // what was served would show Prometheus a counter going down.
@@ -221,9 +240,12 @@ func openState(dir string, now time.Time, logger *slog.Logger) (*stateStore, *ag
 			st = nil
 		}
 	}
-	if st != nil && !store.save(st) {
-		logger.Error("agent state found but cannot be written back: starting as a first start", "dir", dir)
-		st = nil
+	if st != nil {
+		if err := store.probe(); err != nil {
+			logger.Error("agent state found but cannot be written back: starting as a first start", "dir", dir, "err", err)
+			store.saves.WithLabelValues("failed").Inc()
+			st = nil
+		}
 	}
 	return store, st
 }

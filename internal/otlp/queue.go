@@ -70,10 +70,16 @@ type queued struct {
 	kind  string
 	uid   string // its log.record.uid; "" if none
 	bytes int
-	// unsure: an export of it ended with its outcome unknown (uncertain):
-	// the collector may hold it already.
-	unsure bool
+	// unsure: the exports of it that ended with their outcome unknown
+	// (uncertain): the collector may hold it already.
+	unsure int
 }
+
+// maxUnsureSends is how many exports of unknown outcome a record gets
+// before it is given up (counted dropped uncertain, and settled: the
+// collector may hold it): a collector that takes every export but always
+// answers after --otlp-timeout does not hold the queue for ever.
+const maxUnsureSends = 5
 
 // newEventQueue returns a queue of at most maxRecords records and maxBytes
 // bytes; settled (nil: none) is Config.Settled.
@@ -84,7 +90,7 @@ func newEventQueue(maxRecords, maxBytes int, logger *slog.Logger, settled func(u
 		Name: metricEventsSent, Help: "Usage events the collector took, by kind (initial, periodic, final).",
 	}, []string{"kind"})
 	q.dropped = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: metricEventsDropped, Help: "Usage events not sent, by kind and reason: queue-full (the queue's count or byte bound), rejected (the collector refused them, or took their batch rejecting that many: a partial success), shutdown (still queued when the agent stopped).",
+		Name: metricEventsDropped, Help: "Usage events not sent, by kind and reason: queue-full (the queue's count or byte bound), rejected (the collector refused them, or took their batch rejecting that many: a partial success), uncertain (given up after 5 exports of unknown outcome: the collector may hold them), shutdown (still queued when the agent stopped).",
 	}, []string{"kind", "reason"})
 	q.resent = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: metricEventsResent, Help: "Usage events sent again because an earlier send's outcome was unknown (a timeout, or the connection cut after the request was written): the collector may have taken them, so it may get them twice; each carries the same log.record.uid, by which a consumer deduplicates.",
@@ -213,16 +219,33 @@ func (q *eventQueue) drainOnce(ctx context.Context, send func(context.Context, [
 			// This copy reached the collector, or may have: one that an
 			// earlier unknown outcome may have delivered already.
 			for _, r := range q.recs[:n] {
-				if r.unsure {
+				if r.unsure > 0 {
 					q.resent.WithLabelValues(r.kind).Inc()
 				}
 			}
 		}
 		if res == uncertain {
-			for i := range n {
-				q.recs[i].unsure = true
+			// Sent again after the backoff, up to maxUnsureSends times;
+			// then given up.
+			var uids []string
+			keep := q.recs[:0:0]
+			for i, r := range q.recs {
+				if i < n {
+					r.unsure++
+					if r.unsure >= maxUnsureSends {
+						q.bytes -= r.bytes
+						q.dropped.WithLabelValues(r.kind, "uncertain").Inc()
+						if r.uid != "" {
+							uids = append(uids, r.uid)
+						}
+						continue
+					}
+				}
+				keep = append(keep, r)
 			}
+			q.recs = keep
 			q.mu.Unlock()
+			q.settle(uids)
 			return true
 		}
 		if res == tooLarge {
