@@ -60,7 +60,7 @@ func TestIntegrationOTLPStartAcrossAgentRestart(t *testing.T) {
 	agent.kill(t)
 	killed := uint64(time.Now().UnixNano())
 	w.Do(t, "burn 200")
-	agent = startGapAgent(t, bin, filepath.Join(dir, "statsagent-1.log"), args...)
+	startGapAgent(t, bin, filepath.Join(dir, "statsagent-1.log"), args...) // stopped at the test's end
 	pts := col.WaitMetrics(t, 15*time.Second, func(p []testenv.CollectedPoint) bool {
 		pts := actorCPUPoints(p, actor)
 		return len(pts) > 0 && pts[len(pts)-1].TimeUnixNano > killed && pts[len(pts)-1].Value >= 0.35

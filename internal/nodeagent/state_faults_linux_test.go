@@ -14,25 +14,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
-// faultT0 is when the first agent of the fault tests started.
-var faultT0 = time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
-
-// writeGoodState leaves in dir the state of an agent that charged actor
-// "a" 2 s of CPU over two sweeps, and returns the file's bytes.
-func writeGoodState(t *testing.T, dir string) []byte {
-	t.Helper()
-	h := newStatefulHarness(t, dir, faultT0)
-	for i, cpu := range []uint64{1_000_000, 2_000_000} {
-		at := faultT0.Add(time.Duration(10*(i+1)) * time.Second)
-		h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", faultT0.Add(time.Second), at, cpu))}, at, time.Millisecond)
-	}
-	b, err := os.ReadFile(filepath.Join(dir, agentStateFile))
-	if err != nil {
-		t.Fatal(err)
-	}
-	return b
-}
-
 // mountTmpfs mounts a tmpfs of size bytes on a new directory and returns
 // it; unmounted at the test's end.
 func mountTmpfs(t *testing.T, size int) string {

@@ -2,6 +2,8 @@ package nodeagent
 
 import (
 	"bytes"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -134,4 +136,23 @@ func TestStateAcrossRestart(t *testing.T) {
 	if !strings.Contains(second.log.String(), "agent state restored") {
 		t.Errorf("the restart does not say it continued:\n%s", second.log.String())
 	}
+}
+
+// faultT0 is when the first agent of the fault tests started.
+var faultT0 = time.Date(2026, 12, 7, 2, 0, 0, 0, time.UTC)
+
+// writeGoodState leaves in dir the state of an agent that charged actor
+// "a" 2 s of CPU over two sweeps, and returns the file's bytes.
+func writeGoodState(t *testing.T, dir string) []byte {
+	t.Helper()
+	h := newStatefulHarness(t, dir, faultT0)
+	for i, cpu := range []uint64{1_000_000, 2_000_000} {
+		at := faultT0.Add(time.Duration(10*(i+1)) * time.Second)
+		h.m.Apply([]sweep.DaemonResult{okResult("s", signalSample("a", faultT0.Add(time.Second), at, cpu))}, at, time.Millisecond)
+	}
+	b, err := os.ReadFile(filepath.Join(dir, agentStateFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
