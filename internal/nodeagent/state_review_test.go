@@ -28,6 +28,7 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/atomicfile"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -50,7 +51,7 @@ func newConfiguredHarness(t *testing.T, dir string, now time.Time, set func(*met
 		Distributions: dists,
 	}}
 	set(&cfg)
-	log := &syncBuffer{}
+	log := &testenv.SyncBuffer{}
 	m, err := newStatefulMetrics(h.reg, cfg, dir, slog.New(slog.NewTextHandler(log, nil)))
 	if err != nil {
 		t.Fatal(err)
