@@ -136,6 +136,9 @@ type account struct {
 	history  bool
 	lastSeen time.Time
 	prevSeen time.Time // lastSeen before the sample being charged
+	// restored: when a poller restarted from a state that held it (Import):
+	// the time no poller ran does not count toward the horizon.
+	restored time.Time
 }
 
 type counterAccount struct {
@@ -426,7 +429,7 @@ func perWindow(perSecond, windowNanos uint64) uint64 {
 func (a *Accountant) Prune(now time.Time) []ActivationKey {
 	var gone []ActivationKey
 	for k, acc := range a.live {
-		if now.Sub(acc.lastSeen) > a.cfg.Horizon {
+		if now.Sub(latest(acc.lastSeen, acc.restored)) > a.cfg.Horizon {
 			delete(a.live, k)
 			gone = append(gone, k)
 		}
@@ -451,3 +454,11 @@ func (a *Accountant) Prune(now time.Time) []ActivationKey {
 
 // Len returns the activations remembered, live and ended.
 func (a *Accountant) Len() (live, ended int) { return len(a.live), len(a.ended) }
+
+// latest returns the later of a and b.
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}

@@ -91,9 +91,9 @@ func compareKeys(x, y KeyState) int {
 }
 
 // Import makes a's memory st (a's own is replaced), as a state file held
-// it, seen again at now: each live activation is last seen now (the time
-// no poller ran does not count toward the horizon: nobody could see it),
-// so its next sample charges its growth since what was charged. A state
+// it, seen again at now: each live activation is kept for the horizon
+// after now (the time no poller ran does not count toward it: nobody could
+// see it), and its next sample charges its growth since what was charged. A state
 // that does not hold together (a counter this build does not know, a
 // duplicate key, an interface name past MaxInterfaceName) is refused
 // whole: a foreign file is not half believed. Past MaxEnded the oldest
@@ -108,7 +108,15 @@ func (a *Accountant) Import(st AccountantState, now time.Time) error {
 		if _, dup := live[k]; dup {
 			return fmt.Errorf("rate: state: live[%d]: activation %s epoch %d twice", i, foreign.Quote(as.Key.ActorUID), as.Key.EpochUnixNano)
 		}
-		acc := &account{counters: make(map[CounterID]*counterAccount, len(as.Counters)), history: as.History, lastSeen: now, prevSeen: now}
+		// Last seen when it was saved (a sample without its observed time
+		// is judged from it, the time down included), kept from pruning
+		// until the horizon after now.
+		seen := time.Unix(0, as.LastSeenUnixNano)
+		if as.LastSeenUnixNano <= 0 || seen.After(now) { // a foreign file's: not believed
+			seen = now
+		}
+		acc := &account{counters: make(map[CounterID]*counterAccount, len(as.Counters)), history: as.History,
+			lastSeen: seen, restored: now}
 		for j, cs := range as.Counters {
 			if cs.Counter < 0 || cs.Counter >= NumCounters || len(cs.Interface) > MaxInterfaceName {
 				return fmt.Errorf("rate: state: live[%d].counters[%d]: counter %d (interface %d bytes) not known", i, j, cs.Counter, len(cs.Interface))
