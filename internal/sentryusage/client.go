@@ -119,7 +119,11 @@ func (c *Client) Read(ctx context.Context, q Query) (Usage, error) {
 		return Usage{}, c.wireError(ctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
 	}
 	if err != nil {
-		return Usage{}, errorf(ErrNoSocket, "(sandbox "+q.SandboxID+")", q.ContainerID, "tried "+strings.Join(c.candidates(q.SandboxID), ", "), err)
+		tried := c.candidates(q.SandboxID)
+		for i := range tried {
+			tried[i] = printable(tried[i])
+		}
+		return Usage{}, errorf(ErrNoSocket, "(sandbox "+q.SandboxID+")", q.ContainerID, "tried "+strings.Join(tried, ", "), err)
 	}
 	d, first := c.dialect(addr)
 	if first {
@@ -245,8 +249,15 @@ func (c *Client) dial(ctx context.Context, sandboxID string) (net.Conn, string, 
 		if err == nil {
 			return conn, addr, nil
 		}
+		// The errno alone: net's error text carries the address raw
+		// (an abstract name's NUL bytes).
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			err = errno
+		}
+		err = fmt.Errorf("%s: %w", printable(addr), err)
 		if !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ECONNREFUSED) {
-			return nil, "", fmt.Errorf("%s: %w", printable(addr), err)
+			return nil, "", err
 		}
 		errs = append(errs, err)
 	}

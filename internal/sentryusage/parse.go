@@ -70,9 +70,7 @@ func (e *replyError) Unwrap() []error {
 // *struct{} (observed: "json: cannot unmarshal string into Go value of type
 // struct {}").
 func wantsNoArg(err error) bool {
-	var re *replyError
-	return errors.As(err, &re) && re.sentinel == ErrRemote &&
-		strings.Contains(re.what, "cannot unmarshal string into Go value of type struct")
+	return errors.Is(err, ErrRemote) && strings.Contains(err.Error(), "cannot unmarshal string into Go value of type struct")
 }
 
 // parseReply parses one reply to encodeRequest(d, q.ContainerID). It is
