@@ -230,9 +230,14 @@ func (c *Client) candidates(sandboxID string) []string {
 		out = append(out, filepath.Join(r, "runsc-"+sandboxID+".sock"))
 	}
 	if c.abstract {
-		// Debian's runsc 20221219 (built with an older golang.org/x/sys)
-		// binds the name with a trailing NUL (observed: addrlen 26 for
-		// a 22-byte name); upstream builds of later x/sys do not.
+		// runsc binds "\x00runsc-sandbox.<id>" through golang.org/x/sys,
+		// which before v0.14.0 (commit 1e638101, 2023-10) counted a
+		// trailing NUL in an abstract name's length: every runsc that
+		// used abstract sockets (x/sys v0.2.0 to v0.4.0 up to
+		// release-20230920) binds the name with a NUL at its end
+		// (observed on Debian's 20221219: addrlen 26 for a 22-byte
+		// name). The name without it is tried too, for a build with a
+		// newer x/sys.
 		out = append(out, "@runsc-sandbox."+sandboxID+"\x00", "@runsc-sandbox."+sandboxID)
 	}
 	return out

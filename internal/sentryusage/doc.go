@@ -22,11 +22,11 @@
 //
 // The roots are Config.RootDirs (under containerd's runsc shim
 // /run/containerd/runsc/k8s.io); the abstract name is tried only when
-// Config.Abstract is set, with and without the trailing NUL that Debian's
-// runsc 20221219 binds.
+// Config.Abstract is set, with the trailing NUL every such runsc binds
+// (golang.org/x/sys before v0.14.0 counted it), then without.
 //
-// What the fields mean, and on which runsc, is in Usage's documentation and
-// in /work/notes/31-sentry.md; in short: CPU is nanoseconds of the sentry's
+// What the fields mean, and on which runsc, is in Usage's documentation;
+// in short: CPU is nanoseconds of the sentry's
 // own per-container accounting, every container of the sandbox in one reply,
 // not rescaled to the host cgroup (runsc events rescales; ScaleToHost does
 // the same); memory is the sandbox's total on runsc before release-20230731
