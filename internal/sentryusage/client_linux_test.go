@@ -61,9 +61,10 @@ func startFake(t testing.TB, addr string, behave func(arg json.RawMessage, c net
 				if err := json.NewDecoder(c).Decode(&raw); err != nil {
 					return
 				}
-				method, arg := decodeRequest(t, raw)
-				if method != Method {
-					t.Errorf("the client sent method %q", method)
+				method, arg, err := splitRequest(raw)
+				if err != nil || method != Method {
+					t.Errorf("the client sent method %q: %v", method, err)
+					return
 				}
 				f.mu.Lock()
 				f.requests = append(f.requests, string(raw))

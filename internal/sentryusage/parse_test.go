@@ -3,6 +3,7 @@ package sentryusage
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -167,17 +168,27 @@ func TestEncodeRequest(t *testing.T) {
 // keeping every key, to check that only method and arg are there.
 func decodeRequest(t testing.TB, b []byte) (method string, arg json.RawMessage) {
 	t.Helper()
+	method, arg, err := splitRequest(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return method, arg
+}
+
+// splitRequest is decodeRequest's work, for goroutines that may not call
+// t.Fatal.
+func splitRequest(b []byte) (method string, arg json.RawMessage, err error) {
 	var m map[string]json.RawMessage
 	if err := json.Unmarshal(b, &m); err != nil {
-		t.Fatalf("request %s: %v", b, err)
+		return "", nil, fmt.Errorf("request %s: %w", b, err)
 	}
 	if len(m) != 2 {
-		t.Fatalf("request %s: keys %v, want method and arg", b, m)
+		return "", nil, fmt.Errorf("request %s: %d keys, want method and arg", b, len(m))
 	}
 	if err := json.Unmarshal(m["method"], &method); err != nil {
-		t.Fatalf("request %s: method: %v", b, err)
+		return "", nil, fmt.Errorf("request %s: method: %w", b, err)
 	}
-	return method, m["arg"]
+	return method, m["arg"], nil
 }
 
 // FuzzEncodeRequest: whatever the container id (Read refuses ids runsc
