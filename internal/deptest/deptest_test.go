@@ -22,6 +22,8 @@ var daemonPackages = []string{
 	"internal/server", "internal/identity", "internal/drift", "internal/hoststat",
 	"internal/gvisor", "internal/microvm", "internal/bounded",
 	"internal/process", "internal/source", "internal/nodeagent",
+	// sentryusage dials sentries' control servers: daemon side.
+	"internal/sentryusage",
 }
 
 // statsctlAllowed are the only packages of this module statsctl may link

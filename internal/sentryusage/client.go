@@ -1,0 +1,308 @@
+package sentryusage
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// Defaults of Config.
+const (
+	// DefaultTimeout bounds one Read: every dial, the request and the
+	// reply. runsc events takes about 40 ms here, mostly its own start.
+	DefaultTimeout = 2 * time.Second
+	// DefaultMaxReplyBytes caps a reply: release-20221219's is 344 bytes
+	// for three containers, later ones add network interfaces.
+	DefaultMaxReplyBytes = 64 << 10
+	// maxDialects bounds the per-socket dialect memo.
+	maxDialects = 4096
+)
+
+// Config configures a Client. The zero value with a root dir is usable.
+type Config struct {
+	// RootDirs are runsc root directories (--root) to find
+	// runsc-<sandbox id>.sock in, in order: runsc itself tries its --root,
+	// then /var/run, /run and /tmp. Under containerd's runsc shim the root
+	// is /run/containerd/runsc/<namespace>.
+	RootDirs []string
+	// Abstract also tries the abstract socket @runsc-sandbox.<sandbox id>
+	// (runsc up to release-20230123, and a fallback until
+	// release-20230920), after the root dirs. Abstract sockets have no file
+	// permissions and belong to the caller's network namespace.
+	Abstract bool
+	// Timeout bounds one Read; 0 means DefaultTimeout. A context deadline
+	// that comes sooner wins.
+	Timeout time.Duration
+	// MaxReplyBytes caps one reply; 0 means DefaultMaxReplyBytes.
+	MaxReplyBytes int
+}
+
+// Query names what to read.
+type Query struct {
+	// SandboxID names the control socket: the sandbox's (root, pause)
+	// container id.
+	SandboxID string
+	// ContainerID is the container memory and pids are asked for; CPU
+	// comes for every container either way.
+	ContainerID string
+	// Containers, when not empty, are the ids (or names, see Usage.CPU) the
+	// caller knows in this sandbox (from runsc's state files): any other
+	// key of the reply is left out of Usage.CPU and counted in
+	// Usage.Foreign.
+	Containers []string
+}
+
+// Client reads usage from sentries' control servers. It is safe for
+// concurrent use; it keeps no connection open between Reads, only what
+// argument form each socket accepted.
+type Client struct {
+	roots    []string
+	abstract bool
+	timeout  time.Duration
+	maxReply int
+
+	mu       sync.Mutex
+	dialects map[string]Dialect // by socket address
+}
+
+// New returns a Client, or an error when cfg names no place to look or a
+// negative bound.
+func New(cfg Config) (*Client, error) {
+	if len(cfg.RootDirs) == 0 && !cfg.Abstract {
+		return nil, errors.New("sentryusage: no root dir and no abstract socket: nowhere to find a control socket")
+	}
+	if cfg.Timeout < 0 || cfg.MaxReplyBytes < 0 {
+		return nil, fmt.Errorf("sentryusage: negative Timeout (%v) or MaxReplyBytes (%d)", cfg.Timeout, cfg.MaxReplyBytes)
+	}
+	c := &Client{abstract: cfg.Abstract, timeout: cfg.Timeout, maxReply: cfg.MaxReplyBytes, dialects: map[string]Dialect{}}
+	for _, r := range cfg.RootDirs {
+		if r == "" {
+			return nil, errors.New("sentryusage: an empty root dir")
+		}
+		c.roots = append(c.roots, filepath.Clean(r))
+	}
+	if c.timeout == 0 {
+		c.timeout = DefaultTimeout
+	}
+	if c.maxReply == 0 {
+		c.maxReply = DefaultMaxReplyBytes
+	}
+	return c, nil
+}
+
+// Read asks the sentry of q.SandboxID for q.ContainerID's usage: one
+// connection, one request (two on a socket's first Read when the first
+// argument form is refused), one bounded reply. Errors wrap one of the
+// package's sentinels and name the socket and the container.
+func (c *Client) Read(ctx context.Context, q Query) (Usage, error) {
+	if err := validID(q.SandboxID); err != nil {
+		return Usage{}, fmt.Errorf("%w: sandbox id %q: %w", ErrBadID, cutID(q.SandboxID), err)
+	}
+	if err := validID(q.ContainerID); err != nil {
+		return Usage{}, fmt.Errorf("%w: container id %q: %w", ErrBadID, cutID(q.ContainerID), err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
+	defer cancel()
+
+	conn, addr, err := c.dial(ctx, q.SandboxID)
+	if err != nil && ctx.Err() != nil {
+		return Usage{}, c.wireError(ctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
+	}
+	if err != nil {
+		tried := c.candidates(q.SandboxID)
+		for i := range tried {
+			tried[i] = printable(tried[i])
+		}
+		return Usage{}, errorf(ErrNoSocket, "(sandbox "+q.SandboxID+")", q.ContainerID, "tried "+strings.Join(tried, ", "), err)
+	}
+	d, first := c.dialect(addr)
+	if first {
+		d = DialectContainerID
+		if strings.HasPrefix(addr, "@") {
+			d = DialectNoArg // an abstract socket is runsc before release-20230920: likely the old form
+		}
+	}
+	u, err := c.call(ctx, conn, addr, d, q)
+	if err != nil && (wantsNoArg(err) && d == DialectContainerID || first && d == DialectNoArg && errors.Is(err, ErrRemote)) {
+		// The other argument form, once, on a new connection (urpc
+		// serves several calls per connection, but a fresh one leaves
+		// nothing of the refused call behind).
+		d = DialectNoArg + DialectContainerID - d
+		if conn, err = c.dialAddr(ctx, addr); err != nil {
+			return Usage{}, errorf(ErrIO, addr, q.ContainerID, "dial again", err)
+		}
+		u, err = c.call(ctx, conn, addr, d, q)
+	}
+	if err != nil {
+		return Usage{}, err
+	}
+	c.learn(addr, d)
+	u.Socket = printable(addr)
+	return u, nil
+}
+
+// call sends one request on conn, reads one bounded reply, closes conn and
+// parses the reply.
+func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect, q Query) (Usage, error) {
+	defer conn.Close()
+	where := printable(addr)
+	if dl, ok := ctx.Deadline(); ok {
+		conn.SetDeadline(dl)
+	}
+	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
+	defer stop()
+
+	if _, err := conn.Write(encodeRequest(d, q.ContainerID)); err != nil {
+		return Usage{}, c.wireError(ctx, where, q.ContainerID, "write request", err)
+	}
+	b, err := readReply(conn, c.maxReply)
+	if err != nil {
+		var re *replyError
+		if errors.As(err, &re) {
+			return Usage{}, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
+		}
+		return Usage{}, c.wireError(ctx, where, q.ContainerID, "read reply", err)
+	}
+	u, err := parseReply(b, d, q)
+	if err != nil {
+		re := err.(*replyError)
+		return Usage{}, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
+	}
+	return u, nil
+}
+
+// readReply reads one JSON value of at most max bytes from r: the framing
+// only (urpc has no length prefix: the value's end is its closing brace);
+// parseReply reads the value. A value past max is ErrTooLarge, bytes that
+// cannot begin or continue a JSON value ErrMalformed (as *replyError);
+// anything else is the reader's error.
+func readReply(r io.Reader, max int) ([]byte, error) {
+	lr := &io.LimitedReader{R: r, N: int64(max) + 1}
+	var seen bytes.Buffer
+	dec := json.NewDecoder(io.TeeReader(lr, &seen))
+	var raw json.RawMessage
+	err := dec.Decode(&raw)
+	switch {
+	case err == nil:
+		if len(raw) > max {
+			return nil, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
+		}
+		return raw, nil
+	case lr.N <= 0 && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
+		return nil, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
+	}
+	var se *json.SyntaxError
+	if errors.As(err, &se) {
+		return nil, &replyError{ErrMalformed, "not JSON " + excerpt(seen.Bytes(), err), err}
+	}
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+		return nil, fmt.Errorf("closed after %d bytes: %w", seen.Len(), io.ErrUnexpectedEOF)
+	}
+	return nil, err
+}
+
+// wireError classifies an I/O error: the deadline or the context is
+// ErrDeadline, the rest ErrIO.
+func (c *Client) wireError(ctx context.Context, where, container, what string, err error) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) || ctx.Err() != nil {
+		if cerr := context.Cause(ctx); cerr != nil && !errors.Is(err, cerr) {
+			err = fmt.Errorf("%w (%w)", err, cerr)
+		}
+		return errorf(ErrDeadline, where, container, what+" (bound "+c.timeout.String()+")", err)
+	}
+	return errorf(ErrIO, where, container, what, err)
+}
+
+// candidates lists the addresses dial tries for a sandbox, in order.
+func (c *Client) candidates(sandboxID string) []string {
+	var out []string
+	for _, r := range c.roots {
+		out = append(out, filepath.Join(r, "runsc-"+sandboxID+".sock"))
+	}
+	if c.abstract {
+		// runsc binds "\x00runsc-sandbox.<id>" through golang.org/x/sys,
+		// which before v0.14.0 (commit 1e638101, 2023-10) counted a
+		// trailing NUL in an abstract name's length: every runsc that
+		// used abstract sockets (x/sys v0.2.0 to v0.4.0 up to
+		// release-20230920) binds the name with a NUL at its end
+		// (observed on Debian's 20221219: addrlen 26 for a 22-byte
+		// name). The name without it is tried too, for a build with a
+		// newer x/sys.
+		out = append(out, "@runsc-sandbox."+sandboxID+"\x00", "@runsc-sandbox."+sandboxID)
+	}
+	return out
+}
+
+// dial connects to the first candidate that answers. A candidate that is
+// missing (ENOENT) or refuses (ECONNREFUSED: a socket file left by a dead
+// sandbox, or no such abstract name) is skipped; any other error ends the
+// search.
+func (c *Client) dial(ctx context.Context, sandboxID string) (net.Conn, string, error) {
+	var errs []error
+	for _, addr := range c.candidates(sandboxID) {
+		conn, err := c.dialAddr(ctx, addr)
+		if err == nil {
+			return conn, addr, nil
+		}
+		// The errno alone: net's error text carries the address raw
+		// (an abstract name's NUL bytes).
+		var errno syscall.Errno
+		if errors.As(err, &errno) {
+			err = errno
+		}
+		err = fmt.Errorf("%s: %w", printable(addr), err)
+		if !errors.Is(err, syscall.ENOENT) && !errors.Is(err, syscall.ECONNREFUSED) {
+			return nil, "", err
+		}
+		errs = append(errs, err)
+	}
+	if len(errs) == 0 {
+		return nil, "", errors.New("no candidate")
+	}
+	return nil, "", errors.Join(errs...)
+}
+
+// dialAddr connects to one address (a path or @abstract).
+func (c *Client) dialAddr(ctx context.Context, addr string) (net.Conn, error) {
+	return dialUnix(ctx, addr)
+}
+
+// dialect returns the memo for addr, and whether there is none.
+func (c *Client) dialect(addr string) (Dialect, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	d, ok := c.dialects[addr]
+	return d, !ok
+}
+
+// learn remembers the argument form addr accepted.
+func (c *Client) learn(addr string, d Dialect) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.dialects[addr]; !ok && len(c.dialects) >= maxDialects {
+		clear(c.dialects) // sandboxes come and go: relearning costs one call each
+	}
+	c.dialects[addr] = d
+}
+
+// printable shows an address with its NUL bytes escaped.
+func printable(addr string) string { return strings.ReplaceAll(addr, "\x00", `\x00`) }
+
+// cutID cuts an id for an error message (the caller's, not foreign text;
+// %q escapes it).
+func cutID(id string) string {
+	if len(id) > MaxIDBytes {
+		return id[:MaxIDBytes] + "..."
+	}
+	return id
+}

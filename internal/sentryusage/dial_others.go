@@ -1,0 +1,15 @@
+//go:build !linux
+
+package sentryusage
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"runtime"
+)
+
+// errUnsupported: gVisor runs on Linux only.
+var errUnsupported = fmt.Errorf("sentryusage: not supported on %s", runtime.GOOS)
+
+func dialUnix(context.Context, string) (net.Conn, error) { return nil, errUnsupported }
