@@ -36,6 +36,7 @@ func identityFromProto(id *sandboxstatsv1.WorkloadIdentity) identity.Identity {
 		ActorNamespace:    id.GetActorNamespace(),
 		TemplateNamespace: id.GetTemplateNamespace(),
 		TemplateName:      id.GetTemplateName(),
+		WorkerPool:        id.GetWorkerPool(),
 	}
 }
 
@@ -46,6 +47,7 @@ func identityToProto(id identity.Identity) *sandboxstatsv1.WorkloadIdentity {
 		ActorNamespace:    id.ActorNamespace,
 		TemplateNamespace: id.TemplateNamespace,
 		TemplateName:      id.TemplateName,
+		WorkerPool:        id.WorkerPool,
 	}
 }
 
@@ -68,6 +70,7 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 		ActorNamespace:        id.ActorNamespace,
 		TemplateNamespace:     id.TemplateNamespace,
 		TemplateName:          id.TemplateName,
+		WorkerPool:            id.WorkerPool,
 		SandboxClass:          classToProto(class),
 		Source:                kindToProto(r.Kind),
 		SourceDetail:          r.Detail,
