@@ -88,6 +88,35 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 	for _, a := range r.Absent {
 		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
 	}
+	s.SandboxOwnCpuUsec = r.SandboxOwnCPUUsec
+	s.Containers = containersToProto(r.Containers)
 	signalsToProto(s, r)
 	return s
+}
+
+// containersToProto converts a reading's containers into messages of their
+// own (the cuts may change them; the domain values stay as they were).
+func containersToProto(cs []source.Container) []*sandboxstatsv1.ContainerStats {
+	if len(cs) == 0 {
+		return nil
+	}
+	out := make([]*sandboxstatsv1.ContainerStats, 0, len(cs))
+	for _, c := range cs {
+		m := &sandboxstatsv1.ContainerStats{
+			Id:                    c.ID,
+			Name:                  c.Name,
+			CpuUsageUsec:          c.CPUUsageUsec,
+			CpuUserUsec:           c.CPUUserUsec,
+			CpuSystemUsec:         c.CPUSystemUsec,
+			MemoryCurrentBytes:    c.MemoryCurrentBytes,
+			MemoryWorkingSetBytes: c.MemoryWorkingSetBytes,
+			MemoryIsOwn:           c.MemoryIsOwn,
+			PidsCurrent:           c.PidsCurrent,
+		}
+		for _, a := range c.Absent {
+			m.Absent = append(m.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
+		}
+		out = append(out, m)
+	}
+	return out
 }

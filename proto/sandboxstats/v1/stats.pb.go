@@ -1378,10 +1378,12 @@ func (x *AbsentValue) GetReason() string {
 // (host.kvm.qmp.counters), all QMP counters, the per-thread list
 // (host.vmm_threads.threads; the totals stay), the per-CPU list
 // (host.runner_kernel.per_cpu; the total stays), the whole host view
-// (host, left with unavailable_reason), then long text: every absent and
-// unread-container reason to 128 bytes and source_detail and the origins to
-// 256 ("text"). A list is cut from epoch_baseline.first_read as well. Each
-// cut is named in `absent` ("cut: ..." with the sizes).
+// (host, left with unavailable_reason), then the per-container list
+// (containers; the sample's figures, their sums, stay), with long text cut
+// first of all: every absent and unread-container reason (the containers'
+// too) to 128 bytes and source_detail and the origins to 256 ("text"). A
+// list is cut from epoch_baseline.first_read as well. Each cut is named in
+// `absent` ("cut: ..." with the sizes).
 type WorkloadStatsSample struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Identity, echoed from the Run/Restore that bound the workload. Attribute
@@ -1468,7 +1470,10 @@ type WorkloadStatsSample struct {
 	// sample-level figures stay the sums of the containers read, as before;
 	// an unread container is in unread_containers, not here. Each container's
 	// figures are absent-not-zero like the sample's (ContainerStats.absent).
-	// An ended record's final sample carries them too.
+	// An ended record's final sample carries them too, and a guest agent's
+	// epoch_baseline.first_read its first read's (each container's counters
+	// there are that container's baseline). Cut last when the sample is over
+	// its cap (named in `absent`, field "containers").
 	Containers []*ContainerStats `protobuf:"bytes,28,rep,name=containers,proto3" json:"containers,omitempty"`
 	// Counter, microseconds of CPU time. Layer: sandbox runtime (gVisor
 	// only): the sandbox's own share, what the isolation costs the pod (the
