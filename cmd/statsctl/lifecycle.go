@@ -37,6 +37,7 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 	fs.StringVar(&b.identity.ActorNamespace, "actor-namespace", "", "actor namespace")
 	fs.StringVar(&b.identity.TemplateNamespace, "template-namespace", "", "template namespace")
 	fs.StringVar(&b.identity.TemplateName, "template-name", "", "template name")
+	fs.StringVar(&b.identity.WorkerPool, "worker-pool", "", "worker pool (optional)")
 	fs.StringVar(&b.class, "class", "", "sandbox class: gvisor or microvm (implied by --cgroup-path or --sentry-pid: gvisor; --agent-address: microvm)")
 	fs.StringVar(&b.ref.CgroupPath, "cgroup-path", "", "gvisor: sandbox cgroup, relative to the cgroup mount")
 	fs.IntVar(&b.sentry, "sentry-pid", 0, "gvisor: the sentry's pid (cgroup found through /proc/<pid>/cgroup)")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -36,6 +37,9 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 	row := func(k, v, note string) { fmt.Fprintf(tw, "%s\t%s\t%s\n", k, v, note) }
 	row("ACTOR", s.GetActorUid(), qualified(s.GetActorNamespace(), s.GetActorName()))
 	row("TEMPLATE", qualified(s.GetTemplateNamespace(), s.GetTemplateName()), "")
+	if p := s.GetWorkerPool(); p != "" {
+		row("WORKER POOL", p, "")
+	}
 	row("CLASS", api.ClassName(s.GetSandboxClass()), "")
 	row("SOURCE", api.SourceName(s.GetSource()), s.GetSourceDetail())
 	row("EPOCH", formatTime(s.GetEpochUnixNano()), "when the current Run/Restore began")
@@ -54,6 +58,9 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 		row("CPU USAGE", formatUsec(s.GetCpuUsageUsec()), "counter; compare only within one epoch")
 	} else {
 		row("CPU USAGE", "absent", absentReason(s, "cpu_usage_usec"))
+	}
+	if s.SandboxOwnCpuUsec != nil {
+		row("SANDBOX OWN CPU", formatUsec(s.GetSandboxOwnCpuUsec()), "counter; the sandbox's CPU less its containers' (sentry, gofers, platform)")
 	}
 	if s.SandboxProcesses != nil {
 		note := ""
@@ -81,7 +88,64 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 		}
 		row("HOST", formatTime(h.GetObservedAtUnixNano()), note)
 	}
-	return tw.Flush()
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	return writeContainers(w, s.GetContainers())
+}
+
+// writeContainers prints a sample's containers, one a line, under the
+// sample (nothing when it has none): CPU in seconds (counters), memory in
+// MiB (gauges), "-" for a figure absent, each absent figure's reason on a
+// line of its own below.
+func writeContainers(w io.Writer, cs []*sandboxstatsv1.ContainerStats) error {
+	if len(cs) == 0 {
+		return nil
+	}
+	fmt.Fprintf(w, "\nCONTAINERS (%d)\n", len(cs))
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tNAME\tCPU(s)\tUSER(s)\tSYSTEM(s)\tMEM(MiB)\tWSET(MiB)\tPIDS")
+	secs := func(v *uint64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.6f", float64(*v)/1e6)
+	}
+	mib := func(v *uint64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", float64(*v)/(1<<20))
+	}
+	count := func(v *uint64) string {
+		if v == nil {
+			return "-"
+		}
+		return fmt.Sprint(*v)
+	}
+	for _, c := range cs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.GetId(), dash(c.GetName()),
+			secs(c.CpuUsageUsec), secs(c.CpuUserUsec), secs(c.CpuSystemUsec),
+			mib(c.MemoryCurrentBytes), mib(c.MemoryWorkingSetBytes), count(c.PidsCurrent))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	for _, c := range cs {
+		// Figures absent for one reason share a line.
+		var reasons []string
+		fields := map[string][]string{}
+		for _, a := range c.GetAbsent() {
+			if _, ok := fields[a.GetReason()]; !ok {
+				reasons = append(reasons, a.GetReason())
+			}
+			fields[a.GetReason()] = append(fields[a.GetReason()], a.GetField())
+		}
+		for _, r := range reasons {
+			fmt.Fprintf(w, "  %s: %s absent: %s\n", c.GetId(), strings.Join(fields[r], ", "), r)
+		}
+	}
+	return nil
 }
 
 func absentReason(s *sandboxstatsv1.WorkloadStatsSample, field string) string {

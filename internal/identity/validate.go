@@ -29,6 +29,8 @@ type Identity struct {
 	ActorNamespace    string `json:"actor_namespace,omitempty"`
 	TemplateNamespace string `json:"template_namespace,omitempty"`
 	TemplateName      string `json:"template_name,omitempty"`
+	// WorkerPool is optional (upstream's ate.workerpool.name).
+	WorkerPool string `json:"worker_pool,omitempty"`
 }
 
 // ValidateActorUID checks an actor uid: 1 to 128 bytes of printable ASCII.
@@ -55,6 +57,7 @@ func (id Identity) Validate() error {
 		{"actor_namespace", id.ActorNamespace},
 		{"template_namespace", id.TemplateNamespace},
 		{"template_name", id.TemplateName},
+		{"worker_pool", id.WorkerPool},
 	} {
 		if err := validateText(f.name, f.value, maxNameBytes); err != nil {
 			return err

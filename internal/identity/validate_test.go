@@ -128,3 +128,29 @@ func FuzzValidateRequest(f *testing.F) {
 		}
 	})
 }
+
+// TestValidateWorkerPool: the optional worker pool has the bounds of the
+// other identity names (253 bytes, printable ASCII and spaces).
+func TestValidateWorkerPool(t *testing.T) {
+	for _, tc := range []struct {
+		name, pool string
+		ok         bool
+	}{
+		{"none", "", true},
+		{"a pool", "pool-eu-1", true},
+		{"253 bytes", strings.Repeat("p", 253), true},
+		{"254 bytes", strings.Repeat("p", 254), false},
+		{"a newline", "pool\n1", false},
+		{"not ASCII", "pöol", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := Identity{ActorUID: "actor-1", WorkerPool: tc.pool}.Validate()
+			if (err == nil) != tc.ok {
+				t.Fatalf("Validate(worker_pool %q) = %v, want ok=%v", tc.pool, err, tc.ok)
+			}
+			if err != nil && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "worker_pool")) {
+				t.Fatalf("error %v does not wrap ErrInvalid or name worker_pool", err)
+			}
+		})
+	}
+}

@@ -45,6 +45,8 @@ type containerStats struct {
 	PeakBytes         uint64           // max(usage.max_usage, usage); valid when PeakOffered
 	PeakOffered       bool             // false when the guest kernel has no memory.peak (< 5.19)
 	CPUUsec           uint64           // valid when CPUKnown
+	CPUUserUsec       uint64           // usage_in_usermode; valid when CPUKnown
+	CPUSystemUsec     uint64           // usage_in_kernelmode; valid when CPUKnown
 	CPUKnown          bool             // false when the CPU unit cannot be told (agent version unknown)
 	CPUFromMicros     bool             // the agent sent microseconds (< 3.9.0 on a v2 guest)
 	CPUUnknownBecause string           // why CPUKnown is false
@@ -108,16 +110,21 @@ func convertContainer(id string, r *katagrpc.StatsContainerResponse, v agentVers
 		c.PeakBytes = max(usage.GetMaxUsage(), c.MemoryBytes)
 	}
 
-	total := cpu.GetTotalUsage()
+	// User and system keep their own names: usage_in_usermode is user,
+	// usage_in_kernelmode is system. (Kata's Go shim swaps them in its
+	// cgroup v2 conversion, setCPUStatsV2, since 3.1.0.)
+	total, user, system := cpu.GetTotalUsage(), cpu.GetUsageInUsermode(), cpu.GetUsageInKernelmode()
 	switch {
 	case c.Guest == guestV1:
-		// cpuacct.usage is nanoseconds on every agent.
-		c.CPUUsec, c.CPUKnown = total/1000, true
+		// cpuacct.usage and cpuacct.stat (ticks scaled) are nanoseconds on
+		// every agent.
+		c.CPUUsec, c.CPUUserUsec, c.CPUSystemUsec, c.CPUKnown = total/1000, user/1000, system/1000, true
 	case v.Known && !v.less(cpuNanosFixed):
-		c.CPUUsec, c.CPUKnown = total/1000, true
+		c.CPUUsec, c.CPUUserUsec, c.CPUSystemUsec, c.CPUKnown = total/1000, user/1000, system/1000, true
 	case v.Known && c.Guest == guestV2:
-		// Agents before 3.9.0 copy cpu.stat usage_usec without the x1000.
-		c.CPUUsec, c.CPUKnown, c.CPUFromMicros = total, true, true
+		// Agents before 3.9.0 copy cpu.stat usage_usec, user_usec and
+		// system_usec without the x1000.
+		c.CPUUsec, c.CPUUserUsec, c.CPUSystemUsec, c.CPUKnown, c.CPUFromMicros = total, user, system, true, true
 	case v.Known:
 		c.CPUUnknownBecause = fmt.Sprintf("agent %s is older than 3.9.0 and the guest's cgroup version cannot be told from the reply, so the CPU unit (ns or us) is unknown", v)
 	default:
@@ -125,6 +132,30 @@ func convertContainer(id string, r *katagrpc.StatsContainerResponse, v agentVers
 	}
 	c.Signals = convertSignals(r, c.Guest, v)
 	return c, nil
+}
+
+// own is the container's figures on their own (Reading.Containers): the
+// guest cgroup is the container's, so memory is its own.
+func (s containerStats) own(id string) source.Container {
+	c := source.Container{
+		ID:                    id,
+		MemoryCurrentBytes:    u64p(s.MemoryBytes),
+		MemoryWorkingSetBytes: u64p(s.WorkingSetBytes),
+		MemoryIsOwn:           true,
+	}
+	if s.CPUKnown {
+		c.CPUUsageUsec, c.CPUUserUsec, c.CPUSystemUsec = u64p(s.CPUUsec), u64p(s.CPUUserUsec), u64p(s.CPUSystemUsec)
+	} else {
+		for _, f := range []string{"cpu_usage_usec", "cpu_user_usec", "cpu_system_usec"} {
+			c.Absent = append(c.Absent, source.Absent{Field: f, Reason: s.CPUUnknownBecause})
+		}
+	}
+	if p := s.Signals.Pids; p != nil {
+		c.PidsCurrent = u64p(p.Current)
+	} else {
+		c.Absent = append(c.Absent, source.Absent{Field: "pids_current", Reason: "no pids_stats in the reply (no pids controller in the guest cgroup)"})
+	}
+	return c
 }
 
 // subFloor is a-b floored at 0.
@@ -184,6 +215,7 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 		}
 		fromMicros = fromMicros || s.CPUFromMicros
 		signals.add(c.ID, s.Signals)
+		r.Containers = append(r.Containers, s.own(c.ID))
 	}
 	if read == 0 {
 		return source.Reading{}, allFailed(addr, results)

@@ -75,7 +75,7 @@ func TestConvertContainer(t *testing.T) {
 				CPUTotal: 2_500_000_000, CPUUser: 2_000_000_000, CPUSystem: 500_000_000}),
 			v: agent410,
 			want: containerStats{Guest: guestV2, MemoryBytes: 300 * mib, WorkingSetBytes: 200 * mib, PeakBytes: 350 * mib, PeakOffered: true,
-				CPUUsec: 2_500_000, CPUKnown: true},
+				CPUUsec: 2_500_000, CPUUserUsec: 2_000_000, CPUSystemUsec: 500_000, CPUKnown: true},
 		},
 		{
 			name: "v1 guest: total_inactive_file, not the cgroup-local inactive_file; 2^63 limit is unlimited",
@@ -95,8 +95,9 @@ func TestConvertContainer(t *testing.T) {
 			name: "v2 guest, agent 3.8.2 sends us: no division",
 			reply: kataagentfake.V2(kataagentfake.Container{UsageBytes: 4096, MaxUsageBytes: 4096,
 				CPUTotal: 2_500_000, CPUUser: 2_000_000, CPUSystem: 500_000}),
-			v:    agent382,
-			want: containerStats{Guest: guestV2, MemoryBytes: 4096, WorkingSetBytes: 4096, PeakBytes: 4096, PeakOffered: true, CPUUsec: 2_500_000, CPUKnown: true, CPUFromMicros: true},
+			v: agent382,
+			want: containerStats{Guest: guestV2, MemoryBytes: 4096, WorkingSetBytes: 4096, PeakBytes: 4096, PeakOffered: true, CPUUsec: 2_500_000,
+				CPUUserUsec: 2_000_000, CPUSystemUsec: 500_000, CPUKnown: true, CPUFromMicros: true},
 		},
 		{
 			name:  "v2 guest, agent 3.9.0 already sends ns",
@@ -374,6 +375,9 @@ func isSignalField(field string) bool {
 // withoutSignals is r without its signals and traffic parts and their
 // absent entries: what the memory and CPU tests compare.
 func withoutSignals(r source.Reading) source.Reading {
+	// The per-container figures have their own tables too
+	// (TestSampleContainersOnTheirOwn, TestContainersUserSystemNotSwapped).
+	r.Containers = nil
 	r.Memory, r.Throttling, r.Pressure, r.Pids, r.Network, r.BlockIO = nil, nil, nil, nil, nil, nil
 	var kept []source.Absent
 	for _, a := range r.Absent {

@@ -32,9 +32,10 @@ const (
 	maxSampleBytes = 24 << 10
 	// maxHostViewBytes bounds StatsHost's view, alone in its answer.
 	maxHostViewBytes = 48 << 10
-	// The last cut, "text", cuts every absent and unread-container reason
-	// to maxCutReason bytes, and source_detail and the origins to
-	// maxCutDetail (each then ends "...(+N bytes)").
+	// The first cut, "text", cuts every absent and unread-container reason
+	// (the containers' absent reasons too) to maxCutReason bytes, and
+	// source_detail and the origins to maxCutDetail (each then ends
+	// "...(+N bytes)").
 	maxCutReason = 128
 	maxCutDetail = 256
 )
@@ -66,7 +67,8 @@ type cut struct {
 // sampleCuts is the order in which a sample sheds parts: text first (it
 // carries no number), then what the node agent accounts least (per-interface
 // counters beyond the ones it accounts apart, then those, then per-device
-// ones), then the host view from its finest detail up.
+// ones), then the host view from its finest detail up, then the
+// per-container list.
 var sampleCuts = []cut{
 	{field: "text", what: fmt.Sprintf("long text cut (absent and unread-container reasons to %d bytes, source_detail and the origins to %d)", maxCutReason, maxCutDetail),
 		unit: "strings", drop: cutText},
@@ -81,6 +83,10 @@ var sampleCuts = []cut{
 	{field: "host.vmm_threads.threads", what: "the per-thread list dropped", unit: "threads", kept: "vcpu_totals and other_totals kept", drop: dropThreads},
 	{field: "host.runner_kernel.per_cpu", what: "the per-CPU list dropped", unit: "CPUs", kept: "the total kept", drop: dropPerCPU},
 	{field: "host", what: "the host view dropped", unit: "view", kept: "host.observed_at_unix_nano kept", drop: dropHost},
+	// Last: the containers cannot be read any other way (the host view can,
+	// with StatsHost), and the sample's figures are their sums.
+	{field: "containers", what: "the per-container list dropped (the sample's and epoch_baseline.first_read's)", unit: "containers",
+		kept: "the sample's figures (the containers' sums) kept", drop: dropContainers},
 }
 
 // hostCuts is the order in which StatsHost's view sheds parts: the host
@@ -181,6 +187,15 @@ func dropInterfaces(p cutParts) int {
 			n += len(net.Interfaces)
 			net.Interfaces = nil
 		}
+	}
+	return n
+}
+
+func dropContainers(p cutParts) int {
+	n := 0
+	for _, s := range p.samples {
+		n += len(s.GetContainers())
+		s.Containers = nil
 	}
 	return n
 }
@@ -291,6 +306,11 @@ func cutText(p cutParts) int {
 		}
 		for _, u := range s.GetUnreadContainers() {
 			bound(&u.Reason, maxCutReason)
+		}
+		for _, c := range s.GetContainers() {
+			for _, a := range c.GetAbsent() {
+				bound(&a.Reason, maxCutReason)
+			}
 		}
 	}
 	return n

@@ -36,6 +36,7 @@ func identityFromProto(id *sandboxstatsv1.WorkloadIdentity) identity.Identity {
 		ActorNamespace:    id.GetActorNamespace(),
 		TemplateNamespace: id.GetTemplateNamespace(),
 		TemplateName:      id.GetTemplateName(),
+		WorkerPool:        id.GetWorkerPool(),
 	}
 }
 
@@ -46,6 +47,7 @@ func identityToProto(id identity.Identity) *sandboxstatsv1.WorkloadIdentity {
 		ActorNamespace:    id.ActorNamespace,
 		TemplateNamespace: id.TemplateNamespace,
 		TemplateName:      id.TemplateName,
+		WorkerPool:        id.WorkerPool,
 	}
 }
 
@@ -68,6 +70,7 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 		ActorNamespace:        id.ActorNamespace,
 		TemplateNamespace:     id.TemplateNamespace,
 		TemplateName:          id.TemplateName,
+		WorkerPool:            id.WorkerPool,
 		SandboxClass:          classToProto(class),
 		Source:                kindToProto(r.Kind),
 		SourceDetail:          r.Detail,
@@ -85,6 +88,35 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 	for _, a := range r.Absent {
 		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
 	}
+	s.SandboxOwnCpuUsec = r.SandboxOwnCPUUsec
+	s.Containers = containersToProto(r.Containers)
 	signalsToProto(s, r)
 	return s
+}
+
+// containersToProto converts a reading's containers into messages of their
+// own (the cuts may change them; the domain values stay as they were).
+func containersToProto(cs []source.Container) []*sandboxstatsv1.ContainerStats {
+	if len(cs) == 0 {
+		return nil
+	}
+	out := make([]*sandboxstatsv1.ContainerStats, 0, len(cs))
+	for _, c := range cs {
+		m := &sandboxstatsv1.ContainerStats{
+			Id:                    c.ID,
+			Name:                  c.Name,
+			CpuUsageUsec:          c.CPUUsageUsec,
+			CpuUserUsec:           c.CPUUserUsec,
+			CpuSystemUsec:         c.CPUSystemUsec,
+			MemoryCurrentBytes:    c.MemoryCurrentBytes,
+			MemoryWorkingSetBytes: c.MemoryWorkingSetBytes,
+			MemoryIsOwn:           c.MemoryIsOwn,
+			PidsCurrent:           c.PidsCurrent,
+		}
+		for _, a := range c.Absent {
+			m.Absent = append(m.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
+		}
+		out = append(out, m)
+	}
+	return out
 }

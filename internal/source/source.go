@@ -165,6 +165,37 @@ type Reading struct {
 	Pids       *Pids
 	Network    *Network
 	BlockIO    *BlockIO
+
+	// Containers are the workload's containers measured one by one, in the
+	// order the ref lists them; empty when the source offers no
+	// per-container figures. The figures above stay the whole sandbox's (a
+	// guest agent's: the sums of the containers read).
+	Containers []Container `json:",omitempty"`
+	// SandboxOwnCPUUsec is a gVisor sandbox's own share of its CPU (its
+	// cgroup's CPU minus the containers' sum, floored at 0): counter, nil
+	// when not offered (see Absent, field "sandbox_own_cpu_usec").
+	SandboxOwnCPUUsec *uint64 `json:",omitempty"`
+}
+
+// Container is one container of a workload measured on its own. Units are
+// in the field names; a nil figure is absent (Absent says why), never 0.
+type Container struct {
+	ID   string
+	Name string `json:",omitempty"` // the container's name in its pod, when statsd was told it
+
+	CPUUsageUsec  *uint64 `json:",omitempty"` // counter
+	CPUUserUsec   *uint64 `json:",omitempty"` // counter, user mode
+	CPUSystemUsec *uint64 `json:",omitempty"` // counter, kernel mode
+	// MemoryCurrentBytes and MemoryWorkingSetBytes (gauges) are set only
+	// when MemoryIsOwn: the container's own cgroup's figures, never a share
+	// of the sandbox's.
+	MemoryCurrentBytes    *uint64 `json:",omitempty"`
+	MemoryWorkingSetBytes *uint64 `json:",omitempty"`
+	MemoryIsOwn           bool    `json:",omitempty"`
+	PidsCurrent           *uint64 `json:",omitempty"` // gauge
+	// Absent names the figures above that are nil and why (Field as in
+	// the wire's ContainerStats, e.g. "cpu_usage_usec").
+	Absent []Absent `json:",omitempty"`
 }
 
 // Source reads one sandbox. Sample must honour ctx's deadline and must be

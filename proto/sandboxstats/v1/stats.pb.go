@@ -642,7 +642,11 @@ type WorkloadIdentity struct {
 	// Namespace of the template the actor was made from. At most 253 bytes.
 	TemplateNamespace string `protobuf:"bytes,4,opt,name=template_namespace,json=templateNamespace,proto3" json:"template_namespace,omitempty"`
 	// Name of the template the actor was made from. At most 253 bytes.
-	TemplateName  string `protobuf:"bytes,5,opt,name=template_name,json=templateName,proto3" json:"template_name,omitempty"`
+	TemplateName string `protobuf:"bytes,5,opt,name=template_name,json=templateName,proto3" json:"template_name,omitempty"`
+	// Optional: the worker pool the actor runs in (upstream's
+	// ate.workerpool.name). At most 253 bytes, printable ASCII; empty when the
+	// launcher names none (and from a launcher older than the field).
+	WorkerPool    string `protobuf:"bytes,6,opt,name=worker_pool,json=workerPool,proto3" json:"worker_pool,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -708,6 +712,13 @@ func (x *WorkloadIdentity) GetTemplateNamespace() string {
 func (x *WorkloadIdentity) GetTemplateName() string {
 	if x != nil {
 		return x.TemplateName
+	}
+	return ""
+}
+
+func (x *WorkloadIdentity) GetWorkerPool() string {
+	if x != nil {
+		return x.WorkerPool
 	}
 	return ""
 }
@@ -1367,10 +1378,12 @@ func (x *AbsentValue) GetReason() string {
 // (host.kvm.qmp.counters), all QMP counters, the per-thread list
 // (host.vmm_threads.threads; the totals stay), the per-CPU list
 // (host.runner_kernel.per_cpu; the total stays), the whole host view
-// (host, left with unavailable_reason), then long text: every absent and
-// unread-container reason to 128 bytes and source_detail and the origins to
-// 256 ("text"). A list is cut from epoch_baseline.first_read as well. Each
-// cut is named in `absent` ("cut: ..." with the sizes).
+// (host, left with unavailable_reason), then the per-container list
+// (containers; the sample's figures, their sums, stay), with long text cut
+// first of all: every absent and unread-container reason (the containers'
+// too) to 128 bytes and source_detail and the origins to 256 ("text"). A
+// list is cut from epoch_baseline.first_read as well. Each cut is named in
+// `absent` ("cut: ..." with the sizes).
 type WorkloadStatsSample struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Identity, echoed from the Run/Restore that bound the workload. Attribute
@@ -1445,9 +1458,35 @@ type WorkloadStatsSample struct {
 	// Network traffic.
 	Network *NetworkStats `protobuf:"bytes,25,opt,name=network,proto3" json:"network,omitempty"`
 	// Block IO.
-	BlockIo       *BlockIo `protobuf:"bytes,26,opt,name=block_io,json=blockIo,proto3" json:"block_io,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	BlockIo *BlockIo `protobuf:"bytes,26,opt,name=block_io,json=blockIo,proto3" json:"block_io,omitempty"`
+	// Identity, echoed like the five fields above: the worker pool
+	// (WorkloadIdentity.worker_pool), empty when the launcher named none.
+	WorkerPool string `protobuf:"bytes,27,opt,name=worker_pool,json=workerPool,proto3" json:"worker_pool,omitempty"`
+	// The workload's containers, each measured on its own where the runtime
+	// measures it per container, sorted as the launcher listed them (Kata: the
+	// SandboxRef's container_ids). Empty when the source offers no
+	// per-container figures (today: the gVisor cgroup source); a sample
+	// without containers is read as before. For the guest agent the
+	// sample-level figures stay the sums of the containers read, as before;
+	// an unread container is in unread_containers, not here. Each container's
+	// figures are absent-not-zero like the sample's (ContainerStats.absent).
+	// An ended record's final sample carries them too, and a guest agent's
+	// epoch_baseline.first_read its first read's (each container's counters
+	// there are that container's baseline). Cut last when the sample is over
+	// its cap (named in `absent`, field "containers").
+	Containers []*ContainerStats `protobuf:"bytes,28,rep,name=containers,proto3" json:"containers,omitempty"`
+	// Counter, microseconds of CPU time. Layer: sandbox runtime (gVisor
+	// only): the sandbox's own share, what the isolation costs the pod (the
+	// sentry, gofers, the platform): the sandbox (pause) cgroup's
+	// cpu_usage_usec minus the sum of the containers' cpu_usage_usec as the
+	// sentry accounts them, floored at 0, read together. So the containers'
+	// CPU plus this share is the pod's CPU. Same epoch rules as
+	// cpu_usage_usec. Absent (not 0; `absent` says why) when any container's
+	// CPU is absent, and for every other source (a guest agent reports the
+	// containers only: the VM's own cost is in the host view).
+	SandboxOwnCpuUsec *uint64 `protobuf:"varint,29,opt,name=sandbox_own_cpu_usec,json=sandboxOwnCpuUsec,proto3,oneof" json:"sandbox_own_cpu_usec,omitempty"`
+	unknownFields     protoimpl.UnknownFields
+	sizeCache         protoimpl.SizeCache
 }
 
 func (x *WorkloadStatsSample) Reset() {
@@ -1662,6 +1701,180 @@ func (x *WorkloadStatsSample) GetBlockIo() *BlockIo {
 	return nil
 }
 
+func (x *WorkloadStatsSample) GetWorkerPool() string {
+	if x != nil {
+		return x.WorkerPool
+	}
+	return ""
+}
+
+func (x *WorkloadStatsSample) GetContainers() []*ContainerStats {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+func (x *WorkloadStatsSample) GetSandboxOwnCpuUsec() uint64 {
+	if x != nil && x.SandboxOwnCpuUsec != nil {
+		return *x.SandboxOwnCpuUsec
+	}
+	return 0
+}
+
+// ContainerStats is one container of a workload, measured on its own.
+// Every figure is absent (not 0) when the runtime does not measure it for
+// this container; `absent` says why, naming the field as here (for example
+// "memory_current_bytes").
+type ContainerStats struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The container's id as the runtime knows it (Kata: the guest agent's
+	// container id, as listed in SandboxRef.container_ids; gVisor: runsc's
+	// container id). Kind: label. Layer: statsd (from the launcher or the
+	// runtime's state).
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The container's name in its pod (Kubernetes: the container's name in
+	// the pod spec), empty when statsd was not told it. Kind: label. Layer:
+	// statsd (from the launcher).
+	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	// Counter, microseconds of CPU time. Layer: source (Kata: the container's
+	// guest cgroup, cpu.stat usage_usec on a v2 guest, cpuacct.usage on v1;
+	// gVisor: the sentry's accounting of the container's tasks). Since the
+	// container started; same epoch rules as the sample's cpu_usage_usec.
+	CpuUsageUsec *uint64 `protobuf:"varint,3,opt,name=cpu_usage_usec,json=cpuUsageUsec,proto3,oneof" json:"cpu_usage_usec,omitempty"`
+	// Counter, microseconds of CPU time in user mode. Layer: source (Kata:
+	// the guest cgroup's cpu.stat user_usec on v2, cpuacct.stat user on v1,
+	// the agent's usage_in_usermode; never its kernel-mode figure).
+	CpuUserUsec *uint64 `protobuf:"varint,4,opt,name=cpu_user_usec,json=cpuUserUsec,proto3,oneof" json:"cpu_user_usec,omitempty"`
+	// Counter, microseconds of CPU time in kernel mode. Layer: source (Kata:
+	// cpu.stat system_usec on v2, cpuacct.stat system on v1, the agent's
+	// usage_in_kernelmode).
+	CpuSystemUsec *uint64 `protobuf:"varint,5,opt,name=cpu_system_usec,json=cpuSystemUsec,proto3,oneof" json:"cpu_system_usec,omitempty"`
+	// Gauge, bytes. Layer: source. Memory charged to the container's own
+	// cgroup now (Kata: the guest cgroup's memory.current on v2,
+	// memory.usage_in_bytes on v1). Set only when memory_is_own.
+	MemoryCurrentBytes *uint64 `protobuf:"varint,6,opt,name=memory_current_bytes,json=memoryCurrentBytes,proto3,oneof" json:"memory_current_bytes,omitempty"`
+	// Gauge, bytes. Layer: source. memory_current_bytes minus inactive file
+	// pages (v2 inactive_file, v1 total_inactive_file), floored at 0. Set
+	// only when memory_is_own.
+	MemoryWorkingSetBytes *uint64 `protobuf:"varint,7,opt,name=memory_working_set_bytes,json=memoryWorkingSetBytes,proto3,oneof" json:"memory_working_set_bytes,omitempty"`
+	// Kind: label. Layer: statsd. True when the memory figures are this
+	// container's own cgroup's (Kata: always, each container has its guest
+	// cgroup). False when the runtime has no per-container memory (gVisor:
+	// runsc reports the sandbox's total, or an even split of it, for a
+	// container that does not mount cgroupfs): the memory figures are then
+	// absent, never a share of the sandbox's, and `absent` says why.
+	MemoryIsOwn bool `protobuf:"varint,8,opt,name=memory_is_own,json=memoryIsOwn,proto3" json:"memory_is_own,omitempty"`
+	// Gauge, processes (tasks) in the container now. Layer: source (Kata: the
+	// guest cgroup's pids.current).
+	PidsCurrent *uint64 `protobuf:"varint,9,opt,name=pids_current,json=pidsCurrent,proto3,oneof" json:"pids_current,omitempty"`
+	// The figures above that are absent, each with its reason. Kind: label.
+	// Layer: statsd.
+	Absent        []*AbsentValue `protobuf:"bytes,10,rep,name=absent,proto3" json:"absent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerStats) Reset() {
+	*x = ContainerStats{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerStats) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerStats) ProtoMessage() {}
+
+func (x *ContainerStats) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerStats.ProtoReflect.Descriptor instead.
+func (*ContainerStats) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
+}
+
+func (x *ContainerStats) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ContainerStats) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+func (x *ContainerStats) GetCpuUsageUsec() uint64 {
+	if x != nil && x.CpuUsageUsec != nil {
+		return *x.CpuUsageUsec
+	}
+	return 0
+}
+
+func (x *ContainerStats) GetCpuUserUsec() uint64 {
+	if x != nil && x.CpuUserUsec != nil {
+		return *x.CpuUserUsec
+	}
+	return 0
+}
+
+func (x *ContainerStats) GetCpuSystemUsec() uint64 {
+	if x != nil && x.CpuSystemUsec != nil {
+		return *x.CpuSystemUsec
+	}
+	return 0
+}
+
+func (x *ContainerStats) GetMemoryCurrentBytes() uint64 {
+	if x != nil && x.MemoryCurrentBytes != nil {
+		return *x.MemoryCurrentBytes
+	}
+	return 0
+}
+
+func (x *ContainerStats) GetMemoryWorkingSetBytes() uint64 {
+	if x != nil && x.MemoryWorkingSetBytes != nil {
+		return *x.MemoryWorkingSetBytes
+	}
+	return 0
+}
+
+func (x *ContainerStats) GetMemoryIsOwn() bool {
+	if x != nil {
+		return x.MemoryIsOwn
+	}
+	return false
+}
+
+func (x *ContainerStats) GetPidsCurrent() uint64 {
+	if x != nil && x.PidsCurrent != nil {
+		return *x.PidsCurrent
+	}
+	return 0
+}
+
+func (x *ContainerStats) GetAbsent() []*AbsentValue {
+	if x != nil {
+		return x.Absent
+	}
+	return nil
+}
+
 // EpochBaseline is where one epoch's counters start.
 type EpochBaseline struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1683,7 +1896,7 @@ type EpochBaseline struct {
 
 func (x *EpochBaseline) Reset() {
 	*x = EpochBaseline{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1695,7 +1908,7 @@ func (x *EpochBaseline) String() string {
 func (*EpochBaseline) ProtoMessage() {}
 
 func (x *EpochBaseline) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1708,7 +1921,7 @@ func (x *EpochBaseline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochBaseline.ProtoReflect.Descriptor instead.
 func (*EpochBaseline) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *EpochBaseline) GetKind() BaselineKind {
@@ -1808,7 +2021,7 @@ type EndedActivation struct {
 
 func (x *EndedActivation) Reset() {
 	*x = EndedActivation{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1820,7 +2033,7 @@ func (x *EndedActivation) String() string {
 func (*EndedActivation) ProtoMessage() {}
 
 func (x *EndedActivation) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1833,7 +2046,7 @@ func (x *EndedActivation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndedActivation.ProtoReflect.Descriptor instead.
 func (*EndedActivation) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *EndedActivation) GetIdentity() *WorkloadIdentity {
@@ -1991,7 +2204,7 @@ type EndedLog struct {
 
 func (x *EndedLog) Reset() {
 	*x = EndedLog{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2003,7 +2216,7 @@ func (x *EndedLog) String() string {
 func (*EndedLog) ProtoMessage() {}
 
 func (x *EndedLog) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2016,7 +2229,7 @@ func (x *EndedLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndedLog.ProtoReflect.Descriptor instead.
 func (*EndedLog) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *EndedLog) GetInstanceId() string {
@@ -2080,7 +2293,7 @@ type ListEndedActivationsRequest struct {
 
 func (x *ListEndedActivationsRequest) Reset() {
 	*x = ListEndedActivationsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2092,7 +2305,7 @@ func (x *ListEndedActivationsRequest) String() string {
 func (*ListEndedActivationsRequest) ProtoMessage() {}
 
 func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2105,7 +2318,7 @@ func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *ListEndedActivationsRequest) GetPageToken() string {
@@ -2132,7 +2345,7 @@ type ListEndedActivationsResponse struct {
 
 func (x *ListEndedActivationsResponse) Reset() {
 	*x = ListEndedActivationsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2144,7 +2357,7 @@ func (x *ListEndedActivationsResponse) String() string {
 func (*ListEndedActivationsResponse) ProtoMessage() {}
 
 func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2157,7 +2370,7 @@ func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *ListEndedActivationsResponse) GetEnded() []*EndedActivation {
@@ -2195,7 +2408,7 @@ type ContainerReadError struct {
 
 func (x *ContainerReadError) Reset() {
 	*x = ContainerReadError{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2207,7 +2420,7 @@ func (x *ContainerReadError) String() string {
 func (*ContainerReadError) ProtoMessage() {}
 
 func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2220,7 +2433,7 @@ func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerReadError.ProtoReflect.Descriptor instead.
 func (*ContainerReadError) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *ContainerReadError) GetContainerId() string {
@@ -2247,7 +2460,7 @@ type RunWorkloadRequest struct {
 
 func (x *RunWorkloadRequest) Reset() {
 	*x = RunWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2259,7 +2472,7 @@ func (x *RunWorkloadRequest) String() string {
 func (*RunWorkloadRequest) ProtoMessage() {}
 
 func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2272,7 +2485,7 @@ func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RunWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *RunWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2302,7 +2515,7 @@ type RunWorkloadResponse struct {
 
 func (x *RunWorkloadResponse) Reset() {
 	*x = RunWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2314,7 +2527,7 @@ func (x *RunWorkloadResponse) String() string {
 func (*RunWorkloadResponse) ProtoMessage() {}
 
 func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2327,7 +2540,7 @@ func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RunWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *RunWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2354,7 +2567,7 @@ type RestoreWorkloadRequest struct {
 
 func (x *RestoreWorkloadRequest) Reset() {
 	*x = RestoreWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2366,7 +2579,7 @@ func (x *RestoreWorkloadRequest) String() string {
 func (*RestoreWorkloadRequest) ProtoMessage() {}
 
 func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2379,7 +2592,7 @@ func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *RestoreWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2409,7 +2622,7 @@ type RestoreWorkloadResponse struct {
 
 func (x *RestoreWorkloadResponse) Reset() {
 	*x = RestoreWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2421,7 +2634,7 @@ func (x *RestoreWorkloadResponse) String() string {
 func (*RestoreWorkloadResponse) ProtoMessage() {}
 
 func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2434,7 +2647,7 @@ func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RestoreWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2473,7 +2686,7 @@ type CheckpointWorkloadRequest struct {
 
 func (x *CheckpointWorkloadRequest) Reset() {
 	*x = CheckpointWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2698,7 @@ func (x *CheckpointWorkloadRequest) String() string {
 func (*CheckpointWorkloadRequest) ProtoMessage() {}
 
 func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2711,7 @@ func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *CheckpointWorkloadRequest) GetActorUid() string {
@@ -2525,7 +2738,7 @@ type CheckpointWorkloadResponse struct {
 
 func (x *CheckpointWorkloadResponse) Reset() {
 	*x = CheckpointWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2537,7 +2750,7 @@ func (x *CheckpointWorkloadResponse) String() string {
 func (*CheckpointWorkloadResponse) ProtoMessage() {}
 
 func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2550,7 +2763,7 @@ func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *CheckpointWorkloadResponse) GetEnded() *EndedActivation {
@@ -2578,7 +2791,7 @@ type DriftFinding struct {
 
 func (x *DriftFinding) Reset() {
 	*x = DriftFinding{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2590,7 +2803,7 @@ func (x *DriftFinding) String() string {
 func (*DriftFinding) ProtoMessage() {}
 
 func (x *DriftFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2603,7 +2816,7 @@ func (x *DriftFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftFinding.ProtoReflect.Descriptor instead.
 func (*DriftFinding) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *DriftFinding) GetKind() DriftKind {
@@ -2653,7 +2866,7 @@ type DriftEvent struct {
 
 func (x *DriftEvent) Reset() {
 	*x = DriftEvent{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2665,7 +2878,7 @@ func (x *DriftEvent) String() string {
 func (*DriftEvent) ProtoMessage() {}
 
 func (x *DriftEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2678,7 +2891,7 @@ func (x *DriftEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftEvent.ProtoReflect.Descriptor instead.
 func (*DriftEvent) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *DriftEvent) GetAtUnixNano() int64 {
@@ -2728,7 +2941,7 @@ type DriftCheckStatus struct {
 
 func (x *DriftCheckStatus) Reset() {
 	*x = DriftCheckStatus{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2740,7 +2953,7 @@ func (x *DriftCheckStatus) String() string {
 func (*DriftCheckStatus) ProtoMessage() {}
 
 func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2753,7 +2966,7 @@ func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftCheckStatus.ProtoReflect.Descriptor instead.
 func (*DriftCheckStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *DriftCheckStatus) GetEnabled() bool {
@@ -2792,7 +3005,7 @@ type ListDriftFindingsRequest struct {
 
 func (x *ListDriftFindingsRequest) Reset() {
 	*x = ListDriftFindingsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2804,7 +3017,7 @@ func (x *ListDriftFindingsRequest) String() string {
 func (*ListDriftFindingsRequest) ProtoMessage() {}
 
 func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2817,7 +3030,7 @@ func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsRequest.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{26}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{27}
 }
 
 type ListDriftFindingsResponse struct {
@@ -2832,7 +3045,7 @@ type ListDriftFindingsResponse struct {
 
 func (x *ListDriftFindingsResponse) Reset() {
 	*x = ListDriftFindingsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2844,7 +3057,7 @@ func (x *ListDriftFindingsResponse) String() string {
 func (*ListDriftFindingsResponse) ProtoMessage() {}
 
 func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2857,7 +3070,7 @@ func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsResponse.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{27}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ListDriftFindingsResponse) GetFindings() []*DriftFinding {
@@ -2885,14 +3098,16 @@ var File_sandboxstats_v1_stats_proto protoreflect.FileDescriptor
 
 const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\n" +
-	"\x1bsandboxstats/v1/stats.proto\x12\x0fsandboxstats.v1\x1a\x1asandboxstats/v1/host.proto\x1a\x1dsandboxstats/v1/signals.proto\"\xcb\x01\n" +
+	"\x1bsandboxstats/v1/stats.proto\x12\x0fsandboxstats.v1\x1a\x1asandboxstats/v1/host.proto\x1a\x1dsandboxstats/v1/signals.proto\"\xec\x01\n" +
 	"\x10WorkloadIdentity\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12\x1d\n" +
 	"\n" +
 	"actor_name\x18\x02 \x01(\tR\tactorName\x12'\n" +
 	"\x0factor_namespace\x18\x03 \x01(\tR\x0eactorNamespace\x12-\n" +
 	"\x12template_namespace\x18\x04 \x01(\tR\x11templateNamespace\x12#\n" +
-	"\rtemplate_name\x18\x05 \x01(\tR\ftemplateName\"\xb4\x02\n" +
+	"\rtemplate_name\x18\x05 \x01(\tR\ftemplateName\x12\x1f\n" +
+	"\vworker_pool\x18\x06 \x01(\tR\n" +
+	"workerPool\"\xb4\x02\n" +
 	"\n" +
 	"SandboxRef\x12B\n" +
 	"\rsandbox_class\x18\x01 \x01(\x0e2\x1d.sandboxstats.v1.SandboxClassR\fsandboxClass\x12\x1f\n" +
@@ -2938,7 +3153,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x06absent\x18\x05 \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\";\n" +
 	"\vAbsentValue\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\x8d\v\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xbe\f\n" +
 	"\x13WorkloadStatsSample\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12\x1d\n" +
 	"\n" +
@@ -2967,10 +3182,35 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\bpressure\x18\x17 \x01(\v2\x19.sandboxstats.v1.PressureR\bpressure\x12)\n" +
 	"\x04pids\x18\x18 \x01(\v2\x15.sandboxstats.v1.PidsR\x04pids\x127\n" +
 	"\anetwork\x18\x19 \x01(\v2\x1d.sandboxstats.v1.NetworkStatsR\anetwork\x123\n" +
-	"\bblock_io\x18\x1a \x01(\v2\x18.sandboxstats.v1.BlockIoR\ablockIoB\x14\n" +
+	"\bblock_io\x18\x1a \x01(\v2\x18.sandboxstats.v1.BlockIoR\ablockIo\x12\x1f\n" +
+	"\vworker_pool\x18\x1b \x01(\tR\n" +
+	"workerPool\x12?\n" +
+	"\n" +
+	"containers\x18\x1c \x03(\v2\x1f.sandboxstats.v1.ContainerStatsR\n" +
+	"containers\x124\n" +
+	"\x14sandbox_own_cpu_usec\x18\x1d \x01(\x04H\x03R\x11sandboxOwnCpuUsec\x88\x01\x01B\x14\n" +
 	"\x12_memory_peak_bytesB\x11\n" +
 	"\x0f_cpu_usage_usecB\x14\n" +
-	"\x12_sandbox_processes\"\xba\x01\n" +
+	"\x12_sandbox_processesB\x17\n" +
+	"\x15_sandbox_own_cpu_usec\"\xac\x04\n" +
+	"\x0eContainerStats\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
+	"\x0ecpu_usage_usec\x18\x03 \x01(\x04H\x00R\fcpuUsageUsec\x88\x01\x01\x12'\n" +
+	"\rcpu_user_usec\x18\x04 \x01(\x04H\x01R\vcpuUserUsec\x88\x01\x01\x12+\n" +
+	"\x0fcpu_system_usec\x18\x05 \x01(\x04H\x02R\rcpuSystemUsec\x88\x01\x01\x125\n" +
+	"\x14memory_current_bytes\x18\x06 \x01(\x04H\x03R\x12memoryCurrentBytes\x88\x01\x01\x12<\n" +
+	"\x18memory_working_set_bytes\x18\a \x01(\x04H\x04R\x15memoryWorkingSetBytes\x88\x01\x01\x12\"\n" +
+	"\rmemory_is_own\x18\b \x01(\bR\vmemoryIsOwn\x12&\n" +
+	"\fpids_current\x18\t \x01(\x04H\x05R\vpidsCurrent\x88\x01\x01\x124\n" +
+	"\x06absent\x18\n" +
+	" \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absentB\x11\n" +
+	"\x0f_cpu_usage_usecB\x10\n" +
+	"\x0e_cpu_user_usecB\x12\n" +
+	"\x10_cpu_system_usecB\x17\n" +
+	"\x15_memory_current_bytesB\x1b\n" +
+	"\x19_memory_working_set_bytesB\x0f\n" +
+	"\r_pids_current\"\xba\x01\n" +
 	"\rEpochBaseline\x121\n" +
 	"\x04kind\x18\x01 \x01(\x0e2\x1d.sandboxstats.v1.BaselineKindR\x04kind\x121\n" +
 	"\x15observed_at_unix_nano\x18\x02 \x01(\x03R\x12observedAtUnixNano\x12C\n" +
@@ -3142,7 +3382,7 @@ func file_sandboxstats_v1_stats_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 28)
+var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
 var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(ErrorReason)(0),                     // 0: sandboxstats.v1.ErrorReason
 	(SandboxClass)(0),                    // 1: sandboxstats.v1.SandboxClass
@@ -3164,103 +3404,106 @@ var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(*StatsHostResponse)(nil),            // 17: sandboxstats.v1.StatsHostResponse
 	(*AbsentValue)(nil),                  // 18: sandboxstats.v1.AbsentValue
 	(*WorkloadStatsSample)(nil),          // 19: sandboxstats.v1.WorkloadStatsSample
-	(*EpochBaseline)(nil),                // 20: sandboxstats.v1.EpochBaseline
-	(*EndedActivation)(nil),              // 21: sandboxstats.v1.EndedActivation
-	(*EndedLog)(nil),                     // 22: sandboxstats.v1.EndedLog
-	(*ListEndedActivationsRequest)(nil),  // 23: sandboxstats.v1.ListEndedActivationsRequest
-	(*ListEndedActivationsResponse)(nil), // 24: sandboxstats.v1.ListEndedActivationsResponse
-	(*ContainerReadError)(nil),           // 25: sandboxstats.v1.ContainerReadError
-	(*RunWorkloadRequest)(nil),           // 26: sandboxstats.v1.RunWorkloadRequest
-	(*RunWorkloadResponse)(nil),          // 27: sandboxstats.v1.RunWorkloadResponse
-	(*RestoreWorkloadRequest)(nil),       // 28: sandboxstats.v1.RestoreWorkloadRequest
-	(*RestoreWorkloadResponse)(nil),      // 29: sandboxstats.v1.RestoreWorkloadResponse
-	(*CheckpointWorkloadRequest)(nil),    // 30: sandboxstats.v1.CheckpointWorkloadRequest
-	(*CheckpointWorkloadResponse)(nil),   // 31: sandboxstats.v1.CheckpointWorkloadResponse
-	(*DriftFinding)(nil),                 // 32: sandboxstats.v1.DriftFinding
-	(*DriftEvent)(nil),                   // 33: sandboxstats.v1.DriftEvent
-	(*DriftCheckStatus)(nil),             // 34: sandboxstats.v1.DriftCheckStatus
-	(*ListDriftFindingsRequest)(nil),     // 35: sandboxstats.v1.ListDriftFindingsRequest
-	(*ListDriftFindingsResponse)(nil),    // 36: sandboxstats.v1.ListDriftFindingsResponse
-	(*HostStats)(nil),                    // 37: sandboxstats.v1.HostStats
-	(*MemorySignals)(nil),                // 38: sandboxstats.v1.MemorySignals
-	(*CpuThrottling)(nil),                // 39: sandboxstats.v1.CpuThrottling
-	(*Pressure)(nil),                     // 40: sandboxstats.v1.Pressure
-	(*Pids)(nil),                         // 41: sandboxstats.v1.Pids
-	(*NetworkStats)(nil),                 // 42: sandboxstats.v1.NetworkStats
-	(*BlockIo)(nil),                      // 43: sandboxstats.v1.BlockIo
+	(*ContainerStats)(nil),               // 20: sandboxstats.v1.ContainerStats
+	(*EpochBaseline)(nil),                // 21: sandboxstats.v1.EpochBaseline
+	(*EndedActivation)(nil),              // 22: sandboxstats.v1.EndedActivation
+	(*EndedLog)(nil),                     // 23: sandboxstats.v1.EndedLog
+	(*ListEndedActivationsRequest)(nil),  // 24: sandboxstats.v1.ListEndedActivationsRequest
+	(*ListEndedActivationsResponse)(nil), // 25: sandboxstats.v1.ListEndedActivationsResponse
+	(*ContainerReadError)(nil),           // 26: sandboxstats.v1.ContainerReadError
+	(*RunWorkloadRequest)(nil),           // 27: sandboxstats.v1.RunWorkloadRequest
+	(*RunWorkloadResponse)(nil),          // 28: sandboxstats.v1.RunWorkloadResponse
+	(*RestoreWorkloadRequest)(nil),       // 29: sandboxstats.v1.RestoreWorkloadRequest
+	(*RestoreWorkloadResponse)(nil),      // 30: sandboxstats.v1.RestoreWorkloadResponse
+	(*CheckpointWorkloadRequest)(nil),    // 31: sandboxstats.v1.CheckpointWorkloadRequest
+	(*CheckpointWorkloadResponse)(nil),   // 32: sandboxstats.v1.CheckpointWorkloadResponse
+	(*DriftFinding)(nil),                 // 33: sandboxstats.v1.DriftFinding
+	(*DriftEvent)(nil),                   // 34: sandboxstats.v1.DriftEvent
+	(*DriftCheckStatus)(nil),             // 35: sandboxstats.v1.DriftCheckStatus
+	(*ListDriftFindingsRequest)(nil),     // 36: sandboxstats.v1.ListDriftFindingsRequest
+	(*ListDriftFindingsResponse)(nil),    // 37: sandboxstats.v1.ListDriftFindingsResponse
+	(*HostStats)(nil),                    // 38: sandboxstats.v1.HostStats
+	(*MemorySignals)(nil),                // 39: sandboxstats.v1.MemorySignals
+	(*CpuThrottling)(nil),                // 40: sandboxstats.v1.CpuThrottling
+	(*Pressure)(nil),                     // 41: sandboxstats.v1.Pressure
+	(*Pids)(nil),                         // 42: sandboxstats.v1.Pids
+	(*NetworkStats)(nil),                 // 43: sandboxstats.v1.NetworkStats
+	(*BlockIo)(nil),                      // 44: sandboxstats.v1.BlockIo
 }
 var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	1,  // 0: sandboxstats.v1.SandboxRef.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
 	19, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
 	19, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
 	3,  // 3: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
-	21, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	22, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
 	15, // 5: sandboxstats.v1.StatsActiveWorkloadsResponse.pending:type_name -> sandboxstats.v1.PendingWorkload
-	22, // 6: sandboxstats.v1.StatsActiveWorkloadsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	23, // 6: sandboxstats.v1.StatsActiveWorkloadsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
 	9,  // 7: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
 	1,  // 8: sandboxstats.v1.PendingWorkload.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
 	0,  // 9: sandboxstats.v1.PendingWorkload.reason:type_name -> sandboxstats.v1.ErrorReason
 	9,  // 10: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
 	1,  // 11: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	37, // 12: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
+	38, // 12: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
 	18, // 13: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
 	1,  // 14: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
 	2,  // 15: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	37, // 16: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	25, // 17: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	38, // 16: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	26, // 17: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
 	18, // 18: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	20, // 19: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
-	38, // 20: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
-	39, // 21: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
-	40, // 22: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
-	41, // 23: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
-	42, // 24: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
-	43, // 25: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
-	4,  // 26: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
-	19, // 27: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
-	9,  // 28: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 29: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 30: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
-	5,  // 31: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
-	6,  // 32: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
-	19, // 33: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
-	18, // 34: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
-	21, // 35: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	22, // 36: sandboxstats.v1.ListEndedActivationsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
-	9,  // 37: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 38: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	21, // 39: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 40: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 41: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	21, // 42: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	21, // 43: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	7,  // 44: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
-	8,  // 45: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
-	32, // 46: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
-	32, // 47: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
-	33, // 48: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
-	34, // 49: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
-	11, // 50: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	13, // 51: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	16, // 52: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	35, // 53: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
-	23, // 54: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
-	26, // 55: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	28, // 56: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	30, // 57: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	12, // 58: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	14, // 59: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	17, // 60: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	36, // 61: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
-	24, // 62: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
-	27, // 63: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	29, // 64: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	31, // 65: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	58, // [58:66] is the sub-list for method output_type
-	50, // [50:58] is the sub-list for method input_type
-	50, // [50:50] is the sub-list for extension type_name
-	50, // [50:50] is the sub-list for extension extendee
-	0,  // [0:50] is the sub-list for field type_name
+	21, // 19: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
+	39, // 20: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
+	40, // 21: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
+	41, // 22: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
+	42, // 23: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
+	43, // 24: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
+	44, // 25: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
+	20, // 26: sandboxstats.v1.WorkloadStatsSample.containers:type_name -> sandboxstats.v1.ContainerStats
+	18, // 27: sandboxstats.v1.ContainerStats.absent:type_name -> sandboxstats.v1.AbsentValue
+	4,  // 28: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
+	19, // 29: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
+	9,  // 30: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 31: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 32: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
+	5,  // 33: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
+	6,  // 34: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
+	19, // 35: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
+	18, // 36: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
+	22, // 37: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	23, // 38: sandboxstats.v1.ListEndedActivationsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	9,  // 39: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 40: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	22, // 41: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 42: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 43: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	22, // 44: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	22, // 45: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	7,  // 46: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	8,  // 47: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	33, // 48: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	33, // 49: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	34, // 50: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	35, // 51: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	11, // 52: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	13, // 53: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	16, // 54: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	36, // 55: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	24, // 56: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
+	27, // 57: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	29, // 58: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	31, // 59: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	12, // 60: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	14, // 61: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	17, // 62: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	37, // 63: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	25, // 64: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
+	28, // 65: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	30, // 66: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	32, // 67: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	60, // [60:68] is the sub-list for method output_type
+	52, // [52:60] is the sub-list for method input_type
+	52, // [52:52] is the sub-list for extension type_name
+	52, // [52:52] is the sub-list for extension extendee
+	0,  // [0:52] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }
@@ -3271,14 +3514,15 @@ func file_sandboxstats_v1_stats_proto_init() {
 	file_sandboxstats_v1_host_proto_init()
 	file_sandboxstats_v1_signals_proto_init()
 	file_sandboxstats_v1_stats_proto_msgTypes[10].OneofWrappers = []any{}
-	file_sandboxstats_v1_stats_proto_msgTypes[12].OneofWrappers = []any{}
+	file_sandboxstats_v1_stats_proto_msgTypes[11].OneofWrappers = []any{}
+	file_sandboxstats_v1_stats_proto_msgTypes[13].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_stats_proto_rawDesc), len(file_sandboxstats_v1_stats_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   28,
+			NumMessages:   29,
 			NumExtensions: 0,
 			NumServices:   2,
 		},
