@@ -38,6 +38,15 @@ type Config struct {
 	// once at Open from the file system types of CgroupRoot and
 	// CgroupRoot/unified; set it to read a fixture tree.
 	Mode Mode
+	// RunscRoots are runsc root directories (runsc --root; under
+	// containerd's runsc shim /run/containerd/runsc/k8s.io) whose state
+	// files name the sandbox's containers; the sentry's control socket is
+	// looked for there too. Empty: no per-container breakdown
+	// (Reading.Containers stays empty, as before).
+	RunscRoots []string
+	// SentryTimeout bounds the one sentry call of a sample; 0 means
+	// DefaultSentryTimeout. Capped by ReadTimeout.
+	SentryTimeout time.Duration
 }
 
 // errCgroupGone marks a read that found the cgroup directory missing, so
@@ -80,6 +89,9 @@ type cgroupSource struct {
 	// (or none) is a reused or exited pid. pinned says it is set.
 	sentry process.Pin
 	pinned bool
+
+	// bd is the per-container breakdown; nil without RunscRoots.
+	bd *breakdown
 
 	closeOnce sync.Once
 }
@@ -125,6 +137,14 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	if p := ref.CgroupPath; p != "" {
 		s.loc = &location{mem: p, cpu: p, aux: samePath(p)}
 	}
+	if cfg.SentryTimeout <= 0 {
+		cfg.SentryTimeout = DefaultSentryTimeout
+	}
+	bd, err := newBreakdown(cfg.RunscRoots, min(cfg.SentryTimeout, cfg.ReadTimeout), ref)
+	if err != nil {
+		return nil, err
+	}
+	s.bd = bd
 	if s.mode == ModeAuto {
 		m, err := detectMode(cfg.CgroupRoot)
 		if err != nil {
@@ -133,7 +153,6 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		s.mode = m
 	}
 	s.log = cfg.Logger.With("component", "gvisor", "mode", s.mode.String())
-	var err error
 	switch s.mode {
 	case ModeUnified:
 		s.unified, err = os.OpenRoot(cfg.CgroupRoot)
@@ -264,6 +283,13 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 	if s.ref.SentryPID != 0 {
 		wg.Go(func() { nr = s.readNetwork(ctx) })
 	}
+	var (
+		cr    containerRead
+		crErr error
+	)
+	if s.bd != nil {
+		wg.Go(func() { cr, crErr = s.bd.read(ctx) })
+	}
 	var r source.Reading
 	var err error
 	if s.mode == ModeUnified {
@@ -279,6 +305,12 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 		return source.Reading{}, err
 	}
 	addNetwork(&r, nr)
+	if s.bd != nil {
+		if crErr != nil {
+			s.log.Debug("no per-container breakdown this sample", "err", crErr)
+		}
+		addContainers(&r, cr, crErr)
+	}
 	if nr.exited {
 		r.SentryExited = true
 		r.Detail += ": the sentry has exited"
