@@ -23,11 +23,11 @@ const DefaultSentryTimeout = 500 * time.Millisecond
 
 // The absent reasons of the breakdown.
 const (
-	whyOwnCPU      = "not measured: runsc's per-container CPU is a share of the sandbox cgroup's CPU (rescaled as runsc events does), so there is no separate measurement of the sandbox's own cost yet"
-	whyMemory      = "runsc 20221219 (and any runsc for a container that does not mount cgroupfs) reports the sandbox's total or an even split of it, not the container's own"
-	whyPidsWide    = "runsc reports the whole sandbox's processes (this runsc: one figure for every container)"
-	whyPids        = "not read: one sentry call per container would be needed (runsc >= 20230731); statsd makes one call per sample"
-	whyUserSystem  = "the sentry reports user plus system time only"
+	whyOwnCPU     = "not measured: runsc's per-container CPU is a share of the sandbox cgroup's CPU (rescaled as runsc events does), so there is no separate measurement of the sandbox's own cost yet"
+	whyMemory     = "runsc 20221219 (and any runsc for a container that does not mount cgroupfs) reports the sandbox's total or an even split of it, not the container's own"
+	whyPidsWide   = "runsc reports the whole sandbox's processes (this runsc: one figure for every container)"
+	whyPids       = "not read: one sentry call per container would be needed (runsc >= 20230731); statsd makes one call per sample"
+	whyUserSystem = "the sentry reports user plus system time only"
 )
 
 // containerRead is one look at the sandbox's containers: from the state
