@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -28,6 +29,7 @@ type config struct {
 	procRoot        string
 	cgroupRoot      string
 	debugfsRoot     string
+	runscRoots      []string // --runsc-root, repeatable; none: no per-container breakdown of gVisor sandboxes
 	readTimeout     time.Duration
 	shutdownTimeout time.Duration
 	driftInterval   time.Duration
@@ -80,6 +82,31 @@ func (f idsFlag) Set(s string) error {
 	return nil
 }
 
+// maxRunscRoots bounds --runsc-root: each is listed at every sample of a
+// gVisor sandbox whose id is not known yet.
+const maxRunscRoots = 8
+
+// rootsFlag is a repeatable flag of absolute directories.
+type rootsFlag struct{ dirs *[]string }
+
+func (f rootsFlag) String() string {
+	if f.dirs == nil {
+		return ""
+	}
+	return strings.Join(*f.dirs, ",")
+}
+
+func (f rootsFlag) Set(s string) error {
+	if s == "" || !filepath.IsAbs(s) {
+		return fmt.Errorf("%q is not an absolute directory", s)
+	}
+	if len(*f.dirs) == maxRunscRoots {
+		return fmt.Errorf("at most %d runsc roots", maxRunscRoots)
+	}
+	*f.dirs = append(*f.dirs, filepath.Clean(s))
+	return nil
+}
+
 const exitStatusHelp = `
 Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), --help or --version;
 1 when serving failed; 2 for a usage error (unknown flag, bad value).
@@ -109,6 +136,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (config, error) {
 	fs.StringVar(&c.procRoot, "proc-root", "/proc", "mount point of procfs")
 	fs.StringVar(&c.cgroupRoot, "cgroup-root", "/sys/fs/cgroup", "mount point of the cgroup file system(s)")
 	fs.StringVar(&c.debugfsRoot, "debugfs-root", "/sys/kernel/debug", "mount point of debugfs (KVM counters)")
+	fs.Var(rootsFlag{dirs: &c.runscRoots}, "runsc-root", "runsc root `dir`ectory (runsc --root; under containerd's runsc shim /run/containerd/runsc/k8s.io), repeatable: its state files name each gVisor sandbox's containers, and each container's CPU is read from the sentry's control server (one containerManager.Event call a sample, bounded by 500ms and --read-timeout). None (the default): no per-container breakdown")
 	fs.DurationVar(&c.readTimeout, "read-timeout", 2*time.Second, "bound of every read (file, agent call, pid file)")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 10*time.Second, "how long graceful shutdown may take before a hard stop")
 	fs.DurationVar(&c.driftInterval, "drift-interval", 5*time.Minute, "how often to check that the bound sandbox still matches what runs; 0 turns the check off")

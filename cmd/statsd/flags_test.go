@@ -120,3 +120,38 @@ func TestParseFlagsAllowedIDs(t *testing.T) {
 		t.Errorf("given: lifecycle %v, read uids %v, gids %v (set %v); want [7], [], [8 9] (set)", c.lifecycleUIDs, c.readUIDs, c.readGIDs, c.readGIDsSet)
 	}
 }
+
+// TestParseFlagsRunscRoots: --runsc-root is repeatable, absolute, at most
+// maxRunscRoots; none by default (no per-container breakdown).
+func TestParseFlagsRunscRoots(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		args   []string
+		want   []string
+		errHas string
+	}{
+		{name: "none", want: nil},
+		{name: "containerd's runsc shim", args: []string{"--runsc-root", "/run/containerd/runsc/k8s.io"}, want: []string{"/run/containerd/runsc/k8s.io"}},
+		{name: "two, cleaned", args: []string{"--runsc-root", "/var/run/runsc/", "--runsc-root", "/run/containerd/runc/k8s.io"}, want: []string{"/var/run/runsc", "/run/containerd/runc/k8s.io"}},
+		{name: "relative", args: []string{"--runsc-root", "runsc"}, errHas: "not an absolute directory"},
+		{name: "empty", args: []string{"--runsc-root", ""}, errHas: "not an absolute directory"},
+		{name: "too many", args: slices.Repeat([]string{"--runsc-root", "/r"}, maxRunscRoots+1), errHas: "at most 8 runsc roots"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c, err := parseFlags(tc.args, io.Discard)
+			if tc.errHas != "" {
+				var ue cli.UsageError
+				if !errors.As(err, &ue) || !strings.Contains(err.Error(), tc.errHas) {
+					t.Fatalf("err %v, want a usage error containing %q", err, tc.errHas)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(c.runscRoots, tc.want) {
+				t.Errorf("runsc roots %q, want %q", c.runscRoots, tc.want)
+			}
+		})
+	}
+}
