@@ -1,13 +1,9 @@
 package sentryusage_test
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
-	"fmt"
 	"math"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -19,195 +15,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/sentryusage"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
-
-// pod is a real gVisor sandbox with containers joined to it by the CRI
-// annotations, as containerd's CRI creates a pod under runsc (section 5.5
-// of the cgroups-and-gvisor reference): the first bundle is the sandbox
-// (container-type sandbox), each next one a container naming it
-// (io.kubernetes.cri.sandbox-id).
-type pod struct {
-	runsc, root, cgroupParent string
-	sandboxID                 string
-	ids                       []string // the sandbox's first
-	logs                      string
-}
-
-// runscCmd runs runsc with the pod's root and this host's flags
-// (--platform=ptrace: Debian's runsc has no systrap). Its output goes to
-// files: the sandbox a create starts inherits them, and a pipe would keep
-// Run waiting for the sandbox's end.
-func (p *pod) runscCmd(t testing.TB, dir string, args ...string) ([]byte, error) {
-	t.Helper()
-	cmd := exec.Command(p.runsc, append([]string{"--root", p.root, "--network=none", "--platform=ptrace"}, args...)...)
-	cmd.Dir = dir
-	name := filepath.Join(p.logs, fmt.Sprintf("%d-%s", time.Now().UnixNano(), args[0]))
-	stdout, err := os.Create(name + ".stdout")
-	if err != nil {
-		return nil, err
-	}
-	defer stdout.Close()
-	stderr, err := os.Create(name + ".stderr")
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close()
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, stdout, stderr
-	runErr := cmd.Run()
-	out, _ := os.ReadFile(name + ".stdout")
-	if runErr != nil {
-		msg, _ := os.ReadFile(name + ".stderr")
-		return out, fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), runErr, bytes.TrimSpace(msg))
-	}
-	return out, nil
-}
-
-// startPod starts a sandbox running `sleep` and one container per entry of
-// containers (name -> argv), in the order given by names.
-func startPod(t *testing.T, names []string, containers map[string][]string) *pod {
-	t.Helper()
-	runsc, busybox := testenv.NeedRunsc(t)
-	tag := fmt.Sprintf("%d-%d", os.Getpid(), time.Now().UnixNano())
-	p := &pod{runsc: runsc, root: t.TempDir(), cgroupParent: "/sbstest-sentry-" + tag, sandboxID: "sbstest-" + tag, logs: t.TempDir()}
-	bb, err := os.ReadFile(busybox)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.cleanup(t) })
-	all := append([]string{"pause"}, names...)
-	containers["pause"] = []string{"sleep", "100000"}
-	for i, name := range all {
-		id := p.sandboxID
-		if i > 0 {
-			id = name + "-" + tag
-		}
-		bundle := filepath.Join(t.TempDir(), name)
-		rootfs := filepath.Join(bundle, "rootfs")
-		for _, d := range []string{"bin", "dev", "proc", "sys", "tmp", "etc"} {
-			if err := os.MkdirAll(filepath.Join(rootfs, d), 0o755); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if err := os.WriteFile(filepath.Join(rootfs, "bin", "busybox"), bb, 0o755); err != nil {
-			t.Fatal(err)
-		}
-		for _, a := range []string{"sh", "sleep"} {
-			if err := os.Symlink("busybox", filepath.Join(rootfs, "bin", a)); err != nil {
-				t.Fatal(err)
-			}
-		}
-		if _, err := p.runscCmd(t, bundle, append([]string{"spec", "--"}, containers[name]...)...); err != nil {
-			t.Fatal(err)
-		}
-		var spec map[string]any
-		cfg := filepath.Join(bundle, "config.json")
-		b, err := os.ReadFile(cfg)
-		if err == nil {
-			err = json.Unmarshal(b, &spec)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		spec["process"].(map[string]any)["terminal"] = false
-		typ := "container"
-		if i == 0 {
-			typ = "sandbox"
-		}
-		spec["annotations"] = map[string]any{
-			"io.kubernetes.cri.container-type": typ,
-			"io.kubernetes.cri.sandbox-id":     p.sandboxID,
-			"io.kubernetes.cri.container-name": name,
-		}
-		spec["linux"].(map[string]any)["cgroupsPath"] = p.cgroupParent + "/" + name
-		if b, err = json.Marshal(spec); err == nil {
-			err = os.WriteFile(cfg, b, 0o644)
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.ids = append(p.ids, id)
-		if _, err := p.runscCmd(t, bundle, "create", "--bundle", bundle, id); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := p.runscCmd(t, "", "start", id); err != nil {
-			t.Fatal(err)
-		}
-	}
-	return p
-}
-
-// sentryPID is the sandbox's sentry, from runsc state.
-func (p *pod) sentryPID(t testing.TB) int {
-	t.Helper()
-	out, err := p.runscCmd(t, "", "state", p.sandboxID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal(out, &st); err != nil || st.Pid <= 0 {
-		t.Fatalf("runsc state: %q: %v", out, err)
-	}
-	return st.Pid
-}
-
-// events runs `runsc events --stats id` and returns its cpu.usage.total
-// (ns), and how long the process took, wall and CPU (its user+system).
-func (p *pod) events(t testing.TB, id string) (cpuNs uint64, wall, cpu time.Duration) {
-	t.Helper()
-	cmd := exec.Command(p.runsc, "--root", p.root, "--network=none", "--platform=ptrace", "events", "--stats", id)
-	var stdout, stderr bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &stdout, &stderr
-	start := time.Now()
-	if err := cmd.Run(); err != nil {
-		t.Fatalf("runsc events --stats %s: %v: %s", id, err, stderr.String())
-	}
-	wall = time.Since(start)
-	var ev struct {
-		Data struct {
-			CPU struct {
-				Usage struct {
-					Total uint64 `json:"total"`
-				} `json:"usage"`
-			} `json:"cpu"`
-		} `json:"data"`
-	}
-	if err := json.Unmarshal(stdout.Bytes(), &ev); err != nil {
-		t.Fatalf("runsc events --stats %s: %q: %v", id, stdout.String(), err)
-	}
-	return ev.Data.CPU.Usage.Total, wall, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
-}
-
-func (p *pod) cleanup(t testing.TB) {
-	// The containers first, each killed then deleted, the sandbox last:
-	// killing the sandbox's own container ends the sentry, and runsc can
-	// no longer delete the others through it.
-	for _, id := range slices.Backward(p.ids) {
-		p.runscCmd(t, "", "kill", id, "KILL")
-		if _, err := p.runscCmd(t, "", "delete", "-force", id); err != nil {
-			t.Logf("cleanup: %v", err)
-		}
-	}
-	hier, _ := filepath.Glob(filepath.Join(testenv.CgroupRoot, "*"))
-	hier = append(hier, testenv.CgroupRoot)
-	for _, h := range hier {
-		parent := filepath.Join(h, p.cgroupParent)
-		if _, err := os.Stat(parent); err != nil {
-			continue
-		}
-		kids, _ := os.ReadDir(parent)
-		for _, k := range kids {
-			if k.IsDir() {
-				if err := testenv.RmdirRetry(filepath.Join(parent, k.Name())); err != nil {
-					t.Errorf("cleanup: %v", err)
-				}
-			}
-		}
-		if err := testenv.RmdirRetry(parent); err != nil {
-			t.Errorf("cleanup: %v", err)
-		}
-	}
-}
 
 // hostCPU is the host cgroup CPU of pid in ns, as runsc's populateStats
 // reads it (cgroup.NewFromPid): v1 cpuacct.usage, v2 cpu.stat usage_usec x
@@ -259,18 +66,18 @@ func hostCPU(t testing.TB, pid int) uint64 {
 // `runsc events --stats` says for it; then it times one Read against one
 // runsc events process.
 func TestIntegrationSentryTwoContainers(t *testing.T) {
-	p := startPod(t, []string{"busy", "idle"}, map[string][]string{
+	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{
 		"busy": {"sh", "-c", "i=0; while [ $i -lt 1500000 ]; do i=$((i+1)); done; exec sleep 100000"},
 		"idle": {"sleep", "100000"},
 	})
-	sid, busy, idle := p.ids[0], p.ids[1], p.ids[2]
-	pid := p.sentryPID(t)
-	c, err := sentryusage.New(sentryusage.Config{RootDirs: []string{p.root}, Abstract: true, Timeout: 2 * time.Second})
+	sid, busy, idle := p.IDs[0], p.IDs[1], p.IDs[2]
+	pid := p.SentryPID(t)
+	c, err := sentryusage.New(sentryusage.Config{RootDirs: []string{p.Root}, Abstract: true, Timeout: 2 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	q := sentryusage.Query{SandboxID: sid, ContainerID: busy, Containers: p.ids}
+	q := sentryusage.Query{SandboxID: sid, ContainerID: busy, Containers: p.IDs}
 
 	// Wait until the burner is done: its CPU the same in two reads 500ms
 	// apart.
@@ -308,7 +115,7 @@ func TestIntegrationSentryTwoContainers(t *testing.T) {
 	// are rescaled alike, with the host counter read right after each
 	// runsc events (the sentry is idle now: the counter barely moves).
 	for _, id := range []string{busy, idle} {
-		cli, _, _ := p.events(t, id)
+		cli, _, _ := p.Events(t, id)
 		host := hostCPU(t, pid)
 		got := sentryusage.ScaleToHost(u.CPU, host)[id]
 		diff := math.Abs(float64(got)-float64(cli)) / float64(cli)
@@ -332,7 +139,7 @@ func TestIntegrationSentryTwoContainers(t *testing.T) {
 	}
 	var cliWall, cliCPU []time.Duration
 	for range 5 {
-		_, w, c := p.events(t, idle)
+		_, w, c := p.Events(t, idle)
 		cliWall, cliCPU = append(cliWall, w), append(cliCPU, c)
 	}
 	rw, rc, cw, cc := median(reads), median(readCPU), median(cliWall), median(cliCPU)
