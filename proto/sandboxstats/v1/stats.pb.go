@@ -1464,9 +1464,11 @@ type WorkloadStatsSample struct {
 	WorkerPool string `protobuf:"bytes,27,opt,name=worker_pool,json=workerPool,proto3" json:"worker_pool,omitempty"`
 	// The workload's containers, each measured on its own where the runtime
 	// measures it per container, sorted as the launcher listed them (Kata: the
-	// SandboxRef's container_ids). Empty when the source offers no
-	// per-container figures (today: the gVisor cgroup source); a sample
-	// without containers is read as before. For the guest agent the
+	// SandboxRef's container_ids; gVisor: runsc's state files, oldest first,
+	// the CRI sandbox (pause) container left out). Empty when the source
+	// offers no per-container figures (gVisor without statsd's --runsc-root,
+	// or when the sentry could not be read: `absent` says why, field
+	// "containers"); a sample without containers is read as before. For the guest agent the
 	// sample-level figures stay the sums of the containers read, as before;
 	// an unread container is in unread_containers, not here. Each container's
 	// figures are absent-not-zero like the sample's (ContainerStats.absent).
@@ -1483,7 +1485,11 @@ type WorkloadStatsSample struct {
 	// CPU plus this share is the pod's CPU. Same epoch rules as
 	// cpu_usage_usec. Absent (not 0; `absent` says why) when any container's
 	// CPU is absent, and for every other source (a guest agent reports the
-	// containers only: the VM's own cost is in the host view).
+	// containers only: the VM's own cost is in the host view). Not filled
+	// yet: gVisor's containers are shares of the sandbox cgroup's CPU
+	// (ContainerStats.cpu_usage_usec), so their sum is that CPU and this
+	// difference would be 0 by construction; absent with that reason until
+	// the sandbox's own cost is measured apart.
 	SandboxOwnCpuUsec *uint64 `protobuf:"varint,29,opt,name=sandbox_own_cpu_usec,json=sandboxOwnCpuUsec,proto3,oneof" json:"sandbox_own_cpu_usec,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -1739,8 +1745,15 @@ type ContainerStats struct {
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// Counter, microseconds of CPU time. Layer: source (Kata: the container's
 	// guest cgroup, cpu.stat usage_usec on a v2 guest, cpuacct.usage on v1;
-	// gVisor: the sentry's accounting of the container's tasks). Since the
-	// container started; same epoch rules as the sample's cpu_usage_usec.
+	// gVisor: the sentry's accounting of the container's tasks, from its
+	// control server's containerManager.Event (containerUsage), rescaled to
+	// the sandbox cgroup's cpu_usage_usec read in the same sample: each
+	// container keeps its share of the sentry's figures and the shares sum to
+	// the sandbox (pause) cgroup's CPU, the pause container's share included.
+	// Exactly what `runsc events --stats` reports as cpu.usage.total (runsc
+	// rescales alike, Container.populateStats). The sentry's raw figures count
+	// time its tasks waited for a host CPU and can exceed the cgroup's. Since
+	// the container started; same epoch rules as the sample's cpu_usage_usec.
 	CpuUsageUsec *uint64 `protobuf:"varint,3,opt,name=cpu_usage_usec,json=cpuUsageUsec,proto3,oneof" json:"cpu_usage_usec,omitempty"`
 	// Counter, microseconds of CPU time in user mode. Layer: source (Kata:
 	// the guest cgroup's cpu.stat user_usec on v2, cpuacct.stat user on v1,
