@@ -7,7 +7,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -142,14 +144,18 @@ func FuzzParseRunscState(f *testing.F) {
 
 // fakeSentry is a control server at <root>/runsc-<sid>.sock (runsc >=
 // release-20230130's layout) answering every call with reply, or never
-// when reply is nil. It records the requests.
-func fakeSentry(t testing.TB, root, sid string, reply []byte) *[]string {
+// when reply is nil. It records the requests (read them once the sample
+// is done).
+func fakeSentry(t testing.TB, root, sid string, reply []byte) func() []string {
 	t.Helper()
 	l, err := net.Listen("unix", filepath.Join(root, "runsc-"+sid+".sock"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	var reqs []string
+	var (
+		mu   sync.Mutex
+		reqs []string
+	)
 	done := make(chan struct{})
 	t.Cleanup(func() { l.Close(); close(done) })
 	go func() {
@@ -164,7 +170,9 @@ func fakeSentry(t testing.TB, root, sid string, reply []byte) *[]string {
 				if json.NewDecoder(c).Decode(&req) != nil {
 					return
 				}
+				mu.Lock()
 				reqs = append(reqs, string(req))
+				mu.Unlock()
 				if reply == nil {
 					<-done
 					return
@@ -173,7 +181,7 @@ func fakeSentry(t testing.TB, root, sid string, reply []byte) *[]string {
 			}()
 		}
 	}()
-	return &reqs
+	return func() []string { mu.Lock(); defer mu.Unlock(); return slices.Clone(reqs) }
 }
 
 // v2Sandbox is the v2 fixture's sandbox cgroup: 255682 usec of CPU.
@@ -226,8 +234,8 @@ func TestSampleContainers(t *testing.T) {
 		if r.CPUUsageUsec == nil || *r.CPUUsageUsec != v2SandboxCPU {
 			t.Errorf("the sandbox's CPU changed: %v", r.CPUUsageUsec)
 		}
-		if want := []string{`{"method":"containerManager.Event","arg":"gvx-sbx"}`}; !cmp.Equal(want, *reqs) {
-			t.Errorf("requests %q, want %q", *reqs, want)
+		if want := []string{`{"method":"containerManager.Event","arg":"gvx-sbx"}`}; !cmp.Equal(want, reqs()) {
+			t.Errorf("requests %q, want %q", reqs(), want)
 		}
 	})
 	t.Run("hung sentry: the sample in time, containers absent", func(t *testing.T) {
