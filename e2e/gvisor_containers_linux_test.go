@@ -1,0 +1,88 @@
+package e2e
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+)
+
+// TestIntegrationGVisorContainersThroughStatsd: a real runsc pod (busy
+// burning about 1.5M shell iterations, idle sleeping) bound to a real
+// statsd started with --runsc-root (statsctl run-workload --sentry-pid),
+// sampled through StatsWorkload (statsctl stats -o json): each container
+// named as its CRI annotation says, its CPU within 5% of `runsc events
+// --stats` for it, their sum within 1% of the sample's cpu_usage_usec,
+// sandbox_own_cpu_usec absent.
+func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a real gVisor pod and statsd; not under -short")
+	}
+	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{
+		"busy": {"sh", "-c", "i=0; while [ $i -lt 1500000 ]; do i=$((i+1)); done; exec sleep 100000"},
+		"idle": {"sleep", "100000"},
+	})
+	bin := testenv.BuildBinaries(t)
+	d := testenv.StartStatsd(t, bin, "--runsc-root", p.Root)
+	const actor = "e2e-gvisor-containers"
+	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor,
+		"--class", "gvisor", "--sentry-pid", strconv.Itoa(p.SentryPID(t)))
+	type container struct {
+		ID   string `json:"id"`
+		Name string `json:"name"`
+		CPU  string `json:"cpu_usage_usec"`
+	}
+	var w struct {
+		CPU        string      `json:"cpu_usage_usec"`
+		OwnCPU     *string     `json:"sandbox_own_cpu_usec"`
+		Containers []container `json:"containers"`
+	}
+	num := func(s string) float64 {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("not a number: %q", s)
+		}
+		return float64(v)
+	}
+	var last string
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(500 * time.Millisecond) {
+		out := statsctl(t, bin, "stats", "--socket", d.Stats, "--actor-uid", actor, "-o", "json")
+		if err := json.Unmarshal(out, &w); err != nil {
+			t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
+		}
+		if len(w.Containers) == 2 && w.Containers[0].CPU != "" && last != "" &&
+			math.Abs(num(w.Containers[0].CPU)-num(last)) < 0.005*num(last) {
+			break
+		}
+		if len(w.Containers) > 0 {
+			last = w.Containers[0].CPU
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no settled containers in 60s: %s", out)
+		}
+	}
+	if w.Containers[0].Name != "busy" || w.Containers[1].Name != "idle" || w.Containers[0].ID != p.IDs[1] || w.Containers[1].ID != p.IDs[2] {
+		t.Errorf("containers %+v, want busy (%s), idle (%s)", w.Containers, p.IDs[1], p.IDs[2])
+	}
+	if w.OwnCPU != nil {
+		t.Errorf("sandbox_own_cpu_usec %s, want absent (not measured yet)", *w.OwnCPU)
+	}
+	var sum float64
+	for _, c := range w.Containers {
+		sum += num(c.CPU)
+		cli, _, _ := p.Events(t, c.ID)
+		diff := math.Abs(num(c.CPU)*1000-float64(cli)) / float64(cli)
+		t.Logf("%s (%s): statsd %s us, runsc events %d ns: %.2f%% apart", c.Name, c.ID, c.CPU, cli, 100*diff)
+		if diff > 0.05 {
+			t.Errorf("%s: %.1f%% apart from runsc events, want <= 5%%", c.Name, 100*diff)
+		}
+	}
+	host := num(w.CPU)
+	t.Logf("containers' sum %.0f us, sample's cpu_usage_usec %.0f us: %.3f%% apart", sum, host, 100*math.Abs(host-sum)/host)
+	if math.Abs(host-sum) > 0.01*host {
+		t.Errorf("containers' sum %.0f us, sandbox %.0f us: more than 1%% apart", sum, host)
+	}
+}
