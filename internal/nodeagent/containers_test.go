@@ -201,3 +201,44 @@ func TestCAdvisorCompat(t *testing.T) {
 		t.Errorf("(-want +got):\n%s", diff)
 	}
 }
+
+// TestContainersAcrossRestart: an agent restarted with its state
+// directory between the sweeps continues each container's CPU (never
+// lower than served), charges the sweeps and the end after it, and each
+// container's CPU at the end is its truth; the cAdvisor-shaped series
+// continue alike.
+func TestContainersAcrossRestart(t *testing.T) {
+	dir := t.TempDir()
+	set := func(c *metricsConfig) { c.CPUs, c.CAdvisorCompat = 4, true }
+	h := newConfiguredHarness(t, dir, containersT0, set)
+	for i, cs := range containerRuns[:2] {
+		at := podEpoch.Add(time.Duration(10*(i+1)) * time.Second)
+		h.m.Apply([]sweep.DaemonResult{okResult("s", podSample(10*(i+1), first, cs...))}, at, time.Millisecond)
+	}
+	before := containerCPU(t, h.reg)
+
+	h = newConfiguredHarness(t, dir, podEpoch.Add(25*time.Second), set)
+	h.m.Apply([]sweep.DaemonResult{okResult("s", podSample(30, first, containerRuns[2]...))}, podEpoch.Add(30*time.Second), time.Millisecond)
+	after := containerCPU(t, h.reg)
+	for c, v := range before {
+		if after[c] < v-1e-9 {
+			t.Errorf("container %s: %v served before the restart, %v after", c, v, after[c])
+		}
+	}
+	if got, want := after["app"], 4.9; got < want-1e-9 || got > want+1e-9 {
+		t.Errorf("app after the restart's first sweep: %v, want %v", got, want)
+	}
+	h.m.Apply([]sweep.DaemonResult{{Socket: "s", Status: sweep.StatusOK, Ended: []*sandboxstatsv1.EndedActivation{containerEnd()}}},
+		podEpoch.Add(50*time.Second), time.Millisecond)
+	if diff := cmp.Diff(containerTruth, containerCPU(t, h.reg), approx()); diff != "" {
+		t.Errorf("at the end (-want +got):\n%s", diff)
+	}
+	cadvisor := map[string]float64{}
+	for k, v := range gatherPrefix(t, h.reg, metricCAdvisorCPU) {
+		i := strings.Index(k, "container=") + len("container=")
+		cadvisor[k[i:i+strings.IndexByte(k[i:], ',')]] = v
+	}
+	if diff := cmp.Diff(containerTruth, cadvisor, approx()); diff != "" {
+		t.Errorf("cAdvisor-shaped at the end (-want +got):\n%s", diff)
+	}
+}

@@ -55,6 +55,10 @@ type agentState struct {
 	Owners         []ownerState         `json:"owners"`
 	EndedMarks     []markState          `json:"ended_marks"`
 	Pending        []pendingEvent       `json:"pending_events"`
+	// The per-container series (state_containers.go); absent in an older
+	// agent's file.
+	ContainerAccountant *rate.AccountantState `json:"container_accountant,omitempty"`
+	ContainerTotals     []containerTotalState `json:"container_totals,omitempty"`
 }
 
 // totalState is one label set's exported counters.

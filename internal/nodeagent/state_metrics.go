@@ -44,6 +44,7 @@ func (m *metrics) exportState(now time.Time) *agentState {
 		st.EndedMarks = append(st.EndedMarks, markState{Socket: s, Instance: mark.instance, Highest: mark.highest})
 	}
 	slices.SortFunc(st.EndedMarks, func(x, y markState) int { return strings.Compare(x.Socket, y.Socket) })
+	m.exportContainers(st)
 	if m.pending != nil {
 		var dropped int
 		st.Pending, dropped = m.pending.list()
@@ -142,6 +143,9 @@ func checkState(st *agentState, now time.Time) error {
 	if _, err := decodeTotals(st, now); err != nil {
 		return err
 	}
+	if err := checkContainers(st, now); err != nil {
+		return err
+	}
 	for i, ev := range st.Pending {
 		// The pipeline settles an event by its record's log.record.uid:
 		// one kept under another uid, or of a kind never kept, would be
@@ -176,6 +180,9 @@ func (m *metrics) restoreState(st *agentState, now time.Time) error {
 		return err
 	}
 	if err := m.acct.Import(st.Accountant, now); err != nil {
+		return err
+	}
+	if err := m.restoreContainers(st, now); err != nil {
 		return err
 	}
 	m.totals = fitTotals(totals, m.cfg.LabelActor, m.cfg.LabelInterface)
