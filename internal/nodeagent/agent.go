@@ -50,9 +50,11 @@ type Config struct {
 	MaxTemplates   int
 	// MaxContainers and CAdvisorCompat configure the per-container series
 	// (metricsConfig's).
-	MaxContainers  int
-	CAdvisorCompat bool
-	ActivationLog  io.Writer
+	MaxContainers int
+	// LabelWorkerPool: see metricsConfig.
+	LabelWorkerPool bool
+	CAdvisorCompat  bool
+	ActivationLog   io.Writer
 	// OTel, when set, gets the metrics and the usage events over
 	// OpenTelemetry (metricsConfig.OTel).
 	OTel *OTel
@@ -112,7 +114,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	started := time.Now()
 	m, err := newStatefulMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
 		Started: started, EndedHorizon: cfg.EndedHorizon, MaxTemplates: cfg.MaxTemplates,
-		MaxContainers: cfg.MaxContainers, CAdvisorCompat: cfg.CAdvisorCompat, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel},
+		MaxContainers: cfg.MaxContainers, CAdvisorCompat: cfg.CAdvisorCompat, LabelWorkerPool: cfg.LabelWorkerPool, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel},
 		cfg.StateDir, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)

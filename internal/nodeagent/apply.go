@@ -181,6 +181,7 @@ func (m *metrics) addDrift(snap *snapshot, findings []*sandboxstatsv1.DriftFindi
 			// No sample of its workload (not measurable yet, reads timing
 			// out): only what the finding itself carries.
 			var l labelSet
+			l.withPool = m.cfg.LabelWorkerPool
 			if m.cfg.LabelActor {
 				l.actorUID = cut(f.GetActorUid())
 			}

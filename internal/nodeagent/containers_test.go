@@ -242,3 +242,29 @@ func TestContainersAcrossRestart(t *testing.T) {
 		t.Errorf("cAdvisor-shaped at the end (-want +got):\n%s", diff)
 	}
 }
+
+// TestLabelWorkerPool: with LabelWorkerPool the workload and container
+// series carry worker_pool beside the template labels (empty for none),
+// also after a restart with the state directory.
+func TestLabelWorkerPool(t *testing.T) {
+	dir := t.TempDir()
+	set := func(c *metricsConfig) { c.CPUs, c.LabelWorkerPool = 4, true }
+	h := newConfiguredHarness(t, dir, containersT0, set)
+	s := podSample(10, nil, ctr("a", "app", 1000, 1, 1))
+	s.WorkerPool = "pool-a"
+	h.m.Apply([]sweep.DaemonResult{okResult("s", s)}, podEpoch.Add(10*time.Second), time.Millisecond)
+	h = newConfiguredHarness(t, dir, podEpoch.Add(15*time.Second), set)
+	s = podSample(20, nil, ctr("a", "app", 3000, 1, 1))
+	s.WorkerPool = "pool-a"
+	h.m.Apply([]sweep.DaemonResult{okResult("s", s)}, podEpoch.Add(20*time.Second), time.Millisecond)
+	got := gather(t, h.reg)
+	l := "sandbox_class=microvm,source=guest-agent,template_name=python,template_namespace=templates,worker_pool=pool-a}"
+	for k, want := range map[string]float64{
+		metricCPUSeconds + "{" + l:                 3,
+		metricContainerCPU + "{container=app," + l: 3,
+	} {
+		if v, ok := got[k]; !ok || v < want-1e-9 || v > want+1e-9 {
+			t.Errorf("%s = %v (present %v), want %v", k, v, ok, want)
+		}
+	}
+}

@@ -101,6 +101,12 @@ type metricsConfig struct {
 	// OTel, when set, gets the same metrics over OpenTelemetry and the
 	// usage events.
 	OTel *OTel
+	// LabelWorkerPool adds worker_pool (the identity's worker pool, empty
+	// for none) to the workload and container metrics, beside the template
+	// labels: its values are few (a pool per group of nodes), so it does
+	// not multiply the series as the actor labels do; opt-in because it
+	// changes every existing series' label set.
+	LabelWorkerPool bool
 	// MaxContainers bounds the containers of one sample with a container
 	// label of their own (DefaultMaxContainers when zero).
 	MaxContainers int
@@ -290,6 +296,9 @@ type snapshot struct {
 // metrics, on reg.
 func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logger) (*metrics, error) {
 	labels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
+	if cfg.LabelWorkerPool {
+		labels = append(labels, "worker_pool")
+	}
 	if cfg.LabelActor {
 		labels = append(labels, "actor_uid", "actor_name", "actor_namespace")
 	}

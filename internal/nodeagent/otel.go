@@ -67,6 +67,7 @@ const (
 	attrActorUID          = "sandboxstats.actor.uid"
 	attrActorName         = "sandboxstats.actor.name"
 	attrActorNamespace    = "sandboxstats.actor.namespace"
+	attrWorkerPool        = "sandboxstats.workerpool.name"
 
 	attrNetDirection  = "network.io.direction"   // semantic conventions: receive, transmit
 	attrNetInterface  = "network.interface.name" // semantic conventions

@@ -109,6 +109,7 @@ func richSweeps(h *otelHarness, t0 time.Time) {
 	epoch := t0.Add(10 * time.Second)
 	w1 := func(at time.Time, v uint64) *sandboxstatsv1.WorkloadStatsSample {
 		s := everySignalSample("w1", epoch, at, v)
+		s.WorkerPool = "pool-a"
 		// Three containers, one past MaxContainers 2 (folded).
 		s.Containers = []*sandboxstatsv1.ContainerStats{ctr("a", "app", v/2000, 100, 3), ctr("b", "", v/4000, 10, 1), ctr("c", "idle", v/8000, 1, 1)}
 		return s
@@ -239,7 +240,7 @@ func TestRegistry(t *testing.T) {
 			t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 			// With a state directory: its saves are counted too.
 			h := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 2, LabelActor: labelActor, MaxTemplates: 1,
-				MaxContainers: 2, CAdvisorCompat: true, State: newStateStore(t.TempDir(), discard())}, 1)
+				MaxContainers: 2, CAdvisorCompat: true, LabelWorkerPool: labelActor, State: newStateStore(t.TempDir(), discard())}, 1)
 			richSweeps(h, t0)
 			rm := h.collect(t)
 			var errs []string

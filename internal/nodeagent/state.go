@@ -70,6 +70,9 @@ type totalState struct {
 	// StartUnixNano is when the label set was first charged (its series'
 	// start); absent (an older file) or in the future: the restart's time.
 	StartUnixNano int64 `json:"start_unix_nano,omitempty"`
+	// WorkerPool is the worker_pool label (LabelWorkerPool; absent in
+	// an older file: none).
+	WorkerPool string `json:"worker_pool,omitempty"`
 }
 
 // totalCounter is one counter's total; Interface is set for a network

@@ -23,6 +23,7 @@ type containerTotalState struct {
 	Labels        [7]string `json:"labels"`
 	Container     string    `json:"container"`
 	CAdvisor      bool      `json:"cadvisor,omitempty"`
+	WorkerPool    string    `json:"worker_pool,omitempty"`
 	CPUUsec       uint64    `json:"cpu_usec"`
 	StartUnixNano int64     `json:"start_unix_nano"`
 }
@@ -35,7 +36,7 @@ func (m *metrics) exportContainers(st *agentState) {
 		l := k.labels
 		st.ContainerTotals = append(st.ContainerTotals, containerTotalState{
 			Labels:    [7]string{l.class, l.source, l.templateNamespace, l.templateName, l.actorUID, l.actorName, l.actorNamespace},
-			Container: k.container, CAdvisor: k.cadvisor, CPUUsec: cv.cpu, StartUnixNano: cv.start.UnixNano(),
+			Container: k.container, CAdvisor: k.cadvisor, WorkerPool: l.workerPool, CPUUsec: cv.cpu, StartUnixNano: cv.start.UnixNano(),
 		})
 	}
 	slices.SortFunc(st.ContainerTotals, func(x, y containerTotalState) int {
@@ -57,7 +58,7 @@ func compareBool(x, y bool) int {
 // now, as this run exports them: without LabelActor the actor labels are
 // dropped (the series that then share labels summed), without
 // CAdvisorCompat the cAdvisor-shaped ones are left out.
-func decodeContainers(st *agentState, now time.Time, labelActor, cadvisor bool) (map[containerKey]*containerValues, error) {
+func decodeContainers(st *agentState, now time.Time, labelActor, cadvisor, labelPool bool) (map[containerKey]*containerValues, error) {
 	out := make(map[containerKey]*containerValues, len(st.ContainerTotals))
 	for i, ct := range st.ContainerTotals {
 		for _, v := range append(ct.Labels[:], ct.Container) {
@@ -72,6 +73,9 @@ func decodeContainers(st *agentState, now time.Time, labelActor, cadvisor bool) 
 			actorUID: ct.Labels[4], actorName: ct.Labels[5], actorNamespace: ct.Labels[6]}
 		if !labelActor && !ct.CAdvisor {
 			l.actorUID, l.actorName, l.actorNamespace = "", "", ""
+		}
+		if labelPool && !ct.CAdvisor {
+			l.workerPool, l.withPool = ct.WorkerPool, true
 		}
 		k := containerKey{labels: l, container: ct.Container, cadvisor: ct.CAdvisor}
 		start := time.Unix(0, ct.StartUnixNano)
@@ -95,7 +99,7 @@ func decodeContainers(st *agentState, now time.Time, labelActor, cadvisor bool) 
 // restoreContainers makes st's per-container state m's (called with mu
 // held, by restoreState).
 func (m *metrics) restoreContainers(st *agentState, now time.Time) error {
-	cs, err := decodeContainers(st, now, m.cfg.LabelActor, m.cfg.CAdvisorCompat)
+	cs, err := decodeContainers(st, now, m.cfg.LabelActor, m.cfg.CAdvisorCompat, m.cfg.LabelWorkerPool)
 	if err != nil {
 		return err
 	}
@@ -110,7 +114,7 @@ func (m *metrics) restoreContainers(st *agentState, now time.Time) error {
 
 // checkContainers is checkState's part for the containers.
 func checkContainers(st *agentState, now time.Time) error {
-	if _, err := decodeContainers(st, now, true, true); err != nil {
+	if _, err := decodeContainers(st, now, true, true, true); err != nil {
 		return err
 	}
 	if st.ContainerAccountant != nil {
