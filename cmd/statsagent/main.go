@@ -127,6 +127,9 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 	fs.DurationVar(&o.agent.EndedHorizon, "ended-horizon", time.Hour, "how long an ended activation is remembered so it is charged once, and a template's per-activation series after its last activation ended; must exceed statsd's --ended-retention")
 	fs.StringVar(&o.agent.StateDir, "state-dir", "", "keep what was charged and delivered in this directory (agent-state.json), so that a restarted agent continues every counter and sends every usage event not yet taken (docs/statsagent.md, \"Restarts and delivery\"); empty: none, a restart starts afresh")
 	fs.IntVar(&o.agent.MaxTemplates, "max-templates", nodeagent.DefaultMaxTemplates, "most templates exported by name at a time (Prometheus and OTLP); the others are exported as template (other) and counted in sandboxstats_agent_templates_folded_total")
+	fs.IntVar(&o.agent.MaxContainers, "max-containers", nodeagent.DefaultMaxContainers, "most containers of one workload exported by name (the container label); the others are exported as container (other) and counted in sandboxstats_agent_containers_folded_total")
+	fs.BoolVar(&o.agent.LabelWorkerPool, "label-worker-pool", false, "add the worker_pool label (the identity's worker pool, empty for none) to the workload and container metrics, beside the template labels (few values: no per-workload cost)")
+	fs.BoolVar(&o.agent.CAdvisorCompat, "cadvisor-compat", false, "also serve the per-container figures on /metrics under cAdvisor's names and labels (container_cpu_usage_seconds_total{namespace,pod,container}, container_memory_working_set_bytes, container_memory_usage_bytes): see docs/statsagent.md")
 	fs.TextVar(&o.logLevel, "log-level", slog.LevelInfo, "log `level`: debug, info, warn, error")
 	fs.DurationVar(&o.shutdownTimeout, "shutdown-timeout", 5*time.Second, "how long shutdown waits for scrapes in flight")
 	fs.StringVar(&o.otlp.Endpoint, "otlp-endpoint", "", "also push metrics and usage events over OTLP to this OpenTelemetry Collector: http://HOST:PORT (plaintext), https://HOST:PORT (TLS) or unix:///PATH; off when empty (Prometheus is served either way)")
@@ -169,6 +172,8 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, []string, error) 
 		return o, nil, errors.New("--grace must not be negative")
 	case o.agent.EndedHorizon <= 0:
 		return o, nil, errors.New("--ended-horizon must be positive")
+	case o.agent.MaxContainers < 1:
+		return o, nil, errors.New("--max-containers must be at least 1")
 	case o.agent.MaxTemplates < 1:
 		return o, nil, errors.New("--max-templates must be at least 1")
 	case o.agent.SweepTimeout < 0:
@@ -299,7 +304,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger.Info("statsagent serving", "addr", ln.Addr().String(), "sockets", o.agent.Sockets,
 		"interval", o.agent.Interval, "timeout", o.agent.Timeout, "concurrency", o.agent.Concurrency,
-		"label_actor", o.agent.LabelActor, "label_interface", o.agent.LabelInterface, "grace", o.agent.Grace,
+		"label_actor", o.agent.LabelActor, "cadvisor_compat", o.agent.CAdvisorCompat, "label_interface", o.agent.LabelInterface, "grace", o.agent.Grace,
 		"allow_socket_uids", allowed(o.agent.AllowUIDs), "metrics_max_connections", o.maxConns, "metrics_max_requests", o.maxInFlight)
 
 	g, gctx := errgroup.WithContext(ctx)

@@ -146,6 +146,7 @@ func TestAgentAgainstFakes(t *testing.T) {
 		"sandboxstats_agent_daemons{result=vanished}":                                             0,
 		"sandboxstats_agent_daemons{result=skipped}":                                              0,
 		"sandboxstats_agent_actor_conflicts_total{}":                                              0,
+		"sandboxstats_agent_containers_folded_total{}":                                            0,
 		"sandboxstats_agent_poll_errors_total{code=DeadlineExceeded}":                             1,
 		"sandboxstats_agent_sweeps_total{}":                                                       1,
 		"sandboxstats_agent_templates_folded_total{}":                                             0,

@@ -48,7 +48,13 @@ type Config struct {
 	Grace          time.Duration
 	EndedHorizon   time.Duration
 	MaxTemplates   int
-	ActivationLog  io.Writer
+	// MaxContainers and CAdvisorCompat configure the per-container series
+	// (metricsConfig's).
+	MaxContainers int
+	// LabelWorkerPool: see metricsConfig.
+	LabelWorkerPool bool
+	CAdvisorCompat  bool
+	ActivationLog   io.Writer
 	// OTel, when set, gets the metrics and the usage events over
 	// OpenTelemetry (metricsConfig.OTel).
 	OTel *OTel
@@ -107,7 +113,8 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 	live.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	started := time.Now()
 	m, err := newStatefulMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
-		Started: started, EndedHorizon: cfg.EndedHorizon, MaxTemplates: cfg.MaxTemplates, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel},
+		Started: started, EndedHorizon: cfg.EndedHorizon, MaxTemplates: cfg.MaxTemplates,
+		MaxContainers: cfg.MaxContainers, CAdvisorCompat: cfg.CAdvisorCompat, LabelWorkerPool: cfg.LabelWorkerPool, ActivationLog: cfg.ActivationLog, OTel: cfg.OTel},
 		cfg.StateDir, logger)
 	if err != nil {
 		return nil, fmt.Errorf("agent: register metrics: %w", err)

@@ -23,16 +23,18 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 	defer m.mu.Unlock()
 
 	snap := &snapshot{
-		drift:    make(map[driftKey]int),
-		series:   make(map[labelSet]*seriesValues, len(m.snap.Load().series)),
-		counters: make(map[labelSet]*counterValues, len(m.totals)),
-		daemons:  make(map[sweep.Status]int),
+		drift:      make(map[driftKey]int),
+		series:     make(map[labelSet]*seriesValues, len(m.snap.Load().series)),
+		counters:   make(map[labelSet]*counterValues, len(m.totals)),
+		daemons:    make(map[sweep.Status]int),
+		containers: make(map[containerKey]*containerValues, len(m.containers)),
 	}
 	// Forget first, so an activation back after the grace period is seen
 	// afresh.
 	for _, k := range m.acct.Prune(now) {
 		m.logger.Debug("forgot activation after grace period", "actor_uid", k.ActorUID, "source", api.SourceName(k.Source), "epoch_unix_nano", k.EpochUnixNano)
 	}
+	m.cacct.Prune(now)
 	for k, o := range m.owners {
 		if now.Sub(o.lastSeen) > m.cfg.EndedHorizon {
 			delete(m.owners, k)
@@ -80,6 +82,7 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 		}
 		snap.counters[l] = t.values.clone()
 	}
+	m.snapContainers(snap, now)
 	if m.otel != nil {
 		snap.activations = make(map[labelSet]*activationCounts, len(m.activations))
 		for l, ac := range m.activations {
@@ -178,6 +181,7 @@ func (m *metrics) addDrift(snap *snapshot, findings []*sandboxstatsv1.DriftFindi
 			// No sample of its workload (not measurable yet, reads timing
 			// out): only what the finding itself carries.
 			var l labelSet
+			l.withPool = m.cfg.LabelWorkerPool
 			if m.cfg.LabelActor {
 				l.actorUID = cut(f.GetActorUid())
 			}
@@ -236,6 +240,7 @@ func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.Wor
 		sv.pids = addSat(sv.pids, p.GetCurrent())
 	}
 	m.charge(l, charges, now)
+	m.addContainers(l, s, now)
 	if charged := charges.CPU(); ev == rate.EventCounterReset || (ev == rate.EventFirst && charged > 0) {
 		m.logger.Debug("cpu charged from the activation's start", "actor_uid", cut(s.GetActorUid()), "event", string(ev),
 			"epoch_unix_nano", s.GetEpochUnixNano(), "charged_usec", charged)
@@ -276,6 +281,7 @@ func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now
 	tl := tmpl.values(false)
 	if knownSource(e.GetSource()) {
 		m.charge(l, charges, now)
+		m.endContainers(l, e, now)
 	}
 	ac := m.endedSeries(tmpl, now)
 	outcome, provenance := api.OutcomeName(e.GetOutcome()), api.ProvenanceName(e.GetFinalProvenance())

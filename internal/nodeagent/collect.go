@@ -22,6 +22,9 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range m.descCounters {
 		ch <- d
 	}
+	for _, d := range m.containerDescs() {
+		ch <- d
+	}
 }
 
 // Collect implements prometheus.Collector over the latest snapshot. The
@@ -83,6 +86,7 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 			count(id.Counter, v, p, perr, created)
 		}
 	}
+	m.collectContainers(ch, snap)
 	driftNames := append([]string{"kind"}, names...)
 	for k, n := range snap.drift {
 		pairs, err := labelPairs(driftNames, append([]string{k.kind}, k.labels.values(wa)...))

@@ -12,7 +12,12 @@ import (
 // labelSet is one series' labels; actor fields are empty without LabelActor.
 type labelSet struct {
 	class, source, templateNamespace, templateName string
-	actorUID, actorName, actorNamespace            string
+	// workerPool is the identity's worker pool; withPool: the set has the
+	// worker_pool label (LabelWorkerPool; never a per-template set of the
+	// per-activation series).
+	workerPool                          string
+	withPool                            bool
+	actorUID, actorName, actorNamespace string
 }
 
 // maxLabelBytes bounds a label value taken from a daemon's answer: statsd
@@ -92,6 +97,9 @@ func (m *metrics) labelsOf(s *sandboxstatsv1.WorkloadStatsSample) labelSet {
 	if m.cfg.LabelActor {
 		l.actorUID, l.actorName, l.actorNamespace = cut(s.GetActorUid()), cut(s.GetActorName()), cut(s.GetActorNamespace())
 	}
+	if m.cfg.LabelWorkerPool {
+		l.workerPool, l.withPool = cut(s.GetWorkerPool()), true
+	}
 	return l
 }
 
@@ -104,6 +112,9 @@ func (m *metrics) endedLabels(e *sandboxstatsv1.EndedActivation) (template, work
 		templateNamespace: cut(id.GetTemplateNamespace()), templateName: cut(id.GetTemplateName()),
 	}
 	workload = template
+	if m.cfg.LabelWorkerPool {
+		workload.workerPool, workload.withPool = cut(id.GetWorkerPool()), true
+	}
 	if m.cfg.LabelActor {
 		workload.actorUID, workload.actorName, workload.actorNamespace = cut(id.GetActorUid()), cut(id.GetActorName()), cut(id.GetActorNamespace())
 	}
@@ -112,6 +123,9 @@ func (m *metrics) endedLabels(e *sandboxstatsv1.EndedActivation) (template, work
 
 func (l labelSet) values(withActor bool) []string {
 	v := []string{l.class, l.source, l.templateNamespace, l.templateName}
+	if l.withPool {
+		v = append(v, l.workerPool)
+	}
 	if withActor {
 		v = append(v, l.actorUID, l.actorName, l.actorNamespace)
 	}

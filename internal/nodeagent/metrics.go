@@ -101,6 +101,18 @@ type metricsConfig struct {
 	// OTel, when set, gets the same metrics over OpenTelemetry and the
 	// usage events.
 	OTel *OTel
+	// LabelWorkerPool adds worker_pool (the identity's worker pool, empty
+	// for none) to the workload and container metrics, beside the template
+	// labels: its values are few (a pool per group of nodes), so it does
+	// not multiply the series as the actor labels do; opt-in because it
+	// changes every existing series' label set.
+	LabelWorkerPool bool
+	// MaxContainers bounds the containers of one sample with a container
+	// label of their own (DefaultMaxContainers when zero).
+	MaxContainers int
+	// CAdvisorCompat also exports the per-container figures under
+	// cAdvisor's names and labels (cadvisor.go).
+	CAdvisorCompat bool
 	// State, when set, keeps what was charged and delivered across
 	// restarts (state.go); Started is then its origin.
 	State *stateStore
@@ -117,6 +129,11 @@ type metrics struct {
 	mu     sync.Mutex // serializes Apply
 	acct   *rate.Accountant
 	totals map[labelSet]*counterTotals
+	// cacct charges the containers' CPU (containers.go); containers: the
+	// per-container series.
+	cacct            *rate.Accountant
+	containers       map[containerKey]*containerValues
+	containersFolded prometheus.Counter
 	// owners: the socket each activation was sampled from, so that another
 	// socket's sample or record of it is a conflict (never believed).
 	owners map[rate.ActivationKey]owner
@@ -138,6 +155,8 @@ type metrics struct {
 
 	descCur, descWS, descPeak, descLimit, descPids, descSampled, descDaemons, descDrift *prometheus.Desc
 	descCounters                                                                        [rate.NumCounters]*prometheus.Desc
+	descCtrCPU, descCtrCur, descCtrWS, descCtrPids                                      *prometheus.Desc
+	cadvisor                                                                            *cadvisorDescs // nil without CAdvisorCompat
 
 	sweepDuration prometheus.Histogram
 	lastSweep     prometheus.Gauge
@@ -269,12 +288,17 @@ type snapshot struct {
 	// activations: the per-activation counts (OTel only; nil without it).
 	activations map[labelSet]*activationCounts
 	daemons     map[sweep.Status]int
+	// containers: the per-container series (containers.go).
+	containers map[containerKey]*containerValues
 }
 
 // newMetrics returns metrics and registers them, with the agent's own sweep
 // metrics, on reg.
 func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logger) (*metrics, error) {
 	labels := []string{"sandbox_class", "source", "template_namespace", "template_name"}
+	if cfg.LabelWorkerPool {
+		labels = append(labels, "worker_pool")
+	}
 	if cfg.LabelActor {
 		labels = append(labels, "actor_uid", "actor_name", "actor_namespace")
 	}
@@ -302,6 +326,18 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		endedMarks:   make(map[string]endedMark),
 		endedLost:    newEndedLostCounter(),
 		descCounters: counterDescs(labels, cfg.LabelInterface),
+		containers:   make(map[containerKey]*containerValues),
+		descCtrCPU: prometheus.NewDesc(metricContainerCPU,
+			"CPU time of each container of the workloads with these labels (counter, seconds, layer: source: the guest cgroup of each container, the sentry's per-container accounting), charged like "+metricCPUSeconds+" (head, body, tail, across restarts with --state-dir); never decreases. Past --max-containers a workload's containers are container=\"(other)\".", append(labels[:len(labels):len(labels)], "container"), nil),
+		descCtrCur: prometheus.NewDesc(metricContainerMemory,
+			"Memory charged now to each container (gauge, bytes, layer: source), summed over the workloads with these labels; absent where the source has no figure of the container's own (gVisor's sandbox total or even split is never one).", append(labels[:len(labels):len(labels)], "container"), nil),
+		descCtrWS: prometheus.NewDesc(metricContainerWorkingSet,
+			"Memory current minus inactive file pages of each container (gauge, bytes, layer: source), summed; absent where the source has none of the container's own.", append(labels[:len(labels):len(labels)], "container"), nil),
+		descCtrPids: prometheus.NewDesc(metricContainerPids,
+			"Processes (tasks) of each container (gauge, tasks, layer: source), summed; absent where the source offers none.", append(labels[:len(labels):len(labels)], "container"), nil),
+		containersFolded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: metricContainersFolded, Help: "Containers (one a sample, and one an ended record's final) exported as container=\"(other)\": their workload had more than --max-containers.",
+		}),
 		descCur: prometheus.NewDesc(metricMemoryCurrent,
 			"Memory charged now (gauge, bytes, layer: source), summed over the sampled workloads with these labels.", labels, nil),
 		descWS: prometheus.NewDesc(metricMemoryWorkingSet,
@@ -373,6 +409,10 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		m.actLog = json.NewEncoder(cfg.ActivationLog)
 	}
 	m.acct = m.newAccountant()
+	m.cacct = m.newAccountant()
+	if cfg.CAdvisorCompat {
+		m.cadvisor = newCAdvisorDescs()
+	}
 	m.snap.Store(&snapshot{})
 	m.state = cfg.State
 	if cfg.OTel != nil {
@@ -392,7 +432,7 @@ func newMetrics(reg prometheus.Registerer, cfg metricsConfig, logger *slog.Logge
 		}
 	}
 	for _, c := range []prometheus.Collector{m, m.sweepDuration, m.lastSweep, m.lastSweepTime, m.sweeps, m.pollErrors,
-		m.conflicts, m.capped, m.refused, m.folded, m.endedLost, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct, &m.overflows)} {
+		m.conflicts, m.capped, m.refused, m.folded, m.containersFolded, m.endedLost, m.ended, m.finals, m.noPeak, m.actCPU, m.actPeak, m.actDuration, newRefusedCollector(m.acct, &m.overflows)} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

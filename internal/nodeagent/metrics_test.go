@@ -126,6 +126,7 @@ func TestMetricsAcrossSweeps(t *testing.T) {
 		metricDaemons + "{result=vanished}":  0,
 		metricDaemons + "{result=skipped}":   0,
 		metricActorConflicts + "{}":          0,
+		metricContainersFolded + "{}":        0,
 		metricLastSweepSeconds + "{}":        0.12,
 		metricLastSweepTime + "{}":           float64(t0.Unix()),
 		metricSweeps + "{}":                  1,

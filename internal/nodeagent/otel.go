@@ -67,6 +67,7 @@ const (
 	attrActorUID          = "sandboxstats.actor.uid"
 	attrActorName         = "sandboxstats.actor.name"
 	attrActorNamespace    = "sandboxstats.actor.namespace"
+	attrWorkerPool        = "sandboxstats.workerpool.name"
 
 	attrNetDirection  = "network.io.direction"   // semantic conventions: receive, transmit
 	attrNetInterface  = "network.interface.name" // semantic conventions
@@ -150,6 +151,7 @@ type otelMetrics struct {
 	logger otellog.Logger
 
 	memUsage, memWorkingSet, memPeak, memLimit, pids, sampled, drift, daemons metric.Int64Observable
+	containers                                                                containerInstruments
 	// The workload counters are Distributions' (each series' own start
 	// time).
 
@@ -237,6 +239,10 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 	o.pollErrors = counter("sandboxstats.agent.poll_errors", "{error}", "Failed StatsActiveWorkloads polls, by gRPC code.")
 	o.conflicts = counter("sandboxstats.agent.actor_conflicts", "{actor}", "Actors whose samples or ended records came from more than one daemon: none of them believed.")
 	if err == nil {
+		o.containers, err = newContainerInstruments(meter)
+		observables = append(observables, o.containers.memUsage, o.containers.memWorkingSet, o.containers.pids)
+	}
+	if err == nil {
 		o.sweepDuration, err = meter.Float64Histogram("sandboxstats.agent.sweep.duration", metric.WithUnit("s"),
 			metric.WithDescription("Wall time of one sweep: discovery plus every poll."),
 			metric.WithExplicitBucketBoundaries(.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120))
@@ -245,7 +251,9 @@ func newOTelMetrics(cfg OTel, m *metrics) (*otelMetrics, error) {
 		return nil, fmt.Errorf("otel instruments: %w", err)
 	}
 	if _, err := meter.RegisterCallback(func(_ context.Context, obs metric.Observer) error {
-		o.observe(obs, m.snap.Load(), m.cfg.LabelActor)
+		snap := m.snap.Load()
+		o.observe(obs, snap, m.cfg.LabelActor)
+		o.containers.observeContainers(obs, snap, m.cfg.LabelActor)
 		return nil
 	}, observables...); err != nil {
 		return nil, fmt.Errorf("otel callback: %w", err)

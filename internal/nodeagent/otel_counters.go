@@ -177,6 +177,6 @@ func counters(snap *snapshot, withActor bool, limit int, now time.Time, kept map
 
 func compareLabels(x, y labelSet) int {
 	return cmp.Or(strings.Compare(x.class, y.class), strings.Compare(x.source, y.source),
-		strings.Compare(x.templateNamespace, y.templateNamespace), strings.Compare(x.templateName, y.templateName),
+		strings.Compare(x.templateNamespace, y.templateNamespace), strings.Compare(x.templateName, y.templateName), strings.Compare(x.workerPool, y.workerPool),
 		strings.Compare(x.actorUID, y.actorUID), strings.Compare(x.actorName, y.actorName), strings.Compare(x.actorNamespace, y.actorNamespace))
 }

@@ -96,6 +96,9 @@ func (d *Distributions) Produce(context.Context) ([]metricdata.ScopeMetrics, err
 	out, attrs := counters(snap, m.cfg.LabelActor, OTelCardinalityLimit(m.cfg.MaxTemplates), now, d.attrs)
 	d.attrs = attrs
 	d.mu.Unlock()
+	if ctr, ok := containerCounters(snap, m.cfg.LabelActor, OTelCardinalityLimit(m.cfg.MaxTemplates), now); ok {
+		out = append(out, ctr)
+	}
 	cpu := metricdata.Histogram[float64]{Temporality: metricdata.CumulativeTemporality}
 	duration := metricdata.Histogram[float64]{Temporality: metricdata.CumulativeTemporality}
 	peak := metricdata.Histogram[int64]{Temporality: metricdata.CumulativeTemporality}

@@ -62,6 +62,9 @@ func workloadAttrs(l labelSet, withActor bool) []attribute.KeyValue {
 		attribute.String(attrClass, l.class), attribute.String(attrSource, l.source),
 		attribute.String(attrTemplateNamespace, l.templateNamespace), attribute.String(attrTemplateName, l.templateName),
 	}
+	if l.withPool {
+		kv = append(kv, attribute.String(attrWorkerPool, l.workerPool))
+	}
 	if withActor {
 		kv = append(kv, attribute.String(attrActorUID, l.actorUID), attribute.String(attrActorName, l.actorName),
 			attribute.String(attrActorNamespace, l.actorNamespace))

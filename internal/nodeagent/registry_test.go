@@ -108,10 +108,15 @@ func everySignalSample(actor string, epoch, at time.Time, v uint64) *sandboxstat
 func richSweeps(h *otelHarness, t0 time.Time) {
 	epoch := t0.Add(10 * time.Second)
 	w1 := func(at time.Time, v uint64) *sandboxstatsv1.WorkloadStatsSample {
-		return everySignalSample("w1", epoch, at, v)
+		s := everySignalSample("w1", epoch, at, v)
+		s.WorkerPool = "pool-a"
+		// Three containers, one past MaxContainers 2 (folded).
+		s.Containers = []*sandboxstatsv1.ContainerStats{ctr("a", "app", v/2000, 100, 3), ctr("b", "", v/4000, 10, 1), ctr("c", "idle", v/8000, 1, 1)}
+		return s
 	}
 	w2 := everySignalSample("w2", epoch, t0.Add(20*time.Second), 1_000_000)
 	w2.SandboxClass, w2.Source = sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM, sandboxstatsv1.StatsSource_STATS_SOURCE_GUEST_AGENT
+	w2.Containers = []*sandboxstatsv1.ContainerStats{ctr("j", "jvm", 900, 200, 9)}
 	w2.TemplateName = "java" // folded into (other) with MaxTemplates 1: w1's python holds the slot
 	first := okResult("/run/statsd/a.sock", w1(t0.Add(20*time.Second), 4_000_000), w2)
 	first.DriftFindings = []*sandboxstatsv1.DriftFinding{{Kind: sandboxstatsv1.DriftKind_DRIFT_KIND_SANDBOX_DEAD, Subject: "/pod", ActorUid: "w1"}}
@@ -235,7 +240,7 @@ func TestRegistry(t *testing.T) {
 			t0 := time.Date(2026, 12, 3, 12, 0, 0, 0, time.UTC)
 			// With a state directory: its saves are counted too.
 			h := newOTelHarness(t, metricsConfig{Grace: 5 * time.Minute, Started: t0, CPUs: 2, LabelActor: labelActor, MaxTemplates: 1,
-				State: newStateStore(t.TempDir(), discard())}, 1)
+				MaxContainers: 2, CAdvisorCompat: true, LabelWorkerPool: labelActor, State: newStateStore(t.TempDir(), discard())}, 1)
 			richSweeps(h, t0)
 			rm := h.collect(t)
 			var errs []string

@@ -55,6 +55,10 @@ type agentState struct {
 	Owners         []ownerState         `json:"owners"`
 	EndedMarks     []markState          `json:"ended_marks"`
 	Pending        []pendingEvent       `json:"pending_events"`
+	// The per-container series (state_containers.go); absent in an older
+	// agent's file.
+	ContainerAccountant *rate.AccountantState `json:"container_accountant,omitempty"`
+	ContainerTotals     []containerTotalState `json:"container_totals,omitempty"`
 }
 
 // totalState is one label set's exported counters.
@@ -66,6 +70,9 @@ type totalState struct {
 	// StartUnixNano is when the label set was first charged (its series'
 	// start); absent (an older file) or in the future: the restart's time.
 	StartUnixNano int64 `json:"start_unix_nano,omitempty"`
+	// WorkerPool is the worker_pool label (LabelWorkerPool; absent in
+	// an older file: none).
+	WorkerPool string `json:"worker_pool,omitempty"`
 }
 
 // totalCounter is one counter's total; Interface is set for a network

@@ -19,7 +19,7 @@ func (m *metrics) exportState(now time.Time) *agentState {
 		Accountant: m.acct.Export()}
 	for l, t := range m.totals {
 		ts := totalState{Labels: [7]string{l.class, l.source, l.templateNamespace, l.templateName, l.actorUID, l.actorName, l.actorNamespace},
-			StartUnixNano: t.values.start.UnixNano()}
+			StartUnixNano: t.values.start.UnixNano(), WorkerPool: l.workerPool}
 		for c := range rate.NumCounters {
 			if t.values.has[c] {
 				ts.Counters = append(ts.Counters, totalCounter{Counter: c, Value: t.values.total[c]})
@@ -44,6 +44,7 @@ func (m *metrics) exportState(now time.Time) *agentState {
 		st.EndedMarks = append(st.EndedMarks, markState{Socket: s, Instance: mark.instance, Highest: mark.highest})
 	}
 	slices.SortFunc(st.EndedMarks, func(x, y markState) int { return strings.Compare(x.Socket, y.Socket) })
+	m.exportContainers(st)
 	if m.pending != nil {
 		var dropped int
 		st.Pending, dropped = m.pending.list()
@@ -59,8 +60,8 @@ func decodeTotals(st *agentState, now time.Time) (map[labelSet]*counterTotals, e
 	totals := make(map[labelSet]*counterTotals, len(st.Totals))
 	for i, ts := range st.Totals {
 		l := labelSet{class: ts.Labels[0], source: ts.Labels[1], templateNamespace: ts.Labels[2], templateName: ts.Labels[3],
-			actorUID: ts.Labels[4], actorName: ts.Labels[5], actorNamespace: ts.Labels[6]}
-		for _, v := range ts.Labels {
+			actorUID: ts.Labels[4], actorName: ts.Labels[5], actorNamespace: ts.Labels[6], workerPool: ts.WorkerPool}
+		for _, v := range append(ts.Labels[:], ts.WorkerPool) {
 			if len(v) > maxLabelBytes {
 				return nil, fmt.Errorf("totals[%d]: a label of %d bytes", i, len(v))
 			}
@@ -101,9 +102,13 @@ func decodeTotals(st *agentState, now time.Time) (map[labelSet]*counterTotals, e
 // counters kept in the other form (per interface, or their total) are
 // dropped, their series end (their accounts start again from the next
 // sample: rate.Accountant.Import).
-func fitTotals(totals map[labelSet]*counterTotals, labelActor, labelInterface bool) map[labelSet]*counterTotals {
+func fitTotals(totals map[labelSet]*counterTotals, labelActor, labelInterface, labelPool bool) map[labelSet]*counterTotals {
 	out := make(map[labelSet]*counterTotals, len(totals))
 	for l, t := range totals {
+		l.withPool = labelPool
+		if !labelPool {
+			l.workerPool = ""
+		}
 		if !labelActor {
 			l.actorUID, l.actorName, l.actorNamespace = "", "", ""
 		}
@@ -142,6 +147,9 @@ func checkState(st *agentState, now time.Time) error {
 	if _, err := decodeTotals(st, now); err != nil {
 		return err
 	}
+	if err := checkContainers(st, now); err != nil {
+		return err
+	}
 	for i, ev := range st.Pending {
 		// The pipeline settles an event by its record's log.record.uid:
 		// one kept under another uid, or of a kind never kept, would be
@@ -178,7 +186,10 @@ func (m *metrics) restoreState(st *agentState, now time.Time) error {
 	if err := m.acct.Import(st.Accountant, now); err != nil {
 		return err
 	}
-	m.totals = fitTotals(totals, m.cfg.LabelActor, m.cfg.LabelInterface)
+	if err := m.restoreContainers(st, now); err != nil {
+		return err
+	}
+	m.totals = fitTotals(totals, m.cfg.LabelActor, m.cfg.LabelInterface, m.cfg.LabelWorkerPool)
 	// The templates exported by name keep their slots (not the first
 	// sampled after the restart): their usage stays under their names.
 	for l := range m.totals {
