@@ -8,7 +8,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"testing"
 	"time"
 )
@@ -37,25 +36,7 @@ func (p *RunscPod) Runsc(t testing.TB, dir string, args ...string) ([]byte, erro
 	t.Helper()
 	cmd := exec.Command(p.Bin, append([]string{"--root", p.Root, "--network=none", "--platform=ptrace"}, args...)...)
 	cmd.Dir = dir
-	name := filepath.Join(p.logs, fmt.Sprintf("%d-%s", time.Now().UnixNano(), args[0]))
-	stdout, err := os.Create(name + ".stdout")
-	if err != nil {
-		return nil, err
-	}
-	defer stdout.Close()
-	stderr, err := os.Create(name + ".stderr")
-	if err != nil {
-		return nil, err
-	}
-	defer stderr.Close()
-	cmd.Stdin, cmd.Stdout, cmd.Stderr = nil, stdout, stderr
-	runErr := cmd.Run()
-	out, _ := os.ReadFile(name + ".stdout")
-	if runErr != nil {
-		msg, _ := os.ReadFile(name + ".stderr")
-		return out, fmt.Errorf("runsc %s: %w: %s", strings.Join(args, " "), runErr, bytes.TrimSpace(msg))
-	}
-	return out, nil
+	return runLogged(cmd, p.logs, args)
 }
 
 // StartRunscPod starts a sandbox running `sleep` and one container per

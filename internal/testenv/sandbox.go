@@ -193,7 +193,15 @@ func (sb *Sandbox) Runsc(t testing.TB, dir string, args ...string) ([]byte, erro
 		cmd = inNetNS(sb.netns, args[0] == "run", sb.bin, full...)
 	}
 	cmd.Dir = dir
-	name := filepath.Join(sb.logs, fmt.Sprintf("%d-%s", time.Now().UnixNano(), args[0]))
+	return runLogged(cmd, sb.logs, args)
+}
+
+// runLogged runs cmd, a runsc command with args after its global flags,
+// its stdout and stderr to their own files under logs (sharing the test's
+// stdout would corrupt it), and returns its stdout; a failure's error
+// carries its stderr.
+func runLogged(cmd *exec.Cmd, logs string, args []string) ([]byte, error) {
+	name := filepath.Join(logs, fmt.Sprintf("%d-%s", time.Now().UnixNano(), args[0]))
 	stdout, err := os.Create(name + ".stdout")
 	if err != nil {
 		return nil, err
