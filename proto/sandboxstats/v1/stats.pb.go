@@ -750,7 +750,15 @@ type SandboxRef struct {
 	VmmPidFile string `protobuf:"bytes,7,opt,name=vmm_pid_file,json=vmmPidFile,proto3" json:"vmm_pid_file,omitempty"`
 	// Optional: absolute path of the VMM's QMP Unix socket (QEMU), for KVM
 	// counters through query-stats.
-	QmpSocket     string `protobuf:"bytes,8,opt,name=qmp_socket,json=qmpSocket,proto3" json:"qmp_socket,omitempty"`
+	QmpSocket string `protobuf:"bytes,8,opt,name=qmp_socket,json=qmpSocket,proto3" json:"qmp_socket,omitempty"`
+	// Optional: the workload's containers with their names, at most 25, ids
+	// unique. MICROVM: instead of container_ids (not both), the same ids in
+	// the order read, each with its name. GVISOR: names the containers
+	// runsc's state files list (a name here wins over the CRI annotation);
+	// the set measured stays what the state files list. Kept current while
+	// the activation runs by UpdateWorkloadContainers (the NRI bridge calls it
+	// on its container events).
+	Containers    []*ContainerRef `protobuf:"bytes,9,rep,name=containers,proto3" json:"containers,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -841,6 +849,169 @@ func (x *SandboxRef) GetQmpSocket() string {
 	return ""
 }
 
+func (x *SandboxRef) GetContainers() []*ContainerRef {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+// ContainerRef names one container of a workload.
+type ContainerRef struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The container's id as the runtime knows it (runsc's container id, the
+	// Kata guest agent's). Required; at most 128 bytes of printable ASCII.
+	Id string `protobuf:"bytes,1,opt,name=id,proto3" json:"id,omitempty"`
+	// The container's name in its pod (Kubernetes: the pod spec's), empty
+	// when unknown. At most 253 bytes of printable ASCII.
+	Name          string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ContainerRef) Reset() {
+	*x = ContainerRef{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[2]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ContainerRef) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ContainerRef) ProtoMessage() {}
+
+func (x *ContainerRef) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[2]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ContainerRef.ProtoReflect.Descriptor instead.
+func (*ContainerRef) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{2}
+}
+
+func (x *ContainerRef) GetId() string {
+	if x != nil {
+		return x.Id
+	}
+	return ""
+}
+
+func (x *ContainerRef) GetName() string {
+	if x != nil {
+		return x.Name
+	}
+	return ""
+}
+
+type UpdateWorkloadContainersRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The bound actor whose containers these are.
+	ActorUid string `protobuf:"bytes,1,opt,name=actor_uid,json=actorUid,proto3" json:"actor_uid,omitempty"`
+	// The whole set now, as SandboxRef.containers.
+	Containers    []*ContainerRef `protobuf:"bytes,2,rep,name=containers,proto3" json:"containers,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateWorkloadContainersRequest) Reset() {
+	*x = UpdateWorkloadContainersRequest{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[3]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateWorkloadContainersRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateWorkloadContainersRequest) ProtoMessage() {}
+
+func (x *UpdateWorkloadContainersRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[3]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateWorkloadContainersRequest.ProtoReflect.Descriptor instead.
+func (*UpdateWorkloadContainersRequest) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{3}
+}
+
+func (x *UpdateWorkloadContainersRequest) GetActorUid() string {
+	if x != nil {
+		return x.ActorUid
+	}
+	return ""
+}
+
+func (x *UpdateWorkloadContainersRequest) GetContainers() []*ContainerRef {
+	if x != nil {
+		return x.Containers
+	}
+	return nil
+}
+
+type UpdateWorkloadContainersResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// The activation's epoch, unchanged, unix nanoseconds.
+	EpochUnixNano int64 `protobuf:"varint,1,opt,name=epoch_unix_nano,json=epochUnixNano,proto3" json:"epoch_unix_nano,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *UpdateWorkloadContainersResponse) Reset() {
+	*x = UpdateWorkloadContainersResponse{}
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *UpdateWorkloadContainersResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*UpdateWorkloadContainersResponse) ProtoMessage() {}
+
+func (x *UpdateWorkloadContainersResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use UpdateWorkloadContainersResponse.ProtoReflect.Descriptor instead.
+func (*UpdateWorkloadContainersResponse) Descriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *UpdateWorkloadContainersResponse) GetEpochUnixNano() int64 {
+	if x != nil {
+		return x.EpochUnixNano
+	}
+	return 0
+}
+
 type StatsWorkloadRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The actor the caller believes runs here. Required.
@@ -853,7 +1024,7 @@ type StatsWorkloadRequest struct {
 
 func (x *StatsWorkloadRequest) Reset() {
 	*x = StatsWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[2]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[5]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -865,7 +1036,7 @@ func (x *StatsWorkloadRequest) String() string {
 func (*StatsWorkloadRequest) ProtoMessage() {}
 
 func (x *StatsWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[2]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[5]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -878,7 +1049,7 @@ func (x *StatsWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*StatsWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{2}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{5}
 }
 
 func (x *StatsWorkloadRequest) GetActorUid() string {
@@ -904,7 +1075,7 @@ type StatsWorkloadResponse struct {
 
 func (x *StatsWorkloadResponse) Reset() {
 	*x = StatsWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[3]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -916,7 +1087,7 @@ func (x *StatsWorkloadResponse) String() string {
 func (*StatsWorkloadResponse) ProtoMessage() {}
 
 func (x *StatsWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[3]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -929,7 +1100,7 @@ func (x *StatsWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*StatsWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{3}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{6}
 }
 
 func (x *StatsWorkloadResponse) GetSample() *WorkloadStatsSample {
@@ -949,7 +1120,7 @@ type StatsActiveWorkloadsRequest struct {
 
 func (x *StatsActiveWorkloadsRequest) Reset() {
 	*x = StatsActiveWorkloadsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[4]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -961,7 +1132,7 @@ func (x *StatsActiveWorkloadsRequest) String() string {
 func (*StatsActiveWorkloadsRequest) ProtoMessage() {}
 
 func (x *StatsActiveWorkloadsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[4]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -974,7 +1145,7 @@ func (x *StatsActiveWorkloadsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsActiveWorkloadsRequest.ProtoReflect.Descriptor instead.
 func (*StatsActiveWorkloadsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{4}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *StatsActiveWorkloadsRequest) GetIncludeHost() bool {
@@ -1020,7 +1191,7 @@ type StatsActiveWorkloadsResponse struct {
 
 func (x *StatsActiveWorkloadsResponse) Reset() {
 	*x = StatsActiveWorkloadsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[5]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1032,7 +1203,7 @@ func (x *StatsActiveWorkloadsResponse) String() string {
 func (*StatsActiveWorkloadsResponse) ProtoMessage() {}
 
 func (x *StatsActiveWorkloadsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[5]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1045,7 +1216,7 @@ func (x *StatsActiveWorkloadsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsActiveWorkloadsResponse.ProtoReflect.Descriptor instead.
 func (*StatsActiveWorkloadsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{5}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *StatsActiveWorkloadsResponse) GetSamples() []*WorkloadStatsSample {
@@ -1116,7 +1287,7 @@ type PendingWorkload struct {
 
 func (x *PendingWorkload) Reset() {
 	*x = PendingWorkload{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1128,7 +1299,7 @@ func (x *PendingWorkload) String() string {
 func (*PendingWorkload) ProtoMessage() {}
 
 func (x *PendingWorkload) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[6]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1141,7 +1312,7 @@ func (x *PendingWorkload) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PendingWorkload.ProtoReflect.Descriptor instead.
 func (*PendingWorkload) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{6}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *PendingWorkload) GetIdentity() *WorkloadIdentity {
@@ -1189,7 +1360,7 @@ type StatsHostRequest struct {
 
 func (x *StatsHostRequest) Reset() {
 	*x = StatsHostRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1201,7 +1372,7 @@ func (x *StatsHostRequest) String() string {
 func (*StatsHostRequest) ProtoMessage() {}
 
 func (x *StatsHostRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[7]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1214,7 +1385,7 @@ func (x *StatsHostRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsHostRequest.ProtoReflect.Descriptor instead.
 func (*StatsHostRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{7}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *StatsHostRequest) GetActorUid() string {
@@ -1246,7 +1417,7 @@ type StatsHostResponse struct {
 
 func (x *StatsHostResponse) Reset() {
 	*x = StatsHostResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1258,7 +1429,7 @@ func (x *StatsHostResponse) String() string {
 func (*StatsHostResponse) ProtoMessage() {}
 
 func (x *StatsHostResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[8]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1271,7 +1442,7 @@ func (x *StatsHostResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use StatsHostResponse.ProtoReflect.Descriptor instead.
 func (*StatsHostResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{8}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *StatsHostResponse) GetIdentity() *WorkloadIdentity {
@@ -1326,7 +1497,7 @@ type AbsentValue struct {
 
 func (x *AbsentValue) Reset() {
 	*x = AbsentValue{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1338,7 +1509,7 @@ func (x *AbsentValue) String() string {
 func (*AbsentValue) ProtoMessage() {}
 
 func (x *AbsentValue) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[9]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1351,7 +1522,7 @@ func (x *AbsentValue) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AbsentValue.ProtoReflect.Descriptor instead.
 func (*AbsentValue) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{9}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *AbsentValue) GetField() string {
@@ -1478,18 +1649,17 @@ type WorkloadStatsSample struct {
 	// its cap (named in `absent`, field "containers").
 	Containers []*ContainerStats `protobuf:"bytes,28,rep,name=containers,proto3" json:"containers,omitempty"`
 	// Counter, microseconds of CPU time. Layer: sandbox runtime (gVisor
-	// only): the sandbox's own share, what the isolation costs the pod (the
-	// sentry, gofers, the platform): the sandbox (pause) cgroup's
-	// cpu_usage_usec minus the sum of the containers' cpu_usage_usec as the
-	// sentry accounts them, floored at 0, read together. So the containers'
-	// CPU plus this share is the pod's CPU. Same epoch rules as
-	// cpu_usage_usec. Absent (not 0; `absent` says why) when any container's
-	// CPU is absent, and for every other source (a guest agent reports the
-	// containers only: the VM's own cost is in the host view). Not filled
-	// yet: gVisor's containers are shares of the sandbox cgroup's CPU
-	// (ContainerStats.cpu_usage_usec), so their sum is that CPU and this
-	// difference would be 0 by construction; absent with that reason until
-	// the sandbox's own cost is measured apart.
+	// only): the sandbox's own share, what the isolation costs the pod: the
+	// CPU the host kernel charged to the sandbox's own processes, the sentry
+	// and the gofers (their /proc stat, exited threads included; a gofer that
+	// exits keeps its last figure). The application containers share the rest
+	// of the sandbox cgroup's cpu_usage_usec (ContainerStats.cpu_usage_usec),
+	// so the containers' CPU plus this share is the pod's CPU. Same epoch
+	// rules as cpu_usage_usec. Absent (not 0; `absent` says why) when the
+	// containers are, under runsc's kvm platform (the application runs on the
+	// sentry's own threads there: no split by process), and for every other
+	// source (a guest agent reports the containers only: the VM's own cost is
+	// in the host view).
 	SandboxOwnCpuUsec *uint64 `protobuf:"varint,29,opt,name=sandbox_own_cpu_usec,json=sandboxOwnCpuUsec,proto3,oneof" json:"sandbox_own_cpu_usec,omitempty"`
 	unknownFields     protoimpl.UnknownFields
 	sizeCache         protoimpl.SizeCache
@@ -1497,7 +1667,7 @@ type WorkloadStatsSample struct {
 
 func (x *WorkloadStatsSample) Reset() {
 	*x = WorkloadStatsSample{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1509,7 +1679,7 @@ func (x *WorkloadStatsSample) String() string {
 func (*WorkloadStatsSample) ProtoMessage() {}
 
 func (x *WorkloadStatsSample) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[10]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1522,7 +1692,7 @@ func (x *WorkloadStatsSample) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use WorkloadStatsSample.ProtoReflect.Descriptor instead.
 func (*WorkloadStatsSample) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{10}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *WorkloadStatsSample) GetActorUid() string {
@@ -1745,15 +1915,18 @@ type ContainerStats struct {
 	Name string `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// Counter, microseconds of CPU time. Layer: source (Kata: the container's
 	// guest cgroup, cpu.stat usage_usec on a v2 guest, cpuacct.usage on v1;
-	// gVisor: the sentry's accounting of the container's tasks, from its
-	// control server's containerManager.Event (containerUsage), rescaled to
-	// the sandbox cgroup's cpu_usage_usec read in the same sample: each
-	// container keeps its share of the sentry's figures and the shares sum to
-	// the sandbox (pause) cgroup's CPU, the pause container's share included.
-	// Exactly what `runsc events --stats` reports as cpu.usage.total (runsc
-	// rescales alike, Container.populateStats). The sentry's raw figures count
-	// time its tasks waited for a host CPU and can exceed the cgroup's. Since
-	// the container started; same epoch rules as the sample's cpu_usage_usec.
+	// gVisor: the application's part of the sandbox cgroup's cpu_usage_usec,
+	// that is the cgroup's CPU minus the sandbox's own share
+	// (StatsSample.sandbox_own_cpu_usec), split among the containers in the
+	// proportions of the sentry's accounting of their tasks (its control
+	// server's containerManager.Event, containerUsage), read in the same
+	// sample; never lower than the container's previous figure. `runsc events
+	// --stats` splits the whole cgroup's CPU the same way (Container.populateStats),
+	// own share included: its figure is this one times cgroup / (cgroup - own).
+	// The sentry's raw figures count time its tasks waited for a host CPU and
+	// can exceed the cgroup's: only their proportions are used. Under runsc's
+	// kvm platform the whole cgroup's CPU is split (no own share). Since the
+	// container started; same epoch rules as the sample's cpu_usage_usec.
 	CpuUsageUsec *uint64 `protobuf:"varint,3,opt,name=cpu_usage_usec,json=cpuUsageUsec,proto3,oneof" json:"cpu_usage_usec,omitempty"`
 	// Counter, microseconds of CPU time in user mode. Layer: source (Kata:
 	// the guest cgroup's cpu.stat user_usec on v2, cpuacct.stat user on v1,
@@ -1783,14 +1956,19 @@ type ContainerStats struct {
 	PidsCurrent *uint64 `protobuf:"varint,9,opt,name=pids_current,json=pidsCurrent,proto3,oneof" json:"pids_current,omitempty"`
 	// The figures above that are absent, each with its reason. Kind: label.
 	// Layer: statsd.
-	Absent        []*AbsentValue `protobuf:"bytes,10,rep,name=absent,proto3" json:"absent,omitempty"`
+	Absent []*AbsentValue `protobuf:"bytes,10,rep,name=absent,proto3" json:"absent,omitempty"`
+	// Kind: label. Layer: statsd. The container left the workload during the
+	// activation (its runtime no longer lists it, or UpdateWorkloadContainers
+	// dropped it): its counters are the last read and stay in every later
+	// sample and the final; its gauges are absent ("exited").
+	Exited        bool `protobuf:"varint,11,opt,name=exited,proto3" json:"exited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
 
 func (x *ContainerStats) Reset() {
 	*x = ContainerStats{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1802,7 +1980,7 @@ func (x *ContainerStats) String() string {
 func (*ContainerStats) ProtoMessage() {}
 
 func (x *ContainerStats) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[11]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1815,7 +1993,7 @@ func (x *ContainerStats) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerStats.ProtoReflect.Descriptor instead.
 func (*ContainerStats) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{11}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
 }
 
 func (x *ContainerStats) GetId() string {
@@ -1888,6 +2066,13 @@ func (x *ContainerStats) GetAbsent() []*AbsentValue {
 	return nil
 }
 
+func (x *ContainerStats) GetExited() bool {
+	if x != nil {
+		return x.Exited
+	}
+	return false
+}
+
 // EpochBaseline is where one epoch's counters start.
 type EpochBaseline struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1909,7 +2094,7 @@ type EpochBaseline struct {
 
 func (x *EpochBaseline) Reset() {
 	*x = EpochBaseline{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1921,7 +2106,7 @@ func (x *EpochBaseline) String() string {
 func (*EpochBaseline) ProtoMessage() {}
 
 func (x *EpochBaseline) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[12]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1934,7 +2119,7 @@ func (x *EpochBaseline) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EpochBaseline.ProtoReflect.Descriptor instead.
 func (*EpochBaseline) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{12}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
 }
 
 func (x *EpochBaseline) GetKind() BaselineKind {
@@ -2034,7 +2219,7 @@ type EndedActivation struct {
 
 func (x *EndedActivation) Reset() {
 	*x = EndedActivation{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2046,7 +2231,7 @@ func (x *EndedActivation) String() string {
 func (*EndedActivation) ProtoMessage() {}
 
 func (x *EndedActivation) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[13]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2059,7 +2244,7 @@ func (x *EndedActivation) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndedActivation.ProtoReflect.Descriptor instead.
 func (*EndedActivation) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{13}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
 }
 
 func (x *EndedActivation) GetIdentity() *WorkloadIdentity {
@@ -2217,7 +2402,7 @@ type EndedLog struct {
 
 func (x *EndedLog) Reset() {
 	*x = EndedLog{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2229,7 +2414,7 @@ func (x *EndedLog) String() string {
 func (*EndedLog) ProtoMessage() {}
 
 func (x *EndedLog) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[14]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2242,7 +2427,7 @@ func (x *EndedLog) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use EndedLog.ProtoReflect.Descriptor instead.
 func (*EndedLog) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{14}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
 }
 
 func (x *EndedLog) GetInstanceId() string {
@@ -2306,7 +2491,7 @@ type ListEndedActivationsRequest struct {
 
 func (x *ListEndedActivationsRequest) Reset() {
 	*x = ListEndedActivationsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2318,7 +2503,7 @@ func (x *ListEndedActivationsRequest) String() string {
 func (*ListEndedActivationsRequest) ProtoMessage() {}
 
 func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[15]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2331,7 +2516,7 @@ func (x *ListEndedActivationsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsRequest.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{15}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
 }
 
 func (x *ListEndedActivationsRequest) GetPageToken() string {
@@ -2358,7 +2543,7 @@ type ListEndedActivationsResponse struct {
 
 func (x *ListEndedActivationsResponse) Reset() {
 	*x = ListEndedActivationsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2370,7 +2555,7 @@ func (x *ListEndedActivationsResponse) String() string {
 func (*ListEndedActivationsResponse) ProtoMessage() {}
 
 func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[16]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2383,7 +2568,7 @@ func (x *ListEndedActivationsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListEndedActivationsResponse.ProtoReflect.Descriptor instead.
 func (*ListEndedActivationsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{16}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
 }
 
 func (x *ListEndedActivationsResponse) GetEnded() []*EndedActivation {
@@ -2421,7 +2606,7 @@ type ContainerReadError struct {
 
 func (x *ContainerReadError) Reset() {
 	*x = ContainerReadError{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2433,7 +2618,7 @@ func (x *ContainerReadError) String() string {
 func (*ContainerReadError) ProtoMessage() {}
 
 func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[17]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2446,7 +2631,7 @@ func (x *ContainerReadError) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ContainerReadError.ProtoReflect.Descriptor instead.
 func (*ContainerReadError) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{17}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
 }
 
 func (x *ContainerReadError) GetContainerId() string {
@@ -2473,7 +2658,7 @@ type RunWorkloadRequest struct {
 
 func (x *RunWorkloadRequest) Reset() {
 	*x = RunWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2485,7 +2670,7 @@ func (x *RunWorkloadRequest) String() string {
 func (*RunWorkloadRequest) ProtoMessage() {}
 
 func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[18]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2498,7 +2683,7 @@ func (x *RunWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RunWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{18}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
 }
 
 func (x *RunWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2528,7 +2713,7 @@ type RunWorkloadResponse struct {
 
 func (x *RunWorkloadResponse) Reset() {
 	*x = RunWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2540,7 +2725,7 @@ func (x *RunWorkloadResponse) String() string {
 func (*RunWorkloadResponse) ProtoMessage() {}
 
 func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[19]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2553,7 +2738,7 @@ func (x *RunWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RunWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RunWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{19}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
 }
 
 func (x *RunWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2580,7 +2765,7 @@ type RestoreWorkloadRequest struct {
 
 func (x *RestoreWorkloadRequest) Reset() {
 	*x = RestoreWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2592,7 +2777,7 @@ func (x *RestoreWorkloadRequest) String() string {
 func (*RestoreWorkloadRequest) ProtoMessage() {}
 
 func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[20]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2605,7 +2790,7 @@ func (x *RestoreWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{20}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
 }
 
 func (x *RestoreWorkloadRequest) GetIdentity() *WorkloadIdentity {
@@ -2635,7 +2820,7 @@ type RestoreWorkloadResponse struct {
 
 func (x *RestoreWorkloadResponse) Reset() {
 	*x = RestoreWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2647,7 +2832,7 @@ func (x *RestoreWorkloadResponse) String() string {
 func (*RestoreWorkloadResponse) ProtoMessage() {}
 
 func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[21]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2660,7 +2845,7 @@ func (x *RestoreWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RestoreWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*RestoreWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{21}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
 }
 
 func (x *RestoreWorkloadResponse) GetEpochUnixNano() int64 {
@@ -2699,7 +2884,7 @@ type CheckpointWorkloadRequest struct {
 
 func (x *CheckpointWorkloadRequest) Reset() {
 	*x = CheckpointWorkloadRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2711,7 +2896,7 @@ func (x *CheckpointWorkloadRequest) String() string {
 func (*CheckpointWorkloadRequest) ProtoMessage() {}
 
 func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[22]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2724,7 +2909,7 @@ func (x *CheckpointWorkloadRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadRequest.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{22}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *CheckpointWorkloadRequest) GetActorUid() string {
@@ -2751,7 +2936,7 @@ type CheckpointWorkloadResponse struct {
 
 func (x *CheckpointWorkloadResponse) Reset() {
 	*x = CheckpointWorkloadResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2763,7 +2948,7 @@ func (x *CheckpointWorkloadResponse) String() string {
 func (*CheckpointWorkloadResponse) ProtoMessage() {}
 
 func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[23]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2776,7 +2961,7 @@ func (x *CheckpointWorkloadResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CheckpointWorkloadResponse.ProtoReflect.Descriptor instead.
 func (*CheckpointWorkloadResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{23}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *CheckpointWorkloadResponse) GetEnded() *EndedActivation {
@@ -2804,7 +2989,7 @@ type DriftFinding struct {
 
 func (x *DriftFinding) Reset() {
 	*x = DriftFinding{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2816,7 +3001,7 @@ func (x *DriftFinding) String() string {
 func (*DriftFinding) ProtoMessage() {}
 
 func (x *DriftFinding) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[24]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2829,7 +3014,7 @@ func (x *DriftFinding) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftFinding.ProtoReflect.Descriptor instead.
 func (*DriftFinding) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{24}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *DriftFinding) GetKind() DriftKind {
@@ -2879,7 +3064,7 @@ type DriftEvent struct {
 
 func (x *DriftEvent) Reset() {
 	*x = DriftEvent{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2891,7 +3076,7 @@ func (x *DriftEvent) String() string {
 func (*DriftEvent) ProtoMessage() {}
 
 func (x *DriftEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[25]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2904,7 +3089,7 @@ func (x *DriftEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftEvent.ProtoReflect.Descriptor instead.
 func (*DriftEvent) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{25}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *DriftEvent) GetAtUnixNano() int64 {
@@ -2954,7 +3139,7 @@ type DriftCheckStatus struct {
 
 func (x *DriftCheckStatus) Reset() {
 	*x = DriftCheckStatus{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2966,7 +3151,7 @@ func (x *DriftCheckStatus) String() string {
 func (*DriftCheckStatus) ProtoMessage() {}
 
 func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[26]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2979,7 +3164,7 @@ func (x *DriftCheckStatus) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DriftCheckStatus.ProtoReflect.Descriptor instead.
 func (*DriftCheckStatus) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{26}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *DriftCheckStatus) GetEnabled() bool {
@@ -3018,7 +3203,7 @@ type ListDriftFindingsRequest struct {
 
 func (x *ListDriftFindingsRequest) Reset() {
 	*x = ListDriftFindingsRequest{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3030,7 +3215,7 @@ func (x *ListDriftFindingsRequest) String() string {
 func (*ListDriftFindingsRequest) ProtoMessage() {}
 
 func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[27]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3043,7 +3228,7 @@ func (x *ListDriftFindingsRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsRequest.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsRequest) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{27}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{30}
 }
 
 type ListDriftFindingsResponse struct {
@@ -3058,7 +3243,7 @@ type ListDriftFindingsResponse struct {
 
 func (x *ListDriftFindingsResponse) Reset() {
 	*x = ListDriftFindingsResponse{}
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[28]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3070,7 +3255,7 @@ func (x *ListDriftFindingsResponse) String() string {
 func (*ListDriftFindingsResponse) ProtoMessage() {}
 
 func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_sandboxstats_v1_stats_proto_msgTypes[28]
+	mi := &file_sandboxstats_v1_stats_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3083,7 +3268,7 @@ func (x *ListDriftFindingsResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ListDriftFindingsResponse.ProtoReflect.Descriptor instead.
 func (*ListDriftFindingsResponse) Descriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{28}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ListDriftFindingsResponse) GetFindings() []*DriftFinding {
@@ -3120,7 +3305,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x12template_namespace\x18\x04 \x01(\tR\x11templateNamespace\x12#\n" +
 	"\rtemplate_name\x18\x05 \x01(\tR\ftemplateName\x12\x1f\n" +
 	"\vworker_pool\x18\x06 \x01(\tR\n" +
-	"workerPool\"\xb4\x02\n" +
+	"workerPool\"\xf3\x02\n" +
 	"\n" +
 	"SandboxRef\x12B\n" +
 	"\rsandbox_class\x18\x01 \x01(\x0e2\x1d.sandboxstats.v1.SandboxClassR\fsandboxClass\x12\x1f\n" +
@@ -3134,7 +3319,20 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\fvmm_pid_file\x18\a \x01(\tR\n" +
 	"vmmPidFile\x12\x1d\n" +
 	"\n" +
-	"qmp_socket\x18\b \x01(\tR\tqmpSocket\"V\n" +
+	"qmp_socket\x18\b \x01(\tR\tqmpSocket\x12=\n" +
+	"\n" +
+	"containers\x18\t \x03(\v2\x1d.sandboxstats.v1.ContainerRefR\n" +
+	"containers\"2\n" +
+	"\fContainerRef\x12\x0e\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
+	"\x04name\x18\x02 \x01(\tR\x04name\"}\n" +
+	"\x1fUpdateWorkloadContainersRequest\x12\x1b\n" +
+	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12=\n" +
+	"\n" +
+	"containers\x18\x02 \x03(\v2\x1d.sandboxstats.v1.ContainerRefR\n" +
+	"containers\"J\n" +
+	" UpdateWorkloadContainersResponse\x12&\n" +
+	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\"V\n" +
 	"\x14StatsWorkloadRequest\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12!\n" +
 	"\finclude_host\x18\x02 \x01(\bR\vincludeHost\"U\n" +
@@ -3205,7 +3403,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x12_memory_peak_bytesB\x11\n" +
 	"\x0f_cpu_usage_usecB\x14\n" +
 	"\x12_sandbox_processesB\x17\n" +
-	"\x15_sandbox_own_cpu_usec\"\xac\x04\n" +
+	"\x15_sandbox_own_cpu_usec\"\xc4\x04\n" +
 	"\x0eContainerStats\x12\x0e\n" +
 	"\x02id\x18\x01 \x01(\tR\x02id\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12)\n" +
@@ -3217,7 +3415,8 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\rmemory_is_own\x18\b \x01(\bR\vmemoryIsOwn\x12&\n" +
 	"\fpids_current\x18\t \x01(\x04H\x05R\vpidsCurrent\x88\x01\x01\x124\n" +
 	"\x06absent\x18\n" +
-	" \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absentB\x11\n" +
+	" \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\x12\x16\n" +
+	"\x06exited\x18\v \x01(\bR\x06exitedB\x11\n" +
 	"\x0f_cpu_usage_usecB\x10\n" +
 	"\x0e_cpu_user_usecB\x12\n" +
 	"\x10_cpu_system_usecB\x17\n" +
@@ -3376,11 +3575,12 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x14StatsActiveWorkloads\x12,.sandboxstats.v1.StatsActiveWorkloadsRequest\x1a-.sandboxstats.v1.StatsActiveWorkloadsResponse\x12R\n" +
 	"\tStatsHost\x12!.sandboxstats.v1.StatsHostRequest\x1a\".sandboxstats.v1.StatsHostResponse\x12j\n" +
 	"\x11ListDriftFindings\x12).sandboxstats.v1.ListDriftFindingsRequest\x1a*.sandboxstats.v1.ListDriftFindingsResponse\x12s\n" +
-	"\x14ListEndedActivations\x12,.sandboxstats.v1.ListEndedActivationsRequest\x1a-.sandboxstats.v1.ListEndedActivationsResponse2\xc9\x02\n" +
+	"\x14ListEndedActivations\x12,.sandboxstats.v1.ListEndedActivationsRequest\x1a-.sandboxstats.v1.ListEndedActivationsResponse2\xca\x03\n" +
 	"\x18WorkloadLifecycleService\x12X\n" +
 	"\vRunWorkload\x12#.sandboxstats.v1.RunWorkloadRequest\x1a$.sandboxstats.v1.RunWorkloadResponse\x12d\n" +
 	"\x0fRestoreWorkload\x12'.sandboxstats.v1.RestoreWorkloadRequest\x1a(.sandboxstats.v1.RestoreWorkloadResponse\x12m\n" +
-	"\x12CheckpointWorkload\x12*.sandboxstats.v1.CheckpointWorkloadRequest\x1a+.sandboxstats.v1.CheckpointWorkloadResponseBKZIgithub.com/sandboxstats/sandboxstats/proto/sandboxstats/v1;sandboxstatsv1b\x06proto3"
+	"\x12CheckpointWorkload\x12*.sandboxstats.v1.CheckpointWorkloadRequest\x1a+.sandboxstats.v1.CheckpointWorkloadResponse\x12\x7f\n" +
+	"\x18UpdateWorkloadContainers\x120.sandboxstats.v1.UpdateWorkloadContainersRequest\x1a1.sandboxstats.v1.UpdateWorkloadContainersResponseBKZIgithub.com/sandboxstats/sandboxstats/proto/sandboxstats/v1;sandboxstatsv1b\x06proto3"
 
 var (
 	file_sandboxstats_v1_stats_proto_rawDescOnce sync.Once
@@ -3395,128 +3595,135 @@ func file_sandboxstats_v1_stats_proto_rawDescGZIP() []byte {
 }
 
 var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
-var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 29)
+var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_sandboxstats_v1_stats_proto_goTypes = []any{
-	(ErrorReason)(0),                     // 0: sandboxstats.v1.ErrorReason
-	(SandboxClass)(0),                    // 1: sandboxstats.v1.SandboxClass
-	(StatsSource)(0),                     // 2: sandboxstats.v1.StatsSource
-	(NoSampleReason)(0),                  // 3: sandboxstats.v1.NoSampleReason
-	(BaselineKind)(0),                    // 4: sandboxstats.v1.BaselineKind
-	(ActivationOutcome)(0),               // 5: sandboxstats.v1.ActivationOutcome
-	(FinalProvenance)(0),                 // 6: sandboxstats.v1.FinalProvenance
-	(DriftKind)(0),                       // 7: sandboxstats.v1.DriftKind
-	(DriftEventType)(0),                  // 8: sandboxstats.v1.DriftEventType
-	(*WorkloadIdentity)(nil),             // 9: sandboxstats.v1.WorkloadIdentity
-	(*SandboxRef)(nil),                   // 10: sandboxstats.v1.SandboxRef
-	(*StatsWorkloadRequest)(nil),         // 11: sandboxstats.v1.StatsWorkloadRequest
-	(*StatsWorkloadResponse)(nil),        // 12: sandboxstats.v1.StatsWorkloadResponse
-	(*StatsActiveWorkloadsRequest)(nil),  // 13: sandboxstats.v1.StatsActiveWorkloadsRequest
-	(*StatsActiveWorkloadsResponse)(nil), // 14: sandboxstats.v1.StatsActiveWorkloadsResponse
-	(*PendingWorkload)(nil),              // 15: sandboxstats.v1.PendingWorkload
-	(*StatsHostRequest)(nil),             // 16: sandboxstats.v1.StatsHostRequest
-	(*StatsHostResponse)(nil),            // 17: sandboxstats.v1.StatsHostResponse
-	(*AbsentValue)(nil),                  // 18: sandboxstats.v1.AbsentValue
-	(*WorkloadStatsSample)(nil),          // 19: sandboxstats.v1.WorkloadStatsSample
-	(*ContainerStats)(nil),               // 20: sandboxstats.v1.ContainerStats
-	(*EpochBaseline)(nil),                // 21: sandboxstats.v1.EpochBaseline
-	(*EndedActivation)(nil),              // 22: sandboxstats.v1.EndedActivation
-	(*EndedLog)(nil),                     // 23: sandboxstats.v1.EndedLog
-	(*ListEndedActivationsRequest)(nil),  // 24: sandboxstats.v1.ListEndedActivationsRequest
-	(*ListEndedActivationsResponse)(nil), // 25: sandboxstats.v1.ListEndedActivationsResponse
-	(*ContainerReadError)(nil),           // 26: sandboxstats.v1.ContainerReadError
-	(*RunWorkloadRequest)(nil),           // 27: sandboxstats.v1.RunWorkloadRequest
-	(*RunWorkloadResponse)(nil),          // 28: sandboxstats.v1.RunWorkloadResponse
-	(*RestoreWorkloadRequest)(nil),       // 29: sandboxstats.v1.RestoreWorkloadRequest
-	(*RestoreWorkloadResponse)(nil),      // 30: sandboxstats.v1.RestoreWorkloadResponse
-	(*CheckpointWorkloadRequest)(nil),    // 31: sandboxstats.v1.CheckpointWorkloadRequest
-	(*CheckpointWorkloadResponse)(nil),   // 32: sandboxstats.v1.CheckpointWorkloadResponse
-	(*DriftFinding)(nil),                 // 33: sandboxstats.v1.DriftFinding
-	(*DriftEvent)(nil),                   // 34: sandboxstats.v1.DriftEvent
-	(*DriftCheckStatus)(nil),             // 35: sandboxstats.v1.DriftCheckStatus
-	(*ListDriftFindingsRequest)(nil),     // 36: sandboxstats.v1.ListDriftFindingsRequest
-	(*ListDriftFindingsResponse)(nil),    // 37: sandboxstats.v1.ListDriftFindingsResponse
-	(*HostStats)(nil),                    // 38: sandboxstats.v1.HostStats
-	(*MemorySignals)(nil),                // 39: sandboxstats.v1.MemorySignals
-	(*CpuThrottling)(nil),                // 40: sandboxstats.v1.CpuThrottling
-	(*Pressure)(nil),                     // 41: sandboxstats.v1.Pressure
-	(*Pids)(nil),                         // 42: sandboxstats.v1.Pids
-	(*NetworkStats)(nil),                 // 43: sandboxstats.v1.NetworkStats
-	(*BlockIo)(nil),                      // 44: sandboxstats.v1.BlockIo
+	(ErrorReason)(0),                         // 0: sandboxstats.v1.ErrorReason
+	(SandboxClass)(0),                        // 1: sandboxstats.v1.SandboxClass
+	(StatsSource)(0),                         // 2: sandboxstats.v1.StatsSource
+	(NoSampleReason)(0),                      // 3: sandboxstats.v1.NoSampleReason
+	(BaselineKind)(0),                        // 4: sandboxstats.v1.BaselineKind
+	(ActivationOutcome)(0),                   // 5: sandboxstats.v1.ActivationOutcome
+	(FinalProvenance)(0),                     // 6: sandboxstats.v1.FinalProvenance
+	(DriftKind)(0),                           // 7: sandboxstats.v1.DriftKind
+	(DriftEventType)(0),                      // 8: sandboxstats.v1.DriftEventType
+	(*WorkloadIdentity)(nil),                 // 9: sandboxstats.v1.WorkloadIdentity
+	(*SandboxRef)(nil),                       // 10: sandboxstats.v1.SandboxRef
+	(*ContainerRef)(nil),                     // 11: sandboxstats.v1.ContainerRef
+	(*UpdateWorkloadContainersRequest)(nil),  // 12: sandboxstats.v1.UpdateWorkloadContainersRequest
+	(*UpdateWorkloadContainersResponse)(nil), // 13: sandboxstats.v1.UpdateWorkloadContainersResponse
+	(*StatsWorkloadRequest)(nil),             // 14: sandboxstats.v1.StatsWorkloadRequest
+	(*StatsWorkloadResponse)(nil),            // 15: sandboxstats.v1.StatsWorkloadResponse
+	(*StatsActiveWorkloadsRequest)(nil),      // 16: sandboxstats.v1.StatsActiveWorkloadsRequest
+	(*StatsActiveWorkloadsResponse)(nil),     // 17: sandboxstats.v1.StatsActiveWorkloadsResponse
+	(*PendingWorkload)(nil),                  // 18: sandboxstats.v1.PendingWorkload
+	(*StatsHostRequest)(nil),                 // 19: sandboxstats.v1.StatsHostRequest
+	(*StatsHostResponse)(nil),                // 20: sandboxstats.v1.StatsHostResponse
+	(*AbsentValue)(nil),                      // 21: sandboxstats.v1.AbsentValue
+	(*WorkloadStatsSample)(nil),              // 22: sandboxstats.v1.WorkloadStatsSample
+	(*ContainerStats)(nil),                   // 23: sandboxstats.v1.ContainerStats
+	(*EpochBaseline)(nil),                    // 24: sandboxstats.v1.EpochBaseline
+	(*EndedActivation)(nil),                  // 25: sandboxstats.v1.EndedActivation
+	(*EndedLog)(nil),                         // 26: sandboxstats.v1.EndedLog
+	(*ListEndedActivationsRequest)(nil),      // 27: sandboxstats.v1.ListEndedActivationsRequest
+	(*ListEndedActivationsResponse)(nil),     // 28: sandboxstats.v1.ListEndedActivationsResponse
+	(*ContainerReadError)(nil),               // 29: sandboxstats.v1.ContainerReadError
+	(*RunWorkloadRequest)(nil),               // 30: sandboxstats.v1.RunWorkloadRequest
+	(*RunWorkloadResponse)(nil),              // 31: sandboxstats.v1.RunWorkloadResponse
+	(*RestoreWorkloadRequest)(nil),           // 32: sandboxstats.v1.RestoreWorkloadRequest
+	(*RestoreWorkloadResponse)(nil),          // 33: sandboxstats.v1.RestoreWorkloadResponse
+	(*CheckpointWorkloadRequest)(nil),        // 34: sandboxstats.v1.CheckpointWorkloadRequest
+	(*CheckpointWorkloadResponse)(nil),       // 35: sandboxstats.v1.CheckpointWorkloadResponse
+	(*DriftFinding)(nil),                     // 36: sandboxstats.v1.DriftFinding
+	(*DriftEvent)(nil),                       // 37: sandboxstats.v1.DriftEvent
+	(*DriftCheckStatus)(nil),                 // 38: sandboxstats.v1.DriftCheckStatus
+	(*ListDriftFindingsRequest)(nil),         // 39: sandboxstats.v1.ListDriftFindingsRequest
+	(*ListDriftFindingsResponse)(nil),        // 40: sandboxstats.v1.ListDriftFindingsResponse
+	(*HostStats)(nil),                        // 41: sandboxstats.v1.HostStats
+	(*MemorySignals)(nil),                    // 42: sandboxstats.v1.MemorySignals
+	(*CpuThrottling)(nil),                    // 43: sandboxstats.v1.CpuThrottling
+	(*Pressure)(nil),                         // 44: sandboxstats.v1.Pressure
+	(*Pids)(nil),                             // 45: sandboxstats.v1.Pids
+	(*NetworkStats)(nil),                     // 46: sandboxstats.v1.NetworkStats
+	(*BlockIo)(nil),                          // 47: sandboxstats.v1.BlockIo
 }
 var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	1,  // 0: sandboxstats.v1.SandboxRef.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	19, // 1: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
-	19, // 2: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
-	3,  // 3: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
-	22, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	15, // 5: sandboxstats.v1.StatsActiveWorkloadsResponse.pending:type_name -> sandboxstats.v1.PendingWorkload
-	23, // 6: sandboxstats.v1.StatsActiveWorkloadsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
-	9,  // 7: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 8: sandboxstats.v1.PendingWorkload.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	0,  // 9: sandboxstats.v1.PendingWorkload.reason:type_name -> sandboxstats.v1.ErrorReason
-	9,  // 10: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 11: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	38, // 12: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
-	18, // 13: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
-	1,  // 14: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 15: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	38, // 16: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	26, // 17: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
-	18, // 18: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	21, // 19: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
-	39, // 20: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
-	40, // 21: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
-	41, // 22: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
-	42, // 23: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
-	43, // 24: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
-	44, // 25: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
-	20, // 26: sandboxstats.v1.WorkloadStatsSample.containers:type_name -> sandboxstats.v1.ContainerStats
-	18, // 27: sandboxstats.v1.ContainerStats.absent:type_name -> sandboxstats.v1.AbsentValue
-	4,  // 28: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
-	19, // 29: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
-	9,  // 30: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 31: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 32: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
-	5,  // 33: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
-	6,  // 34: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
-	19, // 35: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
-	18, // 36: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
-	22, // 37: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	23, // 38: sandboxstats.v1.ListEndedActivationsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
-	9,  // 39: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 40: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	22, // 41: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 42: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 43: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	22, // 44: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	22, // 45: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	7,  // 46: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
-	8,  // 47: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
-	33, // 48: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
-	33, // 49: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
-	34, // 50: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
-	35, // 51: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
-	11, // 52: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	13, // 53: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	16, // 54: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	36, // 55: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
-	24, // 56: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
-	27, // 57: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	29, // 58: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	31, // 59: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	12, // 60: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	14, // 61: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	17, // 62: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	37, // 63: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
-	25, // 64: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
-	28, // 65: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	30, // 66: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	32, // 67: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	60, // [60:68] is the sub-list for method output_type
-	52, // [52:60] is the sub-list for method input_type
-	52, // [52:52] is the sub-list for extension type_name
-	52, // [52:52] is the sub-list for extension extendee
-	0,  // [0:52] is the sub-list for field type_name
+	11, // 1: sandboxstats.v1.SandboxRef.containers:type_name -> sandboxstats.v1.ContainerRef
+	11, // 2: sandboxstats.v1.UpdateWorkloadContainersRequest.containers:type_name -> sandboxstats.v1.ContainerRef
+	22, // 3: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
+	22, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
+	3,  // 5: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
+	25, // 6: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	18, // 7: sandboxstats.v1.StatsActiveWorkloadsResponse.pending:type_name -> sandboxstats.v1.PendingWorkload
+	26, // 8: sandboxstats.v1.StatsActiveWorkloadsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	9,  // 9: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 10: sandboxstats.v1.PendingWorkload.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	0,  // 11: sandboxstats.v1.PendingWorkload.reason:type_name -> sandboxstats.v1.ErrorReason
+	9,  // 12: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 13: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	41, // 14: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
+	21, // 15: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
+	1,  // 16: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 17: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
+	41, // 18: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	29, // 19: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	21, // 20: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
+	24, // 21: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
+	42, // 22: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
+	43, // 23: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
+	44, // 24: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
+	45, // 25: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
+	46, // 26: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
+	47, // 27: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
+	23, // 28: sandboxstats.v1.WorkloadStatsSample.containers:type_name -> sandboxstats.v1.ContainerStats
+	21, // 29: sandboxstats.v1.ContainerStats.absent:type_name -> sandboxstats.v1.AbsentValue
+	4,  // 30: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
+	22, // 31: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
+	9,  // 32: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 33: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 34: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
+	5,  // 35: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
+	6,  // 36: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
+	22, // 37: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
+	21, // 38: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
+	25, // 39: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	26, // 40: sandboxstats.v1.ListEndedActivationsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	9,  // 41: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 42: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	25, // 43: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	9,  // 44: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 45: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	25, // 46: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	25, // 47: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	7,  // 48: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	8,  // 49: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	36, // 50: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	36, // 51: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	37, // 52: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	38, // 53: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	14, // 54: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	16, // 55: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	19, // 56: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	39, // 57: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	27, // 58: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
+	30, // 59: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	32, // 60: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	34, // 61: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	12, // 62: sandboxstats.v1.WorkloadLifecycleService.UpdateWorkloadContainers:input_type -> sandboxstats.v1.UpdateWorkloadContainersRequest
+	15, // 63: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	17, // 64: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	20, // 65: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	40, // 66: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	28, // 67: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
+	31, // 68: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	33, // 69: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	35, // 70: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	13, // 71: sandboxstats.v1.WorkloadLifecycleService.UpdateWorkloadContainers:output_type -> sandboxstats.v1.UpdateWorkloadContainersResponse
+	63, // [63:72] is the sub-list for method output_type
+	54, // [54:63] is the sub-list for method input_type
+	54, // [54:54] is the sub-list for extension type_name
+	54, // [54:54] is the sub-list for extension extendee
+	0,  // [0:54] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }
@@ -3526,16 +3733,16 @@ func file_sandboxstats_v1_stats_proto_init() {
 	}
 	file_sandboxstats_v1_host_proto_init()
 	file_sandboxstats_v1_signals_proto_init()
-	file_sandboxstats_v1_stats_proto_msgTypes[10].OneofWrappers = []any{}
-	file_sandboxstats_v1_stats_proto_msgTypes[11].OneofWrappers = []any{}
 	file_sandboxstats_v1_stats_proto_msgTypes[13].OneofWrappers = []any{}
+	file_sandboxstats_v1_stats_proto_msgTypes[14].OneofWrappers = []any{}
+	file_sandboxstats_v1_stats_proto_msgTypes[16].OneofWrappers = []any{}
 	type x struct{}
 	out := protoimpl.TypeBuilder{
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_stats_proto_rawDesc), len(file_sandboxstats_v1_stats_proto_rawDesc)),
 			NumEnums:      9,
-			NumMessages:   29,
+			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
 		},

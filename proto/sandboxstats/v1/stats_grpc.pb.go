@@ -415,9 +415,10 @@ var WorkloadStatsService_ServiceDesc = grpc.ServiceDesc{
 }
 
 const (
-	WorkloadLifecycleService_RunWorkload_FullMethodName        = "/sandboxstats.v1.WorkloadLifecycleService/RunWorkload"
-	WorkloadLifecycleService_RestoreWorkload_FullMethodName    = "/sandboxstats.v1.WorkloadLifecycleService/RestoreWorkload"
-	WorkloadLifecycleService_CheckpointWorkload_FullMethodName = "/sandboxstats.v1.WorkloadLifecycleService/CheckpointWorkload"
+	WorkloadLifecycleService_RunWorkload_FullMethodName              = "/sandboxstats.v1.WorkloadLifecycleService/RunWorkload"
+	WorkloadLifecycleService_RestoreWorkload_FullMethodName          = "/sandboxstats.v1.WorkloadLifecycleService/RestoreWorkload"
+	WorkloadLifecycleService_CheckpointWorkload_FullMethodName       = "/sandboxstats.v1.WorkloadLifecycleService/CheckpointWorkload"
+	WorkloadLifecycleService_UpdateWorkloadContainers_FullMethodName = "/sandboxstats.v1.WorkloadLifecycleService/UpdateWorkloadContainers"
 )
 
 // WorkloadLifecycleServiceClient is the client API for WorkloadLifecycleService service.
@@ -459,6 +460,16 @@ type WorkloadLifecycleServiceClient interface {
 	// FAILED_PRECONDITION ACTOR_MISMATCH (or NO_WORKLOAD when nothing is
 	// bound).
 	CheckpointWorkload(ctx context.Context, in *CheckpointWorkloadRequest, opts ...grpc.CallOption) (*CheckpointWorkloadResponse, error)
+	// UpdateWorkloadContainers replaces the bound actor's container set (an
+	// init container done, a container restarted, a sidecar added) without a
+	// new activation: the epoch and the activation stay, the sandbox stays.
+	// A container that leaves the set keeps its last figures in the
+	// activation (ContainerStats.exited), so at the final the containers plus
+	// the sandbox's own share still equal the pod's CPU. Repeating it is
+	// harmless. FAILED_PRECONDITION ACTOR_MISMATCH (NO_WORKLOAD) when the actor
+	// is not bound; INVALID_ARGUMENT INVALID_REQUEST when the set does not
+	// validate as SandboxRef.containers does for the bound class.
+	UpdateWorkloadContainers(ctx context.Context, in *UpdateWorkloadContainersRequest, opts ...grpc.CallOption) (*UpdateWorkloadContainersResponse, error)
 }
 
 type workloadLifecycleServiceClient struct {
@@ -493,6 +504,16 @@ func (c *workloadLifecycleServiceClient) CheckpointWorkload(ctx context.Context,
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(CheckpointWorkloadResponse)
 	err := c.cc.Invoke(ctx, WorkloadLifecycleService_CheckpointWorkload_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *workloadLifecycleServiceClient) UpdateWorkloadContainers(ctx context.Context, in *UpdateWorkloadContainersRequest, opts ...grpc.CallOption) (*UpdateWorkloadContainersResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(UpdateWorkloadContainersResponse)
+	err := c.cc.Invoke(ctx, WorkloadLifecycleService_UpdateWorkloadContainers_FullMethodName, in, out, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -538,6 +559,16 @@ type WorkloadLifecycleServiceServer interface {
 	// FAILED_PRECONDITION ACTOR_MISMATCH (or NO_WORKLOAD when nothing is
 	// bound).
 	CheckpointWorkload(context.Context, *CheckpointWorkloadRequest) (*CheckpointWorkloadResponse, error)
+	// UpdateWorkloadContainers replaces the bound actor's container set (an
+	// init container done, a container restarted, a sidecar added) without a
+	// new activation: the epoch and the activation stay, the sandbox stays.
+	// A container that leaves the set keeps its last figures in the
+	// activation (ContainerStats.exited), so at the final the containers plus
+	// the sandbox's own share still equal the pod's CPU. Repeating it is
+	// harmless. FAILED_PRECONDITION ACTOR_MISMATCH (NO_WORKLOAD) when the actor
+	// is not bound; INVALID_ARGUMENT INVALID_REQUEST when the set does not
+	// validate as SandboxRef.containers does for the bound class.
+	UpdateWorkloadContainers(context.Context, *UpdateWorkloadContainersRequest) (*UpdateWorkloadContainersResponse, error)
 	mustEmbedUnimplementedWorkloadLifecycleServiceServer()
 }
 
@@ -556,6 +587,9 @@ func (UnimplementedWorkloadLifecycleServiceServer) RestoreWorkload(context.Conte
 }
 func (UnimplementedWorkloadLifecycleServiceServer) CheckpointWorkload(context.Context, *CheckpointWorkloadRequest) (*CheckpointWorkloadResponse, error) {
 	return nil, status.Error(codes.Unimplemented, "method CheckpointWorkload not implemented")
+}
+func (UnimplementedWorkloadLifecycleServiceServer) UpdateWorkloadContainers(context.Context, *UpdateWorkloadContainersRequest) (*UpdateWorkloadContainersResponse, error) {
+	return nil, status.Error(codes.Unimplemented, "method UpdateWorkloadContainers not implemented")
 }
 func (UnimplementedWorkloadLifecycleServiceServer) mustEmbedUnimplementedWorkloadLifecycleServiceServer() {
 }
@@ -633,6 +667,24 @@ func _WorkloadLifecycleService_CheckpointWorkload_Handler(srv interface{}, ctx c
 	return interceptor(ctx, in, info, handler)
 }
 
+func _WorkloadLifecycleService_UpdateWorkloadContainers_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(UpdateWorkloadContainersRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(WorkloadLifecycleServiceServer).UpdateWorkloadContainers(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: WorkloadLifecycleService_UpdateWorkloadContainers_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(WorkloadLifecycleServiceServer).UpdateWorkloadContainers(ctx, req.(*UpdateWorkloadContainersRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // WorkloadLifecycleService_ServiceDesc is the grpc.ServiceDesc for WorkloadLifecycleService service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -651,6 +703,10 @@ var WorkloadLifecycleService_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "CheckpointWorkload",
 			Handler:    _WorkloadLifecycleService_CheckpointWorkload_Handler,
+		},
+		{
+			MethodName: "UpdateWorkloadContainers",
+			Handler:    _WorkloadLifecycleService_UpdateWorkloadContainers_Handler,
 		},
 	},
 	Streams:  []grpc.StreamDesc{},
