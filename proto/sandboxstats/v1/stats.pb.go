@@ -1652,7 +1652,9 @@ type WorkloadStatsSample struct {
 	// only): the sandbox's own share, what the isolation costs the pod: the
 	// CPU the host kernel charged to the sandbox's own processes, the sentry
 	// and the gofers (their /proc stat, exited threads included; a gofer that
-	// exits keeps its last figure). The application containers share the rest
+	// exits keeps its last figure), plus the CRI sandbox (pause) container's
+	// part of the rest (the pod's, not an application's). The application
+	// containers share the rest
 	// of the sandbox cgroup's cpu_usage_usec (ContainerStats.cpu_usage_usec),
 	// so the containers' CPU plus this share is the pod's CPU. Same epoch
 	// rules as cpu_usage_usec. Absent (not 0; `absent` says why) when the
@@ -1916,11 +1918,13 @@ type ContainerStats struct {
 	// Counter, microseconds of CPU time. Layer: source (Kata: the container's
 	// guest cgroup, cpu.stat usage_usec on a v2 guest, cpuacct.usage on v1;
 	// gVisor: the application's part of the sandbox cgroup's cpu_usage_usec,
-	// that is the cgroup's CPU minus the sandbox's own share
-	// (StatsSample.sandbox_own_cpu_usec), split among the containers in the
-	// proportions of the sentry's accounting of their tasks (its control
-	// server's containerManager.Event, containerUsage), read in the same
-	// sample; never lower than the container's previous figure. `runsc events
+	// that is the cgroup's CPU minus the sentry's and gofers' host CPU, split
+	// among the containers (the pause container too, whose part goes to
+	// StatsSample.sandbox_own_cpu_usec) in the proportions of the sentry's
+	// accounting of their tasks (its control server's containerManager.Event,
+	// containerUsage): each sample splits the increase since the previous one
+	// by the increase of the sentry's figures, so a container's figure never
+	// goes down and one that exits leaves the others' unchanged. `runsc events
 	// --stats` splits the whole cgroup's CPU the same way (Container.populateStats),
 	// own share included: its figure is this one times cgroup / (cgroup - own).
 	// The sentry's raw figures count time its tasks waited for a host CPU and
