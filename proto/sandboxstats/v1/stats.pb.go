@@ -1926,7 +1926,8 @@ type ContainerStats struct {
 	// by the increase of the sentry's figures, so a container's figure never
 	// goes down and one that exits leaves the others' unchanged. `runsc events
 	// --stats` splits the whole cgroup's CPU the same way (Container.populateStats),
-	// own share included: its figure is this one times cgroup / (cgroup - own).
+	// own share included, by cumulative proportions: its figure is about this
+	// one times cgroup / (cgroup - own).
 	// The sentry's raw figures count time its tasks waited for a host CPU and
 	// can exceed the cgroup's: only their proportions are used. Under runsc's
 	// kvm platform the whole cgroup's CPU is split (no own share). Since the
