@@ -103,20 +103,28 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 				q.Containers = append(q.Containers, c.Name) // the key on runsc >= 20251110 with gVisor's v1 cgroups
 			}
 		}
-		// The own processes first: read before the sentry's figures and
-		// about when the cgroup is, they are not ahead of the cgroup's CPU.
+		// The own processes meanwhile (/proc, about when the cgroup is
+		// read), so that their cost is not added to the sentry's round
+		// trip.
 		var sentry int
 		var gofers []int
 		for _, c := range sb.Containers {
 			sentry = c.SandboxPID
 			gofers = append(gofers, c.GoferPID)
 		}
-		own, ownErr := b.own.read(sb.Root, sentry, gofers)
+		cr := containerRead{sb: sb}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			cr.own, cr.ownErr = b.own.read(sb.Root, sentry, gofers)
+		}()
 		u, err := b.client.Read(context.Background(), q) // bounded by the client's Timeout
+		<-done
 		if err != nil {
 			return containerRead{}, err
 		}
-		return containerRead{sb: sb, usage: u, own: own, ownErr: ownErr}, nil
+		cr.usage = u
+		return cr, nil
 	})
 }
 
