@@ -37,13 +37,14 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 			{Name: "gvisor", Binary: testenv.BuildTestBinary(t, dir, "internal/gvisor"), Tests: []string{
 				"TestIntegrationRealCgroup", "TestIntegrationThrottling", "TestIntegrationPressure", "TestIntegrationBlockIO",
 				"TestIntegrationGVisorSentryPID", "TestIntegrationGVisorMemoryLimit", "TestIntegrationGVisorNetworkNone",
-				"TestIntegrationUpstreamLeafLayout",
+				"TestIntegrationUpstreamLeafLayout", "TestIntegrationGVisorContainers",
 			}},
 			{Name: "drift", Binary: testenv.BuildTestBinary(t, dir, "internal/drift"), Tests: []string{"TestIntegrationOOMKilled"}},
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
 				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationGVisorSentryDiedProcessesLeft",
 				"TestIntegrationWorkerCgroupNamespace", "TestIntegrationRunscUpstreamLayout", "TestIntegrationSeveralWorkloads",
 				"TestIntegrationActivationChurnCgroup", "TestIntegrationAgentRestartsKillLoop",
+				"TestIntegrationGVisorContainersThroughStatsd",
 			}},
 			{Name: "microvm", Binary: testenv.BuildTestBinary(t, dir, "internal/microvm"), Tests: []string{"TestIntegrationVsockLoopback"}},
 		},
