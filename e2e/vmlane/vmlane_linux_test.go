@@ -34,8 +34,8 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 		Modules:   []string{"virtio_pci", "virtio_blk", "vsock_loopback"},
 		DiskBytes: 256 << 20,
 		// The gVisor container tests' burner: 4M shell iterations take
-		// minutes under TCG; the lane checks the split with 200k.
-		Env: []string{testenv.RunscBurnEnv + "=200000"},
+		// minutes under TCG; the lane checks the split with 400k.
+		Env: []string{testenv.RunscBurnEnv + "=400000"},
 		Runs: []testenv.VMRun{
 			{Name: "gvisor", Binary: testenv.BuildTestBinary(t, dir, "internal/gvisor"), Tests: []string{
 				"TestIntegrationRealCgroup", "TestIntegrationThrottling", "TestIntegrationPressure", "TestIntegrationBlockIO",
