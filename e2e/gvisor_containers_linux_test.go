@@ -19,7 +19,9 @@ import (
 // 0; the containers' sum plus it within 1% of the sample's cpu_usage_usec;
 // each container's CPU within 5% of `runsc events --stats` for it, and
 // ours x cgroup/(cgroup - own) within 2% (runsc splits the whole cgroup,
-// own share included), or within one sentry tick (10 ms) for the idle one.
+// own share included), or within a sentry tick (10 ms) or 0.5% of the
+// pod's CPU for the idle one. runsc before 20240325 gives a v2 host's CPU
+// in microseconds (testenv's Events converts).
 func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real gVisor pod and statsd; not under -short")
@@ -89,7 +91,10 @@ func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
 		if full && diff > 0.05 && math.Abs(ours*1000-float64(cli)) > tickNs {
 			t.Errorf("%s: %.1f%% apart from runsc events, want <= 5%%", c.Name, 100*diff)
 		}
-		if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > tickNs {
+		// An idle container's few ticks split by increments and by
+		// cumulative proportions differ by up to about 0.5% of the pod's
+		// CPU (50 ms of 19 s under the VM lane's TCG).
+		if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > max(tickNs, 0.005*host*1000) {
 			t.Errorf("%s: ours x cgroup/(cgroup-own) %.1f%% apart from runsc events, want <= 2%%", c.Name, 100*rel)
 		}
 	}

@@ -35,8 +35,8 @@ const sentryTickUsec = 10_000
 // sample within 1%; each container's CPU is within 5% of `runsc events
 // --stats` for it, and ours x cgroup / (cgroup - procs) within 2% of it
 // (runsc splits the whole cgroup, own share included; procs is own less
-// the pause container's part), or within one sentry tick (10 ms) for an
-// idle container. Then idle is removed while the source stays open: it is
+// the pause container's part), or within a sentry tick or 0.5% of the
+// pod's CPU for an idle container. Then idle is removed while the source stays open: it is
 // no longer listed, and the others' figures and own do not go down.
 func TestIntegrationGVisorContainers(t *testing.T) {
 	if testing.Short() {
@@ -164,10 +164,13 @@ func checkSplit(t testing.TB, r source.Reading, want []string) {
 }
 
 // compareEvents: ours within 5% of runsc events' cli (ns) (only with the
-// full burn: direct), and ours x cgroup/(cgroup - procs) within 2% of it,
-// procs the sentry's and gofers' CPU (own less the pause container's part,
-// which runsc's split holds too); either within one sentry tick when that
-// is wider (an idle container).
+// full burn: direct) or one sentry tick, and ours x cgroup/(cgroup - procs)
+// within 2% of it, procs the sentry's and gofers' CPU (own less the pause
+// container's part, which runsc's split holds too), or within a tick or
+// 0.5% of the pod's CPU when wider: an idle container's few ticks split by
+// increments and by cumulative proportions differ by that much (under the
+// VM lane's TCG, where the raw figures' inflation by waiting varies most,
+// 50 ms of 19 s).
 func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, host, procs float64, direct bool) {
 	t.Helper()
 	den := max(float64(cli), 1) // an idle container may have none
@@ -178,7 +181,7 @@ func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, hos
 	if !ok || direct && diff > 0.05 && math.Abs(float64(got)*1000-float64(cli)) > sentryTickUsec*1000 {
 		t.Errorf("%s: %d us (found %v), runsc events %d ns: %.1f%% apart, want <= 5%%", id, got, ok, cli, 100*diff)
 	}
-	if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > sentryTickUsec*1000 {
+	if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > max(sentryTickUsec, 0.005*host)*1000 {
 		t.Errorf("%s: ours x cgroup/(cgroup-procs) %.0f us, runsc events %d ns: %.1f%% apart, want <= 2%%", id, scaled, cli, 100*rel)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"testing"
@@ -141,7 +142,11 @@ func (p *RunscPod) SentryPID(t testing.TB) int {
 }
 
 // Events runs `runsc events --stats id` and returns its cpu.usage.total
-// (ns), and how long the process took, wall and CPU (its user+system).
+// in ns, and how long the process took, wall and CPU (its user+system).
+// runsc before release-20240325 (gVisor 094b83e18, 2024-03-21, "Fix
+// CPUUsage() method in cgroup v2 version") took cgroup v2's cpu.stat
+// usage_usec for ns: on a v2 host its figure is in microseconds, and
+// Events multiplies it by 1000 (runscV2Usec).
 func (p *RunscPod) Events(t testing.TB, id string) (cpuNs uint64, wall, cpu time.Duration) {
 	t.Helper()
 	cmd := exec.Command(p.Bin, "--root", p.Root, "--network=none", "--platform=ptrace", "events", "--stats", id)
@@ -164,7 +169,30 @@ func (p *RunscPod) Events(t testing.TB, id string) (cpuNs uint64, wall, cpu time
 	if err := json.Unmarshal(stdout.Bytes(), &ev); err != nil {
 		t.Fatalf("runsc events --stats %s: %q: %v", id, stdout.String(), err)
 	}
-	return ev.Data.CPU.Usage.Total, wall, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	total := ev.Data.CPU.Usage.Total
+	if p.runscV2Usec(t) {
+		total *= 1000
+	}
+	return total, wall, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+}
+
+// runscV2Usec reports whether this runsc's events give a cgroup v2 host's
+// CPU in microseconds: the host is v2 (CgroupV2) and `runsc --version`
+// names a release before 20240325.
+func (p *RunscPod) runscV2Usec(t testing.TB) bool {
+	if !CgroupV2() {
+		return false
+	}
+	out, err := exec.Command(p.Bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("runsc --version: %v", err)
+	}
+	// "runsc version release-20221219.0" upstream, "0.0~20221219.0" in Debian.
+	m := regexp.MustCompile(`(?:release-|~)(\d{8})`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("runsc --version: no release date in %q", out)
+	}
+	return string(m[1]) < "20240325"
 }
 
 // Remove kills and deletes one container of the pod (not the sandbox's).
