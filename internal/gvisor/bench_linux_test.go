@@ -214,11 +214,12 @@ func benchSamples(b *testing.B, s source.Source) time.Duration {
 // BenchmarkGVisorBreakdown compares, on one real pod with three
 // application containers, the source's Sample (what StatsWorkload reads)
 // without the per-container breakdown (baseline) and with it (state files,
-// the sentry's and gofers' /proc stat, one sentry call, the split): goal
-// <= 1.5x. The breakdown row also reports, from its CPU per read, the share
-// of one core that polling 443 such sandboxes every 10 s takes
-// (core-%-443x10s, goal <= 1%; gvisor#13711 measured 72.8% of 8 vCPUs for
-// runsc events).
+// the sentry's and gofers' /proc stat, one sentry call, the split). The
+// goals (<= 1.5x, <= 1% of a core for 443 sandboxes every 10 s) are held
+// against a whole StatsWorkload (cmd/statsd
+// BenchmarkGVisorStatsWorkloadBreakdown); this row is the source's part,
+// with its CPU per read and the share of one core polling 443 such
+// sandboxes every 10 s takes (core-%-443x10s).
 func BenchmarkGVisorBreakdown(b *testing.B) {
 	p := startBenchPod(b)
 	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: p.SentryPID(b)}
@@ -238,37 +239,8 @@ func BenchmarkGVisorBreakdown(b *testing.B) {
 			cpu := benchSamples(b, s)
 			b.ReportMetric(float64(cpu.Nanoseconds()), "cpu-ns/op")
 			if bc.roots != nil {
-				b.ReportMetric(1.5, "goal-x")
 				b.ReportMetric(100*443*cpu.Seconds()/10, "core-%-443x10s")
 			}
 		})
 	}
-}
-
-// BenchmarkGVisorContainerEvents compares, for the same three containers,
-// `runsc events --stats` (baseline: one runsc process per container, as
-// containerd's runsc shim does) with one read of the source with the
-// breakdown (every container in one sentry call): goal >= 20x cheaper
-// (<= 0.05x).
-func BenchmarkGVisorContainerEvents(b *testing.B) {
-	p := startBenchPod(b)
-	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: p.SentryPID(b)}
-	b.Run("baseline", func(b *testing.B) {
-		for b.Loop() {
-			for _, id := range p.IDs[1:] {
-				if _, err := p.Runsc(b, "", "events", "--stats", id); err != nil {
-					b.Fatal(err)
-				}
-			}
-		}
-	})
-	b.Run("breakdown", func(b *testing.B) {
-		s, err := Open(ref, Config{RunscRoots: []string{p.Root}})
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer s.Close()
-		benchSamples(b, s)
-		b.ReportMetric(0.05, "goal-x")
-	})
 }
