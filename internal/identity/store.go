@@ -134,8 +134,11 @@ type Store struct {
 	// with them.
 	ledger *ledger
 
-	// The baseline takers: one goroutine per binding that needs one, ended
-	// by Close.
+	// persistWake wakes persistExited (nil without a state dir).
+	persistWake chan struct{}
+
+	// The baseline takers: one goroutine per binding that needs one, and
+	// persistExited, ended by Close.
 	bgCtx  context.Context
 	bgStop context.CancelFunc
 	bg     sync.WaitGroup
@@ -186,6 +189,8 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.StateDir == "" {
 		return s, nil
 	}
+	s.persistWake = make(chan struct{}, 1)
+	s.bg.Go(s.persistExited)
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("identity: state dir: %w", err)
 	}
@@ -213,6 +218,10 @@ func NewStore(cfg Config) (*Store, error) {
 		}
 		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
 			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline), names: newNames(b.Ref, resolved{})}
+		if b.Exited != nil {
+			binding.Activation.restoreExited(b.Ref.ContainerSet(), *b.Exited)
+		}
+		binding.Activation.exitedChanged = s.persistSoon
 		restored = append(restored, binding)
 	}
 	if over := len(restored) - cfg.MaxWorkloads; over > 0 {
