@@ -19,7 +19,7 @@ const (
 	maxContainerBytes = 256
 	// maxContainerRefIDBytes bounds a ContainerRef's id (the proto's).
 	maxContainerRefIDBytes = 128
-	maxPathBytes      = 4096
+	maxPathBytes           = 4096
 )
 
 // ErrInvalid marks a request that failed validation; nothing was changed.
