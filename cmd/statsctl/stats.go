@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -104,7 +105,20 @@ func writeContainers(w io.Writer, cs []*sandboxstatsv1.ContainerStats) error {
 	}
 	fmt.Fprintf(w, "\nCONTAINERS (%d)\n", len(cs))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tNAME\tCPU(s)\tUSER(s)\tSYSTEM(s)\tMEM(MiB)\tWSET(MiB)\tPIDS")
+	// A STATE column once a container exited in the activation (its CPU
+	// as last read, its gauges "-").
+	state := func(*sandboxstatsv1.ContainerStats) string { return "" }
+	header := "ID\tNAME\tCPU(s)\tUSER(s)\tSYSTEM(s)\tMEM(MiB)\tWSET(MiB)\tPIDS"
+	if slices.ContainsFunc(cs, (*sandboxstatsv1.ContainerStats).GetExited) {
+		header += "\tSTATE"
+		state = func(c *sandboxstatsv1.ContainerStats) string {
+			if c.GetExited() {
+				return "\texited"
+			}
+			return "\trunning"
+		}
+	}
+	fmt.Fprintln(tw, header)
 	secs := func(v *uint64) string {
 		if v == nil {
 			return "-"
@@ -124,9 +138,9 @@ func writeContainers(w io.Writer, cs []*sandboxstatsv1.ContainerStats) error {
 		return fmt.Sprint(*v)
 	}
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.GetId(), dash(c.GetName()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", c.GetId(), dash(c.GetName()),
 			secs(c.CpuUsageUsec), secs(c.CpuUserUsec), secs(c.CpuSystemUsec),
-			mib(c.MemoryCurrentBytes), mib(c.MemoryWorkingSetBytes), count(c.PidsCurrent))
+			mib(c.MemoryCurrentBytes), mib(c.MemoryWorkingSetBytes), count(c.PidsCurrent), state(c))
 	}
 	if err := tw.Flush(); err != nil {
 		return err

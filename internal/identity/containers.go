@@ -214,7 +214,7 @@ func fold(f, c source.Container) source.Container {
 // sum, so the counter never drops when one leaves. Under a.mu; r is not
 // modified.
 func (a *Activation) compose(r source.Reading) source.Reading {
-	if len(a.exited.Containers) == 0 && len(a.set) == 0 {
+	if len(a.exited.Containers) == 0 && !slices.ContainsFunc(a.set, func(c source.ContainerRef) bool { return c.Name != "" }) {
 		return r
 	}
 	out := r
