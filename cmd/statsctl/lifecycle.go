@@ -48,8 +48,8 @@ type bindFlags struct {
 	ref        sandboxstatsv1.SandboxRef
 	ids        stringsFlag
 	containers containersFlag
-	sentry   int
-	vmmPID   int
+	sentry     int
+	vmmPID     int
 }
 
 func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error) {
