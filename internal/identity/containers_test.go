@@ -9,7 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	
+
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
