@@ -93,8 +93,7 @@ func newActivation(ref source.SandboxRef, epoch int64, baseline *Baseline) *Acti
 
 // Observe records a successful reading observed at atUnixNano and returns
 // it as a sample carries it (compose: the containers named from the set,
-// the exited ones added). The newest reading updates which containers run
-// (track). The first whole reading (every container read, the CPU counter
+// the exited ones added); it updates which containers run (track). The first whole reading (every container read, the CPU counter
 // there) of an activation whose counters survive a restore becomes its
 // baseline: a partial one would leave the baseline without the counters a
 // guest chose to withhold once, and the activation's CPU uncharged.
@@ -103,9 +102,12 @@ func (a *Activation) Observe(r source.Reading, atUnixNano int64) source.Reading 
 	defer a.mu.Unlock()
 	if a.last == nil || atUnixNano >= a.last.AtUnixNano {
 		a.last = &Observed{Reading: r, AtUnixNano: atUnixNano}
-		if a.track(r) && a.exitedChanged != nil {
-			a.exitedChanged()
-		}
+	}
+	// Every reading tracks, whatever its time (reads' clocks may disagree,
+	// a wall clock may step back): a read that began before a container
+	// left and lists it makes it live again until the next one.
+	if a.track(r) && a.exitedChanged != nil {
+		a.exitedChanged()
 	}
 	out := a.compose(r)
 	if !a.seen || r.MemoryCurrentBytes > a.maxCurrent {

@@ -83,7 +83,7 @@ func (a *Activation) exitedNow() exitedState {
 	return exitedState{Containers: slices.Clone(a.exited.Containers), Folded: a.exited.Folded}
 }
 
-// track updates the live containers from r, the newest reading, and exits
+// track updates the live containers from r, a reading, and exits
 // those it no longer lists. A reading whose container list was not read
 // (field "containers" absent) says nothing of who left; a container the
 // reading could not read (UnreadContainers) is still there. Under a.mu.
@@ -275,6 +275,7 @@ func validateExited(ex exitedState) error {
 	return nil
 }
 
-// maxExitedReasonBytes bounds an exited container's absent reason in a
-// state file (the sources cut theirs well below it).
-const maxExitedReasonBytes = 1 << 10
+// maxExitedReasonBytes bounds an exited container's absent reason as kept
+// (and persisted: binding.json's cap counts 25 exited containers of 64
+// bindings with two such reasons each).
+const maxExitedReasonBytes = 256
