@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"strings"
@@ -10,6 +11,13 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
+
+// registerLifecycle registers c's flags for statsd's lifecycle socket:
+// --socket and its alias --lifecycle-socket.
+func (c *connFlags) registerLifecycle(fs *flag.FlagSet) {
+	c.register(fs, defaultLifecycleSocket, "lifecycle")
+	fs.Var(sockaddr.Flag{Path: &c.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
+}
 
 // stringsFlag is a repeatable string flag.
 type stringsFlag []string
@@ -55,8 +63,7 @@ type bindFlags struct {
 func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error) {
 	fs := flagSet(e, name, summary)
 	b := &bindFlags{}
-	b.conn.register(fs, defaultLifecycleSocket, "lifecycle")
-	fs.Var(sockaddr.Flag{Path: &b.conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
+	b.conn.registerLifecycle(fs)
 	fs.StringVar(&b.identity.ActorUid, "actor-uid", "", "actor uid (required)")
 	fs.StringVar(&b.identity.ActorName, "actor-name", "", "actor name")
 	fs.StringVar(&b.identity.ActorNamespace, "actor-namespace", "", "actor namespace")
@@ -185,8 +192,7 @@ func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
 		actorUID       string
 		runtimeStopped bool
 	)
-	conn.register(fs, defaultLifecycleSocket, "lifecycle")
-	fs.Var(sockaddr.Flag{Path: &conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
+	conn.registerLifecycle(fs)
 	fs.StringVar(&actorUID, "actor-uid", "", "the bound actor (required)")
 	fs.BoolVar(&runtimeStopped, "runtime-stopped", false, "the sandbox's runtime already stopped it as asked: a sandbox found dead is its expected end (checkpointed), not a death, unless OOM-killed or statsd saw it dead before")
 	if err := e.parse(fs, args); err != nil {

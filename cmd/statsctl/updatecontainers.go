@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -17,8 +16,7 @@ func runUpdateContainers(ctx context.Context, e *env, args []string) error {
 		actorUID   string
 		containers containersFlag
 	)
-	conn.register(fs, defaultLifecycleSocket, "lifecycle")
-	fs.Var(sockaddr.Flag{Path: &conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
+	conn.registerLifecycle(fs)
 	fs.StringVar(&actorUID, "actor-uid", "", "the bound actor (required)")
 	fs.Var(&containers, "container", containerUsage+"; the whole set now")
 	if err := e.parse(fs, args); err != nil {

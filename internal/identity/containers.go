@@ -185,19 +185,9 @@ func (a *Activation) exit(last source.Container) {
 
 // fold adds c's counters to f's (a counter c lacks adds nothing).
 func fold(f, c source.Container) source.Container {
-	add := func(sum, v *uint64) *uint64 {
-		if v == nil {
-			return sum
-		}
-		n := *v
-		if sum != nil {
-			n += *sum
-		}
-		return &n
-	}
-	f.CPUUsageUsec = add(f.CPUUsageUsec, c.CPUUsageUsec)
-	f.CPUUserUsec = add(f.CPUUserUsec, c.CPUUserUsec)
-	f.CPUSystemUsec = add(f.CPUSystemUsec, c.CPUSystemUsec)
+	f.CPUUsageUsec = source.AddCounter(f.CPUUsageUsec, c.CPUUsageUsec)
+	f.CPUUserUsec = source.AddCounter(f.CPUUserUsec, c.CPUUserUsec)
+	f.CPUSystemUsec = source.AddCounter(f.CPUSystemUsec, c.CPUSystemUsec)
 	f.Absent = nil
 	for _, field := range counterFields {
 		if counterOf(f, field) == nil {

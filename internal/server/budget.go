@@ -16,6 +16,7 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -224,9 +225,9 @@ func foldExited(p cutParts) int {
 				fmt.Sscanf(c.GetName(), "%d containers", &k)
 			}
 			count += k
-			f.CpuUsageUsec = addCounter(f.CpuUsageUsec, c.CpuUsageUsec)
-			f.CpuUserUsec = addCounter(f.CpuUserUsec, c.CpuUserUsec)
-			f.CpuSystemUsec = addCounter(f.CpuSystemUsec, c.CpuSystemUsec)
+			f.CpuUsageUsec = source.AddCounter(f.CpuUsageUsec, c.CpuUsageUsec)
+			f.CpuUserUsec = source.AddCounter(f.CpuUserUsec, c.CpuUserUsec)
+			f.CpuSystemUsec = source.AddCounter(f.CpuSystemUsec, c.CpuSystemUsec)
 		}
 		f.Name = fmt.Sprintf("%d containers", count)
 		for _, field := range []struct {
@@ -244,18 +245,6 @@ func foldExited(p cutParts) int {
 		n += len(exited) - 1
 	}
 	return n
-}
-
-// addCounter is sum + v, v alone, or sum when v is absent.
-func addCounter(sum, v *uint64) *uint64 {
-	if v == nil {
-		return sum
-	}
-	out := *v
-	if sum != nil {
-		out += *sum
-	}
-	return &out
 }
 
 func dropContainers(p cutParts) int {

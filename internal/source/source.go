@@ -135,6 +135,19 @@ func ContainerIDsOf(set []ContainerRef) []string {
 	return out
 }
 
+// AddCounter returns sum + v as a new value: v alone when sum is nil, sum
+// when v is nil (an absent counter adds nothing).
+func AddCounter(sum, v *uint64) *uint64 {
+	if v == nil {
+		return sum
+	}
+	n := *v
+	if sum != nil {
+		n += *sum
+	}
+	return &n
+}
+
 // ContainerSetter is a Source whose container set can change while it stays
 // open (the guest agent's: it reads the ids it is given). The set is valid
 // for the source's class; it applies from the next Sample on, keeping the
