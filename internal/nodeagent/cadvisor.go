@@ -12,13 +12,48 @@ package nodeagent
 // a pod's own cgroup have no image).
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sandboxstats/sandboxstats/internal/rate"
 )
 
 // cadvisorImage is the image label of the cAdvisor-shaped series.
 const cadvisorImage = "(sandboxstats)"
+
+// cadvisorPod is the container label under which the sandbox's own share
+// (rate.CounterSandboxOwnCPU) is exported in container_cpu_usage_seconds_total:
+// the name cAdvisor gave a pod's sandbox (pause) container, so that
+// kube-prometheus's per-container rule, summed by pod, gives the pod's CPU
+// as for a runc pod, and the panels and tools that want the application
+// containers only, which already leave container="POD" out, do (a
+// Kubernetes container's name is a lowercase DNS label: never "POD").
+const cadvisorPod = "POD"
+
+// cadvisorKey is the cAdvisor-shaped series of container name of the
+// actor namespace/pod.
+func cadvisorKey(namespace, pod, name string) containerKey {
+	return containerKey{labels: labelSet{actorNamespace: cut(namespace), actorName: cut(pod)}, container: name, cadvisor: true}
+}
+
+// chargeCAdvisorPod adds the sandbox's own share in charges (a sample's or
+// an ended record's, of the actor namespace/pod) to its container="POD"
+// series; nothing without CAdvisorCompat or when charges have none (absent
+// stays absent).
+func (m *metrics) chargeCAdvisorPod(namespace, pod string, charges rate.Charges, now time.Time) {
+	if m.cadvisor == nil {
+		return
+	}
+	c, ok := charges.Of(rate.CounterID{Counter: rate.CounterSandboxOwnCPU})
+	if !ok {
+		return
+	}
+	cv := m.containerSeries(cadvisorKey(namespace, pod, cadvisorPod), now)
+	cv.cpu = addSat(cv.cpu, c.Value)
+}
 
 // cAdvisor's names.
 const (
@@ -84,8 +119,8 @@ func (m *metrics) collectContainers(ch chan<- prometheus.Metric, snap *snapshot)
 			ch <- s
 		}
 		send(cpu, prometheus.CounterValue, float64(cv.cpu)/1e6)
-		if !cv.sampled {
-			continue // charged at an end, not in the last sweep: no gauges
+		if !cv.sampled || !cv.running {
+			continue // charged at an end, not in the last sweep, or exited: no gauges
 		}
 		if !cv.noCurrent {
 			send(cur, prometheus.GaugeValue, float64(cv.current))

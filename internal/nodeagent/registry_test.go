@@ -96,6 +96,7 @@ func everySignalSample(actor string, epoch, at time.Time, v uint64) *sandboxstat
 	t := s.Network.Total
 	t.RxErrors, t.TxErrors, t.RxDropped, t.TxDropped = v/10000, v/20000, v/10000, v/20000
 	s.BlockIo.ReadBytes, s.BlockIo.ReadIos = 32*v, v/4000
+	s.SandboxOwnCpuUsec = proto.Uint64(v / 5)
 	return s
 }
 
