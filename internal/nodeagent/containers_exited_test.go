@@ -146,3 +146,50 @@ func TestContainersExited(t *testing.T) {
 		})
 	}
 }
+
+// TestOTelContainerCardinality: with LabelActor, 1000 workloads of 18
+// containers each (16 by name and two folded into (other) at the default
+// MaxContainers: 17 series each) give 17,000 points of the container CPU
+// counter and of a container gauge, none folded into the overflow point
+// under the limits the pipeline sets (OTelPipelineCardinalityLimit, and
+// OTelContainerCardinalityLimit for the agent's own counter); the
+// workload instruments' limit alone would fold some.
+func TestOTelContainerCardinality(t *testing.T) {
+	t0 := time.Date(2026, 12, 6, 20, 0, 0, 0, time.UTC)
+	h := newOTelHarness(t, metricsConfig{Grace: time.Hour, Started: t0.Add(-time.Hour), CPUs: 2, LabelActor: true}, 0)
+	results := benchResults(benchDaemons, t0)
+	for i, r := range results {
+		s := r.Samples[0]
+		s.TemplateName = fmt.Sprintf("fresh-%04d", i)
+		for c := range DefaultMaxContainers + 2 {
+			s.Containers = append(s.Containers, gctr(fmt.Sprintf("c%02d", c), fmt.Sprintf("n%02d", c), 10, 1, false))
+		}
+	}
+	h.m.Apply(results, t0, time.Millisecond)
+	advance(results, t0.Add(time.Minute))
+	h.m.Apply(results, t0.Add(time.Minute), time.Millisecond)
+	want := benchDaemons * (DefaultMaxContainers + 1)
+	for _, sm := range h.collect(t).ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "sandboxstats.container.cpu.time" && m.Name != "sandboxstats.container.pids" {
+				continue
+			}
+			_, sets := instrumentOf(m)
+			overflow := 0
+			for _, set := range sets {
+				if set.HasValue("otel.metric.overflow") {
+					overflow++
+				}
+			}
+			if overflow != 0 || len(sets) != want {
+				t.Errorf("%s: %d points, %d overflow; want %d, none", m.Name, len(sets), overflow, want)
+			}
+		}
+	}
+	old, _ := containerCounters(h.m.snap.Load(), true, OTelCardinalityLimit(0), t0)
+	if _, sets := instrumentOf(old); !sets[len(sets)-1].HasValue("otel.metric.overflow") {
+		t.Errorf("the workload instruments' limit %d folds none of %d container series: the test shows nothing", OTelCardinalityLimit(0), want)
+	}
+	t.Logf("limits: workload %d, container %d (pipeline %d); %d container series",
+		OTelCardinalityLimit(0), OTelContainerCardinalityLimit(0, 0), OTelPipelineCardinalityLimit(0, 0), want)
+}

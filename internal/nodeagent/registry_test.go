@@ -63,7 +63,7 @@ func newOTelHarness(t *testing.T, cfg metricsConfig, periodicEvery int) *otelHar
 	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(sdkmetric.WithProducer(dists)), events: &recordingProcessor{}}
 	cfg.OTel = &OTel{
 		// As internal/otlp's pipeline makes it for statsagent.
-		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader), sdkmetric.WithCardinalityLimit(OTelCardinalityLimit(cfg.MaxTemplates))),
+		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader), sdkmetric.WithCardinalityLimit(OTelPipelineCardinalityLimit(cfg.MaxTemplates, cfg.MaxContainers))),
 		Loggers:       sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
 		PeriodicEvery: periodicEvery,
 		Distributions: dists,
