@@ -71,7 +71,7 @@ type cadvisorDescs struct {
 func newCAdvisorDescs() *cadvisorDescs {
 	return &cadvisorDescs{
 		cpu: prometheus.NewDesc(metricCAdvisorCPU,
-			"cAdvisor's name (--cadvisor-compat): "+metricContainerCPU+" by namespace, pod (the actor's) and container, summed over the workloads that share them.", cadvisorLabels, nil),
+			"cAdvisor's name (--cadvisor-compat): "+metricContainerCPU+" by namespace, pod (the actor's) and container (its name: a container restarted and its exited predecessor are one series), summed over the workloads that share them; container=\"POD\": the sandbox's own share ("+metricSandboxOwnCPU+").", cadvisorLabels, nil),
 		memory: prometheus.NewDesc(metricCAdvisorMemory,
 			"cAdvisor's name (--cadvisor-compat): "+metricContainerMemory+"; absent where the source has no figure of the container's own.", cadvisorLabels, nil),
 		wset: prometheus.NewDesc(metricCAdvisorWorkingSet,
