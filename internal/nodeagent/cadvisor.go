@@ -26,11 +26,13 @@ const cadvisorImage = "(sandboxstats)"
 
 // cadvisorPod is the container label under which the sandbox's own share
 // (rate.CounterSandboxOwnCPU) is exported in container_cpu_usage_seconds_total:
-// the name cAdvisor gave a pod's sandbox (pause) container, so that
-// kube-prometheus's per-container rule, summed by pod, gives the pod's CPU
-// as for a runc pod, and the panels and tools that want the application
-// containers only, which already leave container="POD" out, do (a
-// Kubernetes container's name is a lowercase DNS label: never "POD").
+// the name cAdvisor gave a pod's sandbox (pause) container under
+// dockershim. kube-prometheus's per-container rule, summed by pod, then
+// gives the pod's CPU (containers + own), as for a runc pod with its pause
+// container; tools that want the application containers only already
+// leave "POD" out (VPA's Prometheus history); it stays apart from the
+// kubelet's own pause row under containerd (container=""). A Kubernetes
+// container's name is a lowercase DNS label: never "POD".
 const cadvisorPod = "POD"
 
 // cadvisorKey is the cAdvisor-shaped series of container name of the
