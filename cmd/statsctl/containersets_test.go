@@ -28,7 +28,7 @@ func TestGoldenContainerSets(t *testing.T) {
 		{name: "run-workload-containers", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
 			"--cgroup-path", "/statstest/pod1", "--container", "4c1e0f=app", "--container", "9b27aa=sidecar"}},
 		{name: "stats-containers-named", reading: both, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
-		{name: "stats-containers-exited", reading: onlyApp, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
+		{name: "stats-containers-exit-kept", reading: onlyApp, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
 		{name: "update-containers", reading: onlyApp, args: []string{"update-containers", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
 			"--container", "4c1e0f=web"}},
 		{name: "stats-containers-renamed", reading: onlyApp, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},

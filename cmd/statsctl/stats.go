@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -97,28 +96,15 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 
 // writeContainers prints a sample's containers, one a line, under the
 // sample (nothing when it has none): CPU in seconds (counters), memory in
-// MiB (gauges), "-" for a figure absent, each absent figure's reason on a
-// line of its own below.
+// MiB (gauges), "-" for a figure absent, an exited container marked after
+// its pids, each absent figure's reason on a line of its own below.
 func writeContainers(w io.Writer, cs []*sandboxstatsv1.ContainerStats) error {
 	if len(cs) == 0 {
 		return nil
 	}
 	fmt.Fprintf(w, "\nCONTAINERS (%d)\n", len(cs))
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	// A STATE column once a container exited in the activation (its CPU
-	// as last read, its gauges "-").
-	state := func(*sandboxstatsv1.ContainerStats) string { return "" }
-	header := "ID\tNAME\tCPU(s)\tUSER(s)\tSYSTEM(s)\tMEM(MiB)\tWSET(MiB)\tPIDS"
-	if slices.ContainsFunc(cs, (*sandboxstatsv1.ContainerStats).GetExited) {
-		header += "\tSTATE"
-		state = func(c *sandboxstatsv1.ContainerStats) string {
-			if c.GetExited() {
-				return "\texited"
-			}
-			return "\trunning"
-		}
-	}
-	fmt.Fprintln(tw, header)
+	fmt.Fprintln(tw, "ID\tNAME\tCPU(s)\tUSER(s)\tSYSTEM(s)\tMEM(MiB)\tWSET(MiB)\tPIDS")
 	secs := func(v *uint64) string {
 		if v == nil {
 			return "-"
@@ -138,9 +124,14 @@ func writeContainers(w io.Writer, cs []*sandboxstatsv1.ContainerStats) error {
 		return fmt.Sprint(*v)
 	}
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s%s\n", c.GetId(), dash(c.GetName()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", c.GetId(), dash(c.GetName()),
 			secs(c.CpuUsageUsec), secs(c.CpuUserUsec), secs(c.CpuSystemUsec),
-			mib(c.MemoryCurrentBytes), mib(c.MemoryWorkingSetBytes), count(c.PidsCurrent), state(c))
+			mib(c.MemoryCurrentBytes), mib(c.MemoryWorkingSetBytes), count(c.PidsCurrent))
+		if c.GetExited() {
+			// Its counters are its last, its gauges absent.
+			fmt.Fprint(tw, "\texited")
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err
