@@ -189,8 +189,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.StateDir == "" {
 		return s, nil
 	}
-	s.persistWake = make(chan struct{}, 1)
-	s.bg.Go(s.persistExited)
+	s.persistWake = make(chan struct{}, 1) // persistExited starts once the state loaded
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("identity: state dir: %w", err)
 	}
@@ -244,6 +243,7 @@ func NewStore(cfg Config) (*Store, error) {
 		s.guard(b) // its names are looked at again at its reads
 	}
 	s.publish(restored, ended)
+	s.bg.Go(s.persistExited)
 	for _, b := range restored {
 		s.logger.Info("restored binding from state", "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
 		s.startBaseline(b)
