@@ -93,10 +93,11 @@ func newActivation(ref source.SandboxRef, epoch int64, baseline *Baseline) *Acti
 
 // Observe records a successful reading observed at atUnixNano and returns
 // it as a sample carries it (compose: the containers named from the set,
-// the exited ones added); it updates which containers run (track). The first whole reading (every container read, the CPU counter
-// there) of an activation whose counters survive a restore becomes its
-// baseline: a partial one would leave the baseline without the counters a
-// guest chose to withhold once, and the activation's CPU uncharged.
+// the exited ones added); it updates which containers run (track). The
+// first whole reading (every container read, the CPU counter there) of an
+// activation whose counters survive a restore becomes its baseline: a
+// partial one would leave the baseline without the counters a guest chose
+// to withhold once, and the activation's CPU uncharged.
 func (a *Activation) Observe(r source.Reading, atUnixNano int64) source.Reading {
 	a.mu.Lock()
 	defer a.mu.Unlock()

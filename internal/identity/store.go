@@ -46,7 +46,9 @@ const (
 // published (its Activation is the one part that changes, and is safe for
 // concurrent use); a new call publishes a new Binding.
 type Binding struct {
-	Identity      Identity
+	Identity Identity
+	// Ref is the sandbox as bound; its container set is the bind's
+	// (Activation.Containers is the set now, which binding.json persists).
 	Ref           source.SandboxRef
 	Op            Op
 	EpochUnixNano int64 // when this activation (Run/Restore) began
