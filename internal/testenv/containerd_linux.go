@@ -72,6 +72,9 @@ type Containerd struct {
 	cmd  *exec.Cmd
 	done chan struct{}     // closed when cmd has exited
 	pods map[string]string // every pod RunPod started: id -> cgroup parent
+	// podConfigs: every pod RunPod started: id -> its config file (for
+	// crictl create).
+	podConfigs map[string]string
 }
 
 // NeedContainerd checks the prerequisites of StartContainerd (root, a Go
@@ -117,6 +120,7 @@ func StartContainerd(t testing.TB, opts ContainerdOptions) *Containerd {
 		crictlConfig: filepath.Join(dir, "crictl.yaml"),
 		wrapperLog:   filepath.Join(dir, "runsc-wrapper.log"),
 		pods:         map[string]string{},
+		podConfigs:   map[string]string{},
 		logLevel:     opts.LogLevel,
 	}
 	if c.logLevel == "" {
@@ -257,6 +261,19 @@ if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
 	` + shellQuote(jq) + ` 'del(.process.oomScoreAdj)' "$bundle/config.json" >"$bundle/config.json.tmp" &&
 		mv "$bundle/config.json.tmp" "$bundle/config.json" || exit 1
 fi
+runsc() { ` + shellQuote(c.runsc) + ` --platform=ptrace --network=none --root ` + shellQuote(c.RunscRoot) + ` "$@"; }
+case " $* " in
+*" start "*)
+	# runsc start of a pod's container starts its gofer, which inherits
+	# the output pipe the shim reads to its end: the shim would wait for
+	# it forever. Its output goes through a file instead.
+	out=$(mktemp) || exit 1
+	runsc "$@" >"$out" 2>&1
+	rc=$?
+	cat "$out" >&2
+	rm -f "$out"
+	exit $rc ;;
+esac
 exec ` + shellQuote(c.runsc) + ` --platform=ptrace --network=none --root ` + shellQuote(c.RunscRoot) + ` "$@"
 `
 }
