@@ -100,7 +100,7 @@ type Bridge struct {
 	// left out of them: too many, not mappable); a binding checkpointed
 	// whose pod is not here was stopped by its runtime (runtime_stopped).
 	// At most the watched pods of the node: a Synchronize replaces it.
-	running   map[string]string
+	running map[string]string
 	// seq numbers the containers in the order the bridge learns of them.
 	seq       uint64
 	connected bool
