@@ -84,12 +84,10 @@ func (r *nriRig) bridgeSent(t *testing.T, d time.Duration, p *nriPod, want ...nr
 // with the CRI annotations) are sent by the bridge with their names
 // (UpdateWorkloadContainers), statsctl stats and statsagent's /metrics
 // show them by name; a third added while the pod runs changes the set,
-// not the activation (the same epoch, no ended record). The harness's runc
-// shim cannot stop a runsc pod's container (runsc writes the sandbox's pid
-// as a subcontainer's, whose exit the shim waits for: crictl stop never
-// returns), so a container removed is shown on a runc pod: its stop drops
-// it from the set sent, the activation stays. statsd answering
-// UNIMPLEMENTED fails the test.
+// not the activation (the same epoch, no ended record); one stopped and
+// removed is dropped from the set at its stop and shown exited, the
+// activation still the same. statsd answering UNIMPLEMENTED fails the
+// test.
 func TestIntegrationNRIContainerSet(t *testing.T) {
 	began := time.Now()
 	r := startNRIRigFor(t, func(c *testenv.Containerd) []string { return []string{"--runsc-root", c.RunscRoot} })
@@ -195,18 +193,27 @@ func TestIntegrationNRIContainerSet(t *testing.T) {
 		t.Errorf("pod %s has ended records: %v", p.uid, e)
 	}
 
-	// A container removed, on a runc pod (see above): its stop drops it.
-	q := r.runPod(t, "ctrs-runc", "", -1, "")
-	r.waitBound(t, 10*time.Second, q)
-	a := r.addContainer(t, q, "a")
-	bb := r.addContainer(t, q, "b")
-	r.bridgeSent(t, 10*time.Second, q, a, bb)
-	qb := r.bindings(t)[q.uid]
-	r.c.StopContainer(t, bb.id, time.Second)
-	r.bridgeSent(t, 10*time.Second, q, a)
-	r.c.RemoveContainer(t, bb.id)
-	if got := r.bindings(t)[q.uid]; len(got) != 1 || len(qb) != 1 || got[0].epoch != qb[0].epoch {
-		t.Errorf("runc pod's bindings %+v after the stop, %+v before: want one, the same epoch", got, qb)
+	// idle stopped and removed while the pod runs: dropped at its stop,
+	// kept by statsd as exited; the activation stays.
+	r.c.StopContainer(t, idle.id, time.Second)
+	r.bridgeSent(t, 10*time.Second, p, busy, third)
+	r.c.RemoveContainer(t, idle.id)
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+		_, cs, raw = r.statsContainers(t, p)
+		i := slices.IndexFunc(cs, func(c containerSample) bool { return c.Name == "idle" })
+		if i >= 0 && cs[i].Exited {
+			t.Logf("after idle's stop: %+v", cs)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("statsctl stats: idle not shown exited within 10s:\n%s", raw)
+		}
+	}
+	if e := epochOf(); e != epoch {
+		t.Errorf("epoch %d after idle's stop, %d before: a new activation", e, epoch)
+	}
+	if e := r.ended(t)[p.uid]; len(e) > 0 {
+		t.Errorf("pod %s has ended records: %v", p.uid, e)
 	}
 	if n := unimpl(); n > 0 {
 		t.Errorf("statsd answered UpdateWorkloadContainers UNIMPLEMENTED %v times", n)

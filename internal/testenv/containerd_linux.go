@@ -240,44 +240,6 @@ state = %s
 		runtime("runsc", wrapper, filepath.Dir(c.RunscRoot)))
 }
 
-// runscWrapper is the "runsc" handler's BinaryName: Debian's runsc on this
-// host's platform and network with the private root (the shim passes the
-// same root after it: Root/<namespace>). Debian's runsc 20221219 cannot
-// apply the negative process.oomScoreAdj the CRI gives a sandbox: the
-// wrapper deletes it from the bundle's config.json before create.
-func (c *Containerd) runscWrapper() string {
-	jq, _ := exec.LookPath("jq")
-	return `#!/bin/sh
-# testenv.StartContainerd's runsc for the runc shim.
-printf '%s\n' "$*" >>` + shellQuote(c.wrapperLog) + `
-bundle=
-prev=
-for a in "$@"; do
-	case "$prev" in --bundle|-b) bundle=$a ;; esac
-	case "$a" in --bundle=*) bundle=${a#--bundle=} ;; esac
-	prev=$a
-done
-if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-	` + shellQuote(jq) + ` 'del(.process.oomScoreAdj)' "$bundle/config.json" >"$bundle/config.json.tmp" &&
-		mv "$bundle/config.json.tmp" "$bundle/config.json" || exit 1
-fi
-runsc() { ` + shellQuote(c.runsc) + ` --platform=ptrace --network=none --root ` + shellQuote(c.RunscRoot) + ` "$@"; }
-case " $* " in
-*" start "*)
-	# runsc start of a pod's container starts its gofer, which inherits
-	# the output pipe the shim reads to its end: the shim would wait for
-	# it forever. Its output goes through a file instead.
-	out=$(mktemp) || exit 1
-	runsc "$@" >"$out" 2>&1
-	rc=$?
-	cat "$out" >&2
-	rm -f "$out"
-	exit $rc ;;
-esac
-exec ` + shellQuote(c.runsc) + ` --platform=ptrace --network=none --root ` + shellQuote(c.RunscRoot) + ` "$@"
-`
-}
-
 // NRISocket is the path of containerd's NRI socket, for a plugin to dial.
 func (c *Containerd) NRISocket() string { return c.nriSocket }
 
