@@ -61,7 +61,7 @@ case " $* " in
 			while st=$(runsc state "$cid" 2>/dev/null | "$jq" -r .status) && [ "$st" = created ]; do sleep 0.05; done
 			exec ` + shellQuote(c.runsc) + ` --platform=ptrace --network=none --root ` + shellQuote(c.RunscRoot) + ` wait "$cid"
 		) </dev/null >/dev/null 2>&1 &
-		echo $! >"$pidfile"
+		printf %s $! >"$pidfile"
 		exit 0
 	fi ;;
 esac
