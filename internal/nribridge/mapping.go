@@ -36,7 +36,8 @@ const (
 	// its cgroup; the sandbox's cgroups path when the pid is 0.
 	KindGVisor
 	// KindKata: the guest agent's address and the VMM's pid from Kata's
-	// per-sandbox layout, the pod's containers as the guest's container ids.
+	// per-sandbox layout, the pod's containers (with the sandbox's own) as the
+	// guest's containers.
 	KindKata
 )
 
