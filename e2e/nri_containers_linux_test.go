@@ -131,18 +131,37 @@ func TestIntegrationNRIContainerSet(t *testing.T) {
 	}
 	epoch := epochOf()
 
-	// statsctl stats shows both by name, busy burning.
-	var cs []containerSample
-	var raw []byte
-	for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(300 * time.Millisecond) {
-		_, cs, raw = r.statsContainers(t, p)
-		if len(cs) == 2 && cs[0].Name == "busy" && cs[0].CPU != "" && cs[0].CPU != "0" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("statsctl stats: no busy and idle within 15s:\n%s", raw)
+	// waitStats waits up to 15s for statsctl stats to show containers ok.
+	waitStats := func(what string, ok func([]containerSample) bool) []containerSample {
+		t.Helper()
+		for deadline := time.Now().Add(15 * time.Second); ; time.Sleep(300 * time.Millisecond) {
+			_, cs, raw := r.statsContainers(t, p)
+			if ok(cs) {
+				return cs
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("statsctl stats: %s not within 15s:\n%s", what, raw)
+			}
 		}
 	}
+	// sameActivation holds the pod to the epoch bound first, no ended record.
+	sameActivation := func(after string) {
+		t.Helper()
+		if e := epochOf(); e != epoch {
+			t.Errorf("epoch %d after %s, %d before: a new activation", e, after, epoch)
+		}
+		if e := r.ended(t)[p.uid]; len(e) > 0 {
+			t.Errorf("pod %s has ended records after %s: %v", p.uid, after, e)
+		}
+		if n := unimpl(); n > 0 {
+			t.Errorf("statsd answered UpdateWorkloadContainers UNIMPLEMENTED %v times", n)
+		}
+	}
+
+	// statsctl stats shows both by name, busy burning.
+	cs := waitStats("busy and idle", func(cs []containerSample) bool {
+		return len(cs) == 2 && cs[0].Name == "busy" && cs[0].CPU != "" && cs[0].CPU != "0"
+	})
 	if cs[0].ID != busy.id || cs[1].Name != "idle" || cs[1].ID != idle.id {
 		t.Errorf("statsctl stats containers %+v, want busy %s, idle %s", cs, busy.id, idle.id)
 	}
@@ -177,47 +196,20 @@ func TestIntegrationNRIContainerSet(t *testing.T) {
 	// activation.
 	third := r.addContainer(t, p, "third")
 	r.bridgeSent(t, 10*time.Second, p, busy, idle, third)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(300 * time.Millisecond) {
-		_, cs, raw = r.statsContainers(t, p)
-		if len(cs) == 3 && cs[2].Name == "third" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("statsctl stats: no third container within 10s:\n%s", raw)
-		}
-	}
-	if e := epochOf(); e != epoch {
-		t.Errorf("epoch %d after the third container, %d before: a new activation", e, epoch)
-	}
-	if e := r.ended(t)[p.uid]; len(e) > 0 {
-		t.Errorf("pod %s has ended records: %v", p.uid, e)
-	}
+	waitStats("the third container", func(cs []containerSample) bool { return len(cs) == 3 && cs[2].Name == "third" })
+	sameActivation("the third container")
 
 	// idle stopped and removed while the pod runs: dropped at its stop,
 	// kept by statsd as exited; the activation stays.
 	r.c.StopContainer(t, idle.id, time.Second)
 	r.bridgeSent(t, 10*time.Second, p, busy, third)
 	r.c.RemoveContainer(t, idle.id)
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(300 * time.Millisecond) {
-		_, cs, raw = r.statsContainers(t, p)
+	cs = waitStats("idle exited", func(cs []containerSample) bool {
 		i := slices.IndexFunc(cs, func(c containerSample) bool { return c.Name == "idle" })
-		if i >= 0 && cs[i].Exited {
-			t.Logf("after idle's stop: %+v", cs)
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("statsctl stats: idle not shown exited within 10s:\n%s", raw)
-		}
-	}
-	if e := epochOf(); e != epoch {
-		t.Errorf("epoch %d after idle's stop, %d before: a new activation", e, epoch)
-	}
-	if e := r.ended(t)[p.uid]; len(e) > 0 {
-		t.Errorf("pod %s has ended records: %v", p.uid, e)
-	}
-	if n := unimpl(); n > 0 {
-		t.Errorf("statsd answered UpdateWorkloadContainers UNIMPLEMENTED %v times", n)
-	}
+		return i >= 0 && cs[i].Exited
+	})
+	t.Logf("after idle's stop: %+v", cs)
+	sameActivation("idle's stop")
 
 	// The runsc pod ends under its runtime (the runc shim cannot stop it).
 	r.c.KillRunscPod(t, p.id)
