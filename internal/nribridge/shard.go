@@ -236,14 +236,16 @@ func (s *shard) process(ctx context.Context, uid string) {
 		s.resetRetry(uid)
 		return
 	}
+	if left > 0 {
+		// Counted at every sync that leaves some out, before the check
+		// below: a container learnt past the cap changes nothing sent.
+		b.m.unactionable.WithLabelValues("containers-left-out").Add(float64(left))
+	}
 	if held && have != nil && proto.Equal(have, req) {
 		b.mu.Lock()
 		s.resetRetry(uid)
 		b.mu.Unlock()
 		return
-	}
-	if left > 0 {
-		b.m.unactionable.WithLabelValues("containers-left-out").Add(float64(left))
 	}
 	if held && (have == nil || sameSandbox(have, req)) && !s.updateContainers(ctx, uid, req, have != nil) {
 		return
