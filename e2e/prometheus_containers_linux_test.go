@@ -86,19 +86,7 @@ func TestIntegrationPrometheusContainerRule(t *testing.T) {
 	if err != nil {
 		t.Fatalf("RunWorkload: %v", err)
 	}
-	metrics := testenv.StartStatsagent(t, bin, dir, "--sockets", "unix://"+dir+"/stats/*.sock",
-		"--interval", "1s", "--min-interval", "1s", "--timeout", "2s", "--grace", "1m", "--cadvisor-compat")
-	ksm := servePodInfo(t, namespace, pod, "node-1")
-	au, _ := url.Parse(metrics)
-	prom := testenv.StartPrometheusScrape(t, cadvisorScrapeConfigs(t, au.Host, ksm), time.Second,
-		"testdata/kube-prometheus-k8s-cpu.rules.yml")
-	testenv.WaitSweeps(t, metrics, 2)
-	prom.WaitScraped(t)
-	t.Logf("%v: statsagent swept twice, Prometheus scraped", time.Since(start).Round(time.Millisecond))
-
-	// A window of the rule's values, once it has values for every
-	// container.
-	waitFor(t, 30*time.Second, func() bool { return len(prom.Query(t, cpuRule)) == len(truth) }, "the rule's value for each container")
+	prom := startRuleStack(t, bin, dir, namespace, pod, len(truth))
 	t.Logf("%v: the rule has a value for each container", time.Since(start).Round(time.Millisecond))
 	const window = 8 * time.Second
 	time.Sleep(window)
@@ -107,9 +95,7 @@ func TestIntegrationPrometheusContainerRule(t *testing.T) {
 	lo := byContainer(prom.Query(t, fmt.Sprintf("min_over_time(%s%s[%ds])", cpuRule, sel, int(window.Seconds()))))
 	hi := byContainer(prom.Query(t, fmt.Sprintf("max_over_time(%s%s[%ds])", cpuRule, sel, int(window.Seconds()))))
 	n := byContainer(prom.Query(t, fmt.Sprintf("count_over_time(%s%s[%ds])", cpuRule, sel, int(window.Seconds()))))
-	rateExpr := strings.Replace(ruleExpr(t), "irate(", "rate(", 1)
-	rateExpr = strings.Replace(rateExpr, "[5m]", fmt.Sprintf("[%ds]", int(window.Seconds())), 1)
-	rate := byContainer(prom.Query(t, rateExpr))
+	rate := byContainer(prom.Query(t, rateRule(t, window)))
 	for _, c := range ids {
 		want := truth[c]
 		t.Logf("%s: truth %.3f cores; the rule over %v: median %.4f (%.1f%% off), min %.4f, max %.4f, %v values; rate over the window %.4f (%.1f%% off)",
@@ -139,6 +125,26 @@ func TestIntegrationPrometheusContainerRule(t *testing.T) {
 	if others := prom.Query(t, `count({job="kubelet", __name__!~"container_.*|up|scrape_.*"})`); len(others) > 0 {
 		t.Errorf("the cAdvisor-shaped scrape kept series that are not container_*: %v", others)
 	}
+}
+
+// startRuleStack starts, over the statsd processes of dir (fleetDir),
+// statsagent --cadvisor-compat sweeping every 1 s, the kube_pod_info
+// exporter for namespace/pod on node-1, and Prometheus scraping both every
+// 1 s through cadvisor-compat.scrape.yml with the rule loaded; it returns
+// once the rule has a value for each of the pod's containers.
+func startRuleStack(t *testing.T, bin, dir, namespace, pod string, containers int) *testenv.Prometheus {
+	t.Helper()
+	metrics := testenv.StartStatsagent(t, bin, dir, "--sockets", "unix://"+dir+"/stats/*.sock",
+		"--interval", "1s", "--min-interval", "1s", "--timeout", "2s", "--grace", "1m", "--cadvisor-compat")
+	ksm := servePodInfo(t, namespace, pod, "node-1")
+	au, _ := url.Parse(metrics)
+	prom := testenv.StartPrometheusScrape(t, cadvisorScrapeConfigs(t, au.Host, ksm), time.Second,
+		"testdata/kube-prometheus-k8s-cpu.rules.yml")
+	testenv.WaitSweeps(t, metrics, 2)
+	prom.WaitScraped(t)
+	sel := fmt.Sprintf("%s{namespace=%q, pod=%q}", cpuRule, namespace, pod)
+	waitFor(t, 30*time.Second, func() bool { return len(prom.Query(t, sel)) == containers }, "the rule's value for each container")
+	return prom
 }
 
 // off is how far got is from want, as a fraction of want; for want 0,
@@ -198,6 +204,14 @@ func ruleExpr(t *testing.T) string {
 	}
 	t.Fatalf("no rule %s in the rule file", cpuRule)
 	return ""
+}
+
+// rateRule is the rule's expression with rate over window for irate over
+// 5m.
+func rateRule(t *testing.T, window time.Duration) string {
+	t.Helper()
+	e := strings.Replace(ruleExpr(t), "irate(", "rate(", 1)
+	return strings.Replace(e, "[5m]", fmt.Sprintf("[%ds]", int(window.Seconds())), 1)
 }
 
 // cadvisorScrapeConfigs is deploy/prometheus/cadvisor-compat.scrape.yml's
