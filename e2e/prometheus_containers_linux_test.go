@@ -4,12 +4,13 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -59,7 +60,7 @@ func TestIntegrationPrometheusContainerRule(t *testing.T) {
 		ns := uint64(cores * float64(time.Since(start).Nanoseconds()+int64(time.Second)))
 		return &kataagentfake.Container{UsageBytes: 32 << 20, CPUTotal: ns, CPUUser: ns / 10 * 7, CPUSystem: ns - ns/10*7, Pids: 2}
 	}
-	ids := sortedKeys(truth)
+	ids := slices.Sorted(maps.Keys(truth))
 	for _, id := range ids {
 		opts = append(opts, kataagentfake.WithContainer(id, kataagentfake.V2(*reply(truth[id]))))
 	}
@@ -165,15 +166,6 @@ func byContainer(v []testenv.PromSample) map[string]float64 {
 	for _, s := range v {
 		out[s.Labels["container"]] = s.Value
 	}
-	return out
-}
-
-func sortedKeys(m map[string]float64) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
 	return out
 }
 
