@@ -181,6 +181,19 @@ var (
 			}
 		}
 	}
+	// sentrySlow answers a valid start of a reply a byte every 50 ms,
+	// without end.
+	sentrySlow = func(f *fakeSentry, c net.Conn) {
+		for i := 0; ; i++ {
+			b := []byte(`{"success":true,"err":"","result":{"event":{"type":"stats","id":"`)
+			n, err := c.Write([]byte{b[min(i, len(b)-1)]})
+			f.written.Add(int64(n))
+			if err != nil {
+				return
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
 	// sentryGarbage answers bytes that are not JSON, a terminal escape
 	// sequence first (set a window title, clear the screen).
 	sentryGarbage = func(_ *fakeSentry, c net.Conn) {
@@ -192,6 +205,12 @@ var (
 // other, the CPU of other's containers.
 func sentryLies(other string, usage map[string]uint64) func(*fakeSentry, net.Conn) {
 	return func(_ *fakeSentry, c net.Conn) { _, _ = c.Write(sentryReply(other, usage)) }
+}
+
+// sentryLiesAboutKeys answers about the sandbox asked for, but with the CPU
+// of another sandbox's containers (keys usage names).
+func sentryLiesAboutKeys(usage map[string]uint64) func(*fakeSentry, net.Conn) {
+	return func(f *fakeSentry, c net.Conn) { _, _ = c.Write(sentryReply(f.sid, usage)) }
 }
 
 // sentryAnswers answers as a healthy runsc >= 20230731: the event about

@@ -42,7 +42,7 @@ func TestIntegrationHostileSentry(t *testing.T) {
 	needV1(t)
 	bin := testenv.BuildBinaries(t)
 	const good = "hs-good"
-	hostile := []string{"hs-hang", "hs-flood", "hs-garbage", "hs-liar"}
+	hostile := []string{"hs-hang", "hs-slow", "hs-flood", "hs-garbage", "hs-liar", "hs-liar-keys"}
 	actors := append([]string{good}, hostile...)
 	leaves := podLeaves(t, "sentry", actors...)
 	root := t.TempDir()
@@ -69,6 +69,10 @@ func TestIntegrationHostileSentry(t *testing.T) {
 		"hs-flood":   startFakeSentry(t, root, "hs-flood", sentryFloods),
 		"hs-garbage": startFakeSentry(t, root, "hs-garbage", sentryGarbage),
 		"hs-liar":    startFakeSentry(t, root, "hs-liar", sentryLies(good, goodUsage())),
+		"hs-slow":    startFakeSentry(t, root, "hs-slow", sentrySlow),
+		// About the sandbox asked for, with the neighbour's containers'
+		// CPU: none of it may be charged to this sandbox's containers.
+		"hs-liar-keys": startFakeSentry(t, root, "hs-liar-keys", sentryLiesAboutKeys(goodUsage())),
 	}
 	d := testenv.StartStatsd(t, bin, "--runsc-root", root, "--drift-interval", "0")
 	stats, life := clients(t, d)
@@ -80,10 +84,12 @@ func TestIntegrationHostileSentry(t *testing.T) {
 	const slack = time.Second // a loaded 2-core machine
 	bound := gvisor.DefaultSentryTimeout + slack
 	want := map[string]string{
-		"hs-hang":    "deadline",
-		"hs-flood":   "reply too large",
-		"hs-garbage": "malformed reply",
-		"hs-liar":    "reply names another container",
+		"hs-hang":      "deadline",
+		"hs-slow":      "deadline",
+		"hs-flood":     "reply too large",
+		"hs-garbage":   "malformed reply",
+		"hs-liar":      "reply names another container",
+		"hs-liar-keys": "names no CPU for this container",
 	}
 	var ans answers
 	for _, a := range hostile {
@@ -94,31 +100,13 @@ func TestIntegrationHostileSentry(t *testing.T) {
 		cancel()
 		ans.note(a, resp, err)
 		if err != nil {
-			t.Errorf("%s: StatsWorkload: %v after %v, want a sample without containers", a, err, took)
+			t.Errorf("%s: StatsWorkload: %v after %v, want a sample", a, err, took)
 			continue
 		}
-		s := resp.GetSample()
-		reason := absentReason(s.GetAbsent(), "containers")
-		t.Logf("%s: answered in %v, containers absent: %q", a, took.Round(time.Millisecond), reason)
 		if took > bound {
 			t.Errorf("%s: StatsWorkload took %v, want at most %v (the sentry's bound %v and slack)", a, took, bound, gvisor.DefaultSentryTimeout)
 		}
-		if len(s.GetContainers()) != 0 {
-			t.Errorf("%s: containers %v, want none", a, s.GetContainers())
-		}
-		// The hung read's reason is the breakdown's own bound
-		// (bounded.Do, the same 500 ms as the client's), which ends the
-		// wait before the client's ErrDeadline naming the socket: it
-		// names the timeout, not the sandbox.
-		if !strings.Contains(reason, want[a]) || a != "hs-hang" && !strings.Contains(reason, "runsc-"+a+".sock") {
-			t.Errorf("%s: containers absent with %q, want a reason naming %q and the sandbox's socket", a, reason, want[a])
-		}
-		if strings.ContainsRune(reason, 0x1b) || strings.ContainsRune(reason, 0) || len(reason) > 1024 {
-			t.Errorf("%s: reason not escaped or cut (%d bytes): %q", a, len(reason), reason)
-		}
-		if s.CpuUsageUsec == nil {
-			t.Errorf("%s: the sample lost its cgroup's CPU: %v", a, s)
-		}
+		checkHostileSample(t, a, resp.GetSample(), want[a], took)
 	}
 	if w := sentries["hs-flood"].written.Load(); w <= 64<<10 {
 		t.Errorf("the flooding sentry wrote only %d bytes: not past the cap", w)
@@ -140,7 +128,12 @@ func TestIntegrationHostileSentry(t *testing.T) {
 	reads := map[string]int{}
 	for _, a := range hostile {
 		wg.Go(func() {
-			for hctx.Err() == nil {
+			// One read each 10 ms at most: far more often than any
+			// poller, short of loading the machine's two cores with
+			// the test's own reads.
+			tick := time.NewTicker(10 * time.Millisecond)
+			defer tick.Stop()
+			for ; hctx.Err() == nil; <-tick.C {
 				ctx, cancel := context.WithTimeout(hctx, 10*time.Second)
 				resp, err := stats.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: a})
 				cancel()
@@ -151,8 +144,13 @@ func TestIntegrationHostileSentry(t *testing.T) {
 				mu.Lock()
 				reads[a]++
 				mu.Unlock()
-				if err != nil || len(resp.GetSample().GetContainers()) != 0 {
-					t.Errorf("%s: StatsWorkload while read in a loop: %v, containers %v", a, err, resp.GetSample().GetContainers())
+				if err != nil {
+					t.Errorf("%s: StatsWorkload while read in a loop: %v", a, err)
+				}
+				for _, c := range resp.GetSample().GetContainers() {
+					if c.CpuUsageUsec != nil {
+						t.Errorf("%s: StatsWorkload while read in a loop: container %s charged %d us by a hostile sentry", a, c.GetName(), c.GetCpuUsageUsec())
+					}
 				}
 			}
 		})
@@ -215,6 +213,49 @@ func TestIntegrationHostileSentry(t *testing.T) {
 	}
 	ans.check(t)
 	checkLog(t, d.Log)
+}
+
+// checkHostileSample checks the sample of a workload whose sentry is
+// hostile: its cgroup's CPU there; no container, "containers" absent with
+// a reason naming what went wrong (want) and the sentry's socket, escaped
+// and cut; or, for the sentry that answers the CPU of another sandbox's
+// containers, the containers listed from the state files with their CPU
+// absent (want the reason).
+func checkHostileSample(t *testing.T, a string, s *sandboxstatsv1.WorkloadStatsSample, want string, took time.Duration) {
+	t.Helper()
+	if s.CpuUsageUsec == nil {
+		t.Errorf("%s: the sample lost its cgroup's CPU: %v", a, s)
+	}
+	if a == "hs-liar-keys" {
+		var got []string
+		for _, c := range s.GetContainers() {
+			reason := absentReason(c.GetAbsent(), "cpu_usage_usec")
+			got = append(got, c.GetName())
+			if c.CpuUsageUsec != nil || !strings.Contains(reason, want) {
+				t.Errorf("%s: container %s CPU %d us (absent %q), want absent: %q", a, c.GetName(), c.GetCpuUsageUsec(), reason, want)
+			}
+		}
+		t.Logf("%s: answered in %v, containers %v, their CPU absent", a, took.Round(time.Millisecond), got)
+		if strings.Join(got, " ") != "app side" {
+			t.Errorf("%s: containers %v, want app and side (from the state files)", a, got)
+		}
+		return
+	}
+	reason := absentReason(s.GetAbsent(), "containers")
+	t.Logf("%s: answered in %v, containers absent: %q", a, took.Round(time.Millisecond), reason)
+	if len(s.GetContainers()) != 0 {
+		t.Errorf("%s: containers %v, want none", a, s.GetContainers())
+	}
+	// A read that outlives the bound ends on the breakdown's own bound
+	// (bounded.Do, the same 500 ms as the client's), which comes before
+	// the client's ErrDeadline naming the socket: it names the timeout,
+	// not the sandbox.
+	if !strings.Contains(reason, want) || want != "deadline" && !strings.Contains(reason, "runsc-"+a+".sock") {
+		t.Errorf("%s: containers absent with %q, want a reason naming %q and the sandbox's socket", a, reason, want)
+	}
+	if strings.ContainsRune(reason, 0x1b) || strings.ContainsRune(reason, 0) || len(reason) > 1024 {
+		t.Errorf("%s: reason not escaped or cut (%d bytes): %q", a, len(reason), reason)
+	}
 }
 
 // absentReason is the reason of the absent field, "" when not absent.
