@@ -15,24 +15,27 @@ import (
 )
 
 // TestIntegrationHostileSentry: the statsd binary with --runsc-root over a
-// runsc root the test writes (state files of runsc 20221219's shape, five
-// sandboxes, each bound by its real v1 cgroup's path), whose control
-// servers are fakes on runsc's socket-file layout: one hangs (accepts,
-// never answers), one floods (bytes without end past the 64 KiB cap), one
-// answers garbage that starts with a terminal escape sequence, one lies
-// (answers about another sandbox's container), and one healthy neighbour.
+// runsc root the test writes (state files of runsc 20221219's shape, seven
+// sandboxes of two containers each, each bound by its real v1 cgroup's
+// path), whose control servers are fakes on runsc's socket-file layout:
+// one hangs (accepts, never answers), one is slow (a byte every 50 ms), one
+// floods (bytes without end past the 64 KiB cap), one answers garbage that
+// starts with a terminal escape sequence, one lies about the container
+// (the event of another sandbox's), one lies about the keys (the CPU of
+// another sandbox's containers), and one is a healthy neighbour.
 //
 //   - Each hostile workload's StatsWorkload answers, within the sentry's
 //     bound (gvisor.DefaultSentryTimeout) plus slack, a sample with its
-//     cgroup's figures and no containers, "containers" absent with a reason
-//     naming the failure (and the socket, but for the hung one),
-//     escaped (no raw ESC in any answer or log line)
-//     and cut.
-//   - The healthy neighbour's StatsWorkload answers as fast while the four
-//     hostile ones are read in a loop as before (the hung-neighbour test's
-//     bound: p50 and the least window's max at most twice before's, or
-//     50 ms), and its containers are there, named, their CPU within the
-//     sandbox's.
+//     cgroup's figures and no container, "containers" absent with a reason
+//     naming the failure (and the socket, but for a read that outlived the
+//     bound), escaped (no raw ESC in any answer or log line) and cut; the
+//     liar about keys gets its containers from the state files, their CPU
+//     absent, never the other sandbox's figures.
+//   - The healthy neighbour's StatsWorkload answers as fast while the six
+//     hostile ones are read in a loop (each once per 10 ms at most) as
+//     before (the hung-neighbour test's bound: p50 and the least window's
+//     max at most twice before's, or 50 ms), and its containers are there,
+//     named, their CPU within the sandbox's.
 //   - After the hostile reads statsd's goroutines and RSS are back where
 //     they were (goroutines within 10% + 5, RSS within 10% + 4 MiB), its peak
 //     RSS under the hostile tests' 64 MiB.
