@@ -6,6 +6,7 @@ package identity
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
@@ -114,6 +115,23 @@ func (a *Activation) track(r source.Reading) bool {
 		}
 	}
 	return changed
+}
+
+// ObserveEnd is Observe for the activation's final reading: when r could
+// not list the containers (the sandbox is gone, its sentry with it), the
+// containers live at the last read end with the activation, each exited
+// with its figures as last read, so the final still carries them.
+func (a *Activation) ObserveEnd(r source.Reading, atUnixNano int64) source.Reading {
+	if slices.ContainsFunc(r.Absent, func(x source.Absent) bool { return x.Field == "containers" }) {
+		a.mu.Lock()
+		ids := slices.Sorted(maps.Keys(a.live))
+		for _, id := range ids {
+			a.exit(a.live[id])
+			delete(a.live, id)
+		}
+		a.mu.Unlock()
+	}
+	return a.Observe(r, atUnixNano)
 }
 
 // named is c with its name from the set, when the set names it (a name

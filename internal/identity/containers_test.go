@@ -126,6 +126,35 @@ func TestActivationSetContainers(t *testing.T) {
 
 func named(name string, c source.Container) source.Container { c.Name = name; return c }
 
+// TestActivationEndWithoutList: a final reading that could not list the
+// containers (the sandbox gone with its sentry) still carries those live
+// at the last read, exited with their last figures; a final that lists
+// them exits none.
+func TestActivationEndWithoutList(t *testing.T) {
+	gv := source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a", Containers: []source.ContainerRef{{ID: "app", Name: "web"}}}
+	listNotRead := withContainers(source.KindCgroup, 3000)
+	listNotRead.Absent = []source.Absent{{Field: "containers", Reason: "sentry: no socket"}}
+	for _, tc := range []struct {
+		name  string
+		final source.Reading
+		want  source.Reading
+	}{
+		{"list not read", listNotRead, source.Reading{Kind: source.KindCgroup, CPUUsageUsec: u64(3000), Absent: listNotRead.Absent,
+			Containers: []source.Container{exitedAs(named("web", ctr("app", 500))), exitedAs(ctr("side", 100))}}},
+		{"list read", withContainers(source.KindCgroup, 3000, ctr("app", 800), ctr("side", 200)),
+			withContainers(source.KindCgroup, 3000, named("web", ctr("app", 800)), ctr("side", 200))},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newActivation(gv, 1, nil)
+			a.Observe(withContainers(source.KindCgroup, 1000, ctr("app", 500), ctr("side", 100)), 1)
+			got := a.ObserveEnd(tc.final, 2)
+			if diff := cmp.Diff(tc.want, got); diff != "" {
+				t.Errorf("the final (-want +got):\n%s", diff)
+			}
+		})
+	}
+}
+
 // TestActivationExitedFolded: past MaxExited the oldest exited containers
 // fold into one entry whose counters are their sums, so the containers'
 // sum stays; the count is in its name.
