@@ -65,6 +65,13 @@ func startNRIRig(t *testing.T, bridgeArgs ...string) *nriRig {
 // startNRIRigWith is startNRIRig with statsdArgs given to both statsd.
 func startNRIRigWith(t *testing.T, statsdArgs []string, bridgeArgs ...string) *nriRig {
 	t.Helper()
+	return startNRIRigFor(t, func(*testenv.Containerd) []string { return statsdArgs }, bridgeArgs...)
+}
+
+// startNRIRigFor is startNRIRigWith with the statsd arguments made from
+// the containerd started (its RunscRoot).
+func startNRIRigFor(t *testing.T, statsdArgsOf func(*testenv.Containerd) []string, bridgeArgs ...string) *nriRig {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("starts a real containerd, runc and gVisor pods; not under -short")
 	}
@@ -87,7 +94,7 @@ func startNRIRigWith(t *testing.T, statsdArgs []string, bridgeArgs ...string) *n
 		// more than --namespace-cap's 16 running on one statsd.
 		"--namespace-cap", "0"}
 	for i := range 2 {
-		d := startStatsdIn(t, r.bin, r.dir, fmt.Sprintf("nri-%d", i), statsdArgs...)
+		d := startStatsdIn(t, r.bin, r.dir, fmt.Sprintf("nri-%d", i), statsdArgsOf(r.c)...)
 		st, _ := clients(t, d)
 		r.shards, r.stats = append(r.shards, d), append(r.stats, st)
 		args = append(args, "--statsd", d.Lifecycle+","+d.Stats)

@@ -275,7 +275,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if o.otlp.Endpoint != "" {
 		o.otlp.Resource = resourceAttrs(cmp.Or(o.nodeName, os.Getenv("NODE_NAME")))
 		dists := nodeagent.NewDistributions()
-		o.otlp.CardinalityLimit, o.otlp.Producer = nodeagent.OTelCardinalityLimit(o.agent.MaxTemplates), dists
+		o.otlp.CardinalityLimit, o.otlp.Producer = nodeagent.OTelPipelineCardinalityLimit(o.agent.MaxTemplates, o.agent.MaxContainers), dists
 		pipeline, err = otlp.New(o.otlp, logger.With("component", "otlp"))
 		if err != nil {
 			return err

@@ -55,6 +55,7 @@ func init() {
 		{"health", "grpc.health.v1 status of statsd", runHealth},
 		{"run-workload", "bind a workload (launcher side)", runRunWorkload},
 		{"restore-workload", "bind a restored workload (launcher side)", runRestoreWorkload},
+		{"update-containers", "replace the bound workload's container set, same activation (launcher side)", runUpdateContainers},
 		{"checkpoint-workload", "end the bound activation (a final sample) and forget it (launcher side)", runCheckpointWorkload},
 		{"version", "statsctl's version: module, VCS revision and time, Go", runVersion},
 		{"completion", "a shell completion script: bash, zsh or fish", runCompletion},
@@ -93,6 +94,7 @@ Examples:
   statsctl run-workload --actor-uid 7f3c9a --sentry-pid 4242
   statsctl run-workload --actor-uid 7f3c9a \
       --agent-address hvsock:///run/vc/vm/7f3c9a/clh.sock:1024 --container-id web_ovl
+  statsctl update-containers --actor-uid 7f3c9a --container web_ovl=web --container log_ovl=logger
   statsctl checkpoint-workload --actor-uid 7f3c9a
   source <(statsctl completion bash)
 

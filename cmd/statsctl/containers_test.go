@@ -12,11 +12,14 @@ import (
 // a sample without containers prints as before (stats-table).
 func TestGoldenContainers(t *testing.T) {
 	d := startDaemon(t)
-	if _, errOut, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
-		"--actor-name", "web", "--actor-namespace", "team-a", "--template-namespace", "templates", "--template-name", "python",
-		"--worker-pool", "pool-eu-1", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
-		t.Fatal(errOut)
+	bind := func() {
+		if _, errOut, code := d.ctl(t, "run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c",
+			"--actor-name", "web", "--actor-namespace", "team-a", "--template-namespace", "templates", "--template-name", "python",
+			"--worker-pool", "pool-eu-1", "--class", "gvisor", "--cgroup-path", "/statstest/pod1"); code != 0 {
+			t.Fatal(errOut)
+		}
 	}
+	bind()
 	u := func(v uint64) *uint64 { return &v }
 	const mib = 1 << 20
 	kata := source.Reading{
@@ -50,6 +53,14 @@ func TestGoldenContainers(t *testing.T) {
 	runGolden(t, d, []goldenCase{
 		{name: "stats-containers", reading: kata, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
 		{name: "stats-containers-json", reading: kata, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c", "-o", "json"}},
+	})
+	// Another activation: within one, the Kata containers this one does
+	// not list would be exited ones (TestGoldenContainerSets).
+	if _, errOut, code := d.ctl(t, "checkpoint-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "actor-7f3c"); code != 0 {
+		t.Fatal(errOut)
+	}
+	bind()
+	runGolden(t, d, []goldenCase{
 		{name: "stats-containers-gvisor", reading: gvisor, args: []string{"stats", "--socket", "$STATS", "--actor-uid", "actor-7f3c"}},
 	})
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"math"
 	"strings"
@@ -11,27 +12,58 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
+// registerLifecycle registers c's flags for statsd's lifecycle socket:
+// --socket and its alias --lifecycle-socket.
+func (c *connFlags) registerLifecycle(fs *flag.FlagSet) {
+	c.register(fs, defaultLifecycleSocket, "lifecycle")
+	fs.Var(sockaddr.Flag{Path: &c.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
+}
+
 // stringsFlag is a repeatable string flag.
 type stringsFlag []string
 
 func (s *stringsFlag) String() string     { return strings.Join(*s, ",") }
 func (s *stringsFlag) Set(v string) error { *s = append(*s, v); return nil }
 
+// containersFlag is a repeatable --container id=name (or id alone: no
+// name); statsd validates the set.
+type containersFlag []*sandboxstatsv1.ContainerRef
+
+func (c *containersFlag) String() string {
+	var parts []string
+	for _, r := range *c {
+		parts = append(parts, r.GetId()+"="+r.GetName())
+	}
+	return strings.Join(parts, ",")
+}
+
+func (c *containersFlag) Set(v string) error {
+	id, name, _ := strings.Cut(v, "=")
+	if id == "" {
+		return fmt.Errorf("%q has no container id (id=name, or id)", v)
+	}
+	*c = append(*c, &sandboxstatsv1.ContainerRef{Id: id, Name: name})
+	return nil
+}
+
+// containerUsage is the --container flag's help.
+const containerUsage = "a workload container as `id=name` (or id: no name), repeatable, at most 25; microvm: instead of --container-id, the ids read; gvisor: names for the containers runsc lists"
+
 type bindFlags struct {
-	conn     connFlags
-	identity sandboxstatsv1.WorkloadIdentity
-	class    string
-	ref      sandboxstatsv1.SandboxRef
-	ids      stringsFlag
-	sentry   int
-	vmmPID   int
+	conn       connFlags
+	identity   sandboxstatsv1.WorkloadIdentity
+	class      string
+	ref        sandboxstatsv1.SandboxRef
+	ids        stringsFlag
+	containers containersFlag
+	sentry     int
+	vmmPID     int
 }
 
 func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error) {
 	fs := flagSet(e, name, summary)
 	b := &bindFlags{}
-	b.conn.register(fs, defaultLifecycleSocket, "lifecycle")
-	fs.Var(sockaddr.Flag{Path: &b.conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
+	b.conn.registerLifecycle(fs)
 	fs.StringVar(&b.identity.ActorUid, "actor-uid", "", "actor uid (required)")
 	fs.StringVar(&b.identity.ActorName, "actor-name", "", "actor name")
 	fs.StringVar(&b.identity.ActorNamespace, "actor-namespace", "", "actor namespace")
@@ -43,6 +75,7 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 	fs.IntVar(&b.sentry, "sentry-pid", 0, "gvisor: the sentry's pid (cgroup found through /proc/<pid>/cgroup)")
 	fs.StringVar(&b.ref.AgentAddress, "agent-address", "", "microvm: hvsock://<unix path>:<port> or vsock://<cid>:<port>")
 	fs.Var(&b.ids, "container-id", "microvm: a workload container id (repeatable, at most 25)")
+	fs.Var(&b.containers, "container", containerUsage)
 	fs.IntVar(&b.vmmPID, "vmm-pid", 0, "the VMM's pid (host view)")
 	fs.StringVar(&b.ref.VmmPidFile, "vmm-pid-file", "", "file holding the VMM's pid (host view)")
 	fs.StringVar(&b.ref.QmpSocket, "qmp-socket", "", "QEMU QMP socket (KVM counters)")
@@ -64,6 +97,7 @@ func bindFlagSet(e *env, name, summary string) (*bindFlags, func([]string) error
 			}
 		}
 		b.ref.ContainerIds = b.ids
+		b.ref.Containers = b.containers
 		b.ref.SentryPid = int32(b.sentry)
 		b.ref.VmmPid = int32(b.vmmPID)
 		return nil
@@ -158,8 +192,7 @@ func runCheckpointWorkload(ctx context.Context, e *env, args []string) error {
 		actorUID       string
 		runtimeStopped bool
 	)
-	conn.register(fs, defaultLifecycleSocket, "lifecycle")
-	fs.Var(sockaddr.Flag{Path: &conn.socket}, "lifecycle-socket", "Unix socket of statsd's lifecycle service (same as --socket): a `path`, unix:PATH or unix:///PATH")
+	conn.registerLifecycle(fs)
 	fs.StringVar(&actorUID, "actor-uid", "", "the bound actor (required)")
 	fs.BoolVar(&runtimeStopped, "runtime-stopped", false, "the sandbox's runtime already stopped it as asked: a sandbox found dead is its expected end (checkpointed), not a death, unless OOM-killed or statsd saw it dead before")
 	if err := e.parse(fs, args); err != nil {

@@ -96,8 +96,8 @@ func writeSampleTable(w io.Writer, s *sandboxstatsv1.WorkloadStatsSample) error 
 
 // writeContainers prints a sample's containers, one a line, under the
 // sample (nothing when it has none): CPU in seconds (counters), memory in
-// MiB (gauges), "-" for a figure absent, each absent figure's reason on a
-// line of its own below.
+// MiB (gauges), "-" for a figure absent, an exited container marked after
+// its pids, each absent figure's reason on a line of its own below.
 func writeContainers(w io.Writer, cs []*sandboxstatsv1.ContainerStats) error {
 	if len(cs) == 0 {
 		return nil
@@ -124,9 +124,14 @@ func writeContainers(w io.Writer, cs []*sandboxstatsv1.ContainerStats) error {
 		return fmt.Sprint(*v)
 	}
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.GetId(), dash(c.GetName()),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", c.GetId(), dash(c.GetName()),
 			secs(c.CpuUsageUsec), secs(c.CpuUserUsec), secs(c.CpuSystemUsec),
 			mib(c.MemoryCurrentBytes), mib(c.MemoryWorkingSetBytes), count(c.PidsCurrent))
+		if c.GetExited() {
+			// Its counters are its last, its gauges absent.
+			fmt.Fprint(tw, "\texited")
+		}
+		fmt.Fprintln(tw)
 	}
 	if err := tw.Flush(); err != nil {
 		return err

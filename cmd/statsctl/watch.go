@@ -130,10 +130,11 @@ func (t *tableWriter) WriteRow(r rate.Row) error {
 		return err
 	}
 	if more := signalRateCols(r); more != "" {
-		_, err := fmt.Fprintf(t.w, "%-24s  %s\n", "", more)
-		return err
+		if _, err := fmt.Fprintf(t.w, "%-24s  %s\n", "", more); err != nil {
+			return err
+		}
 	}
-	return nil
+	return t.writeContainers(r)
 }
 
 // signalRateCols returns the row's per-interval signal and traffic rates on

@@ -202,6 +202,7 @@ func parseFlagsOnly(args []string, stderr io.Writer) (options, error) {
 			fs.SetOutput(stderr)
 			fmt.Fprintf(stderr, "Usage: statsnri --statsd LIFECYCLE,STATS [--statsd ...] [flags]\n\n"+
 				"Binds the node's pods of the watched runtime handlers to statsd from containerd's pod lifecycle (NRI),\n"+
+				"keeps each pod's container set (id, name) current from its container events (UpdateWorkloadContainers),\n"+
 				"and serves its counters and health (/metrics, /healthz).\n\nFlags:\n")
 			fs.PrintDefaults()
 			fmt.Fprint(stderr, exitStatusHelp)

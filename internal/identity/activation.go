@@ -60,46 +60,66 @@ type Observed struct {
 // Activation is the in-memory account of one bound activation that the read
 // path keeps: the last good reading (the final sample when the read at the
 // end fails), the highest memory current any read saw (the peak of a source
-// that offers none) and the baseline. It never touches the disk; only the lifecycle (and the baseline
-// taker) persists what the end and the baseline need. Safe for concurrent
-// use.
+// that offers none), the baseline, the container set and the containers
+// that exited (containers.go). It never touches the disk; only the lifecycle
+// (and the store's background writers) persists what the end, the baseline
+// and the exited containers need. Safe for concurrent use.
 type Activation struct {
 	mu         sync.Mutex
-	last       *Observed
+	last       *Observed // as read (compose makes it a sample's)
 	maxCurrent uint64
 	seen       bool
 	baseline   *Baseline
+
+	set       []source.ContainerRef       // the container set now
+	setIsRead bool                        // the source reads the set (a micro-VM's)
+	live      map[string]source.Container // each listed container's last counters
+	exited    exitedState
+	// exitedChanged, when set, is told (under mu: it must not block) that
+	// the exited containers changed, so the store persists them.
+	exitedChanged func()
 }
 
 // newActivation starts the account of an activation of ref that began at
 // epoch, with a baseline already known (restored from the state file) or nil.
 func newActivation(ref source.SandboxRef, epoch int64, baseline *Baseline) *Activation {
-	a := &Activation{baseline: baseline}
+	a := &Activation{baseline: baseline, set: ref.ContainerSet(), setIsRead: ref.Class == source.ClassMicroVM,
+		live: map[string]source.Container{}}
 	if a.baseline == nil && !countersSurviveRestore(ref) {
 		a.baseline = &Baseline{Kind: BaselineEpochStart, AtUnixNano: epoch}
 	}
 	return a
 }
 
-// Observe records a successful reading observed at atUnixNano. The first
-// whole reading (every container read, the CPU counter there) of an
+// Observe records a successful reading observed at atUnixNano and returns
+// it as a sample carries it (compose: the containers named from the set,
+// the exited ones added); it updates which containers run (track). The
+// first whole reading (every container read, the CPU counter there) of an
 // activation whose counters survive a restore becomes its baseline: a
 // partial one would leave the baseline without the counters a guest chose
 // to withhold once, and the activation's CPU uncharged.
-func (a *Activation) Observe(r source.Reading, atUnixNano int64) {
+func (a *Activation) Observe(r source.Reading, atUnixNano int64) source.Reading {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.last == nil || atUnixNano >= a.last.AtUnixNano {
 		a.last = &Observed{Reading: r, AtUnixNano: atUnixNano}
 	}
+	// Every reading tracks, whatever its time (reads' clocks may disagree,
+	// a wall clock may step back): a read that began before a container
+	// left and lists it makes it live again until the next one.
+	if a.track(r) && a.exitedChanged != nil {
+		a.exitedChanged()
+	}
+	out := a.compose(r)
 	if !a.seen || r.MemoryCurrentBytes > a.maxCurrent {
 		a.maxCurrent = r.MemoryCurrentBytes
 	}
 	a.seen = true
 	if a.baseline == nil && baselineWorthy(r) {
-		first := countersOnly(r)
+		first := countersOnly(out)
 		a.baseline = &Baseline{Kind: BaselineFirstRead, AtUnixNano: atUnixNano, FirstRead: &first}
 	}
+	return out
 }
 
 // Baseline returns the epoch's baseline, or nil while it is not taken.
@@ -115,11 +135,15 @@ func baselineWorthy(r source.Reading) bool {
 	return r.CPUUsageUsec != nil && len(r.UnreadContainers) == 0
 }
 
-// snapshot returns what the end of the activation needs.
+// snapshot returns what the end of the activation needs: the last good
+// reading as a sample carries it now (the containers exited since with it).
 func (a *Activation) snapshot() (last *Observed, maxCurrent uint64, seen bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return a.last, a.maxCurrent, a.seen
+	if a.last != nil {
+		last = &Observed{Reading: a.compose(a.last.Reading), AtUnixNano: a.last.AtUnixNano}
+	}
+	return last, a.maxCurrent, a.seen
 }
 
 // countersOnly keeps the counters of r (what a baseline subtracts): CPU,

@@ -59,6 +59,10 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	defer s.lockActor(id.ActorUID)()
 	old := s.Bound(id.ActorUID)
 	if old != nil && old.Op == op && old.Identity == id && old.Ref.Equal(ref) {
+		// A retry; with another container set, it updates the set.
+		if err := s.updateSet(old, ref.ContainerSet()); err != nil {
+			return nil, nil, err
+		}
 		return old, nil, nil
 	}
 	// What the ref's names and the others' unsettled ones lead to now, looked
@@ -84,6 +88,7 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 		epoch = old.EpochUnixNano + 1 // epochs only move forward
 	}
 	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil), names: newNames(ref, mine)}
+	b.Activation.exitedChanged = s.persistSoon
 	b.Source, b.Host = s.openSources(ref)
 	s.guard(b) // names that did not resolve yet are looked at again at its reads
 	b.Ref.SentryStartTicks = pinnedStart(b.Source)

@@ -114,7 +114,7 @@ func endActivation(ctx context.Context, b *Binding, outcome Outcome, stopped boo
 	last, maxCurrent, seen := b.Activation.snapshot()
 	switch {
 	case err == nil:
-		b.Activation.Observe(r, observed)
+		r = b.Activation.ObserveEnd(r, observed)
 		e.Provenance, e.Final, e.FinalAtUnixNano = ProvenanceReadAtEnd, &r, observed
 		if r.MemoryCurrentBytes > maxCurrent || !seen {
 			maxCurrent, seen = r.MemoryCurrentBytes, true

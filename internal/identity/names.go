@@ -189,6 +189,14 @@ func (g *guardedSource) Sample(ctx context.Context) (source.Reading, error) {
 
 func (g *guardedSource) Close() error { return g.inner.Close() }
 
+// SetContainers passes a new container set to the inner source, when it
+// takes one.
+func (g *guardedSource) SetContainers(set []source.ContainerRef) {
+	if c, ok := g.inner.(source.ContainerSetter); ok {
+		c.SetContainers(set)
+	}
+}
+
 // SentryStartTicks and SandboxCgroup are the inner source's (the store's
 // checks ask them through the guard).
 func (g *guardedSource) SentryStartTicks() (uint64, bool) {

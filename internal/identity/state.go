@@ -25,12 +25,14 @@ const (
 
 // Size caps of the state files. A binding is a few hundred bytes, but one
 // of a guest agent carries its epoch's first read, up to about 41 KiB (64
-// interfaces, 64 devices: what the micro-VM source admits); binding.json
-// holds up to LimitMaxWorkloads of them and is refused over maxStateBytes
-// at write, never only at read. The ended records are kept under
-// maxEndedBytes by dropping the oldest.
+// interfaces, 64 devices: what the micro-VM source admits), and any
+// binding up to MaxExited exited containers, about 27 KiB at the caps;
+// binding.json holds up to LimitMaxWorkloads of them (about 4.5 MiB at
+// every cap, TestStateFileHoldsEveryLargeBinding) and is refused over
+// maxStateBytes at write, never only at read. The ended records are kept
+// under maxEndedBytes by dropping the oldest.
 const (
-	maxStateBytes = 4 << 20
+	maxStateBytes = 6 << 20
 	maxEndedBytes = 1 << 20
 	// maxEndedSlack is what ended.json is read with beyond maxEndedBytes
 	// (one record saved alone may pass the cap).
@@ -86,6 +88,9 @@ type bindingState struct {
 	Op            Op                `json:"op"`
 	EpochUnixNano int64             `json:"epoch_unix_nano"`
 	Baseline      *Baseline         `json:"baseline,omitempty"`
+	// Exited are the activation's exited containers (containers.go); Ref
+	// holds its container set now.
+	Exited *exitedState `json:"exited,omitempty"`
 }
 
 type endedFile struct {
@@ -172,6 +177,11 @@ func decodeState(b []byte, st *stateFile) error {
 		}
 		if err := ValidateRef(b.Ref); err != nil {
 			return fmt.Errorf("binding %d: %w", i, err)
+		}
+		if b.Exited != nil {
+			if err := validateExited(*b.Exited); err != nil {
+				return fmt.Errorf("binding %d: %w", i, err)
+			}
 		}
 		if b.Op != OpRun && b.Op != OpRestore {
 			return fmt.Errorf("binding %d: unknown op %q", i, b.Op)
@@ -282,13 +292,27 @@ func encodeState(v any) ([]byte, error) {
 }
 
 // saveBindings persists bindings (with each one's first-read baseline, once
-// taken) and the cleared actors as binding.json. Called under commit.
+// taken, its container set now and its exited containers) and the cleared
+// actors as binding.json. Called under commit.
 func (s *Store) saveBindings(bindings []*Binding, cleared []string) error {
+	return s.saveBindingsWith(bindings, cleared, nil)
+}
+
+// saveBindingsWith is saveBindings with set as the container set of the
+// binding of the actor named (an update saved before it applies).
+func (s *Store) saveBindingsWith(bindings []*Binding, cleared []string, set *namedSet) error {
 	st := stateFile{Version: stateVersion, Cleared: cleared}
 	for _, b := range bindings {
-		bs := &bindingState{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano}
+		containers := b.Activation.Containers()
+		if set != nil && set.actorUID == b.Identity.ActorUID {
+			containers = set.set
+		}
+		bs := &bindingState{Identity: b.Identity, Ref: b.Ref.WithContainers(containers), Op: b.Op, EpochUnixNano: b.EpochUnixNano}
 		if base := b.Activation.Baseline(); base != nil && base.Kind == BaselineFirstRead {
 			bs.Baseline = base
+		}
+		if ex := b.Activation.exitedNow(); len(ex.Containers) > 0 {
+			bs.Exited = &ex
 		}
 		st.Bindings = append(st.Bindings, bs)
 	}

@@ -27,7 +27,8 @@ func (bigBaselineSource) Close() error { return nil }
 
 // TestStateFileHoldsEveryLargeBinding: 64 micro-VM bindings (the limit),
 // each with a first-read baseline of 64 interfaces and 64 devices (what the
-// micro-VM source admits), all come back after a restart. With a 256 KiB
+// micro-VM source admits) and 25 exited containers at the caps, all come
+// back after a restart. With a 256 KiB
 // cap on read only, 32 of them wrote a file the restart moved aside as
 // corrupt, losing every binding.
 func TestStateFileHoldsEveryLargeBinding(t *testing.T) {
@@ -57,6 +58,20 @@ func TestStateFileHoldsEveryLargeBinding(t *testing.T) {
 			time.Sleep(10 * time.Millisecond)
 		}
 	}
+	// And each at its most exited containers: 25 named at the caps (a
+	// 128-byte id, a 253-byte name), with two absent reasons at theirs.
+	for _, b := range s.Bindings() {
+		var ex exitedState
+		for k := range MaxExited {
+			id := fmt.Sprintf("%s-%02d", b.Identity.ActorUID, k)
+			ex.Containers = append(ex.Containers, source.Container{ID: id + strings.Repeat("i", 128-len(id)), Name: strings.Repeat("n", maxNameBytes),
+				CPUUsageUsec: u64(1 << 60), Exited: true, Absent: []source.Absent{{Field: "cpu_user_usec", Reason: strings.Repeat("r", maxExitedReasonBytes)},
+					{Field: "cpu_system_usec", Reason: strings.Repeat("r", maxExitedReasonBytes)}}})
+		}
+		ex.Folded = 1 << 20
+		b.Activation.restoreExited(b.Activation.Containers(), ex)
+	}
+	s.persistSoon()
 	time.Sleep(200 * time.Millisecond)
 	s.Close()
 	fi, _ := os.Stat(filepath.Join(dir, stateFileName))
@@ -68,5 +83,10 @@ func TestStateFileHoldsEveryLargeBinding(t *testing.T) {
 	defer s2.Close()
 	if n := len(s2.Bindings()); n != LimitMaxWorkloads {
 		t.Errorf("after a restart %d bindings of %d", n, LimitMaxWorkloads)
+	}
+	for _, b := range s2.Bindings() {
+		if n := len(b.Activation.exitedNow().Containers); n != MaxExited {
+			t.Errorf("%s: %d exited containers after a restart, want %d", b.Identity.ActorUID, n, MaxExited)
+		}
 	}
 }

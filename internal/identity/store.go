@@ -46,7 +46,9 @@ const (
 // published (its Activation is the one part that changes, and is safe for
 // concurrent use); a new call publishes a new Binding.
 type Binding struct {
-	Identity      Identity
+	Identity Identity
+	// Ref is the sandbox as bound; its container set is the bind's
+	// (Activation.Containers is the set now, which binding.json persists).
 	Ref           source.SandboxRef
 	Op            Op
 	EpochUnixNano int64 // when this activation (Run/Restore) began
@@ -134,8 +136,11 @@ type Store struct {
 	// with them.
 	ledger *ledger
 
-	// The baseline takers: one goroutine per binding that needs one, ended
-	// by Close.
+	// persistWake wakes persistExited (nil without a state dir).
+	persistWake chan struct{}
+
+	// The baseline takers: one goroutine per binding that needs one, and
+	// persistExited, ended by Close.
 	bgCtx  context.Context
 	bgStop context.CancelFunc
 	bg     sync.WaitGroup
@@ -186,6 +191,7 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.StateDir == "" {
 		return s, nil
 	}
+	s.persistWake = make(chan struct{}, 1) // persistExited starts once the state loaded
 	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
 		return nil, fmt.Errorf("identity: state dir: %w", err)
 	}
@@ -213,6 +219,10 @@ func NewStore(cfg Config) (*Store, error) {
 		}
 		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
 			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline), names: newNames(b.Ref, resolved{})}
+		if b.Exited != nil {
+			binding.Activation.restoreExited(b.Ref.ContainerSet(), *b.Exited)
+		}
+		binding.Activation.exitedChanged = s.persistSoon
 		restored = append(restored, binding)
 	}
 	if over := len(restored) - cfg.MaxWorkloads; over > 0 {
@@ -235,6 +245,7 @@ func NewStore(cfg Config) (*Store, error) {
 		s.guard(b) // its names are looked at again at its reads
 	}
 	s.publish(restored, ended)
+	s.bg.Go(s.persistExited)
 	for _, b := range restored {
 		s.logger.Info("restored binding from state", "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
 		s.startBaseline(b)

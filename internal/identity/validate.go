@@ -6,6 +6,7 @@ import (
 	"path"
 	"strings"
 
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/microvm"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -16,7 +17,9 @@ const (
 	maxNameBytes      = 253
 	MaxContainerIDs   = 25
 	maxContainerBytes = 256
-	maxPathBytes      = 4096
+	// maxContainerRefIDBytes bounds a ContainerRef's id (the proto's).
+	maxContainerRefIDBytes = 128
+	maxPathBytes           = 4096
 )
 
 // ErrInvalid marks a request that failed validation; nothing was changed.
@@ -103,11 +106,21 @@ func ValidateRef(ref source.SandboxRef) error {
 		if ref.AgentAddress != "" || len(ref.ContainerIDs) > 0 {
 			return fmt.Errorf("%w: agent_address and container_ids are for a microvm sandbox", ErrInvalid)
 		}
+		if err := ValidateContainers(ref.Class, ref.Containers); err != nil {
+			return err
+		}
 	case source.ClassMicroVM:
 		if err := validateAgentAddress(ref.AgentAddress); err != nil {
 			return err
 		}
-		if n := len(ref.ContainerIDs); n == 0 || n > MaxContainerIDs {
+		if len(ref.Containers) > 0 {
+			if len(ref.ContainerIDs) > 0 {
+				return fmt.Errorf("%w: a microvm sandbox takes containers or container_ids, not both", ErrInvalid)
+			}
+			if err := ValidateContainers(ref.Class, ref.Containers); err != nil {
+				return err
+			}
+		} else if n := len(ref.ContainerIDs); n == 0 || n > MaxContainerIDs {
 			return fmt.Errorf("%w: a microvm sandbox needs 1 to %d container_ids, got %d", ErrInvalid, MaxContainerIDs, n)
 		}
 		seen := make(map[string]bool, len(ref.ContainerIDs))
@@ -142,6 +155,39 @@ func ValidateRef(ref source.SandboxRef) error {
 	}
 	return nil
 }
+
+// ValidateContainers checks a container set for a sandbox of class (a
+// SandboxRef's containers, an UpdateWorkloadContainers' set): at most
+// MaxContainerIDs, each id 1 to 128 bytes of printable ASCII and listed
+// once, each name at most 253 bytes of printable ASCII. A micro-VM's set
+// has at least one container (the guest agent reads them); a gVisor one
+// may be empty (names only: runsc's state files list the containers).
+func ValidateContainers(class source.Class, set []source.ContainerRef) error {
+	least := 0
+	if class == source.ClassMicroVM {
+		least = 1
+	}
+	if n := len(set); n < least || n > MaxContainerIDs {
+		return fmt.Errorf("%w: a %s sandbox takes %d to %d containers, got %d", ErrInvalid, class, least, MaxContainerIDs, n)
+	}
+	seen := make(map[string]bool, len(set))
+	for i, c := range set {
+		if c.ID == "" || len(c.ID) > maxContainerRefIDBytes || strings.IndexFunc(c.ID, func(r rune) bool { return r < 0x21 || r > 0x7e }) >= 0 {
+			return fmt.Errorf("%w: containers[%d]: id %q is empty, longer than %d bytes or not printable ASCII", ErrInvalid, i, foreignCut(c.ID), maxContainerRefIDBytes)
+		}
+		if seen[c.ID] {
+			return fmt.Errorf("%w: containers[%d]: id %q is listed twice", ErrInvalid, i, c.ID)
+		}
+		seen[c.ID] = true
+		if err := validateText(fmt.Sprintf("containers[%d].name", i), c.Name, maxNameBytes); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// foreignCut bounds an invalid value quoted in an error.
+func foreignCut(v string) string { return foreign.Bound(v, maxContainerRefIDBytes) }
 
 func validateAbsPath(name, p string) error {
 	if len(p) > maxPathBytes || strings.ContainsRune(p, 0) {

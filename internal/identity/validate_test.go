@@ -80,6 +80,12 @@ func TestValidateRef(t *testing.T) {
 		{"vmm pid and file", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c"}, VMMPID: 7, VMMPIDFile: "/run/q.pid"}, false},
 		{"vmm pid file relative", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c"}, VMMPIDFile: "q.pid"}, false},
 		{"no class", source.SandboxRef{CgroupPath: "/a"}, false},
+		{"microvm containers with names", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", Containers: []source.ContainerRef{{ID: "c1", Name: "web"}, {ID: "c2"}}}, true},
+		{"microvm containers and container_ids", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c1"}, Containers: []source.ContainerRef{{ID: "c1", Name: "web"}}}, false},
+		{"microvm containers listed twice", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", Containers: []source.ContainerRef{{ID: "c1"}, {ID: "c1", Name: "x"}}}, false},
+		{"gvisor names", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a", Containers: []source.ContainerRef{{ID: "4c1e0f", Name: "app"}}}, true},
+		{"gvisor name not printable", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a", Containers: []source.ContainerRef{{ID: "4c1e0f", Name: "a\x00"}}}, false},
+		{"gvisor container id of 129 bytes", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a", Containers: []source.ContainerRef{{ID: strings.Repeat("c", 129)}}}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := ValidateRef(tc.ref)

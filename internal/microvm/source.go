@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -81,9 +82,9 @@ func (c Config) withDefaults() Config {
 }
 
 // Open returns a Source for the guest agent ref names, summing the
-// containers ref.ContainerIDs. The ref must be valid (identity.ValidateRef:
-// a dialable address, 1 to identity.MaxContainerIDs distinct ids); Open
-// only parses the address. It does not dial until the first Sample. Close
+// containers of ref.ContainerSet (SetContainers changes them while it stays
+// open). The ref must be valid (identity.ValidateRef: a dialable address, 1
+// to identity.MaxContainerIDs distinct ids); Open only parses the address. It does not dial until the first Sample. Close
 // it to drop the agent connection.
 func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	return open(ref, cfg)
@@ -95,9 +96,8 @@ func open(ref source.SandboxRef, cfg Config) (*guestSource, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	return &guestSource{
+	s := &guestSource{
 		addr: addr,
-		ids:  append([]string(nil), ref.ContainerIDs...),
 		cfg:  cfg,
 		log:  cfg.Logger.With("component", "microvm", "agent", addr.String()),
 		// The calls bound themselves (CallTimeout each, so their errors say
@@ -106,14 +106,25 @@ func open(ref source.SandboxRef, cfg Config) (*guestSource, error) {
 		dials: bounded.New(0),
 		calls: bounded.New(0),
 		now:   time.Now,
-	}, nil
+	}
+	s.SetContainers(ref.ContainerSet())
+	return s, nil
+}
+
+// SetContainers makes set the containers read from the next Sample on; the
+// connection stays. Each container's figures are its guest cgroup's own
+// (since it started), so a container added mid-activation needs no
+// baseline of its own: all its usage is within the activation.
+func (s *guestSource) SetContainers(set []source.ContainerRef) {
+	ids := source.ContainerIDsOf(set)
+	s.ids.Store(&ids)
 }
 
 // guestSource reads a micro-VM's workload through its guest agent. It keeps one
 // ttrpc connection across Samples; it is safe for concurrent use.
 type guestSource struct {
 	addr  Address
-	ids   []string
+	ids   atomic.Pointer[[]string] // the containers read, in order (SetContainers)
 	cfg   Config
 	log   *slog.Logger
 	dials *bounded.Group // one dial in flight, shared
@@ -131,7 +142,10 @@ type guestSource struct {
 	lastWasCut bool
 }
 
-var _ source.Source = (*guestSource)(nil)
+var (
+	_ source.Source          = (*guestSource)(nil)
+	_ source.ContainerSetter = (*guestSource)(nil)
+)
 
 // Sample reads every container and sums them. See the package doc and
 // aggregate for what a partial or failed sweep returns.
@@ -140,12 +154,13 @@ func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 	if err != nil {
 		return source.Reading{}, err
 	}
-	results := make([]containerResult, len(s.ids))
-	if len(s.ids) == 1 {
-		results[0] = s.readContainer(ctx, c, s.ids[0])
+	ids := *s.ids.Load()
+	results := make([]containerResult, len(ids))
+	if len(ids) == 1 {
+		results[0] = s.readContainer(ctx, c, ids[0])
 	} else {
 		var wg sync.WaitGroup
-		for i, id := range s.ids {
+		for i, id := range ids {
 			wg.Go(func() { results[i] = s.readContainer(ctx, c, id) })
 		}
 		wg.Wait()

@@ -240,6 +240,7 @@ func (m *metrics) addSample(snap *snapshot, socket string, s *sandboxstatsv1.Wor
 		sv.pids = addSat(sv.pids, p.GetCurrent())
 	}
 	m.charge(l, charges, now)
+	m.chargeCAdvisorPod(s.GetActorNamespace(), s.GetActorName(), charges, now)
 	m.addContainers(l, s, now)
 	if charged := charges.CPU(); ev == rate.EventCounterReset || (ev == rate.EventFirst && charged > 0) {
 		m.logger.Debug("cpu charged from the activation's start", "actor_uid", cut(s.GetActorUid()), "event", string(ev),
@@ -281,6 +282,7 @@ func (m *metrics) addEnded(socket string, e *sandboxstatsv1.EndedActivation, now
 	tl := tmpl.values(false)
 	if knownSource(e.GetSource()) {
 		m.charge(l, charges, now)
+		m.chargeCAdvisorPod(id.GetActorNamespace(), id.GetActorName(), charges, now)
 		m.endContainers(l, e, now)
 	}
 	ac := m.endedSeries(tmpl, now)

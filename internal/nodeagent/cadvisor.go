@@ -12,13 +12,50 @@ package nodeagent
 // a pod's own cgroup have no image).
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/sandboxstats/sandboxstats/internal/rate"
 )
 
 // cadvisorImage is the image label of the cAdvisor-shaped series.
 const cadvisorImage = "(sandboxstats)"
+
+// cadvisorPod is the container label under which the sandbox's own share
+// (rate.CounterSandboxOwnCPU) is exported in container_cpu_usage_seconds_total:
+// the name cAdvisor gave a pod's sandbox (pause) container under
+// dockershim. kube-prometheus's per-container rule, summed by pod, then
+// gives the pod's CPU (containers + own), as for a runc pod with its pause
+// container; tools that want the application containers only already
+// leave "POD" out (VPA's Prometheus history); it stays apart from the
+// kubelet's own pause row under containerd (container=""). A Kubernetes
+// container's name is a lowercase DNS label: never "POD".
+const cadvisorPod = "POD"
+
+// cadvisorKey is the cAdvisor-shaped series of container name of the
+// actor namespace/pod.
+func cadvisorKey(namespace, pod, name string) containerKey {
+	return containerKey{labels: labelSet{actorNamespace: cut(namespace), actorName: cut(pod)}, container: name, cadvisor: true}
+}
+
+// chargeCAdvisorPod adds the sandbox's own share in charges (a sample's or
+// an ended record's, of the actor namespace/pod) to its container="POD"
+// series; nothing without CAdvisorCompat or when charges have none (absent
+// stays absent).
+func (m *metrics) chargeCAdvisorPod(namespace, pod string, charges rate.Charges, now time.Time) {
+	if m.cadvisor == nil {
+		return
+	}
+	c, ok := charges.Of(rate.CounterID{Counter: rate.CounterSandboxOwnCPU})
+	if !ok {
+		return
+	}
+	cv := m.containerSeries(cadvisorKey(namespace, pod, cadvisorPod), now)
+	cv.cpu = addSat(cv.cpu, c.Value)
+}
 
 // cAdvisor's names.
 const (
@@ -36,7 +73,7 @@ type cadvisorDescs struct {
 func newCAdvisorDescs() *cadvisorDescs {
 	return &cadvisorDescs{
 		cpu: prometheus.NewDesc(metricCAdvisorCPU,
-			"cAdvisor's name (--cadvisor-compat): "+metricContainerCPU+" by namespace, pod (the actor's) and container, summed over the workloads that share them.", cadvisorLabels, nil),
+			"cAdvisor's name (--cadvisor-compat): "+metricContainerCPU+" by namespace, pod (the actor's) and container (its name: a container restarted and its exited predecessor are one series), summed over the workloads that share them; container=\"POD\": the sandbox's own share ("+metricSandboxOwnCPU+").", cadvisorLabels, nil),
 		memory: prometheus.NewDesc(metricCAdvisorMemory,
 			"cAdvisor's name (--cadvisor-compat): "+metricContainerMemory+"; absent where the source has no figure of the container's own.", cadvisorLabels, nil),
 		wset: prometheus.NewDesc(metricCAdvisorWorkingSet,
@@ -84,8 +121,8 @@ func (m *metrics) collectContainers(ch chan<- prometheus.Metric, snap *snapshot)
 			ch <- s
 		}
 		send(cpu, prometheus.CounterValue, float64(cv.cpu)/1e6)
-		if !cv.sampled {
-			continue // charged at an end, not in the last sweep: no gauges
+		if !cv.sampled || !cv.running {
+			continue // charged at an end, not in the last sweep, or exited: no gauges
 		}
 		if !cv.noCurrent {
 			send(cur, prometheus.GaugeValue, float64(cv.current))

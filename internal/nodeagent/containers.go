@@ -57,7 +57,8 @@ type containerKey struct {
 // the last sweep (summed over its workloads, a gauge absent when any of
 // them lacks it) and the CPU charged (µs) since start.
 type containerValues struct {
-	sampled                   bool // in the last sweep: the gauges are set
+	sampled                   bool // in the last sweep
+	running                   bool // a container of it not exited in the last sweep: the gauges are set
 	current, wset, pids       uint64
 	noCurrent, noWset, noPids bool
 	cpu                       uint64
@@ -166,13 +167,21 @@ func (m *metrics) addContainers(l labelSet, s *sandboxstatsv1.WorkloadStatsSampl
 	}
 }
 
-// sample adds c's gauges to cv's of this sweep.
+// sample adds c's gauges to cv's of this sweep. An exited container
+// (ContainerStats.exited) has none: it adds nothing, so that a series
+// holding only exited containers has no gauges, and one whose name an
+// exited container shares with its running successor (a restart: a new
+// id, the same name) has the successor's.
 func (cv *containerValues) sample(c *sandboxstatsv1.ContainerStats) {
 	if !cv.sampled {
-		cv.sampled = true
+		cv.sampled, cv.running = true, false
 		cv.current, cv.wset, cv.pids = 0, 0, 0
 		cv.noCurrent, cv.noWset, cv.noPids = false, false, false
 	}
+	if c.GetExited() {
+		return
+	}
+	cv.running = true
 	if c.MemoryCurrentBytes == nil || !c.GetMemoryIsOwn() {
 		cv.noCurrent = true
 	} else {
@@ -196,7 +205,7 @@ func (cv *containerValues) sample(c *sandboxstatsv1.ContainerStats) {
 func (m *metrics) containerKeys(l labelSet, namespace, pod, name string) []containerKey {
 	keys := []containerKey{{labels: l, container: name}}
 	if m.cadvisor != nil {
-		keys = append(keys, containerKey{labels: labelSet{actorNamespace: cut(namespace), actorName: cut(pod)}, container: name, cadvisor: true})
+		keys = append(keys, cadvisorKey(namespace, pod, name))
 	}
 	return keys
 }

@@ -76,12 +76,7 @@ func gatherPrefix(t *testing.T, reg prometheus.Gatherer, prefix string) map[stri
 // containerCPU returns the per-container CPU counters by container label.
 func containerCPU(t *testing.T, reg prometheus.Gatherer) map[string]float64 {
 	t.Helper()
-	out := map[string]float64{}
-	for k, v := range gatherPrefix(t, reg, metricContainerCPU) {
-		i := strings.Index(k, "container=") + len("container=")
-		out[k[i:i+strings.IndexByte(k[i:], ',')]] = v
-	}
-	return out
+	return byContainer(gatherPrefix(t, reg, metricContainerCPU), metricContainerCPU)
 }
 
 // containerSweeps are the sweeps of pod w1: three containers; d added
@@ -233,11 +228,7 @@ func TestContainersAcrossRestart(t *testing.T) {
 	if diff := cmp.Diff(containerTruth, containerCPU(t, h.reg), approx()); diff != "" {
 		t.Errorf("at the end (-want +got):\n%s", diff)
 	}
-	cadvisor := map[string]float64{}
-	for k, v := range gatherPrefix(t, h.reg, metricCAdvisorCPU) {
-		i := strings.Index(k, "container=") + len("container=")
-		cadvisor[k[i:i+strings.IndexByte(k[i:], ',')]] = v
-	}
+	cadvisor := byContainer(gatherPrefix(t, h.reg, metricCAdvisorCPU), metricCAdvisorCPU)
 	if diff := cmp.Diff(containerTruth, cadvisor, approx()); diff != "" {
 		t.Errorf("cAdvisor-shaped at the end (-want +got):\n%s", diff)
 	}

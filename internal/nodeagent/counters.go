@@ -64,6 +64,8 @@ var counterMetrics = [rate.NumCounters]counterMetric{
 		"Block device reads that the kernel charged to the sandboxes (counter, operations, layer: source: v2 io.stat rios, v1 blkio.throttle.io_serviced)." + chargedLikeCPU, 1},
 	rate.CounterIOWriteOps: {"sandboxstats_workload_io_write_operations_total",
 		"Block device writes that the kernel charged to the sandboxes (counter, operations, layer: source: v2 io.stat wios, v1 blkio.throttle.io_serviced)." + chargedLikeCPU, 1},
+	rate.CounterSandboxOwnCPU: {metricSandboxOwnCPU,
+		"The sandboxes' own share of " + metricCPUSeconds + ", what the isolation costs (counter, seconds, layer: sandbox runtime, gVisor only: the host CPU of the sentry and the gofers plus the pause container's part); the containers' CPU (" + metricContainerCPU + ") plus this is the pod's. Absent where the source offers none (Kata, runsc's kvm platform, without statsd's --runsc-root)." + chargedLikeCPU, 1e-6},
 }
 
 // counterDescs returns the descriptors of the counter metrics: with the

@@ -27,6 +27,7 @@ const (
 	metricMemoryWorkingSet = "sandboxstats_workload_memory_working_set_bytes"
 	metricMemoryPeak       = "sandboxstats_workload_memory_peak_bytes"
 	metricCPUSeconds       = "sandboxstats_workload_cpu_seconds_total"
+	metricSandboxOwnCPU    = "sandboxstats_workload_sandbox_own_cpu_seconds_total"
 	metricSampledWorkloads = "sandboxstats_sampled_workloads"
 	metricDaemons          = "sandboxstats_agent_daemons"
 	metricSweepDuration    = "sandboxstats_agent_sweep_duration_seconds"

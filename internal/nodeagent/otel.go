@@ -142,6 +142,7 @@ var otelCounters = [rate.NumCounters]otelCounter{
 	rate.CounterIOWriteBytes:     {"container.disk.io", "By", 0, attribute.String(attrDiskDirection, "write"), ""},
 	rate.CounterIOReadOps:        {"sandboxstats.workload.disk.operations", "{operation}", 0, attribute.String(attrDiskDirection, "read"), "Block device operations the kernel charged to the sandboxes."},
 	rate.CounterIOWriteOps:       {"sandboxstats.workload.disk.operations", "{operation}", 0, attribute.String(attrDiskDirection, "write"), ""},
+	rate.CounterSandboxOwnCPU:    {"sandboxstats.workload.sandbox_own.cpu.time", "s", 1e-6, attribute.KeyValue{}, "The sandboxes' own share of container.cpu.time (gVisor: the sentry's and gofers' host CPU and the pause container's part): the containers' CPU plus this is the pod's."},
 }
 
 // otelMetrics are the agent's OTel instruments and event logger; nil

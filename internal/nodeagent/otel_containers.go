@@ -53,7 +53,7 @@ func containerSet(k containerKey, withActor bool) attribute.Set {
 // observeContainers reports snap's per-container gauges.
 func (ci *containerInstruments) observeContainers(obs metric.Observer, snap *snapshot, withActor bool) {
 	for k, cv := range snap.containers {
-		if k.cadvisor || !cv.sampled {
+		if k.cadvisor || !cv.sampled || !cv.running {
 			continue
 		}
 		opt := metric.WithAttributeSet(containerSet(k, withActor))

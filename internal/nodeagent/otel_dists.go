@@ -96,7 +96,7 @@ func (d *Distributions) Produce(context.Context) ([]metricdata.ScopeMetrics, err
 	out, attrs := counters(snap, m.cfg.LabelActor, OTelCardinalityLimit(m.cfg.MaxTemplates), now, d.attrs)
 	d.attrs = attrs
 	d.mu.Unlock()
-	if ctr, ok := containerCounters(snap, m.cfg.LabelActor, OTelCardinalityLimit(m.cfg.MaxTemplates), now); ok {
+	if ctr, ok := containerCounters(snap, m.cfg.LabelActor, OTelContainerCardinalityLimit(m.cfg.MaxTemplates, m.cfg.MaxContainers), now); ok {
 		out = append(out, ctr)
 	}
 	cpu := metricdata.Histogram[float64]{Temporality: metricdata.CumulativeTemporality}

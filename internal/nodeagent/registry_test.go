@@ -63,7 +63,7 @@ func newOTelHarness(t *testing.T, cfg metricsConfig, periodicEvery int) *otelHar
 	h := &otelHarness{reg: prometheus.NewPedanticRegistry(), reader: sdkmetric.NewManualReader(sdkmetric.WithProducer(dists)), events: &recordingProcessor{}}
 	cfg.OTel = &OTel{
 		// As internal/otlp's pipeline makes it for statsagent.
-		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader), sdkmetric.WithCardinalityLimit(OTelCardinalityLimit(cfg.MaxTemplates))),
+		Meters:        sdkmetric.NewMeterProvider(sdkmetric.WithReader(h.reader), sdkmetric.WithCardinalityLimit(OTelPipelineCardinalityLimit(cfg.MaxTemplates, cfg.MaxContainers))),
 		Loggers:       sdklog.NewLoggerProvider(sdklog.WithProcessor(h.events)),
 		PeriodicEvery: periodicEvery,
 		Distributions: dists,
@@ -96,6 +96,7 @@ func everySignalSample(actor string, epoch, at time.Time, v uint64) *sandboxstat
 	t := s.Network.Total
 	t.RxErrors, t.TxErrors, t.RxDropped, t.TxDropped = v/10000, v/20000, v/10000, v/20000
 	s.BlockIo.ReadBytes, s.BlockIo.ReadIos = 32*v, v/4000
+	s.SandboxOwnCpuUsec = proto.Uint64(v / 5)
 	return s
 }
 

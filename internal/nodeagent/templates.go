@@ -159,12 +159,39 @@ const labelActorWorkloads = 1000
 // instrument's own attribute (an outcome, a provenance, a drift kind, a
 // PSI resource, a direction).
 func OTelCardinalityLimit(maxTemplates int) int {
+	extras := max(len(sandboxstatsv1.ActivationOutcome_name), len(sandboxstatsv1.FinalProvenance_name),
+		len(sandboxstatsv1.DriftKind_name), 3) + 1
+	return workloadSets(maxTemplates) * extras
+}
+
+// workloadSets is the most workload label sets with maxTemplates (0:
+// DefaultMaxTemplates): each template label set (maxTemplates templates
+// and otherTemplate, each with any class and source), or each of
+// labelActorWorkloads workloads (LabelActor).
+func workloadSets(maxTemplates int) int {
 	if maxTemplates <= 0 {
 		maxTemplates = DefaultMaxTemplates
 	}
 	classes := len(sandboxstatsv1.SandboxClass_name) + 1 // + unknown
 	sources := len(sandboxstatsv1.StatsSource_name) + 1
-	extras := max(len(sandboxstatsv1.ActivationOutcome_name), len(sandboxstatsv1.FinalProvenance_name),
-		len(sandboxstatsv1.DriftKind_name), 3) + 1
-	return max((maxTemplates+1)*classes*sources, labelActorWorkloads) * extras
+	return max((maxTemplates+1)*classes*sources, labelActorWorkloads)
+}
+
+// OTelContainerCardinalityLimit is the cardinality limit of the
+// per-container instruments (sandboxstats.container.*) that they never
+// reach legitimately: each workload label set (workloadSets) times
+// maxContainers+1 containers (0: DefaultMaxContainers; its own and
+// otherContainer).
+func OTelContainerCardinalityLimit(maxTemplates, maxContainers int) int {
+	if maxContainers <= 0 {
+		maxContainers = DefaultMaxContainers
+	}
+	return workloadSets(maxTemplates) * (maxContainers + 1)
+}
+
+// OTelPipelineCardinalityLimit is the OTel SDK's cardinality limit for the
+// agent's pipeline (one limit for all its instruments): the larger of the
+// workload instruments' and the per-container ones'.
+func OTelPipelineCardinalityLimit(maxTemplates, maxContainers int) int {
+	return max(OTelCardinalityLimit(maxTemplates), OTelContainerCardinalityLimit(maxTemplates, maxContainers))
 }

@@ -1,6 +1,7 @@
 package nribridge
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
@@ -10,6 +11,7 @@ import (
 	mrand "math/rand/v2"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -98,7 +100,9 @@ type Bridge struct {
 	// left out of them: too many, not mappable); a binding checkpointed
 	// whose pod is not here was stopped by its runtime (runtime_stopped).
 	// At most the watched pods of the node: a Synchronize replaces it.
-	running   map[string]string
+	running map[string]string
+	// seq numbers the containers in the order the bridge learns of them.
+	seq       uint64
 	connected bool
 	synced    bool
 	// everSynced: a Synchronize has said which pods run. Until then the
@@ -134,10 +138,33 @@ type pod struct {
 	uid      string
 	identity *sandboxstatsv1.WorkloadIdentity
 	sandbox  Sandbox
-	// containers are a Kata pod's live containers (created, not stopped);
-	// changed is when that set last changed.
-	containers map[string]bool
+	// containers are the pod's live application containers (created, not
+	// stopped nor removed) by id; changed is when that set last changed.
+	containers map[string]ctr
 	changed    time.Time
+}
+
+// ctr is a live container of a pod: its name, and seq, the order the
+// bridge learnt of it (the first 25 are passed; a container that comes
+// later never pushes out one passed before).
+type ctr struct {
+	name string
+	seq  uint64
+}
+
+// containerList is p's containers in the order the bridge learnt of them.
+func (p *pod) containerList() []Container {
+	ids := slices.SortedFunc(maps.Keys(p.containers), func(a, b string) int {
+		if c := cmp.Compare(p.containers[a].seq, p.containers[b].seq); c != 0 {
+			return c
+		}
+		return strings.Compare(a, b)
+	})
+	out := make([]Container, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, Container{ID: id, Name: p.containers[id].name})
+	}
+	return out
 }
 
 // New makes a Bridge; Run starts it.
@@ -315,24 +342,24 @@ func (b *Bridge) Health() (ok bool, detail string) {
 }
 
 // request builds the RunWorkloadRequest of a pod (reading Kata's layout
-// for a Kata pod) and counts what it had to leave out.
-func (b *Bridge) request(p *pod) (*sandboxstatsv1.RunWorkloadRequest, error) {
+// for a Kata pod); left is how many of its containers it leaves out (over
+// 25, or an id statsd would refuse).
+func (b *Bridge) request(p *pod) (req *sandboxstatsv1.RunWorkloadRequest, left int, err error) {
 	var kata Kata
-	containers := slices.Sorted(maps.Keys(p.containers))
+	containers := p.containerList()
 	if p.sandbox.Kind == KindKata {
-		var err error
 		if kata, err = b.opt.Kata.Resolve(p.sandbox.ID); err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		if _, left, err := KataContainerIDs(p.sandbox.ID, containers); err == nil && left > 0 {
-			b.m.unactionable.WithLabelValues("kata-containers-left-out").Add(float64(left))
-		}
+	}
+	if _, left, err = ContainerRefs(p.sandbox, containers); err != nil {
+		return nil, 0, err
 	}
 	ref, err := RefOf(p.sandbox, containers, kata)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	return &sandboxstatsv1.RunWorkloadRequest{Identity: p.identity, Sandbox: ref}, nil
+	return &sandboxstatsv1.RunWorkloadRequest{Identity: p.identity, Sandbox: ref}, left, nil
 }
 
 // backoff is the delay before attempt n (from 1), jittered by ±20%.

@@ -1,12 +1,16 @@
 package nribridge
 
 import (
+	"cmp"
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
 )
 
 // The NRI events (split from bridge.go): each records the pods' desired
@@ -41,20 +45,26 @@ func (b *Bridge) RemovePodSandbox(p *api.PodSandbox) {
 	b.gone(p)
 }
 
-// ContainerCreated adds a container to a Kata pod's set.
+// ContainerCreated adds a container to its pod's set (PostCreateContainer:
+// created, so runsc's state file of it exists).
 func (b *Bridge) ContainerCreated(p *api.PodSandbox, c *api.Container) {
 	b.m.event("post-create-container")
 	b.container(p, c, true)
 }
 
-// ContainerStopped removes a container from a Kata pod's set (stopped,
-// its usage is no longer the guest's).
+// ContainerStopped drops a container from its pod's set: it exited (the
+// runtime relays StopContainer once its task is gone), so statsd keeps its
+// last figures in the activation (ContainerStats.exited) and reads it no
+// more. The stop, not the removal, ends it: a stopped container burns
+// nothing, and the kubelet may keep it unremoved for long.
 func (b *Bridge) ContainerStopped(p *api.PodSandbox, c *api.Container) {
 	b.m.event("stop-container")
 	b.container(p, c, false)
 }
 
-// ContainerRemoved removes a container from a Kata pod's set.
+// ContainerRemoved drops a container from its pod's set if its stop did
+// not (a container removed without a StopContainer relayed: the bridge
+// was away, or it never started).
 func (b *Bridge) ContainerRemoved(p *api.PodSandbox, c *api.Container) {
 	b.m.event("remove-container")
 	b.container(p, c, false)
@@ -72,7 +82,7 @@ func (b *Bridge) newPod(p *api.PodSandbox) *pod {
 		b.unactionable(err, "pod", p.GetNamespace()+"/"+p.GetName(), "sandbox", p.GetId())
 		return nil
 	}
-	return &pod{uid: p.GetUid(), identity: id, sandbox: SandboxOf(kind, p), containers: map[string]bool{}}
+	return &pod{uid: p.GetUid(), identity: id, sandbox: SandboxOf(kind, p), containers: map[string]ctr{}}
 }
 
 // unactionable counts and notes (bounded) an event the bridge cannot act on.
@@ -134,21 +144,25 @@ func (b *Bridge) gone(p *api.PodSandbox) {
 	b.touch(uid)
 }
 
+// container adds (live) or drops a container of a tracked pod; any change
+// has the pod's statsd look at it again (an UpdateWorkloadContainers).
 func (b *Bridge) container(p *api.PodSandbox, c *api.Container, live bool) {
 	uid := p.GetUid()
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	cur := b.pods[uid]
-	if cur == nil || cur.sandbox.Kind != KindKata || cur.sandbox.ID != c.GetPodSandboxId() {
+	if cur == nil || cur.sandbox.ID != c.GetPodSandboxId() || c.GetId() == cur.sandbox.ID {
 		return
 	}
-	if cur.containers[c.GetId()] == live {
+	name := foreign.ASCII(c.GetName(), maxIdentityBytes)
+	if old, ok := cur.containers[c.GetId()]; ok == live && (!live || old.name == name) {
 		return
 	}
 	np := *cur
 	np.containers = maps.Clone(cur.containers)
 	if live {
-		np.containers[c.GetId()] = true
+		b.seq++
+		np.containers[c.GetId()] = ctr{name: name, seq: b.seq}
 	} else {
 		delete(np.containers, c.GetId())
 	}
@@ -163,11 +177,11 @@ func (b *Bridge) container(p *api.PodSandbox, c *api.Container, live bool) {
 // whose pod is gone are checkpointed.
 func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container) {
 	b.m.event("synchronize")
-	live := map[string][]string{}
+	live := map[string][]*api.Container{}
 	for _, c := range containers {
 		switch c.GetState() {
 		case api.ContainerState_CONTAINER_CREATED, api.ContainerState_CONTAINER_RUNNING, api.ContainerState_CONTAINER_PAUSED:
-			live[c.GetPodSandboxId()] = append(live[c.GetPodSandboxId()], c.GetId())
+			live[c.GetPodSandboxId()] = append(live[c.GetPodSandboxId()], c)
 		}
 	}
 	want := map[string]*pod{}
@@ -183,11 +197,6 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 		if np == nil {
 			continue
 		}
-		if np.sandbox.Kind == KindKata {
-			for _, id := range live[np.sandbox.ID] {
-				np.containers[id] = true
-			}
-		}
 		want[np.uid] = np
 	}
 	b.mu.Lock()
@@ -202,9 +211,14 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 	}
 	old := b.pods
 	for uid, np := range want {
-		if o := old[uid]; o != nil && o.sandbox.ID == np.sandbox.ID && maps.Equal(o.containers, np.containers) {
+		o := old[uid]
+		if o != nil && o.sandbox.ID != np.sandbox.ID {
+			o = nil
+		}
+		b.liveContainers(np, o, live[np.sandbox.ID])
+		if o != nil && maps.Equal(o.containers, np.containers) {
 			np.changed = o.changed
-		} else if np.sandbox.Kind == KindKata {
+		} else {
 			np.changed = time.Now()
 		}
 	}
@@ -233,4 +247,37 @@ func (b *Bridge) Synchronize(pods []*api.PodSandbox, containers []*api.Container
 		s.requestList()
 	}
 	b.notes.add(slog.LevelInfo, "nri: synchronized", "", "pods", len(pods), "containers", len(containers), "watched_running", len(want))
+}
+
+// liveContainers fills np's containers from a Synchronize's live ones:
+// those the bridge knew (in old, the same sandbox) keep their place, the
+// others follow in the order they were created. b.mu is held.
+func (b *Bridge) liveContainers(np, old *pod, cs []*api.Container) {
+	slices.SortFunc(cs, func(x, y *api.Container) int {
+		if c := cmp.Compare(x.GetCreatedAt(), y.GetCreatedAt()); c != 0 {
+			return c
+		}
+		return strings.Compare(x.GetId(), y.GetId())
+	})
+	for _, c := range cs {
+		if c.GetId() == np.sandbox.ID {
+			continue
+		}
+		name := foreign.ASCII(c.GetName(), maxIdentityBytes)
+		if o, ok := old.knownContainer(c.GetId()); ok {
+			np.containers[c.GetId()] = ctr{name: name, seq: o.seq}
+			continue
+		}
+		b.seq++
+		np.containers[c.GetId()] = ctr{name: name, seq: b.seq}
+	}
+}
+
+// knownContainer is p's container id (p may be nil).
+func (p *pod) knownContainer(id string) (ctr, bool) {
+	if p == nil {
+		return ctr{}, false
+	}
+	c, ok := p.containers[id]
+	return c, ok
 }

@@ -88,14 +88,14 @@ func TestKataPodToRequest(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ref, err := RefOf(SandboxOf(kind, pod), []string{"app2", "app1"}, kata)
+	ref, err := RefOf(SandboxOf(kind, pod), []Container{{ID: "app2", Name: "web"}, {ID: "app1", Name: "sidecar"}}, kata)
 	if err != nil {
 		t.Fatal(err)
 	}
 	want := &sandboxstatsv1.RunWorkloadRequest{
 		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: podUID, ActorName: "vm-0", ActorNamespace: "shop", TemplateNamespace: "templates", TemplateName: "vm"},
 		Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
-			AgentAddress: "hvsock:///run/vc/vm/" + clhID + "/clh.sock:1024", ContainerIds: []string{clhID, "app1", "app2"}, VmmPid: 4242},
+			AgentAddress: "hvsock:///run/vc/vm/" + clhID + "/clh.sock:1024", Containers: []*sandboxstatsv1.ContainerRef{{Id: clhID}, {Id: "app2", Name: "web"}, {Id: "app1", Name: "sidecar"}}, VmmPid: 4242},
 	}
 	got := &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {

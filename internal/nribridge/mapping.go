@@ -18,8 +18,8 @@ import (
 const (
 	maxActorUIDBytes  = 128
 	maxIdentityBytes  = 253
-	maxContainerIDs   = 25
-	maxContainerBytes = 256
+	maxContainers     = 25  // SandboxRef.containers
+	maxContainerBytes = 128 // ContainerRef.id
 	maxPathBytes      = 4096
 )
 
@@ -36,7 +36,8 @@ const (
 	// its cgroup; the sandbox's cgroups path when the pid is 0.
 	KindGVisor
 	// KindKata: the guest agent's address and the VMM's pid from Kata's
-	// per-sandbox layout, the pod's containers as the guest's container ids.
+	// per-sandbox layout, the pod's containers (with the sandbox's own) as the
+	// guest's containers.
 	KindKata
 )
 
@@ -259,22 +260,27 @@ type Kata struct {
 }
 
 // RefOf is the SandboxRef of a sandbox. kata is the resolved layout of a
-// Kata sandbox (ignored for the other kinds); containers are the ids of
-// the pod's live containers (Kata only), besides the sandbox's own.
-func RefOf(s Sandbox, containers []string, kata Kata) (*sandboxstatsv1.SandboxRef, error) {
+// Kata sandbox (ignored for the other kinds); containers are the pod's
+// application containers (ContainerRefs), passed as
+// SandboxRef.containers for every kind.
+func RefOf(s Sandbox, containers []Container, kata Kata) (*sandboxstatsv1.SandboxRef, error) {
+	refs, _, err := ContainerRefs(s, containers)
+	if err != nil {
+		return nil, err
+	}
 	switch s.Kind {
 	case KindGVisor:
 		if s.PID != 0 {
 			if s.PID > 1<<31-1 {
 				return nil, unmappable("invalid-pid", "sandbox %s: pid %d out of range", foreign.Quote(s.ID), s.PID)
 			}
-			return &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, SentryPid: int32(s.PID)}, nil
+			return &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, SentryPid: int32(s.PID), Containers: refs}, nil
 		}
 		p, err := CgroupPath(s.CgroupsPath)
 		if err != nil {
 			return nil, fmt.Errorf("sandbox %s has no pid: %w", foreign.Quote(s.ID), err)
 		}
-		return &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: p}, nil
+		return &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: p, Containers: refs}, nil
 	case KindCgroup:
 		from := s.CgroupParent
 		if from == "" {
@@ -284,16 +290,12 @@ func RefOf(s Sandbox, containers []string, kata Kata) (*sandboxstatsv1.SandboxRe
 		if err != nil {
 			return nil, fmt.Errorf("sandbox %s: %w", foreign.Quote(s.ID), err)
 		}
-		return &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: p}, nil
+		return &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_GVISOR, CgroupPath: p, Containers: refs}, nil
 	case KindKata:
-		ids, _, err := KataContainerIDs(s.ID, containers)
-		if err != nil {
-			return nil, err
-		}
 		ref := &sandboxstatsv1.SandboxRef{
 			SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
 			AgentAddress: kata.AgentAddress,
-			ContainerIds: ids,
+			Containers:   refs,
 		}
 		vmm := kata.VMMPID
 		if vmm == 0 && s.PID <= 1<<31-1 {
@@ -308,29 +310,45 @@ func RefOf(s Sandbox, containers []string, kata Kata) (*sandboxstatsv1.SandboxRe
 	}
 }
 
-// KataContainerIDs are the guest container ids statsd sums for a Kata pod:
-// the sandbox's own (the pause container in the guest) first, then the
-// pod's containers sorted, at most 25 in all. It also returns how many
-// were left out (over 25, or not an id statsd accepts): their usage is not
-// in the samples, and the bridge counts them.
-func KataContainerIDs(sandboxID string, containers []string) ([]string, int, error) {
-	if err := validContainerID(sandboxID); err != nil {
-		return nil, 0, unmappable("invalid-sandbox-id", "sandbox id: %w", err)
+// Container is an application container of a pod as NRI tells of it (the
+// pause container is the sandbox, never one).
+type Container struct {
+	// ID is the runtime's container id: the CRI's, which is runsc's
+	// container id for a runsc pod and the guest agent's for a Kata pod.
+	ID string
+	// Name is the container's name in the pod spec (NRI's Container.name).
+	Name string
+}
+
+// ContainerRefs are the containers statsd is given for a pod
+// (SandboxRef.containers, UpdateWorkloadContainers): for Kata the
+// sandbox's own first (the pause container in the guest, which statsd
+// sums too; no name), then the pod's containers in the order given (the
+// order the bridge learnt of them), at most 25 in all, names made
+// printable ASCII and cut to 253 bytes. It also returns how many were left
+// out (over 25, or an id statsd does not accept): the bridge counts them.
+func ContainerRefs(s Sandbox, containers []Container) ([]*sandboxstatsv1.ContainerRef, int, error) {
+	var refs []*sandboxstatsv1.ContainerRef
+	seen := map[string]bool{}
+	if s.Kind == KindKata {
+		if err := validContainerID(s.ID); err != nil {
+			return nil, 0, unmappable("invalid-sandbox-id", "sandbox id: %w", err)
+		}
+		refs = append(refs, &sandboxstatsv1.ContainerRef{Id: s.ID})
+		seen[s.ID] = true
 	}
-	ids := []string{sandboxID}
-	rest := slices.Clone(containers)
-	slices.Sort(rest)
 	left := 0
-	for _, id := range slices.Compact(rest) {
+	for _, c := range containers {
 		switch {
-		case id == sandboxID:
-		case validContainerID(id) != nil, len(ids) == maxContainerIDs:
+		case seen[c.ID]:
+		case validContainerID(c.ID) != nil, len(refs) == maxContainers:
 			left++
 		default:
-			ids = append(ids, id)
+			seen[c.ID] = true
+			refs = append(refs, &sandboxstatsv1.ContainerRef{Id: c.ID, Name: foreign.ASCII(c.Name, maxIdentityBytes)})
 		}
 	}
-	return ids, left, nil
+	return refs, left, nil
 }
 
 func validContainerID(id string) error {

@@ -1,6 +1,7 @@
 package nribridge
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 
@@ -198,7 +199,7 @@ func TestRefOf(t *testing.T) {
 	for _, tc := range []struct {
 		name       string
 		sandbox    Sandbox
-		containers []string
+		containers []Container
 		kata       Kata
 		want       *sandboxstatsv1.SandboxRef
 		wantErr    string
@@ -207,6 +208,13 @@ func TestRefOf(t *testing.T) {
 			name:    "gVisor: the sentry's pid",
 			sandbox: Sandbox{Kind: KindGVisor, ID: "s1", PID: 4242, CgroupsPath: "/k8s.io/s1", CgroupParent: "/kubepods/pod1"},
 			want:    &sandboxstatsv1.SandboxRef{SandboxClass: gvisor, SentryPid: 4242},
+		},
+		{
+			name:       "gVisor: the containers named, in the order given, each once, the pause container not among them",
+			sandbox:    Sandbox{Kind: KindGVisor, ID: "s1", PID: 4242},
+			containers: []Container{{ID: "c2", Name: "web"}, {ID: "c1", Name: "log\x00shipper"}, {ID: "c2", Name: "web"}},
+			want: &sandboxstatsv1.SandboxRef{SandboxClass: gvisor, SentryPid: 4242,
+				Containers: []*sandboxstatsv1.ContainerRef{{Id: "c2", Name: "web"}, {Id: "c1", Name: `log\x00shipper`}}},
 		},
 		{
 			name:    "gVisor without a pid: the sandbox's cgroups path, where the sentry lives",
@@ -239,17 +247,19 @@ func TestRefOf(t *testing.T) {
 			want:    &sandboxstatsv1.SandboxRef{SandboxClass: gvisor, CgroupPath: "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"},
 		},
 		{
-			name:       "Kata: the agent, the sandbox's container first, the pod's sorted, the VMM from Kata's layout",
+			name:       "Kata: the agent, the sandbox's container first (no name), the pod's as given, the VMM from Kata's layout",
 			sandbox:    Sandbox{Kind: KindKata, ID: "kata1", PID: 777},
-			containers: []string{"c2", "c1", "c2", "kata1"},
+			containers: []Container{{ID: "c2", Name: "web"}, {ID: "c1", Name: "init"}, {ID: "c2", Name: "web"}, {ID: "kata1"}},
 			kata:       kata,
-			want:       &sandboxstatsv1.SandboxRef{SandboxClass: microvm, AgentAddress: kata.AgentAddress, ContainerIds: []string{"kata1", "c1", "c2"}, VmmPid: 5151},
+			want: &sandboxstatsv1.SandboxRef{SandboxClass: microvm, AgentAddress: kata.AgentAddress, VmmPid: 5151,
+				Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}, {Id: "c2", Name: "web"}, {Id: "c1", Name: "init"}}},
 		},
 		{
 			name:    "Kata: no VMM pid in the layout: NRI's pod pid (the VMM's)",
 			sandbox: Sandbox{Kind: KindKata, ID: "kata1", PID: 777},
 			kata:    Kata{AgentAddress: "vsock://1637421617:1024"},
-			want:    &sandboxstatsv1.SandboxRef{SandboxClass: microvm, AgentAddress: "vsock://1637421617:1024", ContainerIds: []string{"kata1"}, VmmPid: 777},
+			want: &sandboxstatsv1.SandboxRef{SandboxClass: microvm, AgentAddress: "vsock://1637421617:1024", VmmPid: 777,
+				Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}}},
 		},
 		{
 			name:    "not watched",
@@ -278,20 +288,39 @@ func TestRefOf(t *testing.T) {
 	}
 }
 
-func TestKataContainerIDs(t *testing.T) {
-	var many []string
+// TestContainerRefs: at most 25 containers passed (Kata: the sandbox's
+// own among them), the first ones learnt; the rest and the ids statsd would
+// refuse left out and counted.
+func TestContainerRefs(t *testing.T) {
+	var many []Container
 	for i := range 40 {
-		many = append(many, strings.Repeat("c", 10)+string(rune('A'+i)))
+		many = append(many, Container{ID: fmt.Sprintf("c%02d", i), Name: fmt.Sprintf("n%02d", i)})
 	}
-	ids, left, err := KataContainerIDs("sbx", append(many, "bad id", strings.Repeat("x", 300)))
-	if err != nil {
-		t.Fatal(err)
+	many = append(many, Container{ID: "bad id"}, Container{ID: strings.Repeat("x", 129)})
+	for _, tc := range []struct {
+		kind       Kind
+		first      string
+		last       string
+		wantLeft   int
+		wantLength int
+	}{
+		{KindGVisor, "c00", "c24", 40 - 25 + 2, 25},
+		{KindCgroup, "c00", "c24", 40 - 25 + 2, 25},
+		{KindKata, "sbx", "c23", 40 - 24 + 2, 25},
+	} {
+		t.Run(tc.kind.String(), func(t *testing.T) {
+			refs, left, err := ContainerRefs(Sandbox{Kind: tc.kind, ID: "sbx"}, many)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(refs) != tc.wantLength || refs[0].GetId() != tc.first || refs[len(refs)-1].GetId() != tc.last || left != tc.wantLeft {
+				t.Errorf("%d refs (%s .. %s), %d left out; want %d (%s .. %s), %d left out",
+					len(refs), refs[0].GetId(), refs[len(refs)-1].GetId(), left, tc.wantLength, tc.first, tc.last, tc.wantLeft)
+			}
+		})
 	}
-	if len(ids) != 25 || ids[0] != "sbx" || left != 40-24+2 {
-		t.Errorf("%d ids (first %q), %d left out; want 25, sbx first, 18 left out", len(ids), ids[0], left)
-	}
-	if _, _, err := KataContainerIDs("", nil); ReasonOf(err) != "invalid-sandbox-id" {
-		t.Errorf("empty sandbox id: %v", err)
+	if _, _, err := ContainerRefs(Sandbox{Kind: KindKata}, nil); ReasonOf(err) != "invalid-sandbox-id" {
+		t.Errorf("Kata, empty sandbox id: %v", err)
 	}
 }
 
@@ -354,6 +383,20 @@ func identityFromProto(id *sandboxstatsv1.WorkloadIdentity) identity.Identity {
 
 func refFromProto(r *sandboxstatsv1.SandboxRef) source.SandboxRef {
 	return source.SandboxRef{Class: source.Class(r.GetSandboxClass()), CgroupPath: r.GetCgroupPath(), SentryPID: int(r.GetSentryPid()),
-		AgentAddress: r.GetAgentAddress(), ContainerIDs: r.GetContainerIds(), VMMPID: int(r.GetVmmPid()),
+		AgentAddress: r.GetAgentAddress(), ContainerIDs: containerIDs(r), VMMPID: int(r.GetVmmPid()),
 		VMMPIDFile: r.GetVmmPidFile(), QMPSocket: r.GetQmpSocket()}
+}
+
+// containerIDs are r's container ids as statsd reads them: container_ids,
+// or the ids of containers (which statsd's validator on main may not know
+// yet).
+func containerIDs(r *sandboxstatsv1.SandboxRef) []string {
+	if r.GetSandboxClass() != sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM || len(r.GetContainerIds()) > 0 {
+		return r.GetContainerIds()
+	}
+	var ids []string
+	for _, c := range r.GetContainers() {
+		ids = append(ids, c.GetId())
+	}
+	return ids
 }

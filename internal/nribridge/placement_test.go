@@ -195,7 +195,7 @@ func TestRestartFindsSpilledPods(t *testing.T) {
 		for i, f := range fs {
 			got = append(got, f.Events()[len(before[i]):])
 		}
-		want := [][]string{{"checkpoint " + a.Uid + " runtime-stopped"}, {"retry " + s.Uid}}
+		want := [][]string{{"checkpoint " + a.Uid + " runtime-stopped"}, {"update " + s.Uid, "retry " + s.Uid}}
 		if round == 1 {
 			want[0] = []string{}
 		}

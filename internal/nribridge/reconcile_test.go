@@ -71,7 +71,7 @@ func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
 			fs[0].Preload(req(1), req(2))
 			b.Synchronize([]*api.PodSandbox{testPod(1), testPod(2)}, nil)
 			return fs[0]
-		}, want: []string{"checkpoint uid-002", "retry uid-001"}},
+		}, want: []string{"checkpoint uid-002", "retry uid-001", "update uid-001"}},
 		{name: "an older sandbox stopped, the pod left out", statsd: 1, maxPods: 1, act: func(t *testing.T, b *testBridge, fs []*statsdfake.Lifecycle) *statsdfake.Lifecycle {
 			fs[0].Preload(req(1), req(2))
 			renewed := testPod(2)
@@ -79,7 +79,7 @@ func TestCheckpointSaysWhetherTheRuntimeStoppedThePod(t *testing.T) {
 			b.Synchronize([]*api.PodSandbox{testPod(1), renewed}, nil)
 			b.StopPodSandbox(testPod(2)) // the old sandbox: the pod runs on
 			return fs[0]
-		}, want: []string{"checkpoint uid-002", "retry uid-001"}},
+		}, want: []string{"checkpoint uid-002", "retry uid-001", "update uid-001"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			fs := fakes(t, tc.statsd)
@@ -120,5 +120,7 @@ func TestNoListingBeforeSynchronize(t *testing.T) {
 		t.Errorf("statsd's events before any Synchronize (-want +got):\n%s", diff)
 	}
 	b.Synchronize([]*api.PodSandbox{p}, nil)
-	eventually(t, "reconciled", func() bool { return slices.Equal(f.Events(), []string{"retry uid-001"}) })
+	// Bound before the bridge started: its container set sent, then its
+	// Run a retry.
+	eventually(t, "reconciled", func() bool { return slices.Equal(f.Events(), []string{"update uid-001", "retry uid-001"}) })
 }

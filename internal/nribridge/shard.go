@@ -5,19 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"path/filepath"
-	"slices"
 	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
-	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -53,6 +48,8 @@ type shard struct {
 	listC   chan struct{}
 	// listedOnce: listed (or tried) since the first Synchronize.
 	listedOnce bool
+	// warnedOld: logged that it does not implement UpdateWorkloadContainers.
+	warnedOld bool
 }
 
 type retry struct {
@@ -78,36 +75,6 @@ func newShard(b *Bridge, idx int, cfg Statsd) (*shard, error) {
 	s.lc = sandboxstatsv1.NewWorkloadLifecycleServiceClient(s.conns[0])
 	s.st = sandboxstatsv1.NewWorkloadStatsServiceClient(s.conns[1])
 	return s, nil
-}
-
-// dial makes a client of the statsd socket at path (connecting at its first
-// call), checking at every connection that the server runs as an allowed
-// uid: the bridge tells it pods' identities.
-func dial(path string, allow []uint32) (*grpc.ClientConn, error) {
-	abs, err := filepath.Abs(path)
-	if err != nil {
-		return nil, fmt.Errorf("nribridge: statsd socket %s: %w", path, err)
-	}
-	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
-		conn, err := (&net.Dialer{}).DialContext(ctx, "unix", abs)
-		if err != nil {
-			return nil, err
-		}
-		uid, _, err := peercred.PeerUID(conn)
-		if err == nil && !slices.Contains(allow, uid) {
-			err = fmt.Errorf("the server runs as uid %d, not one of %v", uid, allow)
-		}
-		if err != nil {
-			conn.Close()
-			return nil, fmt.Errorf("nribridge: refused statsd %s: %w", abs, err)
-		}
-		return conn, nil
-	}
-	cc, err := grpc.NewClient("unix://"+abs, grpc.WithTransportCredentials(insecure.NewCredentials()), grpc.WithContextDialer(dialer))
-	if err != nil {
-		return nil, fmt.Errorf("nribridge: statsd socket %s: %w", abs, err)
-	}
-	return cc, nil
 }
 
 func (s *shard) close() {
@@ -253,7 +220,7 @@ func (s *shard) process(ctx context.Context, uid string) {
 			return
 		}
 	}
-	req, err := b.request(p)
+	req, left, err := b.request(p)
 	if err != nil {
 		b.mu.Lock()
 		defer b.mu.Unlock()
@@ -269,10 +236,18 @@ func (s *shard) process(ctx context.Context, uid string) {
 		s.resetRetry(uid)
 		return
 	}
+	if left > 0 {
+		// Counted at every sync that leaves some out, before the check
+		// below: a container learnt past the cap changes nothing sent.
+		b.m.unactionable.WithLabelValues("containers-left-out").Add(float64(left))
+	}
 	if held && have != nil && proto.Equal(have, req) {
 		b.mu.Lock()
 		s.resetRetry(uid)
 		b.mu.Unlock()
+		return
+	}
+	if held && (have == nil || sameSandbox(have, req)) && !s.updateContainers(ctx, uid, req, have != nil) {
 		return
 	}
 	cctx, cancel := context.WithTimeout(ctx, b.opt.CallTimeout)

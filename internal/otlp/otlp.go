@@ -199,9 +199,11 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		readerOpts = append(readerOpts, sdkmetric.WithProducer(cfg.Producer))
 	}
 	p.reader = sdkmetric.NewManualReader(readerOpts...)
-	// The agent's limit (nodeagent.OTelCardinalityLimit: its template cap,
-	// and 1000 workloads' series with --label-actor, never folded), so
-	// that no tenant's template names outgrow it here either.
+	// The agent's limit (the larger of nodeagent.OTelCardinalityLimit, its
+	// template cap and 1000 workloads' series with --label-actor, and
+	// nodeagent.OTelContainerCardinalityLimit, max-containers+1 container
+	// series of each; never folded), so that no tenant's template or
+	// container names outgrow it here either.
 	p.meters = sdkmetric.NewMeterProvider(sdkmetric.WithReader(p.reader), sdkmetric.WithResource(res), sdkmetric.WithCardinalityLimit(cfg.CardinalityLimit))
 	p.queue = newEventQueue(cfg.QueueRecords, cfg.QueueBytes, logger, cfg.Settled)
 	p.loggers = sdklog.NewLoggerProvider(sdklog.WithProcessor(p.queue), sdklog.WithResource(res))

@@ -13,7 +13,8 @@ type Counter int
 
 // The counters, in the order the Accountant charges them: first those with
 // a bound on what a time window allows (whose head can show a source
-// reused with a history), then the others.
+// reused with a history), then the others, then the sandbox's own CPU
+// (added later, numbered last).
 const (
 	CounterCPU              Counter = iota // cpu_usage_usec, µs
 	CounterThrottledUsec                   // cpu_throttling.throttled_usec, µs
@@ -38,6 +39,11 @@ const (
 	CounterIOWriteBytes
 	CounterIOReadOps // block_io.read_ios
 	CounterIOWriteOps
+	// CounterSandboxOwnCPU: sandbox_own_cpu_usec, µs (gVisor: the
+	// sentry's and gofers' host CPU and the pause container's part). Last
+	// so that the counters' numbers, which a state file holds, stay those
+	// of the builds before it; CPU-time bounded like CounterCPU.
+	CounterSandboxOwnCPU
 	NumCounters // the number of counters, not a counter
 )
 
@@ -186,6 +192,9 @@ var counterSpecs = [NumCounters]counterSpec{
 	CounterIOWriteBytes: blockIO("write_bytes", (*sandboxstatsv1.BlockIo).GetWriteBytes),
 	CounterIOReadOps:    blockIO("read_ios", (*sandboxstatsv1.BlockIo).GetReadIos),
 	CounterIOWriteOps:   blockIO("write_ios", (*sandboxstatsv1.BlockIo).GetWriteIos),
+	CounterSandboxOwnCPU: {field: "sandbox_own_cpu_usec", bound: boundCPUTime, get: func(s *sandboxstatsv1.WorkloadStatsSample) (uint64, bool) {
+		return opt(s.SandboxOwnCpuUsec)
+	}},
 }
 
 // String returns the counter's field as the sample's absent list names it

@@ -63,18 +63,19 @@ var setters = map[Counter]func(*sandboxstatsv1.WorkloadStatsSample, uint64){
 	CounterOOMKills: func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) {
 		s.MemorySignals = &sandboxstatsv1.MemorySignals{OomKills: proto.Uint64(v)}
 	},
-	CounterNetRxBytes:   func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxBytes = v },
-	CounterNetRxPackets: func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxPackets = v },
-	CounterNetRxErrors:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxErrors = v },
-	CounterNetRxDropped: func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxDropped = v },
-	CounterNetTxBytes:   func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxBytes = v },
-	CounterNetTxPackets: func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxPackets = v },
-	CounterNetTxErrors:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxErrors = v },
-	CounterNetTxDropped: func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxDropped = v },
-	CounterIOReadBytes:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).ReadBytes = v },
-	CounterIOWriteBytes: func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).WriteBytes = v },
-	CounterIOReadOps:    func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).ReadIos = v },
-	CounterIOWriteOps:   func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).WriteIos = v },
+	CounterNetRxBytes:    func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxBytes = v },
+	CounterNetRxPackets:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxPackets = v },
+	CounterNetRxErrors:   func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxErrors = v },
+	CounterNetRxDropped:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).RxDropped = v },
+	CounterNetTxBytes:    func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxBytes = v },
+	CounterNetTxPackets:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxPackets = v },
+	CounterNetTxErrors:   func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxErrors = v },
+	CounterNetTxDropped:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { totalOf(s).TxDropped = v },
+	CounterIOReadBytes:   func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).ReadBytes = v },
+	CounterIOWriteBytes:  func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).WriteBytes = v },
+	CounterIOReadOps:     func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).ReadIos = v },
+	CounterIOWriteOps:    func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { blockIOOf(s).WriteIos = v },
+	CounterSandboxOwnCPU: func(s *sandboxstatsv1.WorkloadStatsSample, v uint64) { s.SandboxOwnCpuUsec = proto.Uint64(v) },
 }
 
 // TestCounterFields: each counter reads the field it names, and nothing

@@ -38,6 +38,15 @@ type Row struct {
 	Pressure          *PressureRates `json:"pressure,omitempty"`
 	Network           *NetworkRates  `json:"network,omitempty"`
 	BlockIO           *BlockIORates  `json:"block_io,omitempty"`
+	// SandboxOwnCPUCores is the sandbox's own share (sandbox_own_cpu_usec:
+	// gVisor's sentry and gofers, the pause container's part) in cores over
+	// the interval, only with a rate and when both samples carry it and it
+	// did not decrease; SandboxOwnCPUUsec the raw counter.
+	SandboxOwnCPUCores *float64 `json:"sandbox_own_cpu_cores,omitempty"`
+	SandboxOwnCPUUsec  *uint64  `json:"sandbox_own_cpu_usec,omitempty"`
+	// Containers are the sample's containers, each with its CPU rate
+	// where the previous sample had it too (ContainerRow).
+	Containers []ContainerRow `json:"containers,omitempty"`
 	// Event is empty when the row continues the previous one; otherwise it
 	// says why there is no rate (epoch-reset, counter-reset, no-interval...).
 	Event Event `json:"event,omitempty"`
@@ -63,16 +72,20 @@ func (w *Watcher) Observe(s *sandboxstatsv1.WorkloadStatsSample) Row {
 	}
 	cores, ev, ok := cpuCores(w.prev, s)
 	r.Event = ev
+	var dt int64
 	if ok {
-		dt := s.GetObservedAtUnixNano() - w.prev.GetObservedAtUnixNano()
+		dt = s.GetObservedAtUnixNano() - w.prev.GetObservedAtUnixNano()
 		iv := float64(dt) / 1e9
 		r.IntervalSeconds = &iv
 		r.CPUCores = &cores
 		signalRates(&r, w.prev, s, dt)
+		r.SandboxOwnCPUCores = ownCores(w.prev, s, dt)
 	}
 	if ev == EventNotMeasured {
 		return r
 	}
+	r.Containers = containerRows(w.prev, s, dt, ok)
+	r.SandboxOwnCPUUsec = s.SandboxOwnCpuUsec
 	r.CPUUsageUsec = s.CpuUsageUsec
 	r.MemoryCurrentBytes = ptr(s.GetMemoryCurrentBytes())
 	r.MemoryWorkingSetBytes = ptr(s.GetMemoryWorkingSetBytes())

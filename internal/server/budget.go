@@ -15,6 +15,8 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
+	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -84,7 +86,10 @@ var sampleCuts = []cut{
 	{field: "host.runner_kernel.per_cpu", what: "the per-CPU list dropped", unit: "CPUs", kept: "the total kept", drop: dropPerCPU},
 	{field: "host", what: "the host view dropped", unit: "view", kept: "host.observed_at_unix_nano kept", drop: dropHost},
 	// Last: the containers cannot be read any other way (the host view can,
-	// with StatsHost), and the sample's figures are their sums.
+	// with StatsHost), and the sample's figures are their sums. The exited
+	// ones fold first (their sums kept), then the list goes.
+	{field: "containers", what: "the exited containers folded into one entry, id " + identity.FoldedExitedID + " (the sample's and epoch_baseline.first_read's)", unit: "containers",
+		kept: "their counters' sums kept", drop: foldExited},
 	{field: "containers", what: "the per-container list dropped (the sample's and epoch_baseline.first_read's)", unit: "containers",
 		kept: "the sample's figures (the containers' sums) kept", drop: dropContainers},
 }
@@ -187,6 +192,57 @@ func dropInterfaces(p cutParts) int {
 			n += len(net.Interfaces)
 			net.Interfaces = nil
 		}
+	}
+	return n
+}
+
+// foldExited replaces each sample's exited containers, when more than one,
+// by one entry (identity.FoldedExitedID) whose counters are their sums (a
+// counter none of them has stays absent), named by how many it holds. It
+// returns how many entries went.
+func foldExited(p cutParts) int {
+	n := 0
+	for _, s := range p.samples {
+		var (
+			live   []*sandboxstatsv1.ContainerStats
+			exited []*sandboxstatsv1.ContainerStats
+		)
+		for _, c := range s.GetContainers() {
+			if c.GetExited() {
+				exited = append(exited, c)
+			} else {
+				live = append(live, c)
+			}
+		}
+		if len(exited) < 2 {
+			continue
+		}
+		f := &sandboxstatsv1.ContainerStats{Id: identity.FoldedExitedID, Exited: true}
+		count := 0
+		for _, c := range exited {
+			k := 1
+			if c.GetId() == identity.FoldedExitedID {
+				fmt.Sscanf(c.GetName(), "%d containers", &k)
+			}
+			count += k
+			f.CpuUsageUsec = source.AddCounter(f.CpuUsageUsec, c.CpuUsageUsec)
+			f.CpuUserUsec = source.AddCounter(f.CpuUserUsec, c.CpuUserUsec)
+			f.CpuSystemUsec = source.AddCounter(f.CpuSystemUsec, c.CpuSystemUsec)
+		}
+		f.Name = fmt.Sprintf("%d containers", count)
+		for _, field := range []struct {
+			name string
+			v    *uint64
+		}{{"cpu_usage_usec", f.CpuUsageUsec}, {"cpu_user_usec", f.CpuUserUsec}, {"cpu_system_usec", f.CpuSystemUsec}} {
+			if field.v == nil {
+				f.Absent = append(f.Absent, &sandboxstatsv1.AbsentValue{Field: field.name, Reason: "none of the folded containers had it"})
+			}
+		}
+		for _, g := range []string{"memory_current_bytes", "memory_working_set_bytes", "pids_current"} {
+			f.Absent = append(f.Absent, &sandboxstatsv1.AbsentValue{Field: g, Reason: identity.ReasonExited})
+		}
+		s.Containers = append(live, f)
+		n += len(exited) - 1
 	}
 	return n
 }

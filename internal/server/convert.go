@@ -25,7 +25,17 @@ func refFromProto(r *sandboxstatsv1.SandboxRef) source.SandboxRef {
 		VMMPID:       int(r.GetVmmPid()),
 		VMMPIDFile:   r.GetVmmPidFile(),
 		QMPSocket:    r.GetQmpSocket(),
+		Containers:   containerRefsFromProto(r.GetContainers()),
 	}
+}
+
+// containerRefsFromProto converts the wire's ContainerRefs (nil for none).
+func containerRefsFromProto(cs []*sandboxstatsv1.ContainerRef) []source.ContainerRef {
+	var out []source.ContainerRef
+	for _, c := range cs {
+		out = append(out, source.ContainerRef{ID: c.GetId(), Name: c.GetName()})
+	}
+	return out
 }
 
 // identityFromProto converts the wire WorkloadIdentity.
@@ -112,6 +122,7 @@ func containersToProto(cs []source.Container) []*sandboxstatsv1.ContainerStats {
 			MemoryWorkingSetBytes: c.MemoryWorkingSetBytes,
 			MemoryIsOwn:           c.MemoryIsOwn,
 			PidsCurrent:           c.PidsCurrent,
+			Exited:                c.Exited,
 		}
 		for _, a := range c.Absent {
 			m.Absent = append(m.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})

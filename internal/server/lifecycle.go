@@ -60,6 +60,17 @@ func (l *LifecycleService) RestoreWorkload(ctx context.Context, req *sandboxstat
 	return &sandboxstatsv1.RestoreWorkloadResponse{EpochUnixNano: epoch, Replaced: replaced}, nil
 }
 
+// UpdateWorkloadContainers replaces the bound actor's container set; the
+// epoch and the activation stay.
+func (l *LifecycleService) UpdateWorkloadContainers(ctx context.Context, req *sandboxstatsv1.UpdateWorkloadContainersRequest) (*sandboxstatsv1.UpdateWorkloadContainersResponse, error) {
+	b, err := l.store.UpdateContainers(ctx, req.GetActorUid(), containerRefsFromProto(req.GetContainers()))
+	if err != nil {
+		l.logger.Warn("container update refused", "actor_uid", req.GetActorUid(), "err", err)
+		return nil, lifecycleError(err)
+	}
+	return &sandboxstatsv1.UpdateWorkloadContainersResponse{EpochUnixNano: b.EpochUnixNano}, nil
+}
+
 // CheckpointWorkload ends the bound activation (one last bounded read, the
 // record) and forgets the workload. With runtime_stopped, a dead sandbox is
 // the expected end unless the drift check had seen it dead before the call

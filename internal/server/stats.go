@@ -96,7 +96,7 @@ func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeH
 	if err != nil {
 		return nil, err
 	}
-	b.Activation.Observe(reading, observed)
+	reading = b.Activation.Observe(reading, observed) // with the exited containers, named from the set
 	sample := sampleFromReading(b, reading, observed)
 	sample.Host = host
 	sample.OpenDriftFindings = s.openFindings(b.Identity.ActorUID)

@@ -69,6 +69,12 @@ type SandboxRef struct {
 	// Micro-VM.
 	AgentAddress string   `json:"agent_address,omitempty"`
 	ContainerIDs []string `json:"container_ids,omitempty"`
+	// Containers names the workload's containers (id and name). Micro-VM:
+	// instead of ContainerIDs (never both), the ids read, in order. gVisor:
+	// optional names for the containers runsc's state files list. The set at
+	// the bind; UpdateWorkloadContainers changes it during the activation
+	// (identity keeps the current one). Equal ignores it and ContainerIDs.
+	Containers []ContainerRef `json:"containers,omitempty"`
 	// Optional, either class: the VMM process and its QMP socket.
 	VMMPID     int    `json:"vmm_pid,omitempty"`
 	VMMPIDFile string `json:"vmm_pid_file,omitempty"`
@@ -81,12 +87,73 @@ type SandboxRef struct {
 	SentryStartTicks uint64 `json:"sentry_start_ticks,omitempty"`
 }
 
-// Equal reports whether two refs name the same sandbox (SentryStartTicks
-// apart: a launcher's retry does not carry it).
+// Equal reports whether two refs name the same sandbox: SentryStartTicks
+// apart (a launcher's retry does not carry it) and the container set apart
+// (ContainerIDs, Containers: a sandbox whose set changed is the same
+// sandbox; a Run repeated with another set updates the set).
 func (r SandboxRef) Equal(o SandboxRef) bool {
 	return r.Class == o.Class && r.CgroupPath == o.CgroupPath && r.SentryPID == o.SentryPID &&
-		r.AgentAddress == o.AgentAddress && slices.Equal(r.ContainerIDs, o.ContainerIDs) &&
+		r.AgentAddress == o.AgentAddress &&
 		r.VMMPID == o.VMMPID && r.VMMPIDFile == o.VMMPIDFile && r.QMPSocket == o.QMPSocket
+}
+
+// ContainerRef names one container of a workload (the wire's ContainerRef).
+type ContainerRef struct {
+	ID   string `json:"id"`
+	Name string `json:"name,omitempty"`
+}
+
+// ContainerSet is the ref's container set: Containers, or ContainerIDs
+// without names. A new slice.
+func (r SandboxRef) ContainerSet() []ContainerRef {
+	if len(r.Containers) > 0 {
+		return slices.Clone(r.Containers)
+	}
+	var out []ContainerRef
+	for _, id := range r.ContainerIDs {
+		out = append(out, ContainerRef{ID: id})
+	}
+	return out
+}
+
+// WithContainers returns r with set as its container set (Containers; the
+// ids form dropped), unless set is what r holds already.
+func (r SandboxRef) WithContainers(set []ContainerRef) SandboxRef {
+	if slices.Equal(r.ContainerSet(), set) {
+		return r
+	}
+	r.ContainerIDs, r.Containers = nil, slices.Clone(set)
+	return r
+}
+
+// ContainerIDsOf lists the ids of set, in order.
+func ContainerIDsOf(set []ContainerRef) []string {
+	out := make([]string, 0, len(set))
+	for _, c := range set {
+		out = append(out, c.ID)
+	}
+	return out
+}
+
+// AddCounter returns sum + v as a new value: v alone when sum is nil, sum
+// when v is nil (an absent counter adds nothing).
+func AddCounter(sum, v *uint64) *uint64 {
+	if v == nil {
+		return sum
+	}
+	n := *v
+	if sum != nil {
+		n += *sum
+	}
+	return &n
+}
+
+// ContainerSetter is a Source whose container set can change while it stays
+// open (the guest agent's: it reads the ids it is given). The set is valid
+// for the source's class; it applies from the next Sample on, keeping the
+// connection and everything else.
+type ContainerSetter interface {
+	SetContainers(set []ContainerRef)
 }
 
 // Kind is where a Reading's numbers come from.
@@ -193,6 +260,9 @@ type Container struct {
 	MemoryWorkingSetBytes *uint64 `json:",omitempty"`
 	MemoryIsOwn           bool    `json:",omitempty"`
 	PidsCurrent           *uint64 `json:",omitempty"` // gauge
+	// Exited: the container left the workload during the activation; its
+	// counters are the last read, its gauges absent (identity keeps it).
+	Exited bool `json:",omitempty"`
 	// Absent names the figures above that are nil and why (Field as in
 	// the wire's ContainerStats, e.g. "cpu_usage_usec").
 	Absent []Absent `json:",omitempty"`

@@ -26,7 +26,9 @@ import (
 // serves WorkloadLifecycleService on one Unix socket and
 // WorkloadStatsService.StatsActiveWorkloads on another, keeping bindings
 // with statsd's semantics (internal/identity): a Run identical to the
-// binding is a retry; the same actor with another identity or sandbox ends
+// binding (its containers too) is a retry; the same actor with another
+// identity or sandbox (or another container set: the strictest statsd)
+// ends
 // its activation (replaced) and starts another; an actor not bound is added
 // up to a ceiling (RESOURCE_EXHAUSTED TOO_MANY_WORKLOADS), unless another
 // actor's binding names the same sandbox (FAILED_PRECONDITION
@@ -55,6 +57,8 @@ type Lifecycle struct {
 	lcErr    error
 	events   []string
 	arrived  chan struct{}
+	noUpdate bool
+	updates  []Update
 }
 
 type fakeBinding struct {

@@ -72,6 +72,9 @@ type Containerd struct {
 	cmd  *exec.Cmd
 	done chan struct{}     // closed when cmd has exited
 	pods map[string]string // every pod RunPod started: id -> cgroup parent
+	// podConfigs: every pod RunPod started: id -> its config file (for
+	// crictl create).
+	podConfigs map[string]string
 }
 
 // NeedContainerd checks the prerequisites of StartContainerd (root, a Go
@@ -117,6 +120,7 @@ func StartContainerd(t testing.TB, opts ContainerdOptions) *Containerd {
 		crictlConfig: filepath.Join(dir, "crictl.yaml"),
 		wrapperLog:   filepath.Join(dir, "runsc-wrapper.log"),
 		pods:         map[string]string{},
+		podConfigs:   map[string]string{},
 		logLevel:     opts.LogLevel,
 	}
 	if c.logLevel == "" {
@@ -234,31 +238,6 @@ state = %s
 		q(c.PauseImage), p("cni/bin"), p("cni/net.d"),
 		runtime("runc", c.Bins.Runc, filepath.Dir(c.RuncRoot)),
 		runtime("runsc", wrapper, filepath.Dir(c.RunscRoot)))
-}
-
-// runscWrapper is the "runsc" handler's BinaryName: Debian's runsc on this
-// host's platform and network with the private root (the shim passes the
-// same root after it: Root/<namespace>). Debian's runsc 20221219 cannot
-// apply the negative process.oomScoreAdj the CRI gives a sandbox: the
-// wrapper deletes it from the bundle's config.json before create.
-func (c *Containerd) runscWrapper() string {
-	jq, _ := exec.LookPath("jq")
-	return `#!/bin/sh
-# testenv.StartContainerd's runsc for the runc shim.
-printf '%s\n' "$*" >>` + shellQuote(c.wrapperLog) + `
-bundle=
-prev=
-for a in "$@"; do
-	case "$prev" in --bundle|-b) bundle=$a ;; esac
-	case "$a" in --bundle=*) bundle=${a#--bundle=} ;; esac
-	prev=$a
-done
-if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-	` + shellQuote(jq) + ` 'del(.process.oomScoreAdj)' "$bundle/config.json" >"$bundle/config.json.tmp" &&
-		mv "$bundle/config.json.tmp" "$bundle/config.json" || exit 1
-fi
-exec ` + shellQuote(c.runsc) + ` --platform=ptrace --network=none --root ` + shellQuote(c.RunscRoot) + ` "$@"
-`
 }
 
 // NRISocket is the path of containerd's NRI socket, for a plugin to dial.

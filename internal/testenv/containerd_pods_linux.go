@@ -76,6 +76,7 @@ func (c *Containerd) RunPod(t testing.TB, spec PodSpec) string {
 	}
 	c.mu.Lock()
 	c.pods[id] = parent
+	c.podConfigs[id] = path
 	c.mu.Unlock()
 	return id
 }

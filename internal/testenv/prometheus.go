@@ -39,6 +39,19 @@ type Prometheus struct {
 // temporary directory; the cleanup stops it. It waits for /-/ready.
 func StartPrometheus(t testing.TB, targets []string, scrapeInterval time.Duration, ruleFiles ...string) *Prometheus {
 	t.Helper()
+	quoted := make([]string, len(targets))
+	for i, tg := range targets {
+		quoted[i] = strconv.Quote(tg)
+	}
+	return StartPrometheusScrape(t, fmt.Sprintf("  - job_name: statsagent\n    static_configs:\n      - targets: [%s]\n", strings.Join(quoted, ", ")),
+		scrapeInterval, ruleFiles...)
+}
+
+// StartPrometheusScrape is StartPrometheus with the scrape configs given:
+// scrapeConfigs is the YAML list under scrape_configs (block or flow style),
+// every line indented.
+func StartPrometheusScrape(t testing.TB, scrapeConfigs string, scrapeInterval time.Duration, ruleFiles ...string) *Prometheus {
+	t.Helper()
 	bin, _ := NeedPrometheus(t)
 	p := &Prometheus{dir: t.TempDir()}
 	var rules []string
@@ -53,12 +66,8 @@ func StartPrometheus(t testing.TB, targets []string, scrapeInterval time.Duratio
 		}
 		rules = append(rules, strconv.Quote(dst))
 	}
-	quoted := make([]string, len(targets))
-	for i, tg := range targets {
-		quoted[i] = strconv.Quote(tg)
-	}
-	cfg := fmt.Sprintf("global:\n  scrape_interval: %s\n  evaluation_interval: %s\nrule_files: [%s]\nscrape_configs:\n  - job_name: statsagent\n    static_configs:\n      - targets: [%s]\n",
-		promDuration(scrapeInterval), promDuration(scrapeInterval), strings.Join(rules, ", "), strings.Join(quoted, ", "))
+	cfg := fmt.Sprintf("global:\n  scrape_interval: %s\n  evaluation_interval: %s\nrule_files: [%s]\nscrape_configs:\n%s",
+		promDuration(scrapeInterval), promDuration(scrapeInterval), strings.Join(rules, ", "), scrapeConfigs)
 	cfgPath := filepath.Join(p.dir, "prometheus.yml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)

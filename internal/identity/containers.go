@@ -1,0 +1,289 @@
+// This file is an activation's container set and the containers that left
+// it: the one place where an exited container keeps its last figures, for
+// every source.
+
+package identity
+
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
+	"github.com/sandboxstats/sandboxstats/internal/source"
+)
+
+// MaxExited bounds the exited containers one activation keeps: past it the
+// oldest are folded into one entry (FoldedExitedID), whose counters are
+// their sums, so the containers' sum stays.
+const MaxExited = 25
+
+// FoldedExitedID is the id of the entry the oldest exited containers are
+// folded into past MaxExited. It is no container id (those have no space).
+const FoldedExitedID = "(exited, folded)"
+
+// ReasonExited is the absent reason of an exited container's gauges.
+const ReasonExited = "exited"
+
+// exitedState is what an activation keeps of its exited containers, and
+// persists (binding.json).
+type exitedState struct {
+	// Containers are the exited ones, oldest first, each with its counters
+	// as last read and the reasons of those absent (the gauges' "exited" is
+	// added when a sample carries them).
+	Containers []source.Container `json:"containers,omitempty"`
+	// Folded counts the containers folded into the FoldedExitedID entry.
+	Folded int `json:"folded,omitempty"`
+}
+
+// counterFields are a container's counters: what an exited one keeps.
+var counterFields = []string{"cpu_usage_usec", "cpu_user_usec", "cpu_system_usec"}
+
+// gaugeFields are a container's gauges: absent once it exited.
+var gaugeFields = []string{"memory_current_bytes", "memory_working_set_bytes", "pids_current"}
+
+// SetContainers makes set the activation's container set (a Run repeated
+// with another set, an UpdateWorkloadContainers). Where the set is what the
+// source reads (a micro-VM's), a container that leaves it exits now, with
+// its figures as last read; a gVisor sandbox's set only names containers
+// (runsc's state files say which run: one exits when they stop listing it).
+// It reports whether the exited containers changed.
+func (a *Activation) SetContainers(set []source.ContainerRef) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	old := a.set
+	a.set = slices.Clone(set)
+	if !a.setIsRead {
+		return false
+	}
+	changed := false
+	for _, c := range old {
+		if slices.ContainsFunc(set, func(n source.ContainerRef) bool { return n.ID == c.ID }) {
+			continue
+		}
+		if last, ok := a.live[c.ID]; ok {
+			a.exit(last)
+			delete(a.live, c.ID)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// Containers returns the activation's container set now (a new slice).
+func (a *Activation) Containers() []source.ContainerRef {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return slices.Clone(a.set)
+}
+
+// exitedNow returns a copy of the exited containers' state.
+func (a *Activation) exitedNow() exitedState {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return exitedState{Containers: slices.Clone(a.exited.Containers), Folded: a.exited.Folded}
+}
+
+// track updates the live containers from r, a reading, and exits
+// those it no longer lists. A reading whose container list was not read
+// (field "containers" absent) says nothing of who left; a container the
+// reading could not read (UnreadContainers) is still there. Under a.mu.
+func (a *Activation) track(r source.Reading) bool {
+	if slices.ContainsFunc(r.Absent, func(x source.Absent) bool { return x.Field == "containers" }) {
+		return false
+	}
+	listed := make(map[string]bool, len(r.Containers)+len(r.UnreadContainers))
+	for _, u := range r.UnreadContainers {
+		listed[u.ID] = true
+	}
+	changed := false
+	for _, c := range r.Containers {
+		listed[c.ID] = true
+		if i := slices.IndexFunc(a.exited.Containers, func(e source.Container) bool { return e.ID == c.ID }); i >= 0 {
+			// Listed again (a gVisor container its name was dropped from):
+			// live, not exited.
+			a.exited.Containers = slices.Delete(slices.Clone(a.exited.Containers), i, i+1)
+			changed = true
+		}
+		a.live[c.ID] = lastFigures(a.live[c.ID], a.named(c))
+	}
+	for id, last := range a.live {
+		if !listed[id] {
+			a.exit(last)
+			delete(a.live, id)
+			changed = true
+		}
+	}
+	return changed
+}
+
+// ObserveEnd is Observe for the activation's final reading: when r could
+// not list the containers (the sandbox is gone, its sentry with it), the
+// containers live at the last read end with the activation, each exited
+// with its figures as last read, so the final still carries them.
+func (a *Activation) ObserveEnd(r source.Reading, atUnixNano int64) source.Reading {
+	if slices.ContainsFunc(r.Absent, func(x source.Absent) bool { return x.Field == "containers" }) {
+		a.mu.Lock()
+		ids := slices.Sorted(maps.Keys(a.live))
+		for _, id := range ids {
+			a.exit(a.live[id])
+			delete(a.live, id)
+		}
+		a.mu.Unlock()
+	}
+	return a.Observe(r, atUnixNano)
+}
+
+// named is c with its name from the set, when the set names it (a name
+// from the launcher wins over the runtime's).
+func (a *Activation) named(c source.Container) source.Container {
+	for _, s := range a.set {
+		if s.ID == c.ID && s.Name != "" {
+			c.Name = s.Name
+			break
+		}
+	}
+	return c
+}
+
+// lastFigures is c's counters (each the last read one: a counter this read
+// lacks keeps the one read before), with the reasons of those absent.
+func lastFigures(prev, c source.Container) source.Container {
+	out := source.Container{ID: c.ID, Name: c.Name, CPUUsageUsec: c.CPUUsageUsec, CPUUserUsec: c.CPUUserUsec, CPUSystemUsec: c.CPUSystemUsec}
+	if out.CPUUsageUsec == nil {
+		out.CPUUsageUsec = prev.CPUUsageUsec
+	}
+	if out.CPUUserUsec == nil {
+		out.CPUUserUsec = prev.CPUUserUsec
+	}
+	if out.CPUSystemUsec == nil {
+		out.CPUSystemUsec = prev.CPUSystemUsec
+	}
+	for _, f := range counterFields {
+		if counterOf(out, f) != nil {
+			continue
+		}
+		if i := slices.IndexFunc(c.Absent, func(x source.Absent) bool { return x.Field == f }); i >= 0 {
+			out.Absent = append(out.Absent, source.Absent{Field: f, Reason: foreign.Bound(c.Absent[i].Reason, maxExitedReasonBytes)})
+		}
+	}
+	return out
+}
+
+func counterOf(c source.Container, field string) *uint64 {
+	switch field {
+	case "cpu_usage_usec":
+		return c.CPUUsageUsec
+	case "cpu_user_usec":
+		return c.CPUUserUsec
+	default:
+		return c.CPUSystemUsec
+	}
+}
+
+// exit keeps last as an exited container, folding the oldest past
+// MaxExited. Under a.mu.
+func (a *Activation) exit(last source.Container) {
+	last.Exited = true
+	a.exited.Containers = append(slices.Clone(a.exited.Containers), last)
+	if len(a.exited.Containers) <= MaxExited {
+		return
+	}
+	list := a.exited.Containers
+	if list[0].ID == FoldedExitedID {
+		list[0] = fold(list[0], list[1])
+		a.exited.Folded++
+		a.exited.Containers = slices.Delete(list, 1, 2)
+		return
+	}
+	f := fold(fold(source.Container{ID: FoldedExitedID, Exited: true}, list[0]), list[1])
+	a.exited.Folded += 2
+	a.exited.Containers = append([]source.Container{f}, list[2:]...)
+}
+
+// fold adds c's counters to f's (a counter c lacks adds nothing).
+func fold(f, c source.Container) source.Container {
+	f.CPUUsageUsec = source.AddCounter(f.CPUUsageUsec, c.CPUUsageUsec)
+	f.CPUUserUsec = source.AddCounter(f.CPUUserUsec, c.CPUUserUsec)
+	f.CPUSystemUsec = source.AddCounter(f.CPUSystemUsec, c.CPUSystemUsec)
+	f.Absent = nil
+	for _, field := range counterFields {
+		if counterOf(f, field) == nil {
+			f.Absent = append(f.Absent, source.Absent{Field: field, Reason: "none of the folded containers had it"})
+		}
+	}
+	return f
+}
+
+// compose is r as a sample carries it: its containers named from the set
+// (less those exited since r was read), then the exited ones, each with its
+// last counters and its gauges absent ("exited"). A guest agent's sample
+// figures are its containers' sums: an exited container's CPU stays in the
+// sum, so the counter never drops when one leaves. Under a.mu; r is not
+// modified.
+func (a *Activation) compose(r source.Reading) source.Reading {
+	if len(a.exited.Containers) == 0 && !slices.ContainsFunc(a.set, func(c source.ContainerRef) bool { return c.Name != "" }) {
+		return r
+	}
+	out := r
+	out.Containers = make([]source.Container, 0, len(r.Containers)+len(a.exited.Containers))
+	for _, c := range r.Containers {
+		if !slices.ContainsFunc(a.exited.Containers, func(e source.Container) bool { return e.ID == c.ID }) {
+			out.Containers = append(out.Containers, a.named(c))
+		}
+	}
+	var exitedCPU uint64
+	for _, e := range a.exited.Containers {
+		if e.ID == FoldedExitedID {
+			e.Name = fmt.Sprintf("%d containers", a.exited.Folded)
+		}
+		e.Absent = slices.Clone(e.Absent)
+		for _, f := range gaugeFields {
+			e.Absent = append(e.Absent, source.Absent{Field: f, Reason: ReasonExited})
+		}
+		if e.CPUUsageUsec != nil {
+			exitedCPU += *e.CPUUsageUsec
+		}
+		out.Containers = append(out.Containers, e)
+	}
+	if r.Kind == source.KindGuestAgent && r.CPUUsageUsec != nil && exitedCPU > 0 {
+		sum := *r.CPUUsageUsec + exitedCPU
+		out.CPUUsageUsec = &sum
+	}
+	if len(out.Containers) == 0 {
+		out.Containers = nil
+	}
+	return out
+}
+
+// restoreExited sets a restored activation's set and exited containers
+// (from the state file).
+func (a *Activation) restoreExited(set []source.ContainerRef, ex exitedState) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.set = slices.Clone(set)
+	a.exited = ex
+}
+
+// validateExited checks the exited containers of a state file.
+func validateExited(ex exitedState) error {
+	if len(ex.Containers) > MaxExited || ex.Folded < 0 {
+		return fmt.Errorf("%d exited containers (at most %d), %d folded", len(ex.Containers), MaxExited, ex.Folded)
+	}
+	for i, c := range ex.Containers {
+		if c.ID == "" || len(c.ID) > maxContainerBytes || len(c.Name) > maxNameBytes || len(c.Absent) > len(counterFields) {
+			return fmt.Errorf("exited container %d: not a valid entry", i)
+		}
+		for _, x := range c.Absent {
+			if len(x.Reason) > maxExitedReasonBytes {
+				return fmt.Errorf("exited container %d: a reason of %d bytes", i, len(x.Reason))
+			}
+		}
+	}
+	return nil
+}
+
+// maxExitedReasonBytes bounds an exited container's absent reason as kept
+// (and persisted: binding.json's cap counts 25 exited containers of 64
+// bindings with two such reasons each).
+const maxExitedReasonBytes = 256
