@@ -2,13 +2,10 @@ package main
 
 import (
 	"context"
-	"log/slog"
-	"os"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -19,20 +16,10 @@ import (
 // service on a Unix socket, bound by sentry pid, with and without
 // --runsc-root.
 
-// gvisorBenchPod starts the pod and waits until its state files are older
-// than the state cache's racy window (they are for nearly all a pod's
-// life); it skips without root, runsc or a static busybox.
+// gvisorBenchPod starts the pod (testenv.StartIdleRunscPod).
 func gvisorBenchPod(b *testing.B) (*testenv.RunscPod, source.SandboxRef) {
 	b.Helper()
-	if testing.Short() {
-		b.Skip("starts a real gVisor pod; not under -short")
-	}
-	if os.Geteuid() != 0 || testenv.BusyboxStatic() == "" {
-		b.Skip("needs root, runsc and a static busybox")
-	}
-	idle := []string{"sleep", "100000"}
-	p := testenv.StartRunscPod(b, []string{"app1", "app2", "app3"}, map[string][]string{"app1": idle, "app2": idle, "app3": idle})
-	time.Sleep(1100 * time.Millisecond)
+	p := testenv.StartIdleRunscPod(b, 3)
 	return p, source.SandboxRef{Class: source.ClassGVisor, SentryPID: p.SentryPID(b)}
 }
 
@@ -41,16 +28,7 @@ func gvisorBenchPod(b *testing.B) (*testenv.RunscPod, source.SandboxRef) {
 func serveGVisorForBench(b *testing.B, ref source.SandboxRef, roots []string) sandboxstatsv1.WorkloadStatsServiceClient {
 	b.Helper()
 	cfg := config{procRoot: "/proc", cgroupRoot: "/sys/fs/cgroup", debugfsRoot: "/sys/kernel/debug", readTimeout: 2 * time.Second, runscRoots: roots}
-	logger := slog.New(slog.DiscardHandler)
-	store, err := identity.NewStore(identity.Config{Open: opener(cfg, logger)})
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(store.Close)
-	if _, _, err := store.Bind(context.Background(), identity.OpRun, identity.Identity{ActorUID: "bench"}, ref); err != nil {
-		b.Fatal(err)
-	}
-	client, _ := serveStoreForBench(b, store, logger)
+	client, _ := serveConfigForBench(b, cfg, ref)
 	return client
 }
 

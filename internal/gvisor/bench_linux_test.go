@@ -171,24 +171,6 @@ func BenchmarkGVisorSample(b *testing.B) {
 	})
 }
 
-// startBenchPod starts a real pod of three idle application containers
-// for the breakdown's benchmarks (nil when skipped).
-func startBenchPod(b *testing.B) *testenv.RunscPod {
-	if testing.Short() {
-		b.Skip("starts a real gVisor pod; not under -short")
-	}
-	if os.Geteuid() != 0 || testenv.BusyboxStatic() == "" {
-		b.Skip("needs root, runsc and a static busybox")
-	}
-	idle := []string{"sleep", "100000"}
-	p := testenv.StartRunscPod(b, []string{"app1", "app2", "app3"}, map[string][]string{"app1": idle, "app2": idle, "app3": idle})
-	// The state files just written are read again at every sample until
-	// their mtime is older than the racy window (statecache.go); a pod's
-	// files are older than that for nearly all its life.
-	time.Sleep(racyWindow + 100*time.Millisecond)
-	return p
-}
-
 // benchSamples samples s b.N times and returns the CPU (user+system) the
 // process spent per sample.
 func benchSamples(b *testing.B, s source.Source) time.Duration {
@@ -221,7 +203,7 @@ func benchSamples(b *testing.B, s source.Source) time.Duration {
 // with its CPU per read and the share of one core polling 443 such
 // sandboxes every 10 s takes (core-%-443x10s).
 func BenchmarkGVisorBreakdown(b *testing.B) {
-	p := startBenchPod(b)
+	p := testenv.StartIdleRunscPod(b, 3)
 	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: p.SentryPID(b)}
 	for _, bc := range []struct {
 		name  string

@@ -252,3 +252,28 @@ func BurnArgv(n int) (argv []string, iterations int, full bool) {
 	}
 	return []string{"sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do i=$((i+1)); done; exec sleep 100000", n)}, n, full
 }
+
+// StartIdleRunscPod starts, for a benchmark, a pod of n idle application
+// containers (app1, app2, ...) and waits until its state files are more
+// than a second old, as a pod's are for nearly all its life (statsd's
+// cache of runsc state files does not trust a younger one). It skips under
+// -short and without root, runsc or a static busybox.
+func StartIdleRunscPod(b *testing.B, n int) *RunscPod {
+	b.Helper()
+	if testing.Short() {
+		b.Skip("starts a real gVisor pod; not under -short")
+	}
+	if os.Geteuid() != 0 || BusyboxStatic() == "" {
+		b.Skip("needs root, runsc and a static busybox")
+	}
+	var names []string
+	argv := map[string][]string{}
+	for i := range n {
+		name := fmt.Sprintf("app%d", i+1)
+		names = append(names, name)
+		argv[name] = []string{"sleep", "100000"}
+	}
+	p := StartRunscPod(b, names, argv)
+	time.Sleep(1100 * time.Millisecond)
+	return p
+}
