@@ -28,7 +28,12 @@ import (
 // that reads nothing, part of the floor under every StatsWorkload.
 func serveForBenchWithHealth(b *testing.B, ref source.SandboxRef) (sandboxstatsv1.WorkloadStatsServiceClient, healthpb.HealthClient) {
 	b.Helper()
-	cfg := config{procRoot: "/proc", cgroupRoot: "/sys/fs/cgroup", debugfsRoot: "/sys/kernel/debug", readTimeout: 2 * time.Second}
+	return serveConfigForBench(b, config{procRoot: "/proc", cgroupRoot: "/sys/fs/cgroup", debugfsRoot: "/sys/kernel/debug", readTimeout: 2 * time.Second}, ref)
+}
+
+// serveConfigForBench is serveForBenchWithHealth with statsd's config cfg.
+func serveConfigForBench(b *testing.B, cfg config, ref source.SandboxRef) (sandboxstatsv1.WorkloadStatsServiceClient, healthpb.HealthClient) {
+	b.Helper()
 	logger := slog.New(slog.DiscardHandler)
 	store, err := identity.NewStore(identity.Config{Open: opener(cfg, logger)})
 	if err != nil {

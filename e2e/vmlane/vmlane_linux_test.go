@@ -33,17 +33,21 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 		Files:     files,
 		Modules:   []string{"virtio_pci", "virtio_blk", "vsock_loopback"},
 		DiskBytes: 256 << 20,
+		// The gVisor container tests' burner: 4M shell iterations take
+		// minutes under TCG; the lane checks the split with 400k.
+		Env: []string{testenv.RunscBurnEnv + "=400000"},
 		Runs: []testenv.VMRun{
 			{Name: "gvisor", Binary: testenv.BuildTestBinary(t, dir, "internal/gvisor"), Tests: []string{
 				"TestIntegrationRealCgroup", "TestIntegrationThrottling", "TestIntegrationPressure", "TestIntegrationBlockIO",
 				"TestIntegrationGVisorSentryPID", "TestIntegrationGVisorMemoryLimit", "TestIntegrationGVisorNetworkNone",
-				"TestIntegrationUpstreamLeafLayout",
+				"TestIntegrationUpstreamLeafLayout", "TestIntegrationGVisorContainers",
 			}},
 			{Name: "drift", Binary: testenv.BuildTestBinary(t, dir, "internal/drift"), Tests: []string{"TestIntegrationOOMKilled"}},
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
 				"TestIntegrationGVisorThroughStatsd", "TestIntegrationGVisorOOMKilled", "TestIntegrationGVisorOOMKilledBeforeAnyPoll", "TestIntegrationGVisorSentryDiedProcessesLeft",
 				"TestIntegrationWorkerCgroupNamespace", "TestIntegrationRunscUpstreamLayout", "TestIntegrationSeveralWorkloads",
 				"TestIntegrationActivationChurnCgroup", "TestIntegrationAgentRestartsKillLoop",
+				"TestIntegrationGVisorContainersThroughStatsd",
 			}},
 			{Name: "microvm", Binary: testenv.BuildTestBinary(t, dir, "internal/microvm"), Tests: []string{"TestIntegrationVsockLoopback"}},
 		},

@@ -1,7 +1,9 @@
 // This file is the per-container breakdown of a gVisor sandbox: the
-// containers from runsc's state files, their CPU from the sentry's control
-// server (internal/sentryusage: one containerManager.Event call a sample),
-// rescaled to the sandbox cgroup's CPU read in the same sample.
+// containers from runsc's state files (statecache.go), the sandbox's own
+// processes' CPU from /proc (owncpu.go), and the rest of the sandbox
+// cgroup's CPU split among the containers (split.go) in the proportions of
+// the sentry's per-container figures (internal/sentryusage: one
+// containerManager.Event call a sample).
 
 package gvisor
 
@@ -23,7 +25,8 @@ const DefaultSentryTimeout = 500 * time.Millisecond
 
 // The absent reasons of the breakdown.
 const (
-	whyOwnCPU     = "not measured: runsc's per-container CPU is a share of the sandbox cgroup's CPU (rescaled as runsc events does), so there is no separate measurement of the sandbox's own cost yet"
+	whyOwnKVM     = "runsc's kvm platform: the application runs on the sentry's own threads, so the sandbox's own CPU cannot be told apart by process (the containers share the whole cgroup's CPU)"
+	whyOwnNoCPU   = "the sandbox cgroup's CPU is absent"
 	whyMemory     = "runsc 20221219 (and any runsc for a container that does not mount cgroupfs) reports the sandbox's total or an even split of it, not the container's own"
 	whyPidsWide   = "runsc reports the whole sandbox's processes (this runsc: one figure for every container)"
 	whyPids       = "not read: one sentry call per container would be needed (runsc >= 20230731); statsd makes one call per sample"
@@ -33,8 +36,10 @@ const (
 // containerRead is one look at the sandbox's containers: from the state
 // files and one sentry call, not yet scaled.
 type containerRead struct {
-	sb    runscSandbox
-	usage sentryusage.Usage
+	sb     runscSandbox
+	usage  sentryusage.Usage
+	own    ownRead
+	ownErr error // a process of the sandbox that could not be read (it kept its last figure)
 }
 
 // breakdown is the per-container part of a gVisor source; nil without a
@@ -46,11 +51,15 @@ type breakdown struct {
 	pid    int
 	cgroup string
 
+	cache *stateCache
+	own   *ownTracker
+	split splitter
+
 	mu  sync.Mutex
 	sid string // the sandbox id once found
 }
 
-func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef) (*breakdown, error) {
+func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
 	if len(roots) == 0 {
 		return nil, nil
 	}
@@ -60,7 +69,10 @@ func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef) 
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: runsc roots: %w", err)
 	}
-	return &breakdown{roots: roots, client: c, g: bounded.New(timeout), pid: ref.SentryPID, cgroup: ref.CgroupPath}, nil
+	return &breakdown{
+		roots: roots, client: c, g: bounded.New(timeout), pid: ref.SentryPID, cgroup: ref.CgroupPath,
+		cache: newStateCache(), own: newOwnTracker(procRoot),
+	}, nil
 }
 
 // read finds the containers and asks the sentry once, within the
@@ -71,9 +83,9 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 		b.mu.Lock()
 		known := b.sid
 		b.mu.Unlock()
-		sb, ok, err := findSandbox(b.roots, known, b.pid, b.cgroup)
+		sb, ok, err := b.cache.findSandbox(b.roots, known, b.pid, b.cgroup)
 		if !ok && known != "" {
-			sb, ok, err = findSandbox(b.roots, "", b.pid, b.cgroup) // the id may have changed (a restore)
+			sb, ok, err = b.cache.findSandbox(b.roots, "", b.pid, b.cgroup) // the id may have changed (a restore)
 		}
 		if !ok {
 			if err != nil {
@@ -91,11 +103,28 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 				q.Containers = append(q.Containers, c.Name) // the key on runsc >= 20251110 with gVisor's v1 cgroups
 			}
 		}
+		// The own processes meanwhile (/proc, about when the cgroup is
+		// read), so that their cost is not added to the sentry's round
+		// trip.
+		var sentry int
+		var gofers []int
+		for _, c := range sb.Containers {
+			sentry = c.SandboxPID
+			gofers = append(gofers, c.GoferPID)
+		}
+		cr := containerRead{sb: sb}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			cr.own, cr.ownErr = b.own.read(sb.Root, sentry, gofers)
+		}()
 		u, err := b.client.Read(context.Background(), q) // bounded by the client's Timeout
+		<-done
 		if err != nil {
 			return containerRead{}, err
 		}
-		return containerRead{sb: sb, usage: u}, nil
+		cr.usage = u
+		return cr, nil
 	})
 }
 
@@ -106,39 +135,56 @@ func (b *breakdown) what() string {
 	return "cgroup " + foreign.Quote(b.cgroup)
 }
 
-// addContainers puts the breakdown into r: each application container
-// (every container but the CRI sandbox one), its CPU the sentry's
-// containerUsage rescaled to r's CPU (sentryusage.ScaleToHost, what runsc
-// events --stats reports), memory and pids absent with their reasons, and
-// the sandbox's own share absent. A failed read leaves the containers out
-// with the reason; the rest of r stands.
-func addContainers(r *source.Reading, cr containerRead, err error) {
-	r.Absent = append(r.Absent, source.Absent{Field: "sandbox_own_cpu_usec", Reason: whyOwnCPU})
+// addContainers puts the breakdown into r: the sandbox's own share (the
+// sentry's and gofers' host CPU plus the pause container's part of the
+// rest) and each application container (every container but the CRI
+// sandbox one), its CPU its part of the cgroup's CPU minus the own
+// processes' (split.go), memory and pids absent with their reasons. Under
+// runsc's kvm platform the whole cgroup is split and the own share is
+// absent. A failed read leaves the containers and the own share out with
+// the reason; the rest of r stands.
+func (b *breakdown) addContainers(r *source.Reading, cr containerRead, err error) {
 	if err != nil {
-		r.Absent = append(r.Absent, source.Absent{Field: "containers", Reason: foreign.Text("sentry: " + err.Error())})
+		reason := foreign.Text("sentry: " + err.Error())
+		r.Absent = append(r.Absent, source.Absent{Field: "containers", Reason: reason},
+			source.Absent{Field: "sandbox_own_cpu_usec", Reason: "no containers: " + reason})
 		return
 	}
-	var scaled map[string]uint64
-	if r.CPUUsageUsec != nil {
-		scaled = sentryusage.ScaleToHost(cr.usage.CPU, *r.CPUUsageUsec*1000)
+	// The sentry's figure of each container (pause included), by id.
+	raw := make(map[string]uint64, len(cr.sb.Containers))
+	pause := ""
+	for _, st := range cr.sb.Containers {
+		if isPause(st, cr.sb.ID) {
+			pause = st.ID
+		}
+		v, ok := cr.usage.CPU[st.ID]
+		if !ok && st.Name != "" {
+			v = cr.usage.CPU[st.Name]
+		}
+		raw[st.ID] = v // runsc omits 0
+	}
+	var attr map[string]uint64
+	switch {
+	case r.CPUUsageUsec == nil:
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_own_cpu_usec", Reason: whyOwnNoCPU})
+	case cr.own.KVM:
+		attr, _ = b.split.advance(splitInput{SandboxID: cr.sb.ID, CgroupUsec: *r.CPUUsageUsec, Raw: raw})
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_own_cpu_usec", Reason: whyOwnKVM})
+	default:
+		var own uint64
+		attr, own = b.split.advance(splitInput{SandboxID: cr.sb.ID, CgroupUsec: *r.CPUUsageUsec, OwnUsec: cr.own.Usec, Raw: raw})
+		own += attr[pause]
+		r.SandboxOwnCPUUsec = &own
 	}
 	for _, st := range cr.sb.Containers {
-		if st.Type == "sandbox" || st.ID == cr.sb.ID && st.Type == "" {
-			continue // the pause container: the pod's, not an application's
+		if st.ID == pause {
+			continue // the pod's, not an application's: in the own share
 		}
 		c := source.Container{ID: foreign.ASCII(st.ID, maxContainerText), Name: foreign.ASCII(st.Name, maxContainerText)}
-		key := st.ID
-		if _, ok := cr.usage.CPU[key]; !ok && st.Name != "" {
-			key = st.Name
-		}
-		switch v, ok := scaled[key]; {
-		case r.CPUUsageUsec == nil:
-			c.Absent = append(c.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "the sandbox cgroup's CPU is absent: nothing to rescale the sentry's figures to"})
-		case !ok:
-			c.Absent = append(c.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "the sentry's reply names no CPU for this container (runsc omits 0)"})
-		default:
-			us := v / 1000
-			c.CPUUsageUsec = &us
+		if v, ok := attr[st.ID]; ok {
+			c.CPUUsageUsec = &v
+		} else {
+			c.Absent = append(c.Absent, source.Absent{Field: "cpu_usage_usec", Reason: "the sandbox cgroup's CPU is absent: nothing to split among the containers"})
 		}
 		c.Absent = append(c.Absent,
 			source.Absent{Field: "cpu_user_usec", Reason: whyUserSystem},
@@ -153,4 +199,10 @@ func addContainers(r *source.Reading, cr containerRead, err error) {
 		}
 		r.Containers = append(r.Containers, c)
 	}
+}
+
+// isPause reports whether st is the CRI sandbox (pause) container of
+// sandbox sid.
+func isPause(st runscState, sid string) bool {
+	return st.Type == "sandbox" || st.ID == sid && st.Type == ""
 }

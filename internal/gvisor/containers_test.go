@@ -92,17 +92,18 @@ func TestParseRunscState(t *testing.T) {
 		wantErr error
 	}{
 		{"runsc 20221219 CRI sandbox", read("gvx-sbx.state"), runscState{
-			ID: "gvx-sbx", SandboxID: "gvx-sbx", SandboxPID: 21385, CgroupPath: "/gvwire-exp/pause",
+			ID: "gvx-sbx", SandboxID: "gvx-sbx", SandboxPID: 21385, CgroupPath: "/gvwire-exp/pause", GoferPID: 21384,
 			Name: "pause", Type: "sandbox", Created: created("2026-12-07T02:39:17.506703005Z"),
 		}, nil},
 		{"runsc 20221219 CRI container", read("gvx-busy.state"), runscState{
-			ID: "gvx-busy", SandboxID: "gvx-sbx", SandboxPID: 21385, CgroupPath: "/gvwire-exp/pause",
+			ID: "gvx-busy", SandboxID: "gvx-sbx", SandboxPID: 21385, CgroupPath: "/gvwire-exp/pause", GoferPID: 21436,
 			Name: "busy", Type: "container", Created: created("2026-12-07T02:39:17.685890591Z"),
 		}, nil},
 		{"cgroup v2 shape, no annotations", []byte(`{"id":"c","sandbox":{"id":"s","pid":7,"cgroup":{"cgroupv2":{"path":"/kubepods/pod1"}}}}`),
 			runscState{ID: "c", SandboxID: "s", SandboxPID: 7, CgroupPath: "/kubepods/pod1"}, nil},
 		{"no sandbox", []byte(`{"id":"c"}`), runscState{}, ErrRunscState},
 		{"negative pid", []byte(`{"id":"c","sandbox":{"id":"s","pid":-1}}`), runscState{}, ErrRunscState},
+		{"negative gofer pid", []byte(`{"id":"c","goferPid":-1,"sandbox":{"id":"s","pid":1}}`), runscState{}, ErrRunscState},
 		{"pid not a number", []byte(`{"id":"c","sandbox":{"id":"s","pid":"1"}}`), runscState{}, ErrRunscState},
 		{"truncated", read("gvx-sbx.state")[:100], runscState{}, ErrRunscState},
 		{"empty", nil, runscState{}, ErrRunscState},
@@ -148,6 +149,16 @@ func FuzzParseRunscState(f *testing.F) {
 // is done).
 func fakeSentry(t testing.TB, root, sid string, reply []byte) func() []string {
 	t.Helper()
+	if reply == nil {
+		return fakeSentryFunc(t, root, sid, nil)
+	}
+	return fakeSentryFunc(t, root, sid, func() []byte { return reply })
+}
+
+// fakeSentryFunc is fakeSentry answering each call with what reply returns
+// then (never when reply is nil).
+func fakeSentryFunc(t testing.TB, root, sid string, reply func() []byte) func() []string {
+	t.Helper()
 	l, err := net.Listen("unix", filepath.Join(root, "runsc-"+sid+".sock"))
 	if err != nil {
 		t.Fatal(err)
@@ -177,7 +188,7 @@ func fakeSentry(t testing.TB, root, sid string, reply []byte) func() []string {
 					<-done
 					return
 				}
-				c.Write(reply)
+				c.Write(reply())
 			}()
 		}
 	}()
@@ -189,8 +200,15 @@ const v2SandboxCPU = 255682
 
 func openWithRoot(t testing.TB, root string, sentryTimeout time.Duration) source.Source {
 	t.Helper()
+	return openWithProc(t, root, filepath.Join("testdata", "proc"), sentryTimeout)
+}
+
+// openWithProc opens the v2 fixture's sandbox with the runsc root and the
+// /proc given.
+func openWithProc(t testing.TB, root, proc string, sentryTimeout time.Duration) source.Source {
+	t.Helper()
 	s, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"}, Config{
-		CgroupRoot: filepath.Join("testdata", "cgroup", "v2"), ProcRoot: filepath.Join("testdata", "proc"),
+		CgroupRoot: filepath.Join("testdata", "cgroup", "v2"), ProcRoot: proc,
 		ReadTimeout: time.Second, Logger: discard(), Mode: ModeUnified,
 		RunscRoots: []string{root}, SentryTimeout: sentryTimeout,
 	})
@@ -213,8 +231,10 @@ func TestSampleContainers(t *testing.T) {
 		{Field: "memory_current_bytes", Reason: whyMemory},
 		{Field: "memory_working_set_bytes", Reason: whyMemory},
 	}
-	// The sentry says busy 3 s, the sandbox 1 s: busy gets 3/4 of the
-	// cgroup's 255,682 usec, as runsc events would print.
+	// The sentry says busy 3 s, the sandbox 1 s: with no sentry or gofer in
+	// this /proc (own processes 0), busy gets 3/4 of the cgroup's 255,682
+	// usec at the first sample, as runsc events would print, and the pause
+	// container's quarter is the sandbox's own share.
 	reply := []byte(`{"success":true,"err":"","result":{"event":{"type":"stats","id":"gvx-sbx","data":{"pids":{"current":3}}},"containerUsage":{"gvx-busy":3000000000,"gvx-sbx":1000000000}}}`)
 	t.Run("busy container rescaled to the sandbox cgroup", func(t *testing.T) {
 		root := getRunscRoot(t, boundToV2)
@@ -228,8 +248,8 @@ func TestSampleContainers(t *testing.T) {
 		if diff := cmp.Diff(want, r.Containers); diff != "" {
 			t.Errorf("containers (-want +got)\n%s", diff)
 		}
-		if r.SandboxOwnCPUUsec != nil || !hasAbsent(r.Absent, "sandbox_own_cpu_usec", "no separate measurement") {
-			t.Errorf("sandbox_own_cpu_usec %v, absent %v", r.SandboxOwnCPUUsec, r.Absent)
+		if r.SandboxOwnCPUUsec == nil || *r.SandboxOwnCPUUsec != v2SandboxCPU/4 {
+			t.Errorf("sandbox_own_cpu_usec %v, want the pause container's quarter %d; absent %v", r.SandboxOwnCPUUsec, v2SandboxCPU/4, r.Absent)
 		}
 		if r.CPUUsageUsec == nil || *r.CPUUsageUsec != v2SandboxCPU {
 			t.Errorf("the sandbox's CPU changed: %v", r.CPUUsageUsec)
@@ -249,7 +269,7 @@ func TestSampleContainers(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(r.Containers) != 0 || !hasAbsent(r.Absent, "containers", "deadline") {
+		if len(r.Containers) != 0 || !hasAbsent(r.Absent, "containers", "deadline") || r.SandboxOwnCPUUsec != nil || !hasAbsent(r.Absent, "sandbox_own_cpu_usec", "deadline") {
 			t.Errorf("containers %v, absent %v", r.Containers, r.Absent)
 		}
 		if r.CPUUsageUsec == nil || r.MemoryCurrentBytes == 0 {

@@ -53,9 +53,13 @@ type runscState struct {
 	// CgroupPath is the sandbox's cgroup ("sandbox.cgroup": cgroupv1's
 	// name, cgroupv2's path), as given in the spec's cgroupsPath.
 	CgroupPath string
-	Name       string    // the CRI container-name annotation, "" when absent
-	Type       string    // the CRI container-type annotation ("sandbox", "container"), "" when absent
-	Created    time.Time // "createdAt"; zero when absent
+	// GoferPID is the container's gofer ("goferPid", runsc-gofer): a
+	// process of the sandbox whose host CPU is the sandbox's own; 0 when
+	// absent.
+	GoferPID int
+	Name     string    // the CRI container-name annotation, "" when absent
+	Type     string    // the CRI container-type annotation ("sandbox", "container"), "" when absent
+	Created  time.Time // "createdAt"; zero when absent
 }
 
 // stateFileName splits a runsc state file's name, <cid>_sandbox:<sid>.state
@@ -79,6 +83,7 @@ func parseRunscState(b []byte) (runscState, error) {
 	var raw struct {
 		ID        string `json:"id"`
 		CreatedAt string `json:"createdAt"`
+		GoferPID  int    `json:"goferPid"`
 		Spec      struct {
 			Annotations map[string]string `json:"annotations"`
 		} `json:"spec"`
@@ -102,13 +107,14 @@ func parseRunscState(b []byte) (runscState, error) {
 	if raw.ID == "" || raw.Sandbox == nil || raw.Sandbox.ID == "" {
 		return runscState{}, fmt.Errorf("%w: no container id or sandbox id", ErrRunscState)
 	}
-	if raw.Sandbox.PID < 0 {
-		return runscState{}, fmt.Errorf("%w: sandbox pid %d", ErrRunscState, raw.Sandbox.PID)
+	if raw.Sandbox.PID < 0 || raw.GoferPID < 0 {
+		return runscState{}, fmt.Errorf("%w: sandbox pid %d, gofer pid %d", ErrRunscState, raw.Sandbox.PID, raw.GoferPID)
 	}
 	st := runscState{
 		ID:         raw.ID,
 		SandboxID:  raw.Sandbox.ID,
 		SandboxPID: raw.Sandbox.PID,
+		GoferPID:   raw.GoferPID,
 		Name:       raw.Spec.Annotations[annContainerName],
 		Type:       raw.Spec.Annotations[annContainerType],
 	}
@@ -184,11 +190,12 @@ type runscSandbox struct {
 // findSandbox finds, in roots, the runsc sandbox whose sentry is pid (when
 // pid is not 0) or whose cgroup is cgroupPath, and its containers. knownID,
 // when not "", is the sandbox id a previous call found: only its files are
-// read. A sandbox not found is ok false with no error.
-func findSandbox(roots []string, knownID string, pid int, cgroupPath string) (sb runscSandbox, ok bool, err error) {
+// read. A sandbox not found is ok false with no error. Listings and files
+// come through c: unchanged ones are not read again.
+func (c *stateCache) findSandbox(roots []string, knownID string, pid int, cgroupPath string) (sb runscSandbox, ok bool, err error) {
 	var errs []error
 	for _, root := range roots {
-		names, lerr := listStates(root)
+		names, lerr := c.list(root)
 		if lerr != nil {
 			errs = append(errs, lerr)
 			continue
@@ -202,7 +209,7 @@ func findSandbox(roots []string, knownID string, pid int, cgroupPath string) (sb
 				if cid != s {
 					continue
 				}
-				st, rerr := readState(root, n)
+				st, rerr := c.read(root, n)
 				if rerr != nil {
 					errs = append(errs, rerr)
 					continue
@@ -221,7 +228,7 @@ func findSandbox(roots []string, knownID string, pid int, cgroupPath string) (sb
 			if _, s, _ := stateFileName(n); s != sid {
 				continue
 			}
-			st, rerr := readState(root, n)
+			st, rerr := c.read(root, n)
 			if rerr != nil {
 				// A container deleted between the listing and the read
 				// is simply gone.

@@ -140,7 +140,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	if cfg.SentryTimeout <= 0 {
 		cfg.SentryTimeout = DefaultSentryTimeout
 	}
-	bd, err := newBreakdown(cfg.RunscRoots, min(cfg.SentryTimeout, cfg.ReadTimeout), ref)
+	bd, err := newBreakdown(cfg.RunscRoots, min(cfg.SentryTimeout, cfg.ReadTimeout), ref, cfg.ProcRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -308,8 +308,10 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 	if s.bd != nil {
 		if crErr != nil {
 			s.log.Debug("no per-container breakdown this sample", "err", crErr)
+		} else if cr.ownErr != nil {
+			s.log.Debug("a process of the sandbox not read this sample: its last figure kept", "err", cr.ownErr)
 		}
-		addContainers(&r, cr, crErr)
+		s.bd.addContainers(&r, cr, crErr)
 	}
 	if nr.exited {
 		r.SentryExited = true

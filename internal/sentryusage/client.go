@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -249,7 +250,19 @@ func (c *Client) candidates(sandboxID string) []string {
 // search.
 func (c *Client) dial(ctx context.Context, sandboxID string) (net.Conn, string, error) {
 	var errs []error
-	for _, addr := range c.candidates(sandboxID) {
+	cands := c.candidates(sandboxID)
+	// The address that answered before first (its dialect is known): on a
+	// runsc with abstract sockets the files are never there, and each
+	// failed dial costs a socket.
+	c.mu.Lock()
+	for i, a := range cands {
+		if _, ok := c.dialects[a]; ok {
+			cands = append([]string{a}, slices.Delete(cands, i, i+1)...)
+			break
+		}
+	}
+	c.mu.Unlock()
+	for _, addr := range cands {
 		conn, err := c.dialAddr(ctx, addr)
 		if err == nil {
 			return conn, addr, nil

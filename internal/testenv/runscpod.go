@@ -7,7 +7,9 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
+	"strconv"
 	"testing"
 	"time"
 )
@@ -140,7 +142,11 @@ func (p *RunscPod) SentryPID(t testing.TB) int {
 }
 
 // Events runs `runsc events --stats id` and returns its cpu.usage.total
-// (ns), and how long the process took, wall and CPU (its user+system).
+// in ns, and how long the process took, wall and CPU (its user+system).
+// runsc before release-20240325 (gVisor 094b83e18, 2024-03-21, "Fix
+// CPUUsage() method in cgroup v2 version") took cgroup v2's cpu.stat
+// usage_usec for ns: on a v2 host its figure is in microseconds, and
+// Events multiplies it by 1000 (runscV2Usec).
 func (p *RunscPod) Events(t testing.TB, id string) (cpuNs uint64, wall, cpu time.Duration) {
 	t.Helper()
 	cmd := exec.Command(p.Bin, "--root", p.Root, "--network=none", "--platform=ptrace", "events", "--stats", id)
@@ -163,7 +169,30 @@ func (p *RunscPod) Events(t testing.TB, id string) (cpuNs uint64, wall, cpu time
 	if err := json.Unmarshal(stdout.Bytes(), &ev); err != nil {
 		t.Fatalf("runsc events --stats %s: %q: %v", id, stdout.String(), err)
 	}
-	return ev.Data.CPU.Usage.Total, wall, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+	total := ev.Data.CPU.Usage.Total
+	if p.runscV2Usec(t) {
+		total *= 1000
+	}
+	return total, wall, cmd.ProcessState.UserTime() + cmd.ProcessState.SystemTime()
+}
+
+// runscV2Usec reports whether this runsc's events give a cgroup v2 host's
+// CPU in microseconds: the host is v2 (CgroupV2) and `runsc --version`
+// names a release before 20240325.
+func (p *RunscPod) runscV2Usec(t testing.TB) bool {
+	if !CgroupV2() {
+		return false
+	}
+	out, err := exec.Command(p.Bin, "--version").Output()
+	if err != nil {
+		t.Fatalf("runsc --version: %v", err)
+	}
+	// "runsc version release-20221219.0" upstream, "0.0~20221219.0" in Debian.
+	m := regexp.MustCompile(`(?:release-|~)(\d{8})`).FindSubmatch(out)
+	if m == nil {
+		t.Fatalf("runsc --version: no release date in %q", out)
+	}
+	return string(m[1]) < "20240325"
 }
 
 // Remove kills and deletes one container of the pod (not the sandbox's).
@@ -205,4 +234,46 @@ func (p *RunscPod) cleanup(t testing.TB) {
 			t.Errorf("cleanup: %v", err)
 		}
 	}
+}
+
+// RunscBurnEnv, when set to a positive number, is the shell loop
+// iterations BurnArgv burns instead of the caller's: the VM lane sets it,
+// since under QEMU TCG the loop runs about 20 times slower.
+const RunscBurnEnv = "SBS_RUNSC_BURN_ITERATIONS"
+
+// BurnArgv is a container command that burns n iterations of a shell loop
+// (busybox sh: about 1 s of CPU per million here), then sleeps. full is
+// false when RunscBurnEnv cut n: a test then knows its burn is smaller
+// than it asked.
+func BurnArgv(n int) (argv []string, iterations int, full bool) {
+	full = true
+	if v, err := strconv.Atoi(os.Getenv(RunscBurnEnv)); err == nil && v > 0 {
+		n, full = v, false
+	}
+	return []string{"sh", "-c", fmt.Sprintf("i=0; while [ $i -lt %d ]; do i=$((i+1)); done; exec sleep 100000", n)}, n, full
+}
+
+// StartIdleRunscPod starts, for a benchmark, a pod of n idle application
+// containers (app1, app2, ...) and waits until its state files are more
+// than a second old, as a pod's are for nearly all its life (statsd's
+// cache of runsc state files does not trust a younger one). It skips under
+// -short and without root, runsc or a static busybox.
+func StartIdleRunscPod(b *testing.B, n int) *RunscPod {
+	b.Helper()
+	if testing.Short() {
+		b.Skip("starts a real gVisor pod; not under -short")
+	}
+	if os.Geteuid() != 0 || BusyboxStatic() == "" {
+		b.Skip("needs root, runsc and a static busybox")
+	}
+	var names []string
+	argv := map[string][]string{}
+	for i := range n {
+		name := fmt.Sprintf("app%d", i+1)
+		names = append(names, name)
+		argv[name] = []string{"sleep", "100000"}
+	}
+	p := StartRunscPod(b, names, argv)
+	time.Sleep(1100 * time.Millisecond)
+	return p
 }

@@ -1,0 +1,256 @@
+// This file measures a gVisor sandbox's own processes, the sentry and the
+// gofers, from /proc: the host CPU the kernel charged them (utime+stime of
+// /proc/<pid>/stat, exited threads included), each process checked once to
+// be the sandbox's and its last figure kept when it exits.
+
+package gvisor
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io/fs"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/foreign"
+)
+
+// ErrProcStat marks a /proc/<pid>/stat line that does not parse.
+var ErrProcStat = errors.New("gvisor: /proc stat")
+
+// userHZ is the unit of /proc/<pid>/stat's times (USER_HZ, 100 on Linux).
+const userHZ = 100
+
+// maxStatBytes caps one /proc/<pid>/stat (a line of about 300 bytes; the
+// command name is at most 64).
+const maxStatBytes = 4 << 10
+
+// procTimes is what statsd keeps of one /proc/<pid>/stat.
+type procTimes struct {
+	State byte   // field 3 ('R', 'S', 'Z', ...)
+	Ticks uint64 // utime + stime (fields 14 and 15), USER_HZ ticks
+	Start uint64 // starttime (field 22), clock ticks after boot
+}
+
+// parseProcStat parses a /proc/<pid>/stat line: the fields after the last
+// ')' (the command name before it may hold any byte).
+func parseProcStat(b []byte) (procTimes, error) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procTimes{}, fmt.Errorf("%w: no ')'", ErrProcStat)
+	}
+	f := bytes.Fields(b[i+1:])
+	// f[0] is field 3 (state); field n is f[n-3].
+	if len(f) < 20 || len(f[0]) != 1 {
+		return procTimes{}, fmt.Errorf("%w: %d fields after the command name", ErrProcStat, len(f))
+	}
+	num := func(n int) (uint64, error) {
+		v, err := strconv.ParseUint(string(f[n-3]), 10, 64)
+		if err != nil {
+			return 0, fmt.Errorf("%w: field %d: %s", ErrProcStat, n, foreign.QuoteBytes(f[n-3]))
+		}
+		return v, nil
+	}
+	ut, err := num(14)
+	if err != nil {
+		return procTimes{}, err
+	}
+	st, err := num(15)
+	if err != nil {
+		return procTimes{}, err
+	}
+	start, err := num(22)
+	if err != nil {
+		return procTimes{}, err
+	}
+	if ut+st < ut {
+		return procTimes{}, fmt.Errorf("%w: utime %d + stime %d overflows", ErrProcStat, ut, st)
+	}
+	return procTimes{State: f[0][0], Ticks: ut + st, Start: start}, nil
+}
+
+// ownProc is one process the tracker looked at: its start time, whether it
+// is the sandbox's (checked once per start time) and its last figure.
+type ownProc struct {
+	start uint64
+	ok    bool
+	ticks uint64
+}
+
+// ownTracker adds up the host CPU of one sandbox's sentry and gofers. A
+// process counts only once it is checked to be the sandbox's (argv[0]
+// runsc-sandbox or runsc-gofer, and its --root= the runsc root or its
+// cgroups the sentry's); a (pid, start time) is checked once. A process
+// that exits, or whose pid now has another start time, keeps its last
+// figure (done), so the total never goes down.
+type ownTracker struct {
+	procRoot string
+
+	mu    sync.Mutex
+	done  uint64 // ticks of the sandbox's processes that are gone
+	procs map[int]ownProc
+	// kvm: the sentry (sentryStart) runs with --platform=kvm.
+	kvm         bool
+	sentryStart uint64
+}
+
+func newOwnTracker(procRoot string) *ownTracker {
+	return &ownTracker{procRoot: procRoot, procs: map[int]ownProc{}}
+}
+
+// ownRead is one look at the sandbox's own processes.
+type ownRead struct {
+	Usec   uint64 // the sentry's and gofers' host CPU, exited ones' last figures included
+	KVM    bool   // the sentry runs under runsc's kvm platform
+	Counts int    // processes counted now (alive and checked)
+}
+
+// read reads the sentry's and gofers' stat (root is the runsc root their
+// state files are in). A process that cannot be read keeps its last figure;
+// the errors other than a process being gone are returned beside the
+// figures.
+func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	want := map[int]bool{sentry: true}
+	for _, g := range gofers {
+		if g > 0 {
+			want[g] = true
+		}
+	}
+	for pid, p := range o.procs {
+		if p.ok {
+			want[pid] = true // read until it is gone: it keeps its last figure then
+		} else if !want[pid] {
+			delete(o.procs, pid)
+		}
+	}
+	var errs []error
+	var out ownRead
+	var sentryCgroup []byte
+	var buf [maxStatBytes]byte
+	for pid := range want {
+		if pid <= 0 {
+			continue
+		}
+		p, known := o.procs[pid]
+		b, err := readStat(filepath.Join(o.procRoot, strconv.Itoa(pid), "stat"), buf[:])
+		var t procTimes
+		if err == nil {
+			t, err = parseProcStat(b)
+		}
+		switch {
+		case err != nil && gone(err):
+			if known && p.ok {
+				o.done += p.ticks
+			}
+			delete(o.procs, pid)
+			continue
+		case err != nil:
+			errs = append(errs, fmt.Errorf("pid %d: %w", pid, err))
+			continue
+		}
+		if known && p.start != t.Start {
+			if p.ok {
+				o.done += p.ticks // a reused pid: the old process is gone
+			}
+			known = false
+		}
+		if !known {
+			if t.State == 'Z' || t.State == 'X' {
+				continue // exited before it was checked: nothing to check it by
+			}
+			role := "runsc-gofer"
+			if pid == sentry {
+				role = "runsc-sandbox"
+			}
+			args, cerr := sandboxCmdline(o.procRoot, int32(pid))
+			if cerr != nil {
+				if !gone(cerr) {
+					errs = append(errs, fmt.Errorf("pid %d: %w", pid, cerr))
+				}
+				continue
+			}
+			p = ownProc{start: t.Start, ok: len(args) > 0 && filepath.Base(args[0]) == role}
+			if p.ok && filepath.Clean(runscRootOf(args)) != filepath.Clean(root) {
+				// Not started with this root as written: a gofer in the
+				// sentry's cgroups still is the sandbox's.
+				if sentryCgroup == nil {
+					sentryCgroup, _ = bounded.ReadFile(filepath.Join(o.procRoot, strconv.Itoa(sentry), "cgroup"), bounded.MaxFileBytes)
+				}
+				cg, _ := bounded.ReadFile(filepath.Join(o.procRoot, strconv.Itoa(pid), "cgroup"), bounded.MaxFileBytes)
+				p.ok = pid != sentry && len(cg) > 0 && bytes.Equal(cg, sentryCgroup)
+			}
+			if p.ok && pid == sentry {
+				o.kvm, o.sentryStart = platformOf(args) == "kvm", t.Start
+			}
+		}
+		p.ticks = max(p.ticks, t.Ticks)
+		o.procs[pid] = p
+	}
+	var ticks uint64
+	for _, p := range o.procs {
+		if p.ok {
+			ticks += p.ticks
+			out.Counts++
+		}
+	}
+	out.Usec = (o.done + ticks) * (1_000_000 / userHZ)
+	if p, ok := o.procs[sentry]; ok && p.ok && p.start == o.sentryStart {
+		out.KVM = o.kvm
+	}
+	return out, errors.Join(errs...)
+}
+
+// readStat reads a /proc/<pid>/stat into buf in one read(2) (the kernel
+// formats the whole line at once): open, read, close, without the runtime
+// poller's registration an os.File costs. The caller bounds it (it runs
+// inside the breakdown's bounded call).
+func readStat(path string, buf []byte) ([]byte, error) {
+	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer syscall.Close(fd)
+	var n int
+	for {
+		n, err = syscall.Read(fd, buf)
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	switch {
+	case err != nil:
+		return nil, &fs.PathError{Op: "read", Path: path, Err: err}
+	case n == len(buf):
+		return nil, fmt.Errorf("%w: %s: more than %d bytes", ErrProcStat, path, len(buf))
+	}
+	return buf[:n], nil
+}
+
+// gone reports whether err says a process is gone (its /proc directory
+// missing, or it exited during the read).
+func gone(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
+}
+
+// platformOf returns runsc's --platform from a runsc command line ("" when
+// not given).
+func platformOf(args []string) string {
+	for i, a := range args {
+		for _, p := range []string{"--platform", "-platform"} {
+			if v, ok := strings.CutPrefix(a, p+"="); ok {
+				return v
+			}
+			if a == p && i+1 < len(args) {
+				return args[i+1]
+			}
+		}
+	}
+	return ""
+}
