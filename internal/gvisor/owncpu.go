@@ -80,7 +80,15 @@ type ownProc struct {
 	start uint64
 	ok    bool
 	ticks uint64
+	// fd is the process's /proc/<pid>/stat held open once it is checked
+	// (-1: not held): a read is then one pread(2), and the descriptor names
+	// that process only (a reused pid is another process: ESRCH here).
+	fd int
 }
+
+// maxHeldStatFDs bounds the /proc stat descriptors one sandbox holds (the
+// sentry and the first gofers); the others are opened at each read.
+const maxHeldStatFDs = 8
 
 // ownTracker adds up the host CPU of one sandbox's sentry and gofers. A
 // process counts only once it is checked to be the sandbox's (argv[0]
@@ -91,9 +99,14 @@ type ownProc struct {
 type ownTracker struct {
 	procRoot string
 
-	mu    sync.Mutex
-	done  uint64 // ticks of the sandbox's processes that are gone
-	procs map[int]ownProc
+	mu     sync.Mutex
+	done   uint64 // ticks of the sandbox's processes that are gone
+	procs  map[int]ownProc
+	held   int  // descriptors held (ownProc.fd)
+	closed bool // close was called (or holding is off, for a fake /proc): hold nothing more
+	// buf is the stat read buffer (on the heap: on a read's stack, 4 KiB
+	// grew the goroutine's stack at every sample)
+	buf [maxStatBytes]byte
 	// kvm: the sentry (sentryStart) runs with --platform=kvm.
 	kvm         bool
 	sentryStart uint64
@@ -133,13 +146,21 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 	var errs []error
 	var out ownRead
 	var sentryCgroup []byte
-	var buf [maxStatBytes]byte
 	for pid := range want {
 		if pid <= 0 {
 			continue
 		}
 		p, known := o.procs[pid]
-		b, err := readStat(filepath.Join(o.procRoot, strconv.Itoa(pid), "stat"), buf[:])
+		path := filepath.Join(o.procRoot, strconv.Itoa(pid), "stat")
+		fd := -1
+		var b []byte
+		var err error
+		if known && p.fd >= 0 {
+			fd = p.fd
+			b, err = preadStat(fd, path, o.buf[:])
+		} else {
+			fd, b, err = openStat(path, o.buf[:])
+		}
 		var t procTimes
 		if err == nil {
 			t, err = parseProcStat(b)
@@ -149,20 +170,31 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			if known && p.ok {
 				o.done += p.ticks
 			}
+			o.release(fd)
 			delete(o.procs, pid)
 			continue
 		case err != nil:
+			if !known || fd != p.fd {
+				o.release(fd)
+			}
 			errs = append(errs, fmt.Errorf("pid %d: %w", pid, err))
 			continue
 		}
 		if known && p.start != t.Start {
+			// A reused pid (read through a new descriptor: a held one
+			// names the old process only): the old process is gone.
 			if p.ok {
-				o.done += p.ticks // a reused pid: the old process is gone
+				o.done += p.ticks
 			}
+			if p.fd >= 0 && p.fd == fd {
+				o.held-- // not from the kernel (a held descriptor names one process); the fd is weighed anew below
+			}
+			delete(o.procs, pid) // counted in done now, not twice if the new one is not kept
 			known = false
 		}
 		if !known {
 			if t.State == 'Z' || t.State == 'X' {
+				o.release(fd)
 				continue // exited before it was checked: nothing to check it by
 			}
 			role := "runsc-gofer"
@@ -171,12 +203,13 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			}
 			args, cerr := sandboxCmdline(o.procRoot, int32(pid))
 			if cerr != nil {
+				o.release(fd)
 				if !gone(cerr) {
 					errs = append(errs, fmt.Errorf("pid %d: %w", pid, cerr))
 				}
 				continue
 			}
-			p = ownProc{start: t.Start, ok: len(args) > 0 && filepath.Base(args[0]) == role}
+			p = ownProc{start: t.Start, ok: len(args) > 0 && filepath.Base(args[0]) == role, fd: -1}
 			if p.ok && filepath.Clean(runscRootOf(args)) != filepath.Clean(root) {
 				// Not started with this root as written: a gofer in the
 				// sentry's cgroups still is the sandbox's.
@@ -191,6 +224,14 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			}
 		}
 		p.ticks = max(p.ticks, t.Ticks)
+		if fd != p.fd {
+			if p.ok && p.fd < 0 && !o.closed && o.held < maxHeldStatFDs {
+				p.fd = fd // held from now on
+				o.held++
+			} else {
+				o.release(fd)
+			}
+		}
 		o.procs[pid] = p
 	}
 	var ticks uint64
@@ -207,19 +248,57 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 	return out, errors.Join(errs...)
 }
 
-// readStat reads a /proc/<pid>/stat into buf in one read(2) (the kernel
-// formats the whole line at once): open, read, close, without the runtime
-// poller's registration an os.File costs. The caller bounds it (it runs
-// inside the breakdown's bounded call).
-func readStat(path string, buf []byte) ([]byte, error) {
+// release closes fd unless it is -1 or held by a process (under o.mu).
+func (o *ownTracker) release(fd int) {
+	if fd < 0 {
+		return
+	}
+	for pid, p := range o.procs {
+		if p.fd == fd {
+			p.fd = -1
+			o.procs[pid] = p
+			o.held--
+		}
+	}
+	syscall.Close(fd)
+}
+
+// close closes the held descriptors; later reads open and close their own.
+// Safe to call more than once.
+func (o *ownTracker) close() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.closed = true
+	for pid, p := range o.procs {
+		if p.fd >= 0 {
+			syscall.Close(p.fd)
+			p.fd = -1
+			o.procs[pid] = p
+		}
+	}
+	o.held = 0
+}
+
+// openStat opens a /proc/<pid>/stat and reads it (readStat's first read);
+// the caller closes or holds the descriptor (-1 when the open failed).
+func openStat(path string, buf []byte) (int, []byte, error) {
 	fd, err := syscall.Open(path, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
-		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+		return -1, nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
-	defer syscall.Close(fd)
+	b, err := preadStat(fd, path, buf)
+	return fd, b, err
+}
+
+// preadStat reads a /proc/<pid>/stat from its start into buf in one
+// pread(2) (the kernel formats the whole line at once), without the
+// runtime poller's registration an os.File costs. The caller bounds it (it
+// runs inside the breakdown's bounded call).
+func preadStat(fd int, path string, buf []byte) ([]byte, error) {
 	var n int
+	var err error
 	for {
-		n, err = syscall.Read(fd, buf)
+		n, err = syscall.Pread(fd, buf, 0)
 		if err != syscall.EINTR {
 			break
 		}

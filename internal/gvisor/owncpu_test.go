@@ -130,7 +130,9 @@ func TestOwnTracker(t *testing.T) {
 		p.set(10, 'S', 8, 1000, sentryArgs(root), sbxCgroup)
 		p.set(11, 'S', 3, 1001, goferArgs(root), sbxCgroup)
 		p.set(12, 'S', 2, 1002, goferArgs(root), sbxCgroup)
-		return p, newOwnTracker(p.dir)
+		o := newOwnTracker(p.dir)
+		o.closed = true // a fake /proc's files outlive their "process": no held descriptors (TestOwnTrackerHeldStat)
+		return p, o
 	}
 	read := func(t *testing.T, o *ownTracker, gofers ...int) ownRead {
 		t.Helper()

@@ -215,6 +215,9 @@ func (s *cgroupSource) SandboxCgroup() (path string, ok bool) {
 // than once; a read still hung in the kernel keeps its own file open.
 func (s *cgroupSource) Close() error {
 	s.closeOnce.Do(func() {
+		if s.bd != nil {
+			s.bd.own.close()
+		}
 		for _, r := range append([]*os.Root{s.unified, s.memory, s.cpuacct}, s.aux.all()...) {
 			if r != nil {
 				r.Close()
