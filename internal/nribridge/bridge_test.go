@@ -451,7 +451,7 @@ func TestKataContainersSettle(t *testing.T) {
 	}
 	eventually(t, "bound", func() bool { return len(f.Bound()) == 1 })
 	want := &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
-		AgentAddress: "hvsock:///run/vc/vm/kata1/clh.sock:1024", Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}}, VmmPid: 4242}
+		AgentAddress: "hvsock:///run/vc/vm/kata1/clh.sock:1024", ContainerIds: []string{"kata1"}, Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}}, VmmPid: 4242}
 	if diff := cmp.Diff(want, f.Bound()["uid-k"].GetSandbox(), protocmp.Transform()); diff != "" {
 		t.Errorf("first binding (-want +got):\n%s", diff)
 	}
