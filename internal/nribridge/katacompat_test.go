@@ -44,13 +44,7 @@ func TestKataRunAcrossStatsdVersions(t *testing.T) {
 			b.ContainerCreated(p, ctr("c1"))
 			b.ContainerCreated(p, ctr("c2"))
 			// The layout appears after the containers: the Run names them.
-			dir := filepath.Join(root, "sbs", "kata1")
-			if err := os.MkdirAll(dir, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			if err := os.WriteFile(filepath.Join(dir, "persist.json"), []byte(`{"HypervisorState":{"Type":"clh","Pid":4242},"AgentState":{"URL":"hvsock:///run/vc/vm/kata1/clh.sock:1024"}}`), 0o644); err != nil {
-				t.Fatal(err)
-			}
+			layOutKata1(t, root)
 			eventually(t, "bound", func() bool { return len(f.Bound()) == 1 })
 			ref := f.Bound()["uid-k"].GetSandbox()
 			if diff := cmp.Diff(tc.wantNames, statsdfake.Names(ref.GetContainers())); diff != "" {
@@ -74,5 +68,18 @@ func TestKataRunAcrossStatsdVersions(t *testing.T) {
 				t.Errorf("statsd's events (-want +got):\n%s", diff)
 			}
 		})
+	}
+}
+
+// layOutKata1 writes sandbox kata1's persist.json under root (Cloud
+// Hypervisor, VMM pid 4242, agent hvsock:///run/vc/vm/kata1/clh.sock:1024).
+func layOutKata1(t *testing.T, root string) {
+	t.Helper()
+	dir := filepath.Join(root, "sbs", "kata1")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "persist.json"), []byte(`{"HypervisorState":{"Type":"clh","Pid":4242},"AgentState":{"URL":"hvsock:///run/vc/vm/kata1/clh.sock:1024"}}`), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
