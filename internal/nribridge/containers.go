@@ -18,8 +18,9 @@ import (
 )
 
 // sameSandbox reports whether two requests bind the same way apart from
-// the container set (containers, and Kata's container_ids): then a change is an UpdateWorkloadContainers, not a
-// Run (which would begin a new activation).
+// the container set (containers, and Kata's container_ids): then a change
+// is an UpdateWorkloadContainers, not a Run (which would begin a new
+// activation).
 func sameSandbox(a, b *sandboxstatsv1.RunWorkloadRequest) bool {
 	strip := func(r *sandboxstatsv1.RunWorkloadRequest) *sandboxstatsv1.RunWorkloadRequest {
 		c := proto.Clone(r).(*sandboxstatsv1.RunWorkloadRequest)
