@@ -53,6 +53,11 @@ type exitedState struct {
 	Containers []source.Container `json:"containers,omitempty"`
 	// Folded counts the containers folded into the FoldedExitedID entry.
 	Folded int `json:"folded,omitempty"`
+	// Prior is, by the id of an entry a container was merged into (exit),
+	// that entry's id and counters before the merge (its name is the
+	// entry's): what stays exited if that container is listed again (a
+	// read that began before it exited). Small: binding.json's cap holds it.
+	Prior map[string]source.Container `json:"prior,omitempty"`
 }
 
 // counterFields are a container's counters: what an exited one keeps.
@@ -100,7 +105,7 @@ func (a *Activation) Containers() []source.ContainerRef {
 func (a *Activation) exitedNow() exitedState {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return exitedState{Containers: slices.Clone(a.exited.Containers), Folded: a.exited.Folded}
+	return exitedState{Containers: slices.Clone(a.exited.Containers), Folded: a.exited.Folded, Prior: maps.Clone(a.exited.Prior)}
 }
 
 // track updates the live containers from r, a reading, and exits
@@ -120,8 +125,19 @@ func (a *Activation) track(r source.Reading) bool {
 		listed[c.ID] = true
 		if i := slices.IndexFunc(a.exited.Containers, func(e source.Container) bool { return e.ID == c.ID }); i >= 0 {
 			// Listed again (a gVisor container its name was dropped from):
-			// live, not exited.
+			// live, not exited; what it was merged into stays exited.
 			a.exited.Containers = slices.Delete(slices.Clone(a.exited.Containers), i, i+1)
+			if p, ok := a.exited.Prior[c.ID]; ok {
+				p.Name = a.named(c).Name
+				for _, f := range counterFields {
+					if counterOf(p, f) == nil {
+						p.Absent = append(p.Absent, source.Absent{Field: f, Reason: "not read before it exited"})
+					}
+				}
+				a.exited.Containers = slices.Insert(a.exited.Containers, i, p)
+				a.exited.Prior = maps.Clone(a.exited.Prior)
+				delete(a.exited.Prior, c.ID)
+			}
 			changed = true
 		}
 		a.live[c.ID] = lastFigures(a.live[c.ID], a.named(c))
@@ -210,6 +226,14 @@ func (a *Activation) exit(last source.Container) {
 	if last.Name != "" {
 		if i := slices.IndexFunc(list, func(e source.Container) bool { return e.ID != FoldedExitedID && e.Name == last.Name }); i >= 0 {
 			m := merge(last, list[i])
+			prior := maps.Clone(a.exited.Prior)
+			if prior == nil {
+				prior = map[string]source.Container{}
+			}
+			prior[last.ID] = source.Container{ID: list[i].ID, CPUUsageUsec: list[i].CPUUsageUsec,
+				CPUUserUsec: list[i].CPUUserUsec, CPUSystemUsec: list[i].CPUSystemUsec, Exited: true} // its name is the entry's
+			delete(prior, list[i].ID)
+			a.exited.Prior = prior
 			a.exited.Containers = append(slices.Delete(list, i, i+1), m)
 			return
 		}
@@ -219,6 +243,9 @@ func (a *Activation) exit(last source.Container) {
 		return
 	}
 	list = a.exited.Containers
+	a.exited.Prior = maps.Clone(a.exited.Prior)
+	delete(a.exited.Prior, list[0].ID)
+	delete(a.exited.Prior, list[1].ID)
 	if list[0].ID == FoldedExitedID {
 		list[0] = fold(list[0], list[1])
 		a.exited.Folded++
@@ -322,10 +349,17 @@ func (a *Activation) restoreExited(set []source.ContainerRef, ex exitedState) {
 
 // validateExited checks the exited containers of a state file.
 func validateExited(ex exitedState) error {
-	if len(ex.Containers) > MaxExited || ex.Folded < 0 {
-		return fmt.Errorf("%d exited containers (at most %d), %d folded", len(ex.Containers), MaxExited, ex.Folded)
+	if len(ex.Containers) > MaxExited || ex.Folded < 0 || len(ex.Prior) > MaxExited {
+		return fmt.Errorf("%d exited containers (at most %d), %d folded, %d merged", len(ex.Containers), MaxExited, ex.Folded, len(ex.Prior))
 	}
-	for i, c := range ex.Containers {
+	all := slices.Clone(ex.Containers)
+	for id, p := range ex.Prior {
+		if !slices.ContainsFunc(ex.Containers, func(c source.Container) bool { return c.ID == id }) {
+			return fmt.Errorf("exited container merged into %q, which is not among them", id)
+		}
+		all = append(all, p) // checked alike
+	}
+	for i, c := range all {
 		if c.ID == "" || len(c.ID) > maxContainerBytes || len(c.Name) > maxNameBytes || len(c.Absent) > len(counterFields) {
 			return fmt.Errorf("exited container %d: not a valid entry", i)
 		}

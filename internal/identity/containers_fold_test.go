@@ -144,3 +144,27 @@ func TestCloseWritesPendingExit(t *testing.T) {
 		t.Errorf("exited after the restart (-want +got):\n%s", diff)
 	}
 }
+
+// TestMergedListedAgain: a container merged into the exited entry of its
+// name and then listed again (a read that began before it exited) is live
+// again, and its predecessor stays exited with its own CPU: the sum is
+// kept (1000 + 610), through a restart (binding.json) too.
+func TestMergedListedAgain(t *testing.T) {
+	a := newActivation(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a"}, 1, nil)
+	a.Observe(withContainers(source.KindCgroup, 1, named("app", ctr("a1", 1000))), 1)
+	a.Observe(withContainers(source.KindCgroup, 1), 2)
+	a.Observe(withContainers(source.KindCgroup, 1, named("app", ctr("a2", 500))), 3)
+	a.Observe(withContainers(source.KindCgroup, 1), 4)
+	if err := validateExited(a.exitedNow()); err != nil {
+		t.Fatal(err)
+	}
+	b := newActivation(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a"}, 1, nil)
+	b.restoreExited(nil, a.exitedNow())
+	for name, act := range map[string]*Activation{"in memory": a, "restored": b} {
+		got := act.Observe(withContainers(source.KindCgroup, 1, named("app", ctr("a2", 610))), 5)
+		want := withContainers(source.KindCgroup, 1, named("app", ctr("a2", 610)), exitedAs(named("app", ctr("a1", 1000))))
+		if diff := cmp.Diff(want, got); diff != "" {
+			t.Errorf("%s: a2 listed again (-want +got):\n%s", name, diff)
+		}
+	}
+}
