@@ -152,3 +152,33 @@ func TestCrashLoopBackOffSeries(t *testing.T) {
 		}
 	}
 }
+
+// TestFoldedAtTheEndChargedOnce: the final folds job-1 and job-2 (charged
+// under their ids at the last sweep) and app exits: the folded entry's
+// tail charges nothing, app's its own 0.1 s, and served twice the end
+// charges once: the containers plus POD are the pod's CPU.
+func TestFoldedAtTheEndChargedOnce(t *testing.T) {
+	dir := t.TempDir()
+	set := func(c *metricsConfig) { c.CPUs, c.CAdvisorCompat = 4, true }
+	h := newConfiguredHarness(t, dir, containersT0, set)
+	last := gvisorPod(10, 100, gctr("e1", "job-1", 1000, 0, true), gctr("e2", "job-2", 2000, 0, true), gctr("x", "app", 100, 1, false))
+	final := gvisorPod(20, 200, foldedEntry(3000), gctr("x", "app", 200, 0, true))
+	h.m.Apply([]sweep.DaemonResult{okResult("s", last)}, podEpoch.Add(10*time.Second), time.Millisecond)
+	e := endedOf(final, podEpoch.Add(20*time.Second), final.GetCpuUsageUsec())
+	for i := range 2 {
+		h.m.Apply([]sweep.DaemonResult{{Socket: "s", Status: sweep.StatusOK, Ended: []*sandboxstatsv1.EndedActivation{e}}}, podEpoch.Add(time.Duration(20+10*i)*time.Second), time.Millisecond)
+		cad := byContainer(gatherPrefix(t, h.reg, ""), metricCAdvisorCPU)
+		pod := sumMetric(t, h.reg, metricCPUSeconds)
+		want := map[string]float64{"job-1": 1, "job-2": 2, "app": 0.2, identity.FoldedExitedID: 0, "POD": 0.2}
+		var sum float64
+		for c, v := range cad {
+			sum += v
+			if math.Abs(want[c]-v) > 1e-9 {
+				t.Errorf("served %d: %s = %v, want %v", i+1, c, v, want[c])
+			}
+		}
+		if math.Abs(sum-pod) > 1e-9 || math.Abs(pod-3.4) > 1e-9 {
+			t.Errorf("served %d: containers + POD = %v, the pod's CPU %v, want both 3.4", i+1, sum, pod)
+		}
+	}
+}
