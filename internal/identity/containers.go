@@ -15,15 +15,34 @@ import (
 
 // MaxExited bounds the exited containers one activation keeps: past it the
 // oldest are folded into one entry (FoldedExitedID), whose counters are
-// their sums, so the containers' sum stays.
+// their sums, so the containers' sum stays. A container that exits under
+// the name of an exited one (a restart: CrashLoopBackOff gives each run a
+// new id) is merged into that entry first, so the cap counts distinct
+// names.
 const MaxExited = 25
 
-// FoldedExitedID is the id of the entry the oldest exited containers are
-// folded into past MaxExited. It is no container id (those have no space).
+// FoldedExitedID is the id, and the fixed name, of the entry the oldest
+// exited containers are folded into past MaxExited. It is no container id
+// (those have no space). How many it holds is in its gauges' absent
+// reason (FoldedReason), so its name, a consumer's label, never changes.
 const FoldedExitedID = "(exited, folded)"
 
 // ReasonExited is the absent reason of an exited container's gauges.
 const ReasonExited = "exited"
+
+// FoldedReason is the absent reason of the folded entry's gauges: exited,
+// and how many containers it holds.
+func FoldedReason(n int) string { return fmt.Sprintf("%s; %d containers folded", ReasonExited, n) }
+
+// FoldedCount returns how many containers a folded entry whose gauge has
+// absent reason reason holds (FoldedReason); ok is false for another
+// reason.
+func FoldedCount(reason string) (n int, ok bool) {
+	if _, err := fmt.Sscanf(reason, ReasonExited+"; %d containers folded", &n); err != nil || n < 0 {
+		return 0, false
+	}
+	return n, true
+}
 
 // exitedState is what an activation keeps of its exited containers, and
 // persists (binding.json).
@@ -34,6 +53,11 @@ type exitedState struct {
 	Containers []source.Container `json:"containers,omitempty"`
 	// Folded counts the containers folded into the FoldedExitedID entry.
 	Folded int `json:"folded,omitempty"`
+	// Prior is, by the id of an entry a container was merged into (exit),
+	// that entry's id and counters before the merge (its name is the
+	// entry's): what stays exited if that container is listed again (a
+	// read that began before it exited). Small: binding.json's cap holds it.
+	Prior map[string]source.Container `json:"prior,omitempty"`
 }
 
 // counterFields are a container's counters: what an exited one keeps.
@@ -81,7 +105,7 @@ func (a *Activation) Containers() []source.ContainerRef {
 func (a *Activation) exitedNow() exitedState {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	return exitedState{Containers: slices.Clone(a.exited.Containers), Folded: a.exited.Folded}
+	return exitedState{Containers: slices.Clone(a.exited.Containers), Folded: a.exited.Folded, Prior: maps.Clone(a.exited.Prior)}
 }
 
 // track updates the live containers from r, a reading, and exits
@@ -101,8 +125,19 @@ func (a *Activation) track(r source.Reading) bool {
 		listed[c.ID] = true
 		if i := slices.IndexFunc(a.exited.Containers, func(e source.Container) bool { return e.ID == c.ID }); i >= 0 {
 			// Listed again (a gVisor container its name was dropped from):
-			// live, not exited.
+			// live, not exited; what it was merged into stays exited.
 			a.exited.Containers = slices.Delete(slices.Clone(a.exited.Containers), i, i+1)
+			if p, ok := a.exited.Prior[c.ID]; ok {
+				p.Name = a.named(c).Name
+				for _, f := range counterFields {
+					if counterOf(p, f) == nil {
+						p.Absent = append(p.Absent, source.Absent{Field: f, Reason: "not read before it exited"})
+					}
+				}
+				a.exited.Containers = slices.Insert(a.exited.Containers, i, p)
+				a.exited.Prior = maps.Clone(a.exited.Prior)
+				delete(a.exited.Prior, c.ID)
+			}
 			changed = true
 		}
 		a.live[c.ID] = lastFigures(a.live[c.ID], a.named(c))
@@ -181,24 +216,57 @@ func counterOf(c source.Container, field string) *uint64 {
 	}
 }
 
-// exit keeps last as an exited container, folding the oldest past
-// MaxExited. Under a.mu.
+// exit keeps last as an exited container: merged into the exited entry of
+// the same non-empty name when there is one (the newest id kept, the
+// counters summed, the entry moved to the newest place), else appended and
+// the oldest folded past MaxExited. Under a.mu.
 func (a *Activation) exit(last source.Container) {
 	last.Exited = true
-	a.exited.Containers = append(slices.Clone(a.exited.Containers), last)
+	list := slices.Clone(a.exited.Containers)
+	if last.Name != "" {
+		if i := slices.IndexFunc(list, func(e source.Container) bool { return e.ID != FoldedExitedID && e.Name == last.Name }); i >= 0 {
+			m := merge(last, list[i])
+			prior := maps.Clone(a.exited.Prior)
+			if prior == nil {
+				prior = map[string]source.Container{}
+			}
+			prior[last.ID] = source.Container{ID: list[i].ID, CPUUsageUsec: list[i].CPUUsageUsec,
+				CPUUserUsec: list[i].CPUUserUsec, CPUSystemUsec: list[i].CPUSystemUsec, Exited: true} // its name is the entry's
+			delete(prior, list[i].ID)
+			a.exited.Prior = prior
+			a.exited.Containers = append(slices.Delete(list, i, i+1), m)
+			return
+		}
+	}
+	a.exited.Containers = append(list, last)
 	if len(a.exited.Containers) <= MaxExited {
 		return
 	}
-	list := a.exited.Containers
+	list = a.exited.Containers
+	a.exited.Prior = maps.Clone(a.exited.Prior)
+	delete(a.exited.Prior, list[0].ID)
+	delete(a.exited.Prior, list[1].ID)
 	if list[0].ID == FoldedExitedID {
 		list[0] = fold(list[0], list[1])
 		a.exited.Folded++
 		a.exited.Containers = slices.Delete(list, 1, 2)
 		return
 	}
-	f := fold(fold(source.Container{ID: FoldedExitedID, Exited: true}, list[0]), list[1])
+	f := fold(fold(source.Container{ID: FoldedExitedID, Name: FoldedExitedID, Exited: true}, list[0]), list[1])
 	a.exited.Folded += 2
 	a.exited.Containers = append([]source.Container{f}, list[2:]...)
+}
+
+// merge is newest, an exited container, with the counters of prior (an
+// exited entry of the same name) added; a counter neither has keeps
+// newest's absent reason.
+func merge(newest, prior source.Container) source.Container {
+	out := newest
+	out.CPUUsageUsec = source.AddCounter(newest.CPUUsageUsec, prior.CPUUsageUsec)
+	out.CPUUserUsec = source.AddCounter(newest.CPUUserUsec, prior.CPUUserUsec)
+	out.CPUSystemUsec = source.AddCounter(newest.CPUSystemUsec, prior.CPUSystemUsec)
+	out.Absent = slices.DeleteFunc(slices.Clone(newest.Absent), func(x source.Absent) bool { return counterOf(out, x.Field) != nil })
+	return out
 }
 
 // fold adds c's counters to f's (a counter c lacks adds nothing).
@@ -219,8 +287,9 @@ func fold(f, c source.Container) source.Container {
 // (less those exited since r was read), then the exited ones, each with its
 // last counters and its gauges absent ("exited"). A guest agent's sample
 // figures are its containers' sums: an exited container's CPU stays in the
-// sum, so the counter never drops when one leaves. Under a.mu; r is not
-// modified.
+// sum, so the counter never drops when one leaves; what r's sum already
+// holds of it (r read before it exited: the end's last good poll) is not
+// added again (notInSum). Under a.mu; r is not modified.
 func (a *Activation) compose(r source.Reading) source.Reading {
 	if len(a.exited.Containers) == 0 && !slices.ContainsFunc(a.set, func(c source.ContainerRef) bool { return c.Name != "" }) {
 		return r
@@ -234,16 +303,15 @@ func (a *Activation) compose(r source.Reading) source.Reading {
 	}
 	var exitedCPU uint64
 	for _, e := range a.exited.Containers {
+		reason := ReasonExited
 		if e.ID == FoldedExitedID {
-			e.Name = fmt.Sprintf("%d containers", a.exited.Folded)
+			e.Name, reason = FoldedExitedID, FoldedReason(a.exited.Folded)
 		}
 		e.Absent = slices.Clone(e.Absent)
 		for _, f := range gaugeFields {
-			e.Absent = append(e.Absent, source.Absent{Field: f, Reason: ReasonExited})
+			e.Absent = append(e.Absent, source.Absent{Field: f, Reason: reason})
 		}
-		if e.CPUUsageUsec != nil {
-			exitedCPU += *e.CPUUsageUsec
-		}
+		exitedCPU += notInSum(r, e)
 		out.Containers = append(out.Containers, e)
 	}
 	if r.Kind == source.KindGuestAgent && r.CPUUsageUsec != nil && exitedCPU > 0 {
@@ -254,6 +322,20 @@ func (a *Activation) compose(r source.Reading) source.Reading {
 		out.Containers = nil
 	}
 	return out
+}
+
+// notInSum is the CPU of e, an exited entry, that r's sum does not hold:
+// all of it, less r's figure for e's id when r lists it (r was read before
+// e exited; a merged entry's predecessors are still not in r).
+func notInSum(r source.Reading, e source.Container) uint64 {
+	if e.CPUUsageUsec == nil {
+		return 0
+	}
+	v := *e.CPUUsageUsec
+	if i := slices.IndexFunc(r.Containers, func(c source.Container) bool { return c.ID == e.ID }); i >= 0 && r.Containers[i].CPUUsageUsec != nil {
+		v -= min(v, *r.Containers[i].CPUUsageUsec)
+	}
+	return v
 }
 
 // restoreExited sets a restored activation's set and exited containers
@@ -267,10 +349,17 @@ func (a *Activation) restoreExited(set []source.ContainerRef, ex exitedState) {
 
 // validateExited checks the exited containers of a state file.
 func validateExited(ex exitedState) error {
-	if len(ex.Containers) > MaxExited || ex.Folded < 0 {
-		return fmt.Errorf("%d exited containers (at most %d), %d folded", len(ex.Containers), MaxExited, ex.Folded)
+	if len(ex.Containers) > MaxExited || ex.Folded < 0 || len(ex.Prior) > MaxExited {
+		return fmt.Errorf("%d exited containers (at most %d), %d folded, %d merged", len(ex.Containers), MaxExited, ex.Folded, len(ex.Prior))
 	}
-	for i, c := range ex.Containers {
+	all := slices.Clone(ex.Containers)
+	for id, p := range ex.Prior {
+		if !slices.ContainsFunc(ex.Containers, func(c source.Container) bool { return c.ID == id }) {
+			return fmt.Errorf("exited container merged into %q, which is not among them", id)
+		}
+		all = append(all, p) // checked alike
+	}
+	for i, c := range all {
 		if c.ID == "" || len(c.ID) > maxContainerBytes || len(c.Name) > maxNameBytes || len(c.Absent) > len(counterFields) {
 			return fmt.Errorf("exited container %d: not a valid entry", i)
 		}

@@ -157,7 +157,7 @@ func TestActivationEndWithoutList(t *testing.T) {
 
 // TestActivationExitedFolded: past MaxExited the oldest exited containers
 // fold into one entry whose counters are their sums, so the containers'
-// sum stays; the count is in its name.
+// sum stays; its name is fixed, the count in its gauges' absent reason.
 func TestActivationExitedFolded(t *testing.T) {
 	a := newActivation(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a"}, 1, nil)
 	const n = 40
@@ -183,8 +183,13 @@ func TestActivationExitedFolded(t *testing.T) {
 	}
 	f := got.Containers[0]
 	folded := n - (MaxExited - 1)
-	if f.ID != FoldedExitedID || f.Name != fmt.Sprintf("%d containers", folded) {
-		t.Errorf("first entry %q %q, want %q %q", f.ID, f.Name, FoldedExitedID, fmt.Sprintf("%d containers", folded))
+	if f.ID != FoldedExitedID || f.Name != FoldedExitedID {
+		t.Errorf("first entry %q %q, want %q (a fixed name)", f.ID, f.Name, FoldedExitedID)
+	}
+	for _, x := range f.Absent {
+		if n, ok := FoldedCount(x.Reason); !ok || n != folded {
+			t.Errorf("folded entry's %s absent %q: %d containers, want %d", x.Field, x.Reason, n, folded)
+		}
 	}
 	if last := got.Containers[MaxExited-1]; last.ID != fmt.Sprintf("c%02d", n-1) {
 		t.Errorf("newest exited is %q", last.ID)

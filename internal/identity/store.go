@@ -356,10 +356,13 @@ func (s *Store) HoldLifecycle(actorUID string) (release func()) {
 }
 
 // Close stops the baseline takers and closes the bindings' sources (at
-// daemon shutdown). The bindings themselves stay persisted.
+// daemon shutdown). The bindings themselves stay persisted: an exit that
+// persistExited had not written yet (woken while it wrote, or as it
+// stopped) is written now.
 func (s *Store) Close() {
 	s.bgStop()
 	s.bg.Wait()
+	s.flushExited()
 	for _, b := range s.Bindings() {
 		closeBinding(b, s.logger)
 	}

@@ -99,3 +99,20 @@ func (s *Store) persistExited() {
 		}
 	}
 }
+
+// flushExited writes binding.json once if persistExited was woken and did
+// not write since: at Close, after it stopped (it may stop with a wake
+// pending).
+func (s *Store) flushExited() {
+	select {
+	case <-s.persistWake:
+	default:
+		return
+	}
+	s.commit.Lock()
+	err := s.saveBindings(s.view.Load().bindings, s.cleared)
+	s.commit.Unlock()
+	if err != nil {
+		s.logger.Warn("could not persist the exited containers at close; a restart may lose them", "err", err)
+	}
+}

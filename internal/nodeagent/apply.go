@@ -35,6 +35,7 @@ func (m *metrics) Apply(results []sweep.DaemonResult, now time.Time, took time.D
 		m.logger.Debug("forgot activation after grace period", "actor_uid", k.ActorUID, "source", api.SourceName(k.Source), "epoch_unix_nano", k.EpochUnixNano)
 	}
 	m.cacct.Prune(now)
+	m.pruneLedgers(now)
 	for k, o := range m.owners {
 		if now.Sub(o.lastSeen) > m.cfg.EndedHorizon {
 			delete(m.owners, k)

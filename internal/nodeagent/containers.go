@@ -15,7 +15,9 @@ package nodeagent
 // (--state-dir), and a container that appears mid-activation is a first
 // sight of its own key (charged from its start, when it fits the time)
 // while one that disappears keeps what it was charged (its account ages
-// out with the horizon). The ended record's final carries the containers:
+// out with the horizon). CPU statsd moves between entries (a restart merged
+// into the exited entry of its name, the folded entry) is fed so that it
+// is not charged twice (containers_moved.go). The ended record's final carries the containers:
 // each is ended like an activation, its tail charged once.
 
 import (
@@ -86,13 +88,13 @@ func containerUID(actorUID, containerID string) string {
 	return "container:" + hex.EncodeToString(h.Sum(nil))
 }
 
-// containerSample is the synthetic sample of container c of s: c's CPU
-// counter with its own baseline.
-func containerSample(s *sandboxstatsv1.WorkloadStatsSample, c *sandboxstatsv1.ContainerStats) *sandboxstatsv1.WorkloadStatsSample {
+// containerSample is the synthetic sample of container c of s: its CPU
+// counter as fed (containers_moved.go) with its own baseline.
+func containerSample(s *sandboxstatsv1.WorkloadStatsSample, c *sandboxstatsv1.ContainerStats, fed uint64) *sandboxstatsv1.WorkloadStatsSample {
 	cs := &sandboxstatsv1.WorkloadStatsSample{
 		ActorUid: containerUID(s.GetActorUid(), c.GetId()), Source: s.GetSource(), SandboxClass: s.GetSandboxClass(),
 		EpochUnixNano: s.GetEpochUnixNano(), ObservedAtUnixNano: s.GetObservedAtUnixNano(),
-		CpuUsageUsec: c.CpuUsageUsec,
+		CpuUsageUsec: &fed,
 	}
 	b := s.GetEpochBaseline()
 	if b == nil {
@@ -153,10 +155,11 @@ func (m *metrics) addContainers(l labelSet, s *sandboxstatsv1.WorkloadStatsSampl
 		m.otel.containerFolded(folded)
 	}
 	var charged uint64
+	fed, has := m.fedValues(rate.KeyOf(s), s.GetContainers(), now)
 	for i, c := range s.GetContainers() {
 		charged = 0
-		if c.CpuUsageUsec != nil {
-			charges, _ := m.cacct.Sample(containerSample(s, c), now)
+		if has[i] {
+			charges, _ := m.cacct.Sample(containerSample(s, c, fed[i]), now)
 			charged = charges.CPU()
 		}
 		for _, k := range m.containerKeys(l, s.GetActorNamespace(), s.GetActorName(), names[i]) {
@@ -222,11 +225,14 @@ func (m *metrics) endContainers(l labelSet, e *sandboxstatsv1.EndedActivation, n
 	if m.otel != nil {
 		m.otel.containerFolded(folded)
 	}
+	k := rate.EndedKeyOf(e)
+	fed, has := m.fedValues(k, final.GetContainers(), now)
+	delete(m.ledgers, k)
 	for i, c := range final.GetContainers() {
-		if c.CpuUsageUsec == nil {
+		if !has[i] {
 			continue
 		}
-		cs := containerSample(final, c)
+		cs := containerSample(final, c, fed[i])
 		cs.Source, cs.EpochUnixNano = e.GetSource(), e.GetEpochUnixNano()
 		ce := &sandboxstatsv1.EndedActivation{
 			Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: cs.GetActorUid()},

@@ -9,6 +9,7 @@ import (
 	"github.com/google/go-cmp/cmp"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -68,6 +69,10 @@ func byContainer(all map[string]float64, metric string) map[string]float64 {
 			continue
 		}
 		i := strings.Index(k, "container=") + len("container=")
+		if strings.HasPrefix(k[i:], identity.FoldedExitedID) { // a comma in it
+			out[identity.FoldedExitedID] = v
+			continue
+		}
 		out[k[i:i+strings.IndexAny(k[i:], ",}")]] = v
 	}
 	return out

@@ -134,6 +134,7 @@ type metrics struct {
 	// per-container series.
 	cacct            *rate.Accountant
 	containers       map[containerKey]*containerValues
+	ledgers          map[rate.ActivationKey]*containerLedger // what cacct was fed (containers_moved.go)
 	containersFolded prometheus.Counter
 	// owners: the socket each activation was sampled from, so that another
 	// socket's sample or record of it is a conflict (never believed).

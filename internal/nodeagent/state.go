@@ -59,6 +59,7 @@ type agentState struct {
 	// agent's file.
 	ContainerAccountant *rate.AccountantState `json:"container_accountant,omitempty"`
 	ContainerTotals     []containerTotalState `json:"container_totals,omitempty"`
+	ContainerLedgers    []ledgerState         `json:"container_ledgers,omitempty"`
 }
 
 // totalState is one label set's exported counters.

@@ -32,6 +32,7 @@ type containerTotalState struct {
 func (m *metrics) exportContainers(st *agentState) {
 	acct := m.cacct.Export()
 	st.ContainerAccountant = &acct
+	st.ContainerLedgers = m.exportLedgers()
 	for k, cv := range m.containers {
 		l := k.labels
 		st.ContainerTotals = append(st.ContainerTotals, containerTotalState{
@@ -108,13 +109,20 @@ func (m *metrics) restoreContainers(st *agentState, now time.Time) error {
 			return fmt.Errorf("container accountant: %w", err)
 		}
 	}
-	m.containers = cs
+	ledgers, err := decodeLedgers(st.ContainerLedgers, now)
+	if err != nil {
+		return err
+	}
+	m.containers, m.ledgers = cs, ledgers
 	return nil
 }
 
 // checkContainers is checkState's part for the containers.
 func checkContainers(st *agentState, now time.Time) error {
 	if _, err := decodeContainers(st, now, true, true, true); err != nil {
+		return err
+	}
+	if _, err := decodeLedgers(st.ContainerLedgers, now); err != nil {
 		return err
 	}
 	if st.ContainerAccountant != nil {

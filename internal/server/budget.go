@@ -198,8 +198,9 @@ func dropInterfaces(p cutParts) int {
 
 // foldExited replaces each sample's exited containers, when more than one,
 // by one entry (identity.FoldedExitedID) whose counters are their sums (a
-// counter none of them has stays absent), named by how many it holds. It
-// returns how many entries went.
+// counter none of them has stays absent): identity's shape, the fixed name
+// and how many it holds in its gauges' absent reason. It returns how many
+// entries went.
 func foldExited(p cutParts) int {
 	n := 0
 	for _, s := range p.samples {
@@ -220,16 +221,12 @@ func foldExited(p cutParts) int {
 		f := &sandboxstatsv1.ContainerStats{Id: identity.FoldedExitedID, Exited: true}
 		count := 0
 		for _, c := range exited {
-			k := 1
-			if c.GetId() == identity.FoldedExitedID {
-				fmt.Sscanf(c.GetName(), "%d containers", &k)
-			}
-			count += k
+			count += foldedCount(c)
 			f.CpuUsageUsec = source.AddCounter(f.CpuUsageUsec, c.CpuUsageUsec)
 			f.CpuUserUsec = source.AddCounter(f.CpuUserUsec, c.CpuUserUsec)
 			f.CpuSystemUsec = source.AddCounter(f.CpuSystemUsec, c.CpuSystemUsec)
 		}
-		f.Name = fmt.Sprintf("%d containers", count)
+		f.Name = identity.FoldedExitedID
 		for _, field := range []struct {
 			name string
 			v    *uint64
@@ -239,12 +236,26 @@ func foldExited(p cutParts) int {
 			}
 		}
 		for _, g := range []string{"memory_current_bytes", "memory_working_set_bytes", "pids_current"} {
-			f.Absent = append(f.Absent, &sandboxstatsv1.AbsentValue{Field: g, Reason: identity.ReasonExited})
+			f.Absent = append(f.Absent, &sandboxstatsv1.AbsentValue{Field: g, Reason: identity.FoldedReason(count)})
 		}
 		s.Containers = append(live, f)
 		n += len(exited) - 1
 	}
 	return n
+}
+
+// foldedCount is how many containers c, an exited entry, holds: a folded
+// entry's count (its gauges' reason), 1 for any other.
+func foldedCount(c *sandboxstatsv1.ContainerStats) int {
+	if c.GetId() != identity.FoldedExitedID {
+		return 1
+	}
+	for _, x := range c.GetAbsent() {
+		if n, ok := identity.FoldedCount(x.GetReason()); ok {
+			return n
+		}
+	}
+	return 1
 }
 
 func dropContainers(p cutParts) int {

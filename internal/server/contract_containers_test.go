@@ -285,22 +285,25 @@ func TestKataUpdateMidActivation(t *testing.T) {
 }
 
 // TestFoldExitedKeepsSums: the cut that folds a sample's exited containers
-// keeps the live ones as they were and the exited ones' counter sums, the
-// count of an entry identity folded already included.
+// keeps the live ones as they were and the exited ones' counter sums, in
+// identity's shape (fixed name, the count in the gauges' reason), the count
+// of an entry identity folded already included.
 func TestFoldExitedKeepsSums(t *testing.T) {
 	live := &sandboxstatsv1.ContainerStats{Id: "app", CpuUsageUsec: cpuUsec(900)}
 	s := &sandboxstatsv1.WorkloadStatsSample{Containers: []*sandboxstatsv1.ContainerStats{
 		live,
-		{Id: identity.FoldedExitedID, Name: "2 containers", Exited: true, CpuUsageUsec: cpuUsec(30), CpuUserUsec: cpuUsec(20)},
+		{Id: identity.FoldedExitedID, Name: identity.FoldedExitedID, Exited: true, CpuUsageUsec: cpuUsec(30), CpuUserUsec: cpuUsec(20),
+			Absent: []*sandboxstatsv1.AbsentValue{{Field: "memory_current_bytes", Reason: identity.FoldedReason(2)}}},
 		{Id: "init", Exited: true, CpuUsageUsec: cpuUsec(7)},
 		{Id: "gone", Exited: true},
 	}}
 	if n := foldExited(cutParts{samples: []*sandboxstatsv1.WorkloadStatsSample{s}}); n != 2 {
 		t.Errorf("folded %d entries away, want 2", n)
 	}
-	exited := []*sandboxstatsv1.AbsentValue{{Field: "memory_current_bytes", Reason: identity.ReasonExited},
-		{Field: "memory_working_set_bytes", Reason: identity.ReasonExited}, {Field: "pids_current", Reason: identity.ReasonExited}}
-	want := []*sandboxstatsv1.ContainerStats{live, {Id: identity.FoldedExitedID, Name: "4 containers", Exited: true,
+	four := identity.FoldedReason(4)
+	exited := []*sandboxstatsv1.AbsentValue{{Field: "memory_current_bytes", Reason: four},
+		{Field: "memory_working_set_bytes", Reason: four}, {Field: "pids_current", Reason: four}}
+	want := []*sandboxstatsv1.ContainerStats{live, {Id: identity.FoldedExitedID, Name: identity.FoldedExitedID, Exited: true,
 		CpuUsageUsec: cpuUsec(37), CpuUserUsec: cpuUsec(20),
 		Absent: append([]*sandboxstatsv1.AbsentValue{{Field: "cpu_system_usec", Reason: "none of the folded containers had it"}}, exited...)}}
 	if diff := cmp.Diff(want, s.GetContainers(), protocmp.Transform()); diff != "" {

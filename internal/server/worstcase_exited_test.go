@@ -105,8 +105,8 @@ func TestWorstCaseExitedContainers(t *testing.T) {
 		t.Errorf("%d live and %d exited entries, want %d live and the exited folded into 1", live, exited, worstContainers)
 	}
 	f := last.GetContainers()[len(last.GetContainers())-1]
-	if want := fmt.Sprintf("%d containers", (rounds-1)*worstContainers); f.GetId() != identity.FoldedExitedID || f.GetName() != want {
-		t.Errorf("the folded entry is %q %q, want %q %q", f.GetId(), f.GetName(), identity.FoldedExitedID, want)
+	if want := (rounds - 1) * worstContainers; f.GetId() != identity.FoldedExitedID || f.GetName() != identity.FoldedExitedID || foldedCount(f) != want {
+		t.Errorf("the folded entry is %q %q holding %d, want %q (fixed name) holding %d", f.GetId(), f.GetName(), foldedCount(f), identity.FoldedExitedID, want)
 	}
 	resp, err := h.lifecycle.CheckpointWorkload(ctx, &sandboxstatsv1.CheckpointWorkloadRequest{ActorUid: "actor-a"})
 	if err != nil {
