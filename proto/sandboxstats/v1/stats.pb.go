@@ -1964,9 +1964,18 @@ type ContainerStats struct {
 	// Layer: statsd.
 	Absent []*AbsentValue `protobuf:"bytes,10,rep,name=absent,proto3" json:"absent,omitempty"`
 	// Kind: label. Layer: statsd. The container left the workload during the
-	// activation (its runtime no longer lists it, or UpdateWorkloadContainers
-	// dropped it): its counters are the last read and stay in every later
-	// sample and the final; its gauges are absent ("exited").
+	// activation (its runtime no longer lists it or, for a micro-VM,
+	// UpdateWorkloadContainers dropped it): its counters are the last read and
+	// stay in every later sample and the final; its gauges are absent
+	// ("exited"). One exited entry per name: a container that exits under the
+	// name of an exited one (a restart, a new id) is merged into it (the
+	// newest id, the counters summed). Past 25 entries the oldest are folded
+	// into one whose id and name are "(exited, folded)" (counters summed; its
+	// gauges' absent reason "exited; N containers folded"); a sample over its
+	// size cap may fold its exited entries so, for that sample only. CPU that
+	// moves between entries was already in the containers' sum: a consumer
+	// charging each entry apart charges the CPU an exited entry gains as
+	// others leave the list once (statsagent does).
 	Exited        bool `protobuf:"varint,11,opt,name=exited,proto3" json:"exited,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
