@@ -38,6 +38,6 @@ func TestGoldenContainerSets(t *testing.T) {
 			"--container", "4c1e0f=web"}, code: exitError},
 		{name: "update-containers-no-id", args: []string{"update-containers", "--actor-uid", "actor-7f3c", "--container", "=web"}, code: exitUsage},
 		{name: "run-workload-containers-and-ids", args: []string{"run-workload", "--lifecycle-socket", "$LIFECYCLE", "--actor-uid", "vm-1",
-			"--agent-address", "hvsock:///run/vm/clh.sock:1024", "--container-id", "web", "--container", "web=web"}, code: exitError},
+			"--agent-address", "hvsock:///run/vm/clh.sock:1024", "--container-id", "web", "--container", "api=api"}, code: exitError},
 	})
 }
