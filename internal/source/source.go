@@ -156,6 +156,23 @@ type ContainerSetter interface {
 	SetContainers(set []ContainerRef)
 }
 
+// Persistent is a Source with derived state that must survive statsd's
+// restart (the gVisor breakdown's split: without it a restarted statsd
+// would split the pod's whole history again among the containers listed
+// now). The store persists BreakdownState with the binding (at most
+// MaxBreakdownStateBytes; nil: nothing to persist yet) and gives it back
+// through RestoreBreakdownState when it opens the source of a restored
+// binding, before its first Sample. Both must not wait for a Sample in
+// progress; a state the source refuses (RestoreBreakdownState's error) is
+// dropped and the source starts afresh.
+type Persistent interface {
+	BreakdownState() ([]byte, error)
+	RestoreBreakdownState(state []byte) error
+}
+
+// MaxBreakdownStateBytes caps one source's persisted state (Persistent).
+const MaxBreakdownStateBytes = 32 << 10
+
 // Kind is where a Reading's numbers come from.
 type Kind int
 
