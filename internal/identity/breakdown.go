@@ -96,6 +96,13 @@ func (s *Store) newBreakdownHolder(actorUID string, state json.RawMessage) *brea
 		s.logger.Warn("persisted source state over its cap: dropped", "actor_uid", actorUID, "bytes", len(state), "cap", source.MaxBreakdownStateBytes)
 		state = nil
 	}
+	if len(state) > 0 {
+		// As the source gave it (binding.json indents it).
+		var c bytes.Buffer
+		if json.Compact(&c, state) == nil {
+			state = c.Bytes()
+		}
+	}
 	return &breakdownHolder{restored: state, saved: state}
 }
 
