@@ -255,9 +255,10 @@ type Reading struct {
 	// per-container figures. The figures above stay the whole sandbox's (a
 	// guest agent's: the sums of the containers read).
 	Containers []Container `json:",omitempty"`
-	// SandboxOwnCPUUsec is a gVisor sandbox's own share of its CPU (its
-	// cgroup's CPU minus the containers' sum, floored at 0): counter, nil
-	// when not offered (see Absent, field "sandbox_own_cpu_usec").
+	// SandboxOwnCPUUsec is a gVisor sandbox's own share of its CPU (the
+	// sentry's and gofers' host CPU plus the pause container's part of the
+	// rest; see the proto): counter, nil when not offered (see Absent,
+	// field "sandbox_own_cpu_usec").
 	SandboxOwnCPUUsec *uint64 `json:",omitempty"`
 }
 
