@@ -128,3 +128,13 @@ func upperName(e protoreflect.Enum, prefix string) string {
 	}
 	return strings.TrimPrefix(string(v.Name()), prefix)
 }
+
+// ContainerIDs are the ids of set, in order: a micro-VM's
+// SandboxRef.container_ids for its SandboxRef.containers.
+func ContainerIDs(set []*sandboxstatsv1.ContainerRef) []string {
+	ids := make([]string, 0, len(set))
+	for _, c := range set {
+		ids = append(ids, c.GetId())
+	}
+	return ids
+}

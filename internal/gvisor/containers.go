@@ -46,7 +46,7 @@ type containerRead struct {
 // runsc root.
 type breakdown struct {
 	roots  []string
-	client *sentryusage.Client
+	sentry *sentryusage.Session // one kept connection to the sentry, closed by close
 	g      *bounded.Group
 	pid    int
 	cgroup string
@@ -76,7 +76,7 @@ func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, 
 		return nil, fmt.Errorf("gvisor: runsc roots: %w", err)
 	}
 	b := &breakdown{
-		roots: roots, client: c, g: bounded.New(timeout), pid: ref.SentryPID, cgroup: ref.CgroupPath,
+		roots: roots, sentry: c.Session(), g: bounded.New(timeout), pid: ref.SentryPID, cgroup: ref.CgroupPath,
 		cache: newStateCache(), own: newOwnTracker(procRoot),
 	}
 	b.own.cgroup = ref.CgroupPath
@@ -134,7 +134,7 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 			defer close(done)
 			cr.own, cr.ownErr = b.own.read(sb.Root, sentry, gofers)
 		}()
-		u, err := b.client.Read(context.Background(), q) // bounded by the client's Timeout
+		u, err := b.sentry.Read(context.Background(), q) // bounded by the client's Timeout
 		<-done
 		if err != nil {
 			return containerRead{}, err
@@ -143,6 +143,11 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 		return cr, nil
 	})
 }
+
+// close closes the kept connection to the sentry (the source's Close): one
+// file descriptor here, one goroutine in the sentry, and what holds the
+// sentry's exit back once its root container has exited.
+func (b *breakdown) close() { b.sentry.Close() }
 
 func (b *breakdown) what() string {
 	if b.pid != 0 {

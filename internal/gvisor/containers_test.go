@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -256,6 +257,53 @@ func TestSampleContainers(t *testing.T) {
 		}
 		if want := []string{`{"method":"containerManager.Event","arg":"gvx-sbx"}`}; !cmp.Equal(want, reqs()) {
 			t.Errorf("requests %q, want %q", reqs(), want)
+		}
+	})
+	t.Run("one connection to the sentry across samples, closed by Close", func(t *testing.T) {
+		root := getRunscRoot(t, boundToV2)
+		l, err := net.Listen("unix", filepath.Join(root, "runsc-gvx-sbx.sock"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		var accepts atomic.Int32
+		closed := make(chan struct{}, 8)
+		go func() {
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				accepts.Add(1)
+				go func() { // calls one after another, as urpc serves them
+					defer c.Close()
+					dec := json.NewDecoder(c)
+					for {
+						var req json.RawMessage
+						if dec.Decode(&req) != nil {
+							closed <- struct{}{}
+							return
+						}
+						c.Write(reply)
+					}
+				}()
+			}
+		}()
+		src := openWithRoot(t, root, 0)
+		for i := range 3 {
+			r, err := src.Sample(t.Context())
+			if err != nil || len(r.Containers) != 1 {
+				t.Fatalf("sample %d: %v, containers %v, absent %v", i, err, r.Containers, r.Absent)
+			}
+		}
+		if n := accepts.Load(); n != 1 {
+			t.Errorf("%d connections for 3 samples, want 1", n)
+		}
+		src.Close()
+		select {
+		case <-closed:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the connection to the sentry still open after Close")
 		}
 	})
 	t.Run("hung sentry: the sample in time, containers absent", func(t *testing.T) {

@@ -214,12 +214,14 @@ func (s *cgroupSource) SandboxCgroup() (path string, ok bool) {
 	return s.loc.mem, true
 }
 
-// Close releases the handles on the cgroup mounts. It is safe to call more
-// than once; a read still hung in the kernel keeps its own file open.
+// Close releases the handles on the cgroup mounts and the breakdown's
+// connection to the sentry. It is safe to call more than once; a read still
+// hung in the kernel keeps its own file open.
 func (s *cgroupSource) Close() error {
 	s.closeOnce.Do(func() {
 		if s.bd != nil {
 			s.bd.own.close()
+			s.bd.close()
 		}
 		for _, r := range append([]*os.Root{s.unified, s.memory, s.cpuacct}, s.aux.all()...) {
 			if r != nil {

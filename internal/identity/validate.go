@@ -114,10 +114,10 @@ func ValidateRef(ref source.SandboxRef) error {
 			return err
 		}
 		if len(ref.Containers) > 0 {
-			if len(ref.ContainerIDs) > 0 {
-				return fmt.Errorf("%w: a microvm sandbox takes containers or container_ids, not both", ErrInvalid)
-			}
 			if err := ValidateContainers(ref.Class, ref.Containers); err != nil {
+				return err
+			}
+			if err := sameContainerIDs(ref.ContainerIDs, ref.Containers); err != nil {
 				return err
 			}
 		} else if n := len(ref.ContainerIDs); n == 0 || n > MaxContainerIDs {
@@ -151,6 +151,27 @@ func ValidateRef(ref source.SandboxRef) error {
 		}
 		if err := validateAbsPath(f.name, f.value); err != nil {
 			return err
+		}
+	}
+	return nil
+}
+
+// sameContainerIDs checks a micro-VM ref that gives both container_ids and
+// containers (a launcher that also speaks to a statsd older than
+// containers, which reads container_ids only): both must name the same
+// ids in the same order. No container_ids: nothing to compare.
+func sameContainerIDs(ids []string, set []source.ContainerRef) error {
+	if len(ids) == 0 {
+		return nil
+	}
+	for i := range max(len(ids), len(set)) {
+		switch {
+		case i >= len(ids):
+			return fmt.Errorf("%w: container_ids and containers differ: containers[%d] is %q, container_ids has %d ids", ErrInvalid, i, set[i].ID, len(ids))
+		case i >= len(set):
+			return fmt.Errorf("%w: container_ids and containers differ: container_ids[%d] is %q, containers has %d", ErrInvalid, i, foreignCut(ids[i]), len(set))
+		case ids[i] != set[i].ID:
+			return fmt.Errorf("%w: container_ids and containers differ: container_ids[%d] is %q, containers[%d].id is %q", ErrInvalid, i, foreignCut(ids[i]), i, set[i].ID)
 		}
 	}
 	return nil

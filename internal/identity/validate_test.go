@@ -81,7 +81,6 @@ func TestValidateRef(t *testing.T) {
 		{"vmm pid file relative", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c"}, VMMPIDFile: "q.pid"}, false},
 		{"no class", source.SandboxRef{CgroupPath: "/a"}, false},
 		{"microvm containers with names", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", Containers: []source.ContainerRef{{ID: "c1", Name: "web"}, {ID: "c2"}}}, true},
-		{"microvm containers and container_ids", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: []string{"c1"}, Containers: []source.ContainerRef{{ID: "c1", Name: "web"}}}, false},
 		{"microvm containers listed twice", source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", Containers: []source.ContainerRef{{ID: "c1"}, {ID: "c1", Name: "x"}}}, false},
 		{"gvisor names", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a", Containers: []source.ContainerRef{{ID: "4c1e0f", Name: "app"}}}, true},
 		{"gvisor name not printable", source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/a", Containers: []source.ContainerRef{{ID: "4c1e0f", Name: "a\x00"}}}, false},
@@ -156,6 +155,42 @@ func TestValidateWorkerPool(t *testing.T) {
 			}
 			if err != nil && (!errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), "worker_pool")) {
 				t.Fatalf("error %v does not wrap ErrInvalid or name worker_pool", err)
+			}
+		})
+	}
+}
+
+// TestValidateRefBothContainerForms: a micro-VM ref may give container_ids
+// beside containers (a bridge that also speaks to an older statsd) when
+// both name the same ids in the same order; the error names the mismatch.
+func TestValidateRefBothContainerForms(t *testing.T) {
+	vm := func(ids []string, set ...source.ContainerRef) source.SandboxRef {
+		return source.SandboxRef{Class: source.ClassMicroVM, AgentAddress: "vsock://3:1", ContainerIDs: ids, Containers: set}
+	}
+	sbx, web, db := source.ContainerRef{ID: "sbx"}, source.ContainerRef{ID: "c1", Name: "web"}, source.ContainerRef{ID: "c2", Name: "db"}
+	for _, tc := range []struct {
+		name string
+		ref  source.SandboxRef
+		want string // "" = valid; else a part of the error
+	}{
+		{"both agree", vm([]string{"sbx", "c1", "c2"}, sbx, web, db), ""},
+		{"containers only", vm(nil, sbx, web, db), ""},
+		{"container_ids only", vm([]string{"sbx", "c1", "c2"}), ""},
+		{"neither", vm(nil), "needs 1 to 25 container_ids, got 0"},
+		{"order differs", vm([]string{"sbx", "c2", "c1"}, sbx, web, db), `container_ids[1] is "c2", containers[1].id is "c1"`},
+		{"an id differs", vm([]string{"sbx", "c1", "c9"}, sbx, web, db), `container_ids[2] is "c9", containers[2].id is "c2"`},
+		{"container_ids shorter", vm([]string{"sbx", "c1"}, sbx, web, db), `containers[2] is "c2", container_ids has 2 ids`},
+		{"container_ids longer", vm([]string{"sbx", "c1", "c2", "c3"}, sbx, web, db), `container_ids[3] is "c3", containers has 3`},
+		{"both agree, an id listed twice", vm([]string{"c1", "c1"}, web, web), `containers[1]: id "c1" is listed twice`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			err := ValidateRef(tc.ref)
+			switch {
+			case tc.want == "" && err != nil:
+				t.Fatalf("ValidateRef = %v, want valid", err)
+			case tc.want == "":
+			case err == nil || !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), tc.want):
+				t.Fatalf("ValidateRef = %v, want ErrInvalid with %q", err, tc.want)
 			}
 		})
 	}

@@ -6,7 +6,6 @@ import (
 	"io"
 	"log/slog"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -442,16 +441,10 @@ func TestKataContainersSettle(t *testing.T) {
 	p := &api.PodSandbox{Id: "kata1", Uid: "uid-k", Name: "vm", Namespace: "shop", RuntimeHandler: "kata-clh", Pid: 777}
 	b.RunPodSandbox(p)
 	eventually(t, "not yet laid out: retried", func() bool { return testutil.ToFloat64(b.m.unactionable.WithLabelValues("kata-not-yet")) >= 2 })
-	dir := filepath.Join(root, "sbs", "kata1")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "persist.json"), []byte(`{"HypervisorState":{"Type":"clh","Pid":4242},"AgentState":{"URL":"hvsock:///run/vc/vm/kata1/clh.sock:1024"}}`), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	layOutKata1(t, root)
 	eventually(t, "bound", func() bool { return len(f.Bound()) == 1 })
 	want := &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
-		AgentAddress: "hvsock:///run/vc/vm/kata1/clh.sock:1024", Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}}, VmmPid: 4242}
+		AgentAddress: "hvsock:///run/vc/vm/kata1/clh.sock:1024", ContainerIds: []string{"kata1"}, Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}}, VmmPid: 4242}
 	if diff := cmp.Diff(want, f.Bound()["uid-k"].GetSandbox(), protocmp.Transform()); diff != "" {
 		t.Errorf("first binding (-want +got):\n%s", diff)
 	}

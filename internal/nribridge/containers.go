@@ -18,13 +18,14 @@ import (
 )
 
 // sameSandbox reports whether two requests bind the same way apart from
-// the container set: then a change is an UpdateWorkloadContainers, not a
-// Run (which would begin a new activation).
+// the container set (containers, and Kata's container_ids): then a change
+// is an UpdateWorkloadContainers, not a Run (which would begin a new
+// activation).
 func sameSandbox(a, b *sandboxstatsv1.RunWorkloadRequest) bool {
 	strip := func(r *sandboxstatsv1.RunWorkloadRequest) *sandboxstatsv1.RunWorkloadRequest {
 		c := proto.Clone(r).(*sandboxstatsv1.RunWorkloadRequest)
 		if c.Sandbox != nil {
-			c.Sandbox.Containers = nil
+			c.Sandbox.Containers, c.Sandbox.ContainerIds = nil, nil
 		}
 		return c
 	}

@@ -95,7 +95,8 @@ func TestKataPodToRequest(t *testing.T) {
 	want := &sandboxstatsv1.RunWorkloadRequest{
 		Identity: &sandboxstatsv1.WorkloadIdentity{ActorUid: podUID, ActorName: "vm-0", ActorNamespace: "shop", TemplateNamespace: "templates", TemplateName: "vm"},
 		Sandbox: &sandboxstatsv1.SandboxRef{SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
-			AgentAddress: "hvsock:///run/vc/vm/" + clhID + "/clh.sock:1024", Containers: []*sandboxstatsv1.ContainerRef{{Id: clhID}, {Id: "app2", Name: "web"}, {Id: "app1", Name: "sidecar"}}, VmmPid: 4242},
+			AgentAddress: "hvsock:///run/vc/vm/" + clhID + "/clh.sock:1024", ContainerIds: []string{clhID, "app2", "app1"},
+			Containers: []*sandboxstatsv1.ContainerRef{{Id: clhID}, {Id: "app2", Name: "web"}, {Id: "app1", Name: "sidecar"}}, VmmPid: 4242},
 	}
 	got := &sandboxstatsv1.RunWorkloadRequest{Identity: id, Sandbox: ref}
 	if diff := cmp.Diff(want, got, protocmp.Transform()); diff != "" {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/containerd/nri/pkg/api"
 
+	ssapi "github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -262,7 +263,10 @@ type Kata struct {
 // RefOf is the SandboxRef of a sandbox. kata is the resolved layout of a
 // Kata sandbox (ignored for the other kinds); containers are the pod's
 // application containers (ContainerRefs), passed as
-// SandboxRef.containers for every kind.
+// SandboxRef.containers for every kind. Kata's ids go as container_ids
+// too, in the same order: a statsd older than containers (a rolling
+// upgrade that updates the bridge first) reads those and ignores the
+// field it does not know; a newer one checks that both agree.
 func RefOf(s Sandbox, containers []Container, kata Kata) (*sandboxstatsv1.SandboxRef, error) {
 	refs, _, err := ContainerRefs(s, containers)
 	if err != nil {
@@ -295,6 +299,7 @@ func RefOf(s Sandbox, containers []Container, kata Kata) (*sandboxstatsv1.Sandbo
 		ref := &sandboxstatsv1.SandboxRef{
 			SandboxClass: sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM,
 			AgentAddress: kata.AgentAddress,
+			ContainerIds: ssapi.ContainerIDs(refs),
 			Containers:   refs,
 		}
 		vmm := kata.VMMPID

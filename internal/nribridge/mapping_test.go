@@ -247,19 +247,20 @@ func TestRefOf(t *testing.T) {
 			want:    &sandboxstatsv1.SandboxRef{SandboxClass: gvisor, CgroupPath: "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1.slice"},
 		},
 		{
-			name:       "Kata: the agent, the sandbox's container first (no name), the pod's as given, the VMM from Kata's layout",
+			name:       "Kata: the agent, the sandbox's container first (no name), the pod's as given, as containers and as container_ids (an older statsd reads those), the VMM from Kata's layout",
 			sandbox:    Sandbox{Kind: KindKata, ID: "kata1", PID: 777},
 			containers: []Container{{ID: "c2", Name: "web"}, {ID: "c1", Name: "init"}, {ID: "c2", Name: "web"}, {ID: "kata1"}},
 			kata:       kata,
 			want: &sandboxstatsv1.SandboxRef{SandboxClass: microvm, AgentAddress: kata.AgentAddress, VmmPid: 5151,
-				Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}, {Id: "c2", Name: "web"}, {Id: "c1", Name: "init"}}},
+				ContainerIds: []string{"kata1", "c2", "c1"},
+				Containers:   []*sandboxstatsv1.ContainerRef{{Id: "kata1"}, {Id: "c2", Name: "web"}, {Id: "c1", Name: "init"}}},
 		},
 		{
 			name:    "Kata: no VMM pid in the layout: NRI's pod pid (the VMM's)",
 			sandbox: Sandbox{Kind: KindKata, ID: "kata1", PID: 777},
 			kata:    Kata{AgentAddress: "vsock://1637421617:1024"},
 			want: &sandboxstatsv1.SandboxRef{SandboxClass: microvm, AgentAddress: "vsock://1637421617:1024", VmmPid: 777,
-				Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}}},
+				ContainerIds: []string{"kata1"}, Containers: []*sandboxstatsv1.ContainerRef{{Id: "kata1"}}},
 		},
 		{
 			name:    "not watched",
@@ -382,21 +383,11 @@ func identityFromProto(id *sandboxstatsv1.WorkloadIdentity) identity.Identity {
 }
 
 func refFromProto(r *sandboxstatsv1.SandboxRef) source.SandboxRef {
-	return source.SandboxRef{Class: source.Class(r.GetSandboxClass()), CgroupPath: r.GetCgroupPath(), SentryPID: int(r.GetSentryPid()),
-		AgentAddress: r.GetAgentAddress(), ContainerIDs: containerIDs(r), VMMPID: int(r.GetVmmPid()),
-		VMMPIDFile: r.GetVmmPidFile(), QMPSocket: r.GetQmpSocket()}
-}
-
-// containerIDs are r's container ids as statsd reads them: container_ids,
-// or the ids of containers (which statsd's validator on main may not know
-// yet).
-func containerIDs(r *sandboxstatsv1.SandboxRef) []string {
-	if r.GetSandboxClass() != sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM || len(r.GetContainerIds()) > 0 {
-		return r.GetContainerIds()
-	}
-	var ids []string
+	var cs []source.ContainerRef
 	for _, c := range r.GetContainers() {
-		ids = append(ids, c.GetId())
+		cs = append(cs, source.ContainerRef{ID: c.GetId(), Name: c.GetName()})
 	}
-	return ids
+	return source.SandboxRef{Class: source.Class(r.GetSandboxClass()), CgroupPath: r.GetCgroupPath(), SentryPID: int(r.GetSentryPid()),
+		AgentAddress: r.GetAgentAddress(), ContainerIDs: r.GetContainerIds(), Containers: cs, VMMPID: int(r.GetVmmPid()),
+		VMMPIDFile: r.GetVmmPidFile(), QMPSocket: r.GetQmpSocket()}
 }

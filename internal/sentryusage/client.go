@@ -25,6 +25,12 @@ const (
 	// DefaultMaxReplyBytes caps a reply: release-20221219's is 344 bytes
 	// for three containers, later ones add network interfaces.
 	DefaultMaxReplyBytes = 64 << 10
+	// DefaultKeepFor is how long a Session keeps a connection after
+	// dialling it. It bounds what a kept connection can hold up: a sentry
+	// whose root container has exited waits for its control clients (up to
+	// runsc's --control-rpc-stop-timeout, 15 s) before it exits, and `runsc
+	// wait` on that container with it (pkg/urpc/urpc.go Server.Stop).
+	DefaultKeepFor = 2 * time.Second
 	// maxDialects bounds the per-socket dialect memo.
 	maxDialects = 4096
 )
@@ -46,6 +52,9 @@ type Config struct {
 	Timeout time.Duration
 	// MaxReplyBytes caps one reply; 0 means DefaultMaxReplyBytes.
 	MaxReplyBytes int
+	// KeepFor is how long a Session keeps a connection after dialling it;
+	// 0 means DefaultKeepFor. Client.Read keeps none.
+	KeepFor time.Duration
 }
 
 // Query names what to read.
@@ -64,13 +73,15 @@ type Query struct {
 }
 
 // Client reads usage from sentries' control servers. It is safe for
-// concurrent use; it keeps no connection open between Reads, only what
-// argument form each socket accepted.
+// concurrent use. Client.Read keeps no connection open between Reads, only
+// what argument form each socket accepted; a Session (Client.Session) keeps
+// one.
 type Client struct {
 	roots    []string
 	abstract bool
 	timeout  time.Duration
 	maxReply int
+	keepFor  time.Duration
 
 	mu       sync.Mutex
 	dialects map[string]Dialect // by socket address
@@ -82,10 +93,10 @@ func New(cfg Config) (*Client, error) {
 	if len(cfg.RootDirs) == 0 && !cfg.Abstract {
 		return nil, errors.New("sentryusage: no root dir and no abstract socket: nowhere to find a control socket")
 	}
-	if cfg.Timeout < 0 || cfg.MaxReplyBytes < 0 {
-		return nil, fmt.Errorf("sentryusage: negative Timeout (%v) or MaxReplyBytes (%d)", cfg.Timeout, cfg.MaxReplyBytes)
+	if cfg.Timeout < 0 || cfg.MaxReplyBytes < 0 || cfg.KeepFor < 0 {
+		return nil, fmt.Errorf("sentryusage: negative Timeout (%v), MaxReplyBytes (%d) or KeepFor (%v)", cfg.Timeout, cfg.MaxReplyBytes, cfg.KeepFor)
 	}
-	c := &Client{abstract: cfg.Abstract, timeout: cfg.Timeout, maxReply: cfg.MaxReplyBytes, dialects: map[string]Dialect{}}
+	c := &Client{abstract: cfg.Abstract, timeout: cfg.Timeout, maxReply: cfg.MaxReplyBytes, keepFor: cfg.KeepFor, dialects: map[string]Dialect{}}
 	for _, r := range cfg.RootDirs {
 		if r == "" {
 			return nil, errors.New("sentryusage: an empty root dir")
@@ -98,6 +109,9 @@ func New(cfg Config) (*Client, error) {
 	if c.maxReply == 0 {
 		c.maxReply = DefaultMaxReplyBytes
 	}
+	if c.keepFor == 0 {
+		c.keepFor = DefaultKeepFor
+	}
 	return c, nil
 }
 
@@ -106,6 +120,12 @@ func New(cfg Config) (*Client, error) {
 // argument form is refused), one bounded reply. Errors wrap one of the
 // package's sentinels and name the socket and the container.
 func (c *Client) Read(ctx context.Context, q Query) (Usage, error) {
+	return c.read(ctx, q, nil)
+}
+
+// read is Read, on s's kept connection when s is not nil and holds one for
+// q.SandboxID.
+func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	if err := validID(q.SandboxID); err != nil {
 		return Usage{}, fmt.Errorf("%w: sandbox id %q: %w", ErrBadID, cutID(q.SandboxID), err)
 	}
@@ -115,17 +135,30 @@ func (c *Client) Read(ctx context.Context, q Query) (Usage, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
 
-	conn, addr, err := c.dial(ctx, q.SandboxID)
-	if err != nil && ctx.Err() != nil {
-		return Usage{}, c.wireError(ctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
+	kc := s.take(q.SandboxID)
+	if kc != nil && unasked(kc.conn) != nil {
+		// The sentry closed it, or sent bytes nobody asked for (a
+		// hostile or confused peer: they must not be read as the next
+		// reply): dial anew.
+		kc.close()
+		kc = nil
 	}
-	if err != nil {
-		tried := c.candidates(q.SandboxID)
-		for i := range tried {
-			tried[i] = printable(tried[i])
+	reused := kc != nil
+	if kc == nil {
+		conn, addr, err := c.dial(ctx, q.SandboxID)
+		if err != nil && ctx.Err() != nil {
+			return Usage{}, c.wireError(ctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
 		}
-		return Usage{}, errorf(ErrNoSocket, "(sandbox "+q.SandboxID+")", q.ContainerID, "tried "+strings.Join(tried, ", "), err)
+		if err != nil {
+			tried := c.candidates(q.SandboxID)
+			for i := range tried {
+				tried[i] = printable(tried[i])
+			}
+			return Usage{}, errorf(ErrNoSocket, "(sandbox "+q.SandboxID+")", q.ContainerID, "tried "+strings.Join(tried, ", "), err)
+		}
+		kc = s.wrap(conn, q.SandboxID, addr)
 	}
+	addr := kc.addr
 	d, first := c.dialect(addr)
 	if first {
 		d = DialectContainerID
@@ -133,83 +166,132 @@ func (c *Client) Read(ctx context.Context, q Query) (Usage, error) {
 			d = DialectNoArg // an abstract socket is runsc before release-20230920: likely the old form
 		}
 	}
-	u, err := c.call(ctx, conn, addr, d, q)
+	u, keep, err := c.call(ctx, kc.conn, addr, d, q)
+	if err != nil && reused && errors.Is(err, errStale) {
+		// A kept connection the sentry closed (or reset) before
+		// answering: the one dial of this Read, within its deadline.
+		// Event reads and changes nothing: asking again is harmless.
+		kc.close()
+		conn, derr := c.dialAddr(ctx, addr)
+		if derr != nil {
+			return Usage{}, c.wireError(ctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
+		}
+		kc = s.wrap(conn, q.SandboxID, addr)
+		u, keep, err = c.call(ctx, kc.conn, addr, d, q)
+	}
 	if err != nil && (wantsNoArg(err) && d == DialectContainerID || first && d == DialectNoArg && errors.Is(err, ErrRemote)) {
 		// The other argument form, once, on a new connection (urpc
 		// serves several calls per connection, but a fresh one leaves
 		// nothing of the refused call behind).
+		kc.close()
 		d = DialectNoArg + DialectContainerID - d
-		if conn, err = c.dialAddr(ctx, addr); err != nil {
-			return Usage{}, errorf(ErrIO, addr, q.ContainerID, "dial again", err)
+		conn, derr := c.dialAddr(ctx, addr)
+		if derr != nil {
+			return Usage{}, errorf(ErrIO, addr, q.ContainerID, "dial again", derr)
 		}
-		u, err = c.call(ctx, conn, addr, d, q)
+		kc = s.wrap(conn, q.SandboxID, addr)
+		u, keep, err = c.call(ctx, kc.conn, addr, d, q)
 	}
 	if err != nil {
+		kc.close() // whatever went wrong, the framing is not trusted again
 		return Usage{}, err
 	}
 	c.learn(addr, d)
+	if keep {
+		s.put(kc)
+	} else {
+		kc.close()
+	}
 	u.Socket = printable(addr)
 	return u, nil
 }
 
-// call sends one request on conn, reads one bounded reply, closes conn and
-// parses the reply.
-func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect, q Query) (Usage, error) {
-	defer conn.Close()
+// errStale marks an error of call that says the connection was closed or
+// reset by the sentry before a byte of the reply came.
+var errStale = errors.New("connection closed before the reply")
+
+// call sends one request on conn, reads one bounded reply and parses it.
+// It leaves conn open; keep says that nothing but the reply came and the
+// deadline did not fire, so that conn can carry another call.
+func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect, q Query) (u Usage, keep bool, err error) {
 	where := printable(addr)
 	if dl, ok := ctx.Deadline(); ok {
 		conn.SetDeadline(dl)
 	}
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
-	defer stop()
+	defer func() {
+		if !stop() {
+			keep = false // the deadline may be set in the past at any time now
+		}
+	}()
 
 	if _, err := conn.Write(encodeRequest(d, q.ContainerID)); err != nil {
-		return Usage{}, c.wireError(ctx, where, q.ContainerID, "write request", err)
+		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "write request", err)
 	}
-	b, err := readReply(conn, c.maxReply)
+	b, trailing, err := readReply(conn, c.maxReply)
 	if err != nil {
 		var re *replyError
 		if errors.As(err, &re) {
-			return Usage{}, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
+			return Usage{}, false, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
 		}
-		return Usage{}, c.wireError(ctx, where, q.ContainerID, "read reply", err)
+		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "read reply", err)
 	}
-	u, err := parseReply(b, d, q)
+	u, err = parseReply(b, d, q)
 	if err != nil {
 		re := err.(*replyError)
-		return Usage{}, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
+		return Usage{}, false, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
 	}
-	return u, nil
+	return u, !trailing, nil
 }
+
+// staleError is wireError, marked errStale when err says the sentry closed
+// or reset the connection before any byte of the reply.
+func (c *Client) staleError(ctx context.Context, where, container, what string, err error) error {
+	werr := c.wireError(ctx, where, container, what, err)
+	if ctx.Err() == nil && (errors.Is(err, errClosedEmpty) || errors.Is(err, syscall.EPIPE) || errors.Is(err, syscall.ECONNRESET)) {
+		return fmt.Errorf("%w (%w)", werr, errStale)
+	}
+	return werr
+}
+
+// errClosedEmpty is readReply's error for a connection closed before the
+// reply's first byte.
+var errClosedEmpty = fmt.Errorf("closed after 0 bytes: %w", io.ErrUnexpectedEOF)
 
 // readReply reads one JSON value of at most max bytes from r: the framing
 // only (urpc has no length prefix: the value's end is its closing brace);
 // parseReply reads the value. A value past max is ErrTooLarge, bytes that
 // cannot begin or continue a JSON value ErrMalformed (as *replyError);
-// anything else is the reader's error.
-func readReply(r io.Reader, max int) ([]byte, error) {
+// anything else is the reader's error. trailing says bytes came after the
+// value in the same reads: nothing the sentry should send (urpc writes one
+// value a call, no newline).
+func readReply(r io.Reader, max int) (b []byte, trailing bool, err error) {
 	lr := &io.LimitedReader{R: r, N: int64(max) + 1}
 	var seen bytes.Buffer
 	dec := json.NewDecoder(io.TeeReader(lr, &seen))
 	var raw json.RawMessage
-	err := dec.Decode(&raw)
+	err = dec.Decode(&raw)
 	switch {
 	case err == nil:
 		if len(raw) > max {
-			return nil, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
+			return nil, false, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
 		}
-		return raw, nil
+		n, _ := dec.Buffered().Read(make([]byte, 1))
+		return raw, n > 0, nil
 	case lr.N <= 0 && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
-		return nil, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
+		return nil, false, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
 	}
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
-		return nil, &replyError{ErrMalformed, "not JSON " + excerpt(seen.Bytes(), err), err}
+		return nil, false, &replyError{ErrMalformed, "not JSON " + excerpt(seen.Bytes(), err), err}
 	}
 	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		return nil, fmt.Errorf("closed after %d bytes: %w", seen.Len(), io.ErrUnexpectedEOF)
+		if seen.Len() == 0 {
+			return nil, false, errClosedEmpty
+		}
+		return nil, false, fmt.Errorf("closed after %d bytes: %w", seen.Len(), io.ErrUnexpectedEOF)
 	}
-	return nil, err
+	return nil, false, err
 }
 
 // wireError classifies an I/O error: the deadline or the context is

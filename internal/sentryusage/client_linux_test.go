@@ -17,21 +17,32 @@ import (
 	"github.com/google/go-cmp/cmp"
 )
 
-// fakeSentry is an in-process control server: it reads one request per
-// connection as urpc's server does (one JSON value), checks that it is
-// Method with one argument, records it and lets behave answer.
+// fakeSentry is an in-process control server: it serves calls on a
+// connection one after another as urpc's server does (one JSON value a
+// request), checks that each is Method with one argument, records it and
+// lets behave answer (call counts the calls on that connection, from 0).
+// It counts the connections it accepted and those still open.
 type fakeSentry struct {
 	t      testing.TB
 	ln     net.Listener
-	behave func(arg json.RawMessage, c net.Conn)
+	behave func(call int, arg json.RawMessage, c net.Conn)
 
 	mu       sync.Mutex
 	requests []string
+	accepts  int
+	open     int
 	done     chan struct{}
 }
 
 // startFake listens on addr (a path, or @name for an abstract socket).
 func startFake(t testing.TB, addr string, behave func(arg json.RawMessage, c net.Conn)) *fakeSentry {
+	t.Helper()
+	return startFakeCalls(t, addr, func(_ int, arg json.RawMessage, c net.Conn) { behave(arg, c) })
+}
+
+// startFakeCalls is startFake with behave told which call of its
+// connection it answers.
+func startFakeCalls(t testing.TB, addr string, behave func(call int, arg json.RawMessage, c net.Conn)) *fakeSentry {
 	t.Helper()
 	ln, err := net.Listen("unix", addr)
 	if err != nil {
@@ -52,28 +63,47 @@ func startFake(t testing.TB, addr string, behave func(arg json.RawMessage, c net
 			if err != nil {
 				return
 			}
+			f.mu.Lock()
+			f.accepts++
+			f.open++
+			f.mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
+				defer func() {
+					f.mu.Lock()
+					f.open--
+					f.mu.Unlock()
+				}()
 				defer c.Close()
 				go func() { <-f.done; c.Close() }()
-				var raw json.RawMessage
-				if err := json.NewDecoder(c).Decode(&raw); err != nil {
-					return
+				dec := json.NewDecoder(c)
+				for call := 0; ; call++ {
+					var raw json.RawMessage
+					if err := dec.Decode(&raw); err != nil {
+						return
+					}
+					method, arg, err := splitRequest(raw)
+					if err != nil || method != Method {
+						t.Errorf("the client sent method %q: %v", method, err)
+						return
+					}
+					f.mu.Lock()
+					f.requests = append(f.requests, string(raw))
+					f.mu.Unlock()
+					f.behave(call, arg, c)
 				}
-				method, arg, err := splitRequest(raw)
-				if err != nil || method != Method {
-					t.Errorf("the client sent method %q: %v", method, err)
-					return
-				}
-				f.mu.Lock()
-				f.requests = append(f.requests, string(raw))
-				f.mu.Unlock()
-				f.behave(arg, c)
 			}()
 		}
 	}()
 	return f
+}
+
+// counts returns the connections accepted so far and those still open.
+func (f *fakeSentry) counts() (accepts, open int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.accepts, f.open
 }
 
 func (f *fakeSentry) seen() []string {
@@ -266,8 +296,8 @@ func TestReadHostileSentry(t *testing.T) {
 		}, max: 4096, err: ErrTooLarge, text: "more than 4096 bytes"},
 		{name: "flood: a whole reply one byte past the cap", behave: reply(fx["head-shaped-containerid.json"]), max: len(fx["head-shaped-containerid.json"]) - 1, err: ErrTooLarge},
 		{name: "garbage", behave: reply([]byte("\x1b]0;owned\x07\xff\xfe garbage")), err: ErrMalformed, text: `not JSON at byte 1 near "\x1b]0;owned\a\xff\xfe garb"`},
-		{name: "closes without answering", behave: func(json.RawMessage, net.Conn) {}, err: ErrIO, text: "closed after 0 bytes"},
-		{name: "half a reply, then closes", behave: reply(fx["head-shaped-containerid.json"][:40]), err: ErrIO, text: "closed after 40 bytes"},
+		{name: "closes without answering", behave: func(_ json.RawMessage, c net.Conn) { c.Close() }, err: ErrIO, text: "closed after 0 bytes"},
+		{name: "half a reply, then closes", behave: func(_ json.RawMessage, c net.Conn) { c.Write(fx["head-shaped-containerid.json"][:40]); c.Close() }, err: ErrIO, text: "closed after 40 bytes"},
 		{name: "another container's reply", behave: reply([]byte(`{"success":true,"err":"","result":{"event":{"type":"stats","id":"other-pod-c","data":{}},"containerUsage":{"other-pod-c":1}}}`)), err: ErrWrongContainer, text: `event.id "other-pod-c"`},
 		{name: "an error whose text is a terminal escape", behave: reply([]byte(`{"success":false,"err":"\u001b[2Jboom","result":null}`)), err: ErrRemote, text: `"\x1b[2Jboom"`},
 	}
@@ -371,7 +401,7 @@ func TestReadBadIDs(t *testing.T) {
 }
 
 func TestNewRejects(t *testing.T) {
-	for _, cfg := range []Config{{}, {RootDirs: []string{""}}, {Abstract: true, Timeout: -1}, {Abstract: true, MaxReplyBytes: -1}} {
+	for _, cfg := range []Config{{}, {RootDirs: []string{""}}, {Abstract: true, Timeout: -1}, {Abstract: true, MaxReplyBytes: -1}, {Abstract: true, KeepFor: -1}} {
 		if _, err := New(cfg); err == nil {
 			t.Errorf("New(%+v) accepted", cfg)
 		}

@@ -13,3 +13,5 @@ import (
 var errUnsupported = fmt.Errorf("sentryusage: not supported on %s", runtime.GOOS)
 
 func dialUnix(context.Context, string) (net.Conn, error) { return nil, errUnsupported }
+
+func unasked(net.Conn) error { return errUnsupported }

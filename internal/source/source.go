@@ -70,7 +70,9 @@ type SandboxRef struct {
 	AgentAddress string   `json:"agent_address,omitempty"`
 	ContainerIDs []string `json:"container_ids,omitempty"`
 	// Containers names the workload's containers (id and name). Micro-VM:
-	// instead of ContainerIDs (never both), the ids read, in order. gVisor:
+	// the ids read, in order, instead of ContainerIDs or beside them (then
+	// the same ids in the same order: a launcher that also speaks to an
+	// older statsd; Containers is the set used). gVisor:
 	// optional names for the containers runsc's state files list. The set at
 	// the bind; UpdateWorkloadContainers changes it during the activation
 	// (identity keeps the current one). Equal ignores it and ContainerIDs.

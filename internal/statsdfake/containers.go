@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
@@ -77,7 +78,7 @@ func (s lifecycleServer) UpdateWorkloadContainers(ctx context.Context, req *sand
 	}
 	defer l.mu.Unlock()
 	actor := req.GetActorUid()
-	if l.noUpdate {
+	if l.noUpdate || l.older {
 		l.events = append(l.events, "unimplemented "+actor)
 		return nil, status.Error(codes.Unimplemented, "method UpdateWorkloadContainers not implemented")
 	}
@@ -97,7 +98,44 @@ func (s lifecycleServer) UpdateWorkloadContainers(ctx context.Context, req *sand
 	for _, c := range req.GetContainers() {
 		b.req.Sandbox.Containers = append(b.req.Sandbox.Containers, proto.Clone(c).(*sandboxstatsv1.ContainerRef))
 	}
+	if len(b.req.Sandbox.ContainerIds) > 0 {
+		b.req.Sandbox.ContainerIds = api.ContainerIDs(req.GetContainers()) // the form the bridge's next Run has
+	}
 	l.events = append(l.events, "update "+actor)
 	l.updates = append(l.updates, Update{Actor: actor, Containers: Names(req.GetContainers()), Epoch: b.epoch})
 	return &sandboxstatsv1.UpdateWorkloadContainersResponse{EpochUnixNano: b.epoch}, nil
+}
+
+// SetOlder makes the fake a statsd older than SandboxRef.containers and
+// UpdateWorkloadContainers (true), as during a rolling upgrade that
+// updates the bridge first: a Run or Restore's containers are dropped (an
+// unknown field to it), so a MICROVM ref without container_ids is
+// INVALID_REQUEST, and UpdateWorkloadContainers answers UNIMPLEMENTED.
+func (l *Lifecycle) SetOlder(v bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.older = v
+}
+
+// refLocked is req's sandbox as this statsd reads it: a MICROVM ref needs
+// container_ids or containers, and when it has both (a bridge that also
+// speaks to older statsds) the same ids in the same order; an older statsd
+// (SetOlder) drops containers first.
+func (l *Lifecycle) refLocked(req *sandboxstatsv1.RunWorkloadRequest) (*sandboxstatsv1.RunWorkloadRequest, error) {
+	if l.older && len(req.GetSandbox().GetContainers()) > 0 {
+		req = proto.Clone(req).(*sandboxstatsv1.RunWorkloadRequest)
+		req.Sandbox.Containers = nil
+	}
+	ref := req.GetSandbox()
+	if ref.GetSandboxClass() != sandboxstatsv1.SandboxClass_SANDBOX_CLASS_MICROVM {
+		return req, nil
+	}
+	ids, set := ref.GetContainerIds(), ref.GetContainers()
+	switch {
+	case len(ids) == 0 && len(set) == 0:
+		return nil, Status(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST, "a microvm sandbox needs 1 to 25 container_ids, got 0")
+	case len(ids) > 0 && len(set) > 0 && !slices.Equal(ids, api.ContainerIDs(set)):
+		return nil, Status(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST, "container_ids and containers differ")
+	}
+	return req, nil
 }

@@ -58,6 +58,7 @@ type Lifecycle struct {
 	events   []string
 	arrived  chan struct{}
 	noUpdate bool
+	older    bool
 	updates  []Update
 }
 
@@ -237,6 +238,11 @@ func (s lifecycleServer) RunWorkload(ctx context.Context, req *sandboxstatsv1.Ru
 	if actor == "" || req.GetSandbox().GetSandboxClass() == sandboxstatsv1.SandboxClass_SANDBOX_CLASS_UNSPECIFIED {
 		l.events = append(l.events, "refuse "+actor+" INVALID_REQUEST")
 		return nil, Status(codes.InvalidArgument, sandboxstatsv1.ErrorReason_ERROR_REASON_INVALID_REQUEST, "actor_uid and sandbox_class are required")
+	}
+	req, err := l.refLocked(req)
+	if err != nil {
+		l.events = append(l.events, "refuse "+actor+" INVALID_REQUEST")
+		return nil, err
 	}
 	b := l.bindings[actor]
 	if b != nil && proto.Equal(b.req, req) {

@@ -752,8 +752,9 @@ type SandboxRef struct {
 	// counters through query-stats.
 	QmpSocket string `protobuf:"bytes,8,opt,name=qmp_socket,json=qmpSocket,proto3" json:"qmp_socket,omitempty"`
 	// Optional: the workload's containers with their names, at most 25, ids
-	// unique. MICROVM: instead of container_ids (not both), the same ids in
-	// the order read, each with its name. GVISOR: names the containers
+	// unique. MICROVM: the ids in the order read, each with its name, instead
+	// of container_ids or beside it (then the same ids in the same order: a
+	// statsd older than this field reads container_ids). GVISOR: names the containers
 	// runsc's state files list (a name here wins over the CRI annotation);
 	// the set measured stays what the state files list. Kept current while
 	// the activation runs by UpdateWorkloadContainers (the NRI bridge calls it

@@ -463,9 +463,11 @@ type WorkloadLifecycleServiceClient interface {
 	// UpdateWorkloadContainers replaces the bound actor's container set (an
 	// init container done, a container restarted, a sidecar added) without a
 	// new activation: the epoch and the activation stay, the sandbox stays.
-	// A container that leaves the set keeps its last figures in the
-	// activation (ContainerStats.exited), so at the final the containers plus
-	// the sandbox's own share still equal the pod's CPU. Repeating it is
+	// MICROVM: the set is what the guest agent is asked for; a container that
+	// leaves it keeps its last figures in the activation
+	// (ContainerStats.exited), so at the final the containers still add up to
+	// the pod's CPU. GVISOR: the set names containers only; runsc's state
+	// files say which run (one they stop listing is exited). Repeating it is
 	// harmless. FAILED_PRECONDITION ACTOR_MISMATCH (NO_WORKLOAD) when the actor
 	// is not bound; INVALID_ARGUMENT INVALID_REQUEST when the set does not
 	// validate as SandboxRef.containers does for the bound class.
@@ -562,9 +564,11 @@ type WorkloadLifecycleServiceServer interface {
 	// UpdateWorkloadContainers replaces the bound actor's container set (an
 	// init container done, a container restarted, a sidecar added) without a
 	// new activation: the epoch and the activation stay, the sandbox stays.
-	// A container that leaves the set keeps its last figures in the
-	// activation (ContainerStats.exited), so at the final the containers plus
-	// the sandbox's own share still equal the pod's CPU. Repeating it is
+	// MICROVM: the set is what the guest agent is asked for; a container that
+	// leaves it keeps its last figures in the activation
+	// (ContainerStats.exited), so at the final the containers still add up to
+	// the pod's CPU. GVISOR: the set names containers only; runsc's state
+	// files say which run (one they stop listing is exited). Repeating it is
 	// harmless. FAILED_PRECONDITION ACTOR_MISMATCH (NO_WORKLOAD) when the actor
 	// is not bound; INVALID_ARGUMENT INVALID_REQUEST when the set does not
 	// validate as SandboxRef.containers does for the bound class.
