@@ -141,7 +141,9 @@ func TestIntegrationGVisorContainerExitKeepsCPU(t *testing.T) {
 		own, _ := strconv.ParseUint(s.Own, 10, 64)
 		cg, _ := strconv.ParseUint(s.CPU, 10, 64)
 		t.Logf("after a restart: containers %d us + own %d us = %d us, cgroup %d us", sum, own, sum+own, cg)
-		if d := math.Abs(float64(sum+own) - float64(cg)); d > 0.01*float64(cg) {
+		// 1%, or 30 ms: the sentry's and gofers' /proc figures (read beside
+		// the cgroup) lead its cpuacct by up to a 10 ms tick each.
+		if d := math.Abs(float64(sum+own) - float64(cg)); d > max(0.01*float64(cg), 30_000) {
 			t.Errorf("containers %d + own %d us, %.2f%% from the cgroup's %d us", sum, own, 100*d/float64(cg), cg)
 		}
 		prev = s
