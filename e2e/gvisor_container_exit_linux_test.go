@@ -2,6 +2,9 @@ package e2e
 
 import (
 	"encoding/json"
+	"math"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -45,6 +48,8 @@ func TestIntegrationGVisorContainerExitKeepsCPU(t *testing.T) {
 	}
 	type sample struct {
 		Epoch      string      `json:"epoch_unix_nano"`
+		CPU        string      `json:"cpu_usage_usec"`
+		Own        string      `json:"sandbox_own_cpu_usec"`
 		Containers []container `json:"containers"`
 	}
 	find := func(s sample) *container {
@@ -109,6 +114,39 @@ func TestIntegrationGVisorContainerExitKeepsCPU(t *testing.T) {
 	}
 	if strings.Join(gauges, ",") != "memory_current_bytes,memory_working_set_bytes,pids_current" {
 		t.Errorf("absent for exiting: %v", gauges)
+	}
+	// statsd crashes (the exit's write holds the split's state) and is
+	// stopped: the split goes on from its state, no container's CPU goes
+	// down and the containers plus own stay the cgroup's CPU.
+	prev := after
+	for _, restart := range []func(testing.TB){d.Crash, d.Restart} {
+		time.Sleep(300 * time.Millisecond) // the exit's (or the shutdown's) write
+		if b, err := os.ReadFile(filepath.Join(d.StateDir, "binding.json")); err != nil || !strings.Contains(string(b), `"split_usec"`) {
+			t.Errorf("binding.json without the split's state (%v)", err)
+		}
+		restartAt := time.Now()
+		restart(t)
+		t.Logf("restarted in %s", time.Since(restartAt).Round(time.Millisecond))
+		s := stats()
+		var sum uint64
+		for _, c := range s.Containers {
+			v, _ := strconv.ParseUint(c.CPU, 10, 64)
+			sum += v
+			for _, o := range prev.Containers {
+				if w, _ := strconv.ParseUint(o.CPU, 10, 64); o.ID == c.ID && v < w {
+					t.Errorf("after a restart %s's CPU %d us, was %d", c.ID, v, w)
+				}
+			}
+		}
+		own, _ := strconv.ParseUint(s.Own, 10, 64)
+		cg, _ := strconv.ParseUint(s.CPU, 10, 64)
+		t.Logf("after a restart: containers %d us + own %d us = %d us, cgroup %d us", sum, own, sum+own, cg)
+		// 1%, or 30 ms: the sentry's and gofers' /proc figures (read beside
+		// the cgroup) lead its cpuacct by up to a 10 ms tick each.
+		if d := math.Abs(float64(sum+own) - float64(cg)); d > max(0.01*float64(cg), 30_000) {
+			t.Errorf("containers %d + own %d us, %.2f%% from the cgroup's %d us", sum, own, 100*d/float64(cg), cg)
+		}
+		prev = s
 	}
 	statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", actor)
 	var ended struct {

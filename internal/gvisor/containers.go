@@ -57,6 +57,12 @@ type breakdown struct {
 
 	mu  sync.Mutex
 	sid string // the sandbox id once found
+	// pause is the pause container's id once seen (its part stays the own
+	// share's while its state file does not read); ownShare the last
+	// sandbox_own_cpu_usec served (the next is never lower); restoredSID
+	// the sandbox of a restored state until the first read finds it.
+	pause, restoredSID string
+	ownShare           uint64
 }
 
 func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
@@ -69,10 +75,12 @@ func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, 
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: runsc roots: %w", err)
 	}
-	return &breakdown{
+	b := &breakdown{
 		roots: roots, sentry: c.Session(), g: bounded.New(timeout), pid: ref.SentryPID, cgroup: ref.CgroupPath,
 		cache: newStateCache(), own: newOwnTracker(procRoot),
-	}, nil
+	}
+	b.own.cgroup = ref.CgroupPath
+	return b, nil
 }
 
 // read finds the containers and asks the sentry once, within the
@@ -95,8 +103,16 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 		}
 		b.mu.Lock()
 		b.sid = sb.ID
+		drop := b.restoredSID != "" && b.restoredSID != sb.ID
+		b.restoredSID = ""
 		b.mu.Unlock()
+		if drop {
+			b.dropRestored()
+		}
 		q := sentryusage.Query{SandboxID: sb.ID, ContainerID: sb.ID}
+		for _, u := range sb.Unread {
+			q.Containers = append(q.Containers, u.ID) // its part still split (unread.go)
+		}
 		for _, c := range sb.Containers {
 			q.Containers = append(q.Containers, c.ID)
 			if c.Name != "" {
@@ -157,7 +173,7 @@ func (b *breakdown) addContainers(r *source.Reading, cr containerRead, err error
 	}
 	// The sentry's figure of each container (pause included), by id.
 	raw := make(map[string]uint64, len(cr.sb.Containers))
-	pause := ""
+	pause := b.addUnread(r, cr, raw)
 	for _, st := range cr.sb.Containers {
 		if isPause(st, cr.sb.ID) {
 			pause = st.ID
@@ -175,10 +191,13 @@ func (b *breakdown) addContainers(r *source.Reading, cr containerRead, err error
 	case cr.own.KVM:
 		attr, _ = b.split.advance(splitInput{SandboxID: cr.sb.ID, CgroupUsec: *r.CPUUsageUsec, Raw: raw})
 		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_own_cpu_usec", Reason: whyOwnKVM})
+	case cr.own.SentryWhy != "":
+		attr, _ = b.split.advance(splitInput{SandboxID: cr.sb.ID, CgroupUsec: *r.CPUUsageUsec, OwnUsec: cr.own.Usec, Raw: raw})
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_own_cpu_usec", Reason: foreign.Text(cr.own.SentryWhy)})
 	default:
 		var own uint64
 		attr, own = b.split.advance(splitInput{SandboxID: cr.sb.ID, CgroupUsec: *r.CPUUsageUsec, OwnUsec: cr.own.Usec, Raw: raw})
-		own += attr[pause]
+		own = b.ownFloor(pause, own+attr[pause])
 		r.SandboxOwnCPUUsec = &own
 	}
 	for _, st := range cr.sb.Containers {

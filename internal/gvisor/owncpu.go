@@ -10,6 +10,8 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"os"
+	"path"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -110,6 +112,25 @@ type ownTracker struct {
 	// kvm: the sentry (sentryStart) runs with --platform=kvm.
 	kvm         bool
 	sentryStart uint64
+	// sentryWhy says why the sentry (started at whyStart) was not
+	// accepted: the own share is then absent with it.
+	sentryWhy string
+	whyStart  uint64
+
+	// cgroup and pinned verify a sentry started with another spelling of
+	// the runsc root (a symlink, a mount at another path): its cgroups name
+	// the bound cgroup, or it is the pinned sentry of a binding by pid.
+	cgroup string
+	pinned func() (pid int, start uint64, ok bool)
+
+	// snap is what the last read leaves to persist (breakdownstate.go),
+	// under snapMu so that a save never waits for a read.
+	snapMu sync.Mutex
+	snap   struct {
+		done, sentryStart uint64
+		kvm               bool
+		procs             []procState
+	}
 }
 
 func newOwnTracker(procRoot string) *ownTracker {
@@ -121,6 +142,9 @@ type ownRead struct {
 	Usec   uint64 // the sentry's and gofers' host CPU, exited ones' last figures included
 	KVM    bool   // the sentry runs under runsc's kvm platform
 	Counts int    // processes counted now (alive and checked)
+	// SentryWhy, when not "", says why the sentry is not counted (it could
+	// not be verified to be this sandbox's): the own share is absent.
+	SentryWhy string
 }
 
 // read reads the sentry's and gofers' stat (root is the runsc root their
@@ -210,17 +234,35 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 				continue
 			}
 			p = ownProc{start: t.Start, ok: len(args) > 0 && filepath.Base(args[0]) == role, fd: -1}
-			if p.ok && filepath.Clean(runscRootOf(args)) != filepath.Clean(root) {
-				// Not started with this root as written: a gofer in the
-				// sentry's cgroups still is the sandbox's.
-				if sentryCgroup == nil {
-					sentryCgroup, _ = bounded.ReadFile(filepath.Join(o.procRoot, strconv.Itoa(sentry), "cgroup"), bounded.MaxFileBytes)
-				}
-				cg, _ := bounded.ReadFile(filepath.Join(o.procRoot, strconv.Itoa(pid), "cgroup"), bounded.MaxFileBytes)
-				p.ok = pid != sentry && len(cg) > 0 && bytes.Equal(cg, sentryCgroup)
+			why := ""
+			if !p.ok {
+				why = fmt.Sprintf("pid %d is not %s (argv[0] %s)", pid, role, foreign.Quote(firstArg(args)))
 			}
-			if p.ok && pid == sentry {
-				o.kvm, o.sentryStart = platformOf(args) == "kvm", t.Start
+			if argRoot := runscRootOf(args); p.ok && filepath.Clean(argRoot) != filepath.Clean(root) && !sameDir(argRoot, root) {
+				// Not started with this root as written, nor with another
+				// name of it here: a gofer in the sentry's cgroups, the
+				// sentry in the bound cgroup or pinned, still is the
+				// sandbox's.
+				cg, _ := bounded.ReadFile(filepath.Join(o.procRoot, strconv.Itoa(pid), "cgroup"), bounded.MaxFileBytes)
+				if pid == sentry {
+					p.ok = o.pinnedAs(pid, t.Start) || len(cg) > 0 && cgroupNames(cg, o.cgroup)
+					if !p.ok {
+						why = fmt.Sprintf("the sentry (pid %d) runs with --root=%s, not %s, and neither its pin nor its cgroups say it is this sandbox's",
+							pid, foreign.Quote(argRoot), foreign.Quote(root))
+					}
+				} else {
+					if sentryCgroup == nil {
+						sentryCgroup, _ = bounded.ReadFile(filepath.Join(o.procRoot, strconv.Itoa(sentry), "cgroup"), bounded.MaxFileBytes)
+					}
+					p.ok = len(cg) > 0 && bytes.Equal(cg, sentryCgroup)
+				}
+			}
+			if pid == sentry {
+				if p.ok {
+					o.kvm, o.sentryStart = platformOf(args) == "kvm", t.Start
+				} else {
+					o.sentryWhy, o.whyStart = why, t.Start
+				}
 			}
 		}
 		p.ticks = max(p.ticks, t.Ticks)
@@ -244,8 +286,67 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 	out.Usec = (o.done + ticks) * (1_000_000 / userHZ)
 	if p, ok := o.procs[sentry]; ok && p.ok && p.start == o.sentryStart {
 		out.KVM = o.kvm
+	} else if ok && !p.ok && p.start == o.whyStart {
+		out.SentryWhy = o.sentryWhy
 	}
+	o.snapshotLocked()
 	return out, errors.Join(errs...)
+}
+
+// pinnedAs reports whether pid is the binding's pinned sentry, started at
+// start.
+func (o *ownTracker) pinnedAs(pid int, start uint64) bool {
+	if o.pinned == nil {
+		return false
+	}
+	ppid, pstart, ok := o.pinned()
+	return ok && ppid == pid && pstart == start
+}
+
+// sameDir reports whether two paths name one directory here (a symlink, a
+// bind mount): os.SameFile of both stats.
+func sameDir(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	fa, err := os.Stat(a)
+	if err != nil {
+		return false
+	}
+	fb, err := os.Stat(b)
+	return err == nil && os.SameFile(fa, fb)
+}
+
+// cgroupNames reports whether a /proc/<pid>/cgroup file names the cgroup
+// bound (a line's path is it, or ends with it: the path as the launcher
+// spelt it may be relative to a cgroup namespace).
+func cgroupNames(file []byte, bound string) bool {
+	if bound == "" {
+		return false
+	}
+	want := path.Clean("/" + bound)
+	for line := range strings.SplitSeq(string(file), "\n") {
+		_, rest, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		_, p, ok := strings.Cut(rest, ":")
+		if !ok || p == "" {
+			continue
+		}
+		p = path.Clean(p)
+		if p == want || want != "/" && strings.HasSuffix(p, want) { // want begins with '/'
+			return true
+		}
+	}
+	return false
+}
+
+func firstArg(args []string) string {
+	if len(args) == 0 {
+		return ""
+	}
+	return args[0]
 }
 
 // release closes fd unless it is -1 or held by a process (under o.mu).

@@ -185,6 +185,8 @@ type runscSandbox struct {
 	Root       string
 	ID         string
 	Containers []runscState // every container of the sandbox, oldest first, the root (pause) one included
+	// Unread are the sandbox's state files there but not read (unread.go).
+	Unread []unreadState
 }
 
 // findSandbox finds, in roots, the runsc sandbox whose sentry is pid (when
@@ -234,6 +236,8 @@ func (c *stateCache) findSandbox(roots []string, knownID string, pid int, cgroup
 				// is simply gone.
 				if !errors.Is(rerr, os.ErrNotExist) {
 					errs = append(errs, rerr)
+					cid, _, _ := stateFileName(n)
+					sb.Unread = append(sb.Unread, unreadState{ID: cid, Err: rerr})
 				}
 				continue
 			}

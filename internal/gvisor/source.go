@@ -145,6 +145,9 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		return nil, err
 	}
 	s.bd = bd
+	if bd != nil && ref.SentryPID != 0 {
+		bd.own.pinned = func() (int, uint64, bool) { t, ok := s.SentryStartTicks(); return ref.SentryPID, t, ok }
+	}
 	if s.mode == ModeAuto {
 		m, err := detectMode(cfg.CgroupRoot)
 		if err != nil {

@@ -26,6 +26,9 @@ type splitter struct {
 	prev    map[string]uint64 // each container's raw sentry figure (ns) last split by
 	attr    map[string]uint64 // each container's attributed usec
 	pending uint64            // usec of the application part left for a later sample (for tests and logs)
+	// listed is the last sample's Raw (the containers listed then): what a
+	// saved state keeps first (breakdownstate.go).
+	listed map[string]uint64
 }
 
 // splitInput is one sample's figures.
@@ -92,6 +95,7 @@ func (s *splitter) advance(in splitInput) (attr map[string]uint64, own uint64) {
 			}
 		}
 	}
+	s.listed = in.Raw
 	attr = make(map[string]uint64, len(in.Raw))
 	for c := range in.Raw {
 		attr[c] = s.attr[c]

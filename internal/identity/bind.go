@@ -87,7 +87,7 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	if old != nil && epoch <= old.EpochUnixNano {
 		epoch = old.EpochUnixNano + 1 // epochs only move forward
 	}
-	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil), names: newNames(ref, mine)}
+	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil), names: newNames(ref, mine), breakdown: &breakdownHolder{}}
 	b.Activation.exitedChanged = s.persistSoon
 	b.Source, b.Host = s.openSources(ref)
 	s.guard(b) // names that did not resolve yet are looked at again at its reads

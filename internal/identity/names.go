@@ -197,6 +197,22 @@ func (g *guardedSource) SetContainers(set []source.ContainerRef) {
 	}
 }
 
+// BreakdownState and RestoreBreakdownState are the inner source's
+// (source.Persistent), when it has them.
+func (g *guardedSource) BreakdownState() ([]byte, error) {
+	if p, ok := g.inner.(source.Persistent); ok {
+		return p.BreakdownState()
+	}
+	return nil, nil
+}
+
+func (g *guardedSource) RestoreBreakdownState(state []byte) error {
+	if p, ok := g.inner.(source.Persistent); ok {
+		return p.RestoreBreakdownState(state)
+	}
+	return nil
+}
+
 // SentryStartTicks and SandboxCgroup are the inner source's (the store's
 // checks ask them through the guard).
 func (g *guardedSource) SentryStartTicks() (uint64, bool) {

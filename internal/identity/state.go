@@ -91,6 +91,8 @@ type bindingState struct {
 	// Exited are the activation's exited containers (containers.go); Ref
 	// holds its container set now.
 	Exited *exitedState `json:"exited,omitempty"`
+	// Breakdown is the source's own state (source.Persistent, breakdown.go).
+	Breakdown json.RawMessage `json:"breakdown,omitempty"`
 }
 
 type endedFile struct {
@@ -302,6 +304,7 @@ func (s *Store) saveBindings(bindings []*Binding, cleared []string) error {
 // binding of the actor named (an update saved before it applies).
 func (s *Store) saveBindingsWith(bindings []*Binding, cleared []string, set *namedSet) error {
 	st := stateFile{Version: stateVersion, Cleared: cleared}
+	var saved [][]byte // each binding's source state, as written
 	for _, b := range bindings {
 		containers := b.Activation.Containers()
 		if set != nil && set.actorUID == b.Identity.ActorUID {
@@ -314,10 +317,18 @@ func (s *Store) saveBindingsWith(bindings []*Binding, cleared []string, set *nam
 		if ex := b.Activation.exitedNow(); len(ex.Containers) > 0 {
 			bs.Exited = &ex
 		}
+		bs.Breakdown = s.breakdownNow(b)
+		saved = append(saved, bs.Breakdown)
 		st.Bindings = append(st.Bindings, bs)
 	}
 	slices.SortFunc(st.Bindings, func(a, b *bindingState) int { return strings.Compare(a.Identity.ActorUID, b.Identity.ActorUID) })
-	return s.save(stateFileName, st)
+	if err := s.save(stateFileName, st); err != nil {
+		return err
+	}
+	for i, b := range bindings {
+		b.markSaved(saved[i])
+	}
+	return nil
 }
 
 // saveEnded numbers e (the ledger's next sequence) and persists the ended

@@ -62,6 +62,8 @@ type Binding struct {
 	// names is what Ref's sockets, pid file and sentry resolve to (safe for
 	// concurrent use).
 	names *names
+	// breakdown is the source's persisted state (breakdown.go).
+	breakdown *breakdownHolder
 }
 
 // Opener opens the measurement sources for a ref. A source that cannot
@@ -106,6 +108,10 @@ type Config struct {
 	// BaselineRetry is the first pause between baseline reads of an epoch
 	// whose counters survive a restore (doubling up to 2 s); default 100 ms.
 	BaselineRetry time.Duration
+	// BreakdownSaveInterval is how often, at most, a changed source state
+	// (source.Persistent) alone rewrites binding.json; default
+	// DefaultBreakdownSaveInterval.
+	BreakdownSaveInterval time.Duration
 }
 
 // Store holds the bound workloads and the recently ended activations.
@@ -185,6 +191,9 @@ func NewStore(cfg Config) (*Store, error) {
 	if cfg.BaselineRetry <= 0 {
 		cfg.BaselineRetry = 100 * time.Millisecond
 	}
+	if cfg.BreakdownSaveInterval <= 0 {
+		cfg.BreakdownSaveInterval = DefaultBreakdownSaveInterval
+	}
 	s := &Store{cfg: cfg, logger: cfg.Logger, g: bounded.New(cfg.ReadTimeout), actorLocks: map[string]*actorLock{}}
 	s.bgCtx, s.bgStop = context.WithCancel(context.Background())
 	s.publish(nil, nil)
@@ -218,7 +227,8 @@ func NewStore(cfg Config) (*Store, error) {
 			continue
 		}
 		binding := &Binding{Identity: b.Identity, Ref: b.Ref, Op: b.Op, EpochUnixNano: b.EpochUnixNano,
-			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline), names: newNames(b.Ref, resolved{})}
+			Activation: newActivation(b.Ref, b.EpochUnixNano, b.Baseline), names: newNames(b.Ref, resolved{}),
+			breakdown: s.newBreakdownHolder(b.Identity.ActorUID, b.Breakdown)}
 		if b.Exited != nil {
 			binding.Activation.restoreExited(b.Ref.ContainerSet(), *b.Exited)
 		}
@@ -243,9 +253,11 @@ func NewStore(cfg Config) (*Store, error) {
 	for _, b := range restored {
 		b.Source, b.Host = s.openSources(b.Ref)
 		s.guard(b) // its names are looked at again at its reads
+		s.restoreBreakdown(b)
 	}
 	s.publish(restored, ended)
 	s.bg.Go(s.persistExited)
+	s.bg.Go(s.persistBreakdowns)
 	for _, b := range restored {
 		s.logger.Info("restored binding from state", "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
 		s.startBaseline(b)
@@ -362,7 +374,8 @@ func (s *Store) HoldLifecycle(actorUID string) (release func()) {
 func (s *Store) Close() {
 	s.bgStop()
 	s.bg.Wait()
-	s.flushExited()
+	s.flushExited()             // an exit found by a read, its save still pending
+	s.saveBreakdownIfChanged() // the sources' state since the last save (at most one more write)
 	for _, b := range s.Bindings() {
 		closeBinding(b, s.logger)
 	}

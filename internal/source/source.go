@@ -158,6 +158,23 @@ type ContainerSetter interface {
 	SetContainers(set []ContainerRef)
 }
 
+// Persistent is a Source with derived state that must survive statsd's
+// restart (the gVisor breakdown's split: without it a restarted statsd
+// would split the pod's whole history again among the containers listed
+// now). The store persists BreakdownState with the binding (at most
+// MaxBreakdownStateBytes; nil: nothing to persist yet) and gives it back
+// through RestoreBreakdownState when it opens the source of a restored
+// binding, before its first Sample. Both must not wait for a Sample in
+// progress; a state the source refuses (RestoreBreakdownState's error) is
+// dropped and the source starts afresh.
+type Persistent interface {
+	BreakdownState() ([]byte, error)
+	RestoreBreakdownState(state []byte) error
+}
+
+// MaxBreakdownStateBytes caps one source's persisted state (Persistent).
+const MaxBreakdownStateBytes = 32 << 10
+
 // Kind is where a Reading's numbers come from.
 type Kind int
 
@@ -240,9 +257,10 @@ type Reading struct {
 	// per-container figures. The figures above stay the whole sandbox's (a
 	// guest agent's: the sums of the containers read).
 	Containers []Container `json:",omitempty"`
-	// SandboxOwnCPUUsec is a gVisor sandbox's own share of its CPU (its
-	// cgroup's CPU minus the containers' sum, floored at 0): counter, nil
-	// when not offered (see Absent, field "sandbox_own_cpu_usec").
+	// SandboxOwnCPUUsec is a gVisor sandbox's own share of its CPU (the
+	// sentry's and gofers' host CPU plus the pause container's part of the
+	// rest; see the proto): counter, nil when not offered (see Absent,
+	// field "sandbox_own_cpu_usec").
 	SandboxOwnCPUUsec *uint64 `json:",omitempty"`
 }
 

@@ -174,6 +174,17 @@ func (d *Statsd) Restart(t testing.TB) {
 	d.start(t)
 }
 
+// Crash kills statsd (SIGKILL: no shutdown work) and starts it again with
+// the same sockets, state directory and flags.
+func (d *Statsd) Crash(t testing.TB) {
+	t.Helper()
+	if d.Cmd != nil && d.Cmd.ProcessState == nil {
+		_ = d.Cmd.Process.Kill()
+		_ = d.Cmd.Wait()
+	}
+	d.start(t)
+}
+
 // BuildProgram builds the main package in the module's directory pkg (a
 // test-only program kept in a testdata directory, out of ./...: for
 // example "e2e/testdata/grpcfloor") into a temporary directory that the
