@@ -374,7 +374,7 @@ func (s *Store) HoldLifecycle(actorUID string) (release func()) {
 func (s *Store) Close() {
 	s.bgStop()
 	s.bg.Wait()
-	s.flushExited()             // an exit found by a read, its save still pending
+	s.flushExited()            // an exit found by a read, its save still pending
 	s.saveBreakdownIfChanged() // the sources' state since the last save (at most one more write)
 	for _, b := range s.Bindings() {
 		closeBinding(b, s.logger)
