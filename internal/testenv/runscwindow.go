@@ -14,22 +14,33 @@ type PodCPU struct {
 	Ours, Runsc map[string]float64
 }
 
-// Paused runs fn with the pod's sandbox paused (`runsc pause`, then
-// `runsc resume`): nothing the containers' figures or runsc's split count
-// moves while fn reads them, so ours and runsc events' are of one instant
-// even while a container burns (only the sentry's work for the control
-// calls, own share, moves the cgroup).
+// Paused runs fn with the pod's sandbox paused (Pause, then Resume):
+// nothing the containers' figures or runsc's split count moves while fn
+// reads them, so ours and runsc events' are of one instant even while a
+// container burns (only the sentry's work for the control calls, own
+// share, moves the cgroup).
 func (p *RunscPod) Paused(t testing.TB, fn func()) {
+	t.Helper()
+	p.Pause(t)
+	defer p.Resume(t)
+	fn()
+}
+
+// Pause stops every task of the pod's sandbox (`runsc pause`): its
+// containers burn nothing until Resume.
+func (p *RunscPod) Pause(t testing.TB) {
 	t.Helper()
 	if _, err := p.Runsc(t, "", "pause", p.SandboxID); err != nil {
 		t.Fatalf("runsc pause: %v", err)
 	}
-	defer func() {
-		if _, err := p.Runsc(t, "", "resume", p.SandboxID); err != nil {
-			t.Fatalf("runsc resume: %v", err)
-		}
-	}()
-	fn()
+}
+
+// Resume undoes Pause (`runsc resume`).
+func (p *RunscPod) Resume(t testing.TB) {
+	t.Helper()
+	if _, err := p.Runsc(t, "", "resume", p.SandboxID); err != nil {
+		t.Fatalf("runsc resume: %v", err)
+	}
 }
 
 // WaitBurning polls read (ours, usec) every 100 ms until its figure passed
