@@ -72,7 +72,9 @@ func WaitBurning(t testing.TB, read func() float64, above float64, limit time.Du
 // split by increments and by cumulative proportions differ by that much).
 // runsc splits the whole cgroup, own share included, so busy's increases
 // differ by about own's share of the cgroup's increase over the window,
-// logged. names maps ids to names for the log.
+// logged; the relation's increase, ours x cgroup/(cgroup - own) at b less
+// at a, is within 2% of runsc's (or a tick or 0.5% of the cgroup's
+// increase). names maps ids to names for the log.
 func CompareWindow(t testing.TB, a, b PodCPU, busy string, names map[string]string) {
 	t.Helper()
 	dCg, dOwn := b.Cgroup-a.Cgroup, b.Own-a.Own
@@ -83,12 +85,19 @@ func CompareWindow(t testing.TB, a, b PodCPU, busy string, names map[string]stri
 		ours := (b.Ours[id] - a.Ours[id]) * 1000
 		cli := b.Runsc[id] - a.Runsc[id]
 		diff := math.Abs(ours-cli) / max(math.Abs(cli), 1)
-		t.Logf("window, %s: ours +%.0f us, runsc events +%.0f ns: %.2f%% (%.1f ms) apart", name, ours/1000, cli, 100*diff, math.Abs(ours-cli)/1e6)
+		// The relation's increase: runsc's split re-weights the whole
+		// cgroup, own share included, at every reading.
+		rel := (b.Ours[id]*b.Cgroup/(b.Cgroup-b.Own) - a.Ours[id]*a.Cgroup/(a.Cgroup-a.Own)) * 1000
+		t.Logf("window, %s: ours +%.0f us, runsc events +%.0f ns: %.2f%% (%.1f ms) apart; ours x cgroup/(cgroup-own) +%.0f us: %.1f ms apart",
+			name, ours/1000, cli, 100*diff, math.Abs(ours-cli)/1e6, rel/1000, math.Abs(rel-cli)/1e6)
 		switch {
 		case id == busy && (diff > 0.05 || cli <= 0):
 			t.Errorf("window, %s: ours +%.0f us, runsc events +%.0f ns: %.2f%% apart, want <= 5%% (own %.2f%% of the cgroup's increase)", name, ours/1000, cli, 100*diff, 100*dOwn/dCg)
 		case id != busy && math.Abs(ours-cli) > max(tickNs, 0.005*dCg*1000):
 			t.Errorf("window, %s: ours +%.0f us, runsc events +%.0f ns: %.0f ns apart, want within a tick or 0.5%% of the cgroup's increase", name, ours/1000, cli, math.Abs(ours-cli))
+		}
+		if math.Abs(rel-cli) > 0.02*math.Abs(cli) && math.Abs(rel-cli) > max(tickNs, 0.005*dCg*1000) {
+			t.Errorf("window, %s: ours x cgroup/(cgroup-own) +%.0f us, runsc events +%.0f ns: %.0f ns apart, want within 2%%, a tick or 0.5%% of the cgroup's increase", name, rel/1000, cli, math.Abs(rel-cli))
 		}
 	}
 }
