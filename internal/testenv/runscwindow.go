@@ -72,9 +72,8 @@ func WaitBurning(t testing.TB, read func() float64, above float64, limit time.Du
 // split by increments and by cumulative proportions differ by that much).
 // runsc splits the whole cgroup, own share included, so busy's increases
 // differ by about own's share of the cgroup's increase over the window,
-// logged; the relation's increase, ours x cgroup/(cgroup - own) at b less
-// at a, is within 2% of runsc's (or a tick or 0.5% of the cgroup's
-// increase). names maps ids to names for the log.
+// logged, with the relation's increase, ours x cgroup/(cgroup - own) at b
+// less at a. names maps ids to names for the log.
 func CompareWindow(t testing.TB, a, b PodCPU, busy string, names map[string]string) {
 	t.Helper()
 	dCg, dOwn := b.Cgroup-a.Cgroup, b.Own-a.Own
@@ -86,7 +85,11 @@ func CompareWindow(t testing.TB, a, b PodCPU, busy string, names map[string]stri
 		cli := b.Runsc[id] - a.Runsc[id]
 		diff := math.Abs(ours-cli) / max(math.Abs(cli), 1)
 		// The relation's increase: runsc's split re-weights the whole
-		// cgroup, own share included, at every reading.
+		// cgroup, own share included, at every reading. Logged only: with
+		// own at 55-63% of the cgroup at the first reading (the VM lane's
+		// TCG start-up) the factor is 2.2-2.7 and the cgroup's move
+		// between our read and runsc's (the sentry's work for the control
+		// calls, even paused) is amplified by it: up to 5.9% off there.
 		rel := (b.Ours[id]*b.Cgroup/(b.Cgroup-b.Own) - a.Ours[id]*a.Cgroup/(a.Cgroup-a.Own)) * 1000
 		t.Logf("window, %s: ours +%.0f us, runsc events +%.0f ns: %.2f%% (%.1f ms) apart; ours x cgroup/(cgroup-own) +%.0f us: %.1f ms apart",
 			name, ours/1000, cli, 100*diff, math.Abs(ours-cli)/1e6, rel/1000, math.Abs(rel-cli)/1e6)
@@ -95,9 +98,6 @@ func CompareWindow(t testing.TB, a, b PodCPU, busy string, names map[string]stri
 			t.Errorf("window, %s: ours +%.0f us, runsc events +%.0f ns: %.2f%% apart, want <= 5%% (own %.2f%% of the cgroup's increase)", name, ours/1000, cli, 100*diff, 100*dOwn/dCg)
 		case id != busy && math.Abs(ours-cli) > max(tickNs, 0.005*dCg*1000):
 			t.Errorf("window, %s: ours +%.0f us, runsc events +%.0f ns: %.0f ns apart, want within a tick or 0.5%% of the cgroup's increase", name, ours/1000, cli, math.Abs(ours-cli))
-		}
-		if math.Abs(rel-cli) > 0.02*math.Abs(cli) && math.Abs(rel-cli) > max(tickNs, 0.005*dCg*1000) {
-			t.Errorf("window, %s: ours x cgroup/(cgroup-own) +%.0f us, runsc events +%.0f ns: %.0f ns apart, want within 2%%, a tick or 0.5%% of the cgroup's increase", name, rel/1000, cli, math.Abs(rel-cli))
 		}
 	}
 }
