@@ -11,25 +11,24 @@ import (
 )
 
 // TestIntegrationGVisorContainersThroughStatsd: a real runsc pod (busy
-// burning about 4M shell iterations, 4-5 s of CPU, idle sleeping) bound to
+// burning 1.5M shell iterations, about 2 s of CPU, idle sleeping) bound to
 // a real statsd started with --runsc-root (statsctl run-workload
 // --sentry-pid), sampled through StatsWorkload (statsctl stats -o json):
 // each container named as its CRI annotation says; sandbox_own_cpu_usec
 // (the sentry's and gofers' host CPU plus the pause container's part) above
 // 0; the containers' sum plus it within 1% of the sample's cpu_usage_usec;
-// each container's CPU within 5% of `runsc events --stats` for it, and
-// ours x cgroup/(cgroup - own) within 2% (runsc splits the whole cgroup,
-// own share included), or within a sentry tick (10 ms) or 0.5% of the
-// pod's CPU for the idle one. runsc before 20240325 gives a v2 host's CPU
+// each container's CPU related to `runsc events --stats` for it: ours x
+// cgroup/(cgroup - own) within 2% (runsc splits the whole cgroup, own share
+// included), or within a sentry tick (10 ms) or 0.5% of the pod's CPU for
+// the idle one; the direct difference (the container's part of the
+// sandbox's own processes' CPU) logged. runsc before 20240325 gives a v2 host's CPU
 // in microseconds (testenv's Events converts).
 func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real gVisor pod and statsd; not under -short")
 	}
-	// 4M iterations, 4-5 s of CPU here: the sandbox's own processes stay
-	// under 5% of the pod's CPU. The VM lane cuts it (RunscBurnEnv): the
-	// direct 5% comparison is then the host's alone.
-	burn, n, full := testenv.BurnArgv(4_000_000)
+	// The VM lane cuts the burn (RunscBurnEnv).
+	burn, n, _ := testenv.BurnArgv(1_500_000)
 	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{"busy": burn, "idle": {"sleep", "100000"}})
 	bin := testenv.BuildBinaries(t)
 	d := testenv.StartStatsd(t, bin, "--runsc-root", p.Root)
@@ -88,9 +87,6 @@ func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
 		rel := math.Abs(scaled*1000-float64(cli)) / den
 		t.Logf("%s (%s): statsd %s us, runsc events %d ns: %.2f%% apart; x cgroup/(cgroup-own) %.0f us: %.2f%% apart", c.Name, c.ID, c.CPU, cli, 100*diff, scaled, 100*rel)
 		const tickNs = 10_000_000 // the sentry's figures are multiples of 10 ms on runsc 20221219
-		if full && diff > 0.05 && math.Abs(ours*1000-float64(cli)) > tickNs {
-			t.Errorf("%s: %.1f%% apart from runsc events, want <= 5%%", c.Name, 100*diff)
-		}
 		// An idle container's few ticks split by increments and by
 		// cumulative proportions differ by up to about 0.5% of the pod's
 		// CPU (50 ms of 19 s under the VM lane's TCG).

@@ -11,14 +11,9 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
-// burnIterations is the busy container's burn: about 4-5 s of CPU here
-// (4M shell loop iterations), so that the sandbox's own processes (the
-// sentry's and gofers' ~0.15-0.25 s, start-up and the sentry's work for the
-// ptrace'd application) stay under 5% of the pod's CPU: runsc events splits
-// the whole cgroup, own share included, so ours is below it by that share.
-// The VM lane cuts it (testenv.RunscBurnEnv): the direct 5% comparison is
-// then the host's alone.
-const burnIterations = 4_000_000
+// burnIterations is the busy container's burn: about 2 s of CPU here (1.5M
+// shell loop iterations). The VM lane cuts it (testenv.RunscBurnEnv).
+const burnIterations = 1_500_000
 
 // sentryTickUsec is the resolution of the sentry's per-container figures on
 // runsc 20221219 (multiples of 10 ms): an idle container's few ticks split
@@ -32,18 +27,19 @@ const sentryTickUsec = 10_000
 // bound by sentry pid, with the pod's runsc root. Once busy settled: the
 // sandbox's own share is above 0 (the sentry's and gofers' CPU, logged);
 // the containers' sum plus it equals the sandbox cgroup's CPU of the same
-// sample within 1%; each container's CPU is within 5% of `runsc events
-// --stats` for it, and ours x cgroup / (cgroup - procs) within 2% of it
-// (runsc splits the whole cgroup, own share included; procs is own less
-// the pause container's part), or within a sentry tick or 0.5% of the
-// pod's CPU for an idle container. Then idle is removed while the source stays open: it is
+// sample within 1%; each container's CPU related to `runsc events --stats`
+// for it: ours x cgroup / (cgroup - procs) within 2% of it (runsc splits
+// the whole cgroup, own share included; procs is own less the pause
+// container's part), or within a sentry tick or 0.5% of the pod's CPU for
+// an idle container; the direct difference (the container's part of the
+// sandbox's own processes' CPU) is logged. Then idle is removed while the source stays open: it is
 // no longer listed, and the others' figures and own do not go down.
 func TestIntegrationGVisorContainers(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a real gVisor pod; not under -short")
 	}
 	start := time.Now()
-	burn, n, full := testenv.BurnArgv(burnIterations)
+	burn, n, _ := testenv.BurnArgv(burnIterations)
 	p := testenv.StartRunscPod(t, []string{"busy", "idle"}, map[string][]string{"busy": burn, "idle": {"sleep", "100000"}})
 	busy, idle := p.IDs[1], p.IDs[2]
 	ref := source.SandboxRef{Class: source.ClassGVisor, SentryPID: p.SentryPID(t)}
@@ -64,7 +60,7 @@ func TestIntegrationGVisorContainers(t *testing.T) {
 	for _, id := range []string{busy, idle} {
 		got, ok := cpuOf(r, id)
 		cli, _, _ := p.Events(t, id)
-		compareEvents(t, id, got, ok, cli, host, float64(procs), full)
+		compareEvents(t, id, got, ok, cli, host, float64(procs))
 	}
 
 	// Cost: a sample with the breakdown against one without (medians).
@@ -101,8 +97,10 @@ func TestIntegrationGVisorContainers(t *testing.T) {
 		// The cgroup's increase since the last split (the removal's own
 		// work among it) waits while no container's sentry figure moves:
 		// never more than the cgroup, the gap logged.
-		if sum > float64(*after.CPUUsageUsec) {
-			t.Errorf("busy + own + idle's last %.0f us, above the cgroup's %d us", sum, *after.CPUUsageUsec)
+		// /proc's utime+stime of each own process is in USER_HZ ticks
+		// and can run a tick ahead of the cgroup's nanoseconds.
+		if sum > float64(*after.CPUUsageUsec)+4*sentryTickUsec {
+			t.Errorf("busy + own + idle's last %.0f us, above the cgroup's %d us by more than a tick of each of 4 processes", sum, *after.CPUUsageUsec)
 		}
 	}
 	t.Logf("took %v", time.Since(start).Round(100*time.Millisecond))
@@ -163,23 +161,27 @@ func checkSplit(t testing.TB, r source.Reading, want []string) {
 	}
 }
 
-// compareEvents: ours within 5% of runsc events' cli (ns) (only with the
-// full burn: direct) or one sentry tick, and ours x cgroup/(cgroup - procs)
-// within 2% of it, procs the sentry's and gofers' CPU (own less the pause
+// compareEvents: ours (logged against runsc events' cli, ns) x
+// cgroup/(cgroup - procs) within 2% of cli, procs the sentry's and gofers' CPU (own less the pause
 // container's part, which runsc's split holds too), or within a tick or
 // 0.5% of the pod's CPU when wider: an idle container's few ticks split by
 // increments and by cumulative proportions differ by that much (under the
 // VM lane's TCG, where the raw figures' inflation by waiting varies most,
 // 50 ms of 19 s).
-func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, host, procs float64, direct bool) {
+func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, host, procs float64) {
 	t.Helper()
 	den := max(float64(cli), 1) // an idle container may have none
 	diff := math.Abs(float64(got)*1000-float64(cli)) / den
 	scaled := float64(got) * host / (host - procs)
 	rel := math.Abs(scaled*1000-float64(cli)) / den
 	t.Logf("%s: ours %d us, runsc events %d ns: %.2f%% apart; ours x cgroup/(cgroup-procs) %.0f us: %.2f%% apart", id, got, cli, 100*diff, scaled, 100*rel)
-	if !ok || direct && diff > 0.05 && math.Abs(float64(got)*1000-float64(cli)) > sentryTickUsec*1000 {
-		t.Errorf("%s: %d us (found %v), runsc events %d ns: %.1f%% apart, want <= 5%%", id, got, ok, cli, 100*diff)
+	// The direct difference is the container's part of the sentry's and
+	// gofers' CPU, which runsc's split gives the containers and ours gives
+	// the sandbox's own share: 4.0-4.3% on an idle host, 5-6.5% on a
+	// loaded one, 15-23% under the VM lane's TCG. Logged, not asserted;
+	// the relation below is.
+	if !ok {
+		t.Errorf("%s: no CPU from statsd; runsc events %d ns", id, cli)
 	}
 	if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > max(sentryTickUsec, 0.005*host)*1000 {
 		t.Errorf("%s: ours x cgroup/(cgroup-procs) %.0f us, runsc events %d ns: %.1f%% apart, want <= 2%%", id, scaled, cli, 100*rel)
