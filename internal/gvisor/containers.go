@@ -87,7 +87,15 @@ func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, 
 // breakdown's own bound (ctx's deadline when sooner). Concurrent samples
 // share one call.
 func (b *breakdown) read(ctx context.Context) (containerRead, error) {
-	return bounded.Do(ctx, b.g, "containers", func() (containerRead, error) {
+	// What a timeout names: the sandbox (once found) and how it is bound,
+	// as the sentry client's own errors name its socket.
+	b.mu.Lock()
+	what := "containers of the runsc sandbox of this " + b.what()
+	if b.sid != "" {
+		what = "containers of runsc sandbox " + foreign.Quote(b.sid) + " (" + b.what() + ")"
+	}
+	b.mu.Unlock()
+	return bounded.Do(ctx, b.g, what, func() (containerRead, error) {
 		b.mu.Lock()
 		known := b.sid
 		b.mu.Unlock()
