@@ -87,11 +87,11 @@ func TestIntegrationHostileSentry(t *testing.T) {
 	const slack = time.Second // a loaded 2-core machine
 	bound := gvisor.DefaultSentryTimeout + slack
 	want := map[string]string{
-		"hs-hang":      "deadline",
-		"hs-slow":      "deadline",
-		"hs-flood":     "reply too large",
-		"hs-garbage":   "malformed reply",
-		"hs-liar":      "reply names another container",
+		"hs-hang":    "deadline",
+		"hs-slow":    "deadline",
+		"hs-flood":   "reply too large",
+		"hs-garbage": "malformed reply",
+		"hs-liar":    "reply names another container",
 	}
 	var ans answers
 	for _, a := range hostile {
