@@ -79,7 +79,14 @@ func layOutKata1(t *testing.T, root string) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, "persist.json"), []byte(`{"HypervisorState":{"Type":"clh","Pid":4242},"AgentState":{"URL":"hvsock:///run/vc/vm/kata1/clh.sock:1024"}}`), 0o644); err != nil {
+	// Whole or not at all (a rename): a bridge retrying meanwhile must not
+	// read half a file (that is not "not yet" but unactionable until the
+	// next listing, past the test's 5 s).
+	tmp := filepath.Join(dir, ".persist.json.tmp")
+	if err := os.WriteFile(tmp, []byte(`{"HypervisorState":{"Type":"clh","Pid":4242},"AgentState":{"URL":"hvsock:///run/vc/vm/kata1/clh.sock:1024"}}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, "persist.json")); err != nil {
 		t.Fatal(err)
 	}
 }
