@@ -1,6 +1,7 @@
 package nribridge
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -107,6 +108,13 @@ func (l KataLayout) Resolve(id string) (Kata, error) {
 func fromPersisted(file string, b []byte) (Kata, error) {
 	var p persisted
 	if err := json.Unmarshal(b, &p); err != nil {
+		// Empty, or cut short at its end: Kata is writing it (it does not
+		// write it by a rename); not yet, tried again, rather than
+		// unactionable until the next listing.
+		var se *json.SyntaxError
+		if len(bytes.TrimSpace(b)) == 0 || errors.As(err, &se) && se.Offset >= int64(len(b)) {
+			return Kata{}, fmt.Errorf("%w: %s being written (%d bytes): %w", ErrKataNotYet, file, len(b), err)
+		}
 		return Kata{}, unmappable("kata-persist", "kata %s: %w", file, err)
 	}
 	addr, err := agentAddress(p.AgentState.URL)

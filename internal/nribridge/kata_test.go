@@ -110,6 +110,40 @@ func TestKataPodToRequest(t *testing.T) {
 // TestKataLayoutSockets: without persist.json, the hybrid-vsock socket of
 // Cloud Hypervisor or Firecracker names the agent (no VMM pid then);
 // neither there is "not yet", so the bridge tries again.
+// TestKataPersistBeingWritten: a persist.json empty or cut short at its
+// end is Kata writing it: ErrKataNotYet (tried again), not unactionable; one
+// that is whole but wrong stays unactionable.
+func TestKataPersistBeingWritten(t *testing.T) {
+	whole := `{"HypervisorState":{"Type":"clh","Pid":4242},"AgentState":{"URL":"hvsock:///run/vc/vm/k/clh.sock:1024"}}`
+	for _, tc := range []struct {
+		name, body string
+		notYet     bool
+	}{
+		{"empty", "", true},
+		{"cut short", whole[:40], true},
+		{"whole", whole, false},
+		{"not JSON", "{]", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			root := t.TempDir()
+			dir := filepath.Join(root, "sbs", "k")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.WriteFile(filepath.Join(dir, "persist.json"), []byte(tc.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			_, err := KataLayout{Root: root}.Resolve("k")
+			if got := errors.Is(err, ErrKataNotYet); got != tc.notYet {
+				t.Errorf("Resolve: %v; not yet %v, want %v", err, got, tc.notYet)
+			}
+			if tc.name == "whole" && err != nil {
+				t.Errorf("Resolve: %v", err)
+			}
+		})
+	}
+}
+
 func TestKataLayoutSockets(t *testing.T) {
 	root := t.TempDir()
 	mksock := func(rel string) {
