@@ -112,7 +112,7 @@ func fromPersisted(file string, b []byte) (Kata, error) {
 		// write it by a rename); not yet, tried again, rather than
 		// unactionable until the next listing.
 		var se *json.SyntaxError
-		if len(bytes.TrimSpace(b)) == 0 || errors.As(err, &se) && se.Offset >= int64(len(b)) {
+		if len(bytes.TrimSpace(b)) == 0 || errors.As(err, &se) && se.Error() == "unexpected end of JSON input" {
 			return Kata{}, fmt.Errorf("%w: %s being written (%d bytes): %w", ErrKataNotYet, file, len(b), err)
 		}
 		return Kata{}, unmappable("kata-persist", "kata %s: %w", file, err)
