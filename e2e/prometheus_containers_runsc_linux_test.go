@@ -64,7 +64,9 @@ func TestIntegrationPrometheusContainerRuleRunsc(t *testing.T) {
 		t.Fatalf("no CPU for busy in %v", r.GetSample())
 		return at, 0
 	}
-	prom := startRuleStack(t, bin, dir, namespace, pod, 2)
+	// busy, idle and POD (the sandbox's own share: the sentry, the gofers,
+	// the pause container).
+	prom := startRuleStack(t, bin, dir, namespace, pod, 3)
 
 	const window = 10 * time.Second
 	t1, c1 := busyCPU()

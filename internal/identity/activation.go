@@ -78,6 +78,9 @@ type Activation struct {
 	// exitedChanged, when set, is told (under mu: it must not block) that
 	// the exited containers changed, so the store persists them.
 	exitedChanged func()
+	// sampled, when set, is told (under mu: it must not block) that a
+	// reading was observed: a source's persisted state may have changed.
+	sampled func()
 }
 
 // newActivation starts the account of an activation of ref that began at
@@ -109,6 +112,9 @@ func (a *Activation) Observe(r source.Reading, atUnixNano int64) source.Reading 
 	// left and lists it makes it live again until the next one.
 	if a.track(r) && a.exitedChanged != nil {
 		a.exitedChanged()
+	}
+	if a.sampled != nil {
+		a.sampled()
 	}
 	out := a.compose(r)
 	if !a.seen || r.MemoryCurrentBytes > a.maxCurrent {

@@ -89,6 +89,7 @@ func (s *Store) Bind(ctx context.Context, op Op, id Identity, ref source.Sandbox
 	}
 	b := &Binding{Identity: id, Ref: ref, Op: op, EpochUnixNano: epoch, Activation: newActivation(ref, epoch, nil), names: newNames(ref, mine), breakdown: &breakdownHolder{}}
 	b.Activation.exitedChanged = s.persistSoon
+	b.Activation.sampled = s.breakdownSoon
 	b.Source, b.Host = s.openSources(ref)
 	s.guard(b) // names that did not resolve yet are looked at again at its reads
 	b.Ref.SentryStartTicks = pinnedStart(b.Source)

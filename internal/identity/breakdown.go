@@ -137,17 +137,18 @@ func (s *Store) saveBreakdownIfChanged() {
 	}
 }
 
-// persistBreakdowns saves the changed source states every
-// BreakdownSaveInterval until the store closes (Close saves once more).
-func (s *Store) persistBreakdowns() {
-	t := time.NewTicker(s.cfg.BreakdownSaveInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-s.bgCtx.Done():
-			return
-		case <-t.C:
+// breakdownSoon arms, when none is, a save of the changed source states
+// BreakdownSaveInterval from now (Close saves once more): a sample may
+// have changed one. Armed by samples only, so an idle statsd is never
+// woken. It never blocks (Activation.sampled).
+func (s *Store) breakdownSoon() {
+	if s.cfg.StateDir == "" || !s.bdArmed.CompareAndSwap(false, true) {
+		return
+	}
+	time.AfterFunc(s.cfg.BreakdownSaveInterval, func() {
+		s.bdArmed.Store(false)
+		if s.bgCtx.Err() == nil {
 			s.saveBreakdownIfChanged()
 		}
-	}
+	})
 }

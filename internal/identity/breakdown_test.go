@@ -70,7 +70,7 @@ func savedBreakdown(t *testing.T, dir string) string {
 }
 
 // TestBreakdownPersisted: a source's state is written with its binding
-// when it changed, at most every BreakdownSaveInterval, and at Close, and a
+// when it changed, BreakdownSaveInterval after a sample, and at Close, and a
 // restarted store gives it back to the restored binding's source before
 // its first read; one over the cap, or refused, is dropped.
 func TestBreakdownPersisted(t *testing.T) {
@@ -100,6 +100,8 @@ func TestBreakdownPersisted(t *testing.T) {
 		t.Fatal(err)
 	}
 	last().set(`{"split":1}`)
+	// A sample arms the save (an idle store is never woken).
+	s.Bindings()[0].Activation.Observe(source.Reading{Kind: source.KindCgroup}, 1)
 	deadline := time.Now().Add(5 * time.Second)
 	for savedBreakdown(t, dir) != `{"split":1}` && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)

@@ -144,6 +144,8 @@ type Store struct {
 
 	// persistWake wakes persistExited (nil without a state dir).
 	persistWake chan struct{}
+	// bdArmed: a save of the sources' states is armed (breakdownSoon).
+	bdArmed atomic.Bool
 
 	// The baseline takers: one goroutine per binding that needs one, and
 	// persistExited, ended by Close.
@@ -233,6 +235,7 @@ func NewStore(cfg Config) (*Store, error) {
 			binding.Activation.restoreExited(b.Ref.ContainerSet(), *b.Exited)
 		}
 		binding.Activation.exitedChanged = s.persistSoon
+		binding.Activation.sampled = s.breakdownSoon
 		restored = append(restored, binding)
 	}
 	if over := len(restored) - cfg.MaxWorkloads; over > 0 {
@@ -257,7 +260,6 @@ func NewStore(cfg Config) (*Store, error) {
 	}
 	s.publish(restored, ended)
 	s.bg.Go(s.persistExited)
-	s.bg.Go(s.persistBreakdowns)
 	for _, b := range restored {
 		s.logger.Info("restored binding from state", "actor_uid", b.Identity.ActorUID, "class", b.Ref.Class, "epoch_unix_nano", b.EpochUnixNano)
 		s.startBaseline(b)
