@@ -79,7 +79,9 @@ type Activation struct {
 	// the exited containers changed, so the store persists them.
 	exitedChanged func()
 	// sampled, when set, is told (under mu: it must not block) that a
-	// reading was observed: a source's persisted state may have changed.
+	// reading with a gVisor breakdown was observed: its source's persisted
+	// state (source.Persistent) may have changed. Other readings leave it
+	// be, so a statsd without breakdowns is never woken after a read.
 	sampled func()
 }
 
@@ -113,8 +115,8 @@ func (a *Activation) Observe(r source.Reading, atUnixNano int64) source.Reading 
 	if a.track(r) && a.exitedChanged != nil {
 		a.exitedChanged()
 	}
-	if a.sampled != nil {
-		a.sampled()
+	if a.sampled != nil && r.Kind == source.KindCgroup && (len(r.Containers) > 0 || r.SandboxOwnCPUUsec != nil) {
+		a.sampled() // a gVisor breakdown read: its split state moved
 	}
 	out := a.compose(r)
 	if !a.seen || r.MemoryCurrentBytes > a.maxCurrent {

@@ -101,7 +101,7 @@ func TestBreakdownPersisted(t *testing.T) {
 	}
 	last().set(`{"split":1}`)
 	// A sample arms the save (an idle store is never woken).
-	s.Bindings()[0].Activation.Observe(source.Reading{Kind: source.KindCgroup}, 1)
+	s.Bindings()[0].Activation.Observe(source.Reading{Kind: source.KindCgroup, Containers: []source.Container{{ID: "c"}}}, 1)
 	deadline := time.Now().Add(5 * time.Second)
 	for savedBreakdown(t, dir) != `{"split":1}` && time.Now().Before(deadline) {
 		time.Sleep(10 * time.Millisecond)
