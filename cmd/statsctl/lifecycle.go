@@ -47,7 +47,7 @@ func (c *containersFlag) Set(v string) error {
 }
 
 // containerUsage is the --container flag's help.
-const containerUsage = "a workload container as `id=name` (or id: no name), repeatable, at most 25; microvm: instead of --container-id, the ids read; gvisor: names for the containers runsc lists"
+const containerUsage = "a workload container as `id=name` (or id: no name), repeatable, at most 25; microvm: the ids read, instead of --container-id or beside it (the same ids in order, for a statsd older than names); gvisor: names for the containers runsc lists"
 
 type bindFlags struct {
 	conn       connFlags
