@@ -2,8 +2,6 @@ package testenv
 
 import (
 	"bytes"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -11,9 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -68,134 +64,10 @@ func BuildCollector(t testing.TB) string {
 	}
 	goCmd, err := exec.LookPath("go")
 	Need(t, err == nil, "no go command on PATH: the test collector (e2e/otelcol) is built with it")
-	modDir, err := collectorModuleDir(goCmd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key, err := collectorKey(modDir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, err := buildCollectorAt(goCmd, modDir, filepath.Join(os.TempDir(), "sandboxstats-otelcol-"+key))
+	p, err := buildModule(goCmd, collectorModule, "otelcol")
 	Need(t, err == nil, fmt.Sprintf("building the test collector failed: %v", err))
-	pruneCollectorBuilds(filepath.Dir(p), 24*time.Hour)
 	collectorBuild.path = p
 	return p
-}
-
-// collectorModuleDir finds the e2e/otelcol module: beside this source file
-// when its path is known (go test builds from source), else from the main
-// module's go.mod (`go env GOMOD` in the test's working directory).
-func collectorModuleDir(goCmd string) (string, error) {
-	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		dir := filepath.Join(filepath.Dir(file), "..", "..", filepath.FromSlash(collectorModule))
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir, nil
-		}
-	}
-	out, err := exec.Command(goCmd, "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("go env GOMOD: %w", err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("the test collector: not inside the sandboxstats module (go env GOMOD is empty)")
-	}
-	dir := filepath.Join(filepath.Dir(gomod), filepath.FromSlash(collectorModule))
-	if _, err := os.Stat(filepath.Join(dir, "go.mod")); err != nil {
-		return "", fmt.Errorf("the test collector's module: %w", err)
-	}
-	return dir, nil
-}
-
-// collectorKey hashes what the collector's binary is built from: the
-// module's go.mod, go.sum and Go files (names and contents), the Go version
-// and the platform.
-func collectorKey(modDir string) (string, error) {
-	h := sha256.New()
-	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	err := filepath.WalkDir(modDir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			return err
-		}
-		name := d.Name()
-		if d.IsDir() || !(name == "go.mod" || name == "go.sum" || strings.HasSuffix(name, ".go")) {
-			return nil
-		}
-		b, err := bounded.ReadFile(path, bounded.MaxFileBytes)
-		if err != nil {
-			return err
-		}
-		rel, _ := filepath.Rel(modDir, path)
-		fmt.Fprintf(h, "%s %d\n", filepath.ToSlash(rel), len(b))
-		h.Write(b)
-		return nil
-	})
-	if err != nil {
-		return "", fmt.Errorf("the test collector's sources in %s: %w", modDir, err)
-	}
-	return hex.EncodeToString(h.Sum(nil))[:16], nil
-}
-
-// buildCollectorAt returns dir/otelcol, building it first unless it exists.
-// An exclusive lock on dir/.lock serialises builds across processes; the
-// binary is built beside its final name and renamed into place, so it is
-// never seen half written.
-func buildCollectorAt(goCmd, modDir, dir string) (string, error) {
-	bin := filepath.Join(dir, "otelcol")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		return "", err
-	}
-	// The directory's name is predictable in a shared directory: use it only
-	// if it is a directory of this user's, not a symlink.
-	fi, err := os.Lstat(dir)
-	if err != nil {
-		return "", err
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); !fi.IsDir() || (ok && int(st.Uid) != os.Geteuid()) {
-		return "", fmt.Errorf("%s: not a directory of uid %d", dir, os.Geteuid())
-	}
-	now := time.Now()
-	_ = os.Chtimes(dir, now, now) // marks it used for pruneCollectorBuilds
-	if _, err := os.Stat(bin); err == nil {
-		return bin, nil
-	}
-	lock, err := os.OpenFile(filepath.Join(dir, ".lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", err
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", fmt.Errorf("lock %s: %w", lock.Name(), err)
-	}
-	defer syscall.Flock(int(lock.Fd()), syscall.LOCK_UN)
-	if _, err := os.Stat(bin); err == nil { // another process built it meanwhile
-		return bin, nil
-	}
-	tmp := bin + ".tmp" + strconv.Itoa(os.Getpid())
-	cmd := exec.Command(goCmd, "build", "-o", tmp, ".")
-	cmd.Dir = modDir
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		os.Remove(tmp)
-		return "", fmt.Errorf("go build in %s: %w\n%s", modDir, err, out)
-	}
-	if err := os.Rename(tmp, bin); err != nil {
-		os.Remove(tmp)
-		return "", err
-	}
-	return bin, nil
-}
-
-// pruneCollectorBuilds removes the other sandboxstats-otelcol-* directories
-// beside keep that were last used more than age ago.
-func pruneCollectorBuilds(keep string, age time.Duration) {
-	old, _ := filepath.Glob(filepath.Join(filepath.Dir(keep), "sandboxstats-otelcol-*"))
-	for _, d := range old {
-		if fi, err := os.Stat(d); err == nil && d != keep && fi.IsDir() && time.Since(fi.ModTime()) > age {
-			os.RemoveAll(d)
-		}
-	}
 }
 
 // Collector is a real OpenTelemetry Collector (BuildCollector's) receiving
