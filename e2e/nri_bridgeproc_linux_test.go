@@ -29,7 +29,7 @@ type bridgeProc struct {
 // newBridgeProc prepares statsnri with args and --metrics-listen
 // 127.0.0.1:0; the cleanup stops it (SIGTERM: it must exit 0 within 10 s)
 // and logs its output when the test failed.
-func newBridgeProc(t *testing.T, bin, dir string, args ...string) *bridgeProc {
+func newBridgeProc(t testing.TB, bin, dir string, args ...string) *bridgeProc {
 	t.Helper()
 	b := &bridgeProc{exe: filepath.Join(bin, "statsnri"), args: append(args, "--metrics-listen", "127.0.0.1:0"),
 		log: filepath.Join(dir, "statsnri.log")}
@@ -45,7 +45,7 @@ func newBridgeProc(t *testing.T, bin, dir string, args ...string) *bridgeProc {
 var bridgeServing = regexp.MustCompile(`msg="statsnri serving" addr=(\S+)`)
 
 // start starts statsnri and waits for its metrics listener.
-func (b *bridgeProc) start(t *testing.T) {
+func (b *bridgeProc) start(t testing.TB) {
 	t.Helper()
 	if b.running() {
 		t.Fatal("statsnri is already running")
@@ -99,7 +99,7 @@ func (b *bridgeProc) running() bool {
 }
 
 // kill SIGKILLs statsnri and waits for it.
-func (b *bridgeProc) kill(t *testing.T) {
+func (b *bridgeProc) kill(t testing.TB) {
 	t.Helper()
 	if !b.running() {
 		t.Fatal("statsnri is not running")
@@ -110,7 +110,7 @@ func (b *bridgeProc) kill(t *testing.T) {
 
 // stop stops statsnri with SIGTERM (SIGCONT first, in case it was
 // stopped): it must exit 0 within 10 s.
-func (b *bridgeProc) stop(t *testing.T) {
+func (b *bridgeProc) stop(t testing.TB) {
 	t.Helper()
 	if !b.running() {
 		return
@@ -143,7 +143,7 @@ func (b *bridgeProc) health() (int, string) {
 
 // waitHealthy waits up to d for /healthz to answer 200 (connected to NRI
 // and synchronized) and returns how long it took.
-func (b *bridgeProc) waitHealthy(t *testing.T, d time.Duration) time.Duration {
+func (b *bridgeProc) waitHealthy(t testing.TB, d time.Duration) time.Duration {
 	t.Helper()
 	start := time.Now()
 	var code int
@@ -158,14 +158,14 @@ func (b *bridgeProc) waitHealthy(t *testing.T, d time.Duration) time.Duration {
 }
 
 // metrics scrapes statsnri's /metrics (the sandboxstats_ series).
-func (b *bridgeProc) metrics(t *testing.T) map[string]float64 {
+func (b *bridgeProc) metrics(t testing.TB) map[string]float64 {
 	t.Helper()
 	return testenv.Scrape(t, b.url)
 }
 
 // waitIdle waits up to d until no pod waits for a statsd call
 // (sandboxstats_nri_statsd_pending is 0 for every statsd).
-func (b *bridgeProc) waitIdle(t *testing.T, d time.Duration) {
+func (b *bridgeProc) waitIdle(t testing.TB, d time.Duration) {
 	t.Helper()
 	waitFor(t, d, func() bool {
 		for k, v := range b.metrics(t) {
