@@ -37,12 +37,17 @@ const (
 
 // peerSetup is one measurement: n workloads (pods, each a real v1 cgroup
 // holding a process that burns a little CPU) bound through statsnri over
-// shards statsd, polled by one statsagent with --label-actor; cAdvisor
-// beside them unless without is set.
+// shards statsd, polled by one statsagent with --label-actor every
+// interval and scraped as often; cAdvisor beside them when cadvisor is set.
 type peerSetup struct {
 	n, shards int
+	interval  time.Duration
 	cadvisor  bool
 }
+
+// shippedInterval is the deploy files' statsagent --interval and
+// PodMonitor scrape interval.
+const shippedInterval = 60 * time.Second
 
 // peerResult is what one setup measured: the CPU each side used over
 // peerWindow, and each process's Pss at its end.
@@ -50,6 +55,9 @@ type peerResult struct {
 	samples                                 float64 // workload samples of each side in the window: n x window/interval
 	statsdCPU, agentCPU, nriCPU, cadvisorCP time.Duration
 	statsdPss, agentPss, nriPss, cadvisorPs uint64
+	// Anonymous memory (smaps_rollup) of each side: the rest of Pss is
+	// file pages, the binaries' shared among the shards.
+	statsdAnon, agentAnon, nriAnon, cadvisorAnon uint64
 }
 
 func (r peerResult) ourCPU() time.Duration { return r.statsdCPU + r.agentCPU + r.nriCPU }
@@ -57,12 +65,15 @@ func (r peerResult) ourPss() uint64        { return r.statsdPss + r.agentPss + r
 
 // peerSetups are the setups BenchmarkPeer* measure, in this order, in one
 // run: the node at 32, 110 and 256 workloads (ceil(n/32) shards) beside
-// cAdvisor, then the shipped NRI layout (8 shards) at 110 pods alone.
+// cAdvisor, sampled and scraped every 2 s; then the shipped NRI layout
+// (8 shards) at 110 and 256 pods alone, swept and scraped at the shipped
+// interval (60 s: its Pss between two sweeps).
 var peerSetups = []peerSetup{
-	{n: 32, shards: 1, cadvisor: true},
-	{n: 110, shards: 4, cadvisor: true},
-	{n: 256, shards: 8, cadvisor: true},
-	{n: 110, shards: 8},
+	{n: 32, shards: 1, interval: peerInterval, cadvisor: true},
+	{n: 110, shards: 4, interval: peerInterval, cadvisor: true},
+	{n: 256, shards: 8, interval: peerInterval, cadvisor: true},
+	{n: 110, shards: 8, interval: shippedInterval},
+	{n: 256, shards: 8, interval: shippedInterval},
 }
 
 // peerRun holds the one measurement every BenchmarkPeer* row reads: the
@@ -93,10 +104,11 @@ func peerResults(b *testing.B) []peerResult {
 	for i, s := range peerSetups {
 		res[i] = runPeer(b, bin, peer, s)
 		r := res[i]
-		b.Logf("n=%d shards=%d: CPU over %v: statsd %v, statsagent %v, statsnri %v (ours %v), cAdvisor %v; per workload sample ours %.3f ms, cAdvisor %.3f ms; Pss statsd %.1f MiB, statsagent %.1f MiB, statsnri %.1f MiB (ours %.1f MiB), cAdvisor %.1f MiB",
-			s.n, s.shards, peerWindow, r.statsdCPU, r.agentCPU, r.nriCPU, r.ourCPU(), r.cadvisorCP,
+		fmt.Printf("peer: n=%d shards=%d interval=%v: CPU over %v: statsd %v, statsagent %v, statsnri %v (ours %v), cAdvisor %v; per workload sample ours %.3f ms, cAdvisor %.3f ms; Pss (anonymous) statsd %.1f (%.1f) MiB, statsagent %.1f (%.1f) MiB, statsnri %.1f (%.1f) MiB, ours %.1f MiB, cAdvisor %.1f (%.1f) MiB\n",
+			s.n, s.shards, s.interval, peerWindow, r.statsdCPU, r.agentCPU, r.nriCPU, r.ourCPU(), r.cadvisorCP,
 			r.perSample(r.ourCPU())/1e6, r.perSample(r.cadvisorCP)/1e6,
-			toMiB(r.statsdPss), toMiB(r.agentPss), toMiB(r.nriPss), toMiB(r.ourPss()), toMiB(r.cadvisorPs))
+			toMiB(r.statsdPss), toMiB(r.statsdAnon), toMiB(r.agentPss), toMiB(r.agentAnon), toMiB(r.nriPss), toMiB(r.nriAnon),
+			toMiB(r.ourPss()), toMiB(r.cadvisorPs), toMiB(r.cadvisorAnon))
 	}
 	peerRun.res = res
 	return res
@@ -138,9 +150,11 @@ func reportPeer(b *testing.B, name string, value, goal float64, extra map[string
 // unit in the benchmark's doc.
 //
 // With SANDBOXSTATS_PEER_PERF set to a directory, the 110-workload window
-// also runs `perf record -g` on the first statsd, statsnri and statsagent
-// for 20 s into that directory (the CPU figures of that run then include
-// perf's disturbance).
+// beside cAdvisor also runs `perf record -e cpu-clock -g -F 4000` (this
+// host's VM offers no cycles event) on each side's processes (the statsd
+// shards together, statsagent, statsnri, cAdvisor) for the window, into
+// <dir>/<side>.data (the CPU figures of that run then include perf's
+// disturbance).
 
 // BenchmarkPeerCPUPerSample32: ns of CPU per workload sample, ours (the
 // shards, statsnri and statsagent) over cAdvisor's, at 32 workloads.
@@ -185,13 +199,18 @@ func BenchmarkPeerCPUScaling(b *testing.B) {
 }
 
 // BenchmarkPeerNRILayoutPss110: the shipped NRI layout's Pss in bytes (8
-// shards, statsnri, statsagent) at 110 pods over cAdvisor's at 110; no
-// goal (docs/nri.md records it).
-func BenchmarkPeerNRILayoutPss110(b *testing.B) {
+// shards, statsnri, statsagent, at the shipped 60 s interval) at 110 pods
+// over cAdvisor's at 110; no goal (docs/nri.md records it).
+func BenchmarkPeerNRILayoutPss110(b *testing.B) { benchNRILayout(b, 1, 3) }
+
+// BenchmarkPeerNRILayoutPss256 is BenchmarkPeerNRILayoutPss110 at 256.
+func BenchmarkPeerNRILayoutPss256(b *testing.B) { benchNRILayout(b, 2, 4) }
+
+func benchNRILayout(b *testing.B, peer, layout int) {
 	res := peerResults(b)
-	nri := res[3]
-	reportPeer(b, "baseline", float64(res[1].cadvisorPs), 0, map[string]float64{"MiB": toMiB(res[1].cadvisorPs)})
-	reportPeer(b, "8-shards", float64(nri.ourPss()), 0, map[string]float64{
+	nri := res[layout]
+	reportPeer(b, "baseline", float64(res[peer].cadvisorPs), 0, map[string]float64{"MiB": toMiB(res[peer].cadvisorPs)})
+	reportPeer(b, "8-shards-60s", float64(nri.ourPss()), 0, map[string]float64{
 		"MiB": toMiB(nri.ourPss()), "statsd-MiB": toMiB(nri.statsdPss), "agent-MiB": toMiB(nri.agentPss), "nri-MiB": toMiB(nri.nriPss)})
 }
 
@@ -274,7 +293,7 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 	}, fmt.Sprintf("statsnri to bind the %d pods", s.n))
 	bridge.waitIdle(b, 30*time.Second)
 	agentURL, agent := testenv.StartStatsagentProcess(b, bin, dir, "--sockets", filepath.Join(dir, "stats", "*.sock"),
-		"--interval", peerInterval.String(), "--min-interval", peerInterval.String(), "--label-actor")
+		"--interval", s.interval.String(), "--min-interval", s.interval.String(), "--label-actor")
 	stops = append(stops, func() { _ = agent.Signal(syscall.SIGTERM) }) // reaped by its cleanup
 
 	// The peer.
@@ -294,7 +313,7 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 		if u == "" {
 			continue
 		}
-		wg.Go(func() { scrapeEvery(ctx, u+"/metrics", peerInterval) })
+		wg.Go(func() { scrapeEvery(ctx, u+"/metrics", s.interval) })
 	}
 
 	// Warm: every pod's series on both exporters.
@@ -313,8 +332,13 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 	}
 	var perf []*exec.Cmd
 	if out := os.Getenv("SANDBOXSTATS_PEER_PERF"); out != "" && s.n == 110 && s.cadvisor {
-		for role, p := range map[string]int{"statsd": pids["statsd"][0], "agent": agent.Pid, "nri": bridge.cmd.Process.Pid} {
-			c := exec.Command("perf", "record", "-g", "-F", "499", "-p", strconv.Itoa(p), "-o", filepath.Join(out, role+".data"), "--", "sleep", "20")
+		for role, ps := range pids {
+			var list []string
+			for _, p := range ps {
+				list = append(list, strconv.Itoa(p))
+			}
+			c := exec.Command("perf", "record", "-e", "cpu-clock", "-g", "-F", "4000", "-p", strings.Join(list, ","),
+				"-o", filepath.Join(out, role+".data"), "--", "sleep", strconv.Itoa(int(peerWindow.Seconds())))
 			c.Stdout, c.Stderr = io.Discard, io.Discard
 			if err := c.Start(); err != nil {
 				b.Fatal(err)
@@ -327,20 +351,22 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 		cpu0[role] = procCPU(b, ps)
 	}
 	time.Sleep(peerWindow)
-	r := peerResult{samples: float64(s.n) * float64(peerWindow/peerInterval)}
+	r := peerResult{samples: float64(s.n) * float64(peerWindow/s.interval)}
 	cpu := func(role string) time.Duration { return procCPU(b, pids[role]) - cpu0[role] }
-	pss := func(role string) uint64 {
-		var t uint64
+	pss := func(role string) (pss, anon uint64) {
 		for _, p := range pids[role] {
-			v, _ := smapsRollup(b, p)
-			t += v
+			v, a := smapsRollup(b, p)
+			pss, anon = pss+v, anon+a
 		}
-		return t
+		return pss, anon
 	}
 	r.statsdCPU, r.agentCPU, r.nriCPU = cpu("statsd"), cpu("agent"), cpu("nri")
-	r.statsdPss, r.agentPss, r.nriPss = pss("statsd"), pss("agent"), pss("nri")
+	r.statsdPss, r.statsdAnon = pss("statsd")
+	r.agentPss, r.agentAnon = pss("agent")
+	r.nriPss, r.nriAnon = pss("nri")
 	if s.cadvisor {
-		r.cadvisorCP, r.cadvisorPs = cpu("cadvisor"), pss("cadvisor")
+		r.cadvisorCP = cpu("cadvisor")
+		r.cadvisorPs, r.cadvisorAnon = pss("cadvisor")
 	}
 	for _, c := range perf {
 		_ = c.Wait()
