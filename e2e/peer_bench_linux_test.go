@@ -301,7 +301,7 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 	var cadURL string
 	if s.cadvisor {
 		cad, cadURL = startCadvisorPeer(b, peer, dir, "/"+parent)
-		stops = append(stops, func() { stopProcess(b, cad, "cadvisorpeer") })
+		stops = append(stops, func() { testenv.StopProcess(b, cad, "cadvisorpeer") })
 	}
 
 	// Both exporters scraped every interval, as a Prometheus would (the Go
@@ -479,27 +479,9 @@ func startCadvisorPeer(t testing.TB, peer, dir, prefix string) (*exec.Cmd, strin
 		}
 	}
 	b, _ := os.ReadFile(logPath)
-	stopProcess(t, cmd, "cadvisorpeer")
+	testenv.StopProcess(t, cmd, "cadvisorpeer")
 	t.Fatalf("cadvisorpeer did not start within 30 s:\n%s", b)
 	return nil, ""
-}
-
-// stopProcess stops cmd with SIGTERM (SIGKILL after 10 s) and waits for it.
-func stopProcess(t testing.TB, cmd *exec.Cmd, name string) {
-	t.Helper()
-	_ = cmd.Process.Signal(syscall.SIGTERM)
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("%s exited with %v after SIGTERM", name, err)
-		}
-	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
-		<-done
-		t.Errorf("%s did not stop within 10 s of SIGTERM", name)
-	}
 }
 
 func toMiB(b uint64) float64 { return float64(b) / (1 << 20) }

@@ -35,6 +35,16 @@
 // is only cAdvisor: the kubelet itself would add its own binary's pages and
 // heap on top.
 //
+// What it reads per container sample (each housekeeping, every 2 s), so
+// that the benchmark compares like with like (docs/design.md, "The node's
+// cost beside the kubelet's cAdvisor"): runc's cgroup manager GetStats over
+// every mounted v1 subsystem (cpu, cpuacct with per-CPU usage, cpuset,
+// memory, blkio, pids, hugetlb), and for the process metrics cgroup.procs,
+// each process's /proc/<pid>/fd and the first one's limits; the root
+// container adds the host's network (/proc/<pid>/net/dev) and the root
+// filesystem's usage. A scrape builds the series of every container from
+// the cache's latest sample.
+//
 // Usage:
 //
 //	cadvisorpeer --listen 127.0.0.1:0 --raw-cgroup-prefix /mypods

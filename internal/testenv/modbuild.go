@@ -11,11 +11,47 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 )
+
+// moduleBuild is one test binary built from a module of its own, once per
+// test process.
+type moduleBuild struct {
+	sync.Mutex
+	path string
+}
+
+// get returns the binary name built from module (see buildModule), or
+// PrebuiltBinEnv's name when that names a directory; what names it in a
+// skip or failure.
+func (m *moduleBuild) get(t testing.TB, module, name, what string) string {
+	t.Helper()
+	if dir := os.Getenv(PrebuiltBinEnv); dir != "" {
+		p := filepath.Join(dir, name)
+		if _, err := os.Stat(p); err != nil {
+			t.Fatalf("%s=%s: %v", PrebuiltBinEnv, dir, err)
+		}
+		return p
+	}
+	m.Lock()
+	defer m.Unlock()
+	if m.path != "" {
+		if _, err := os.Stat(m.path); err == nil {
+			return m.path
+		}
+	}
+	goCmd, err := exec.LookPath("go")
+	Need(t, err == nil, fmt.Sprintf("no go command on PATH: %s (%s) is built with it", what, module))
+	p, err := buildModule(goCmd, module, name)
+	Need(t, err == nil, fmt.Sprintf("building %s failed: %v", what, err))
+	m.path = p
+	return p
+}
 
 // buildModule builds the main package of module (a directory of the
 // repository holding a module of its own, such as e2e/otelcol) as a binary
@@ -155,4 +191,3 @@ func pruneModuleBuilds(keep, name string, age time.Duration) {
 		}
 	}
 }
-

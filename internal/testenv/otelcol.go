@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -26,10 +25,7 @@ const collectorModule = "e2e/otelcol"
 // maxCollectorFile caps each read of a file the test collector writes.
 const maxCollectorFile = 64 << 20
 
-var collectorBuild struct {
-	sync.Mutex
-	path string
-}
+var collectorBuild moduleBuild
 
 // BuildCollector builds the test collector (the e2e/otelcol module: an
 // OpenTelemetry Collector v0.165.0 with the otlp receiver, the batch and
@@ -48,26 +44,7 @@ var collectorBuild struct {
 // returned.
 func BuildCollector(t testing.TB) string {
 	t.Helper()
-	if dir := os.Getenv(PrebuiltBinEnv); dir != "" {
-		p := filepath.Join(dir, "otelcol")
-		if _, err := os.Stat(p); err != nil {
-			t.Fatalf("%s=%s: %v", PrebuiltBinEnv, dir, err)
-		}
-		return p
-	}
-	collectorBuild.Lock()
-	defer collectorBuild.Unlock()
-	if p := collectorBuild.path; p != "" {
-		if _, err := os.Stat(p); err == nil {
-			return p
-		}
-	}
-	goCmd, err := exec.LookPath("go")
-	Need(t, err == nil, "no go command on PATH: the test collector (e2e/otelcol) is built with it")
-	p, err := buildModule(goCmd, collectorModule, "otelcol")
-	Need(t, err == nil, fmt.Sprintf("building the test collector failed: %v", err))
-	collectorBuild.path = p
-	return p
+	return collectorBuild.get(t, collectorModule, "otelcol", "the test collector")
 }
 
 // Collector is a real OpenTelemetry Collector (BuildCollector's) receiving

@@ -42,19 +42,7 @@ func StartStatsagentProcess(t testing.TB, binDir, dir string, args ...string) (s
 	}
 	logf.Close()
 	t.Cleanup(func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		done := make(chan error, 1)
-		go func() { done <- cmd.Wait() }()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("statsagent exited with %v after SIGTERM", err)
-			}
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-			t.Errorf("statsagent did not stop within 10 s of SIGTERM")
-		}
+		StopProcess(t, cmd, "statsagent")
 		if t.Failed() {
 			b, _ := os.ReadFile(logPath)
 			t.Logf("statsagent.log:\n%s", b)
@@ -138,4 +126,23 @@ func WaitSweeps(t testing.TB, base string, n float64) map[string]float64 {
 func WaitNewSweeps(t testing.TB, base string) map[string]float64 {
 	t.Helper()
 	return WaitSweeps(t, base, Scrape(t, base)["sandboxstats_agent_sweeps_total{}"]+2)
+}
+
+// StopProcess stops cmd with SIGTERM (SIGKILL after 10 s, an error) and
+// waits for it; an exit other than 0 is an error of the test.
+func StopProcess(t testing.TB, cmd *exec.Cmd, name string) {
+	t.Helper()
+	_ = cmd.Process.Signal(syscall.SIGTERM)
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("%s exited with %v after SIGTERM", name, err)
+		}
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Errorf("%s did not stop within 10 s of SIGTERM", name)
+	}
 }
