@@ -80,10 +80,10 @@ func BuildProjectImages(ctx context.Context, repoRoot, outDir string) ([]Image, 
 	}
 	defer os.RemoveAll(tmp)
 	mainPkgs := []string{"./cmd/statsd", "./cmd/statsctl", "./cmd/statsagent", "./cmd/statsnri"}
-	if err := goBuild(ctx, root, tmp, mainPkgs...); err != nil {
+	if err := GoBuild(ctx, root, tmp, mainPkgs...); err != nil {
 		return nil, err
 	}
-	if err := goBuild(ctx, filepath.Join(root, collectorModule), filepath.Join(tmp, "otelcol"), "."); err != nil {
+	if err := GoBuild(ctx, filepath.Join(root, collectorModule), filepath.Join(tmp, "otelcol"), "."); err != nil {
 		return nil, err
 	}
 	revision, err := sourceDigest(ctx, root, mainPkgs)
@@ -143,11 +143,14 @@ func buildImage(pi projectImage, binDir, revision string) (Spec, error) {
 	}, nil
 }
 
-// goBuild runs go build in dir, -o out, for linux/GOARCH, static, with
-// -trimpath and -buildvcs=false (a VCS stamp would change the binaries, so
-// the digests, with every commit, the one that records the digests too).
-// The environment's GOFLAGS and code-generation settings are overridden.
-func goBuild(ctx context.Context, dir, out string, pkgs ...string) error {
+// GoBuild runs the go command on PATH: go build in dir, -o out, for
+// linux/GOARCH, static (CGO_ENABLED=0), with -trimpath and -buildvcs=false
+// (a VCS stamp would change the binaries, so the digests, with every commit,
+// the one that records the digests too). The environment's GOFLAGS and
+// code-generation settings are overridden. testenv.BuildCollector builds
+// the test Collector with it too: one set of compiled packages in Go's build
+// cache serves both.
+func GoBuild(ctx context.Context, dir, out string, pkgs ...string) error {
 	args := append([]string{"build", "-trimpath", "-buildvcs=false", "-o", out}, pkgs...)
 	cmd := exec.CommandContext(ctx, "go", args...)
 	cmd.Dir = dir
