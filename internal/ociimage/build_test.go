@@ -175,3 +175,35 @@ func TestSysusersGroup(t *testing.T) {
 		t.Errorf("sandboxstats.sysusers.conf does not say g sandboxstats %d:\n%s", SandboxstatsGroup, b)
 	}
 }
+
+// TestDockerfileBase: the Dockerfile's base holds the same users and groups
+// as BaseLayer, and builds the binaries as GoBuild does.
+func TestDockerfileBase(t *testing.T) {
+	b, err := os.ReadFile(filepath.Join("..", "..", "Dockerfile"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	df := string(b)
+	heredoc := func(dst string) string {
+		_, rest, ok := strings.Cut(df, "COPY <<EOT "+dst+"\n")
+		body, _, ok2 := strings.Cut(rest, "EOT\n")
+		if !ok || !ok2 {
+			t.Fatalf("Dockerfile: no COPY <<EOT %s", dst)
+		}
+		return body
+	}
+	for _, tc := range []struct{ dst, want string }{
+		{"/rootfs/etc/passwd", etcPasswd},
+		{"/rootfs/etc/group", etcGroup},
+		{"/rootfs/etc/nsswitch.conf", etcNsswitch},
+	} {
+		if diff := cmp.Diff(tc.want, heredoc(tc.dst)); diff != "" {
+			t.Errorf("Dockerfile %s (-BaseLayer +Dockerfile):\n%s", tc.dst, diff)
+		}
+	}
+	for _, want := range []string{"CGO_ENABLED=0", "go build -trimpath -buildvcs=false", "USER 65532:65532", "chmod 1777 /rootfs/tmp"} {
+		if !strings.Contains(df, want) {
+			t.Errorf("Dockerfile: no %q", want)
+		}
+	}
+}
