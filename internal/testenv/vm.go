@@ -118,10 +118,12 @@ func BuildTestBinary(t testing.TB, dir, pkg string) string {
 }
 
 // BuildStaticBinaries builds statsd, statsctl and statsagent static into
-// dir (for a guest's PrebuiltBinEnv).
+// dir (for a guest's PrebuiltBinEnv), -trimpath as the images' binaries
+// are (internal/ociimage.GoBuild): their compiled packages in Go's build
+// cache serve both.
 func BuildStaticBinaries(t testing.TB, dir string) {
 	t.Helper()
-	goBuild(t, dir, []string{"CGO_ENABLED=0"}, []string{"-ldflags=-s -w"}, "statsd", "statsctl", "statsagent")
+	goBuild(t, dir, []string{"CGO_ENABLED=0"}, []string{"-trimpath", "-ldflags=-s -w"}, "statsd", "statsctl", "statsagent")
 }
 
 // VMResult is what the guest said of one test.
