@@ -277,28 +277,22 @@ func (bl *Blobs) Archive(ref string) ([]byte, error) {
 // returns the manifest's descriptor. The file is written whole or not at
 // all.
 func WriteArchive(file string, img Spec, ref string) (Descriptor, error) {
-	bl, err := Build(img)
-	if err != nil {
-		return Descriptor{}, fmt.Errorf("image %s: %w", file, err)
-	}
-	b, err := bl.Archive(ref)
-	if err != nil {
-		return Descriptor{}, fmt.Errorf("image %s: %w", file, err)
-	}
-	if err := writeFileAtomic(file, b); err != nil {
-		return Descriptor{}, err
-	}
-	return bl.Manifest, nil
+	return writeArchive(file, img, func(string) string { return ref })
 }
 
 // WriteArchiveByDigest is WriteArchive naming the image repo@<its manifest
 // digest>, the reference a kustomization's digest resolves to.
 func WriteArchiveByDigest(file string, img Spec, repo string) (Descriptor, error) {
+	return writeArchive(file, img, func(digest string) string { return repo + "@" + digest })
+}
+
+// writeArchive writes img named ref(its manifest's digest).
+func writeArchive(file string, img Spec, ref func(digest string) string) (Descriptor, error) {
 	bl, err := Build(img)
 	if err != nil {
 		return Descriptor{}, fmt.Errorf("image %s: %w", file, err)
 	}
-	b, err := bl.Archive(repo + "@" + bl.Manifest.Digest)
+	b, err := bl.Archive(ref(bl.Manifest.Digest))
 	if err != nil {
 		return Descriptor{}, fmt.Errorf("image %s: %w", file, err)
 	}

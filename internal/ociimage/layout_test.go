@@ -10,6 +10,8 @@ import (
 	"errors"
 	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"testing"
 
@@ -307,5 +309,32 @@ func mustUnmarshal(t *testing.T, b []byte, v any) {
 	t.Helper()
 	if err := json.Unmarshal(b, v); err != nil {
 		t.Fatalf("%v: %s", err, b)
+	}
+}
+
+// TestWriteArchiveByDigest: the file holds the archive naming the image by
+// its own manifest's digest, and no temporary file is left.
+func TestWriteArchiveByDigest(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(dir, "x.tar")
+	spec := Spec{Layers: [][]Entry{{Dir("etc", 0o755)}}, Architecture: "arm64", Gzip: true}
+	d, err := WriteArchiveByDigest(file, spec, "registry.example.com/x")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bl, _ := Build(spec)
+	want, _ := bl.Archive("registry.example.com/x@" + bl.Manifest.Digest)
+	if !bytes.Equal(b, want) || d.Digest != bl.Manifest.Digest {
+		t.Errorf("archive of %s differs from Build's, or descriptor %+v", d.Digest, d)
+	}
+	if ents, _ := os.ReadDir(dir); len(ents) != 1 {
+		t.Errorf("%d files in %s, want only x.tar", len(ents), dir)
+	}
+	if _, err := WriteArchiveByDigest(filepath.Join(dir, "no", "x.tar"), spec, "r/x"); err == nil {
+		t.Error("writing into a missing directory: no error")
 	}
 }
