@@ -42,6 +42,9 @@ EOT
 
 FROM scratch AS base
 COPY --from=build /rootfs/ /
+# COPY makes what it copies root's unless told: the nonroot user's home is
+# its own (the modes, /tmp's sticky bit included, are kept).
+COPY --from=build --chown=65532:65532 /rootfs/home/nonroot /home/nonroot
 ENV PATH=/usr/local/bin
 WORKDIR /
 ARG REVISION=""
