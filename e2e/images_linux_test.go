@@ -65,7 +65,7 @@ func TestIntegrationImagesByDigest(t *testing.T) {
 			}
 			id := c.CreateContainer(t, pod, testenv.ContainerSpec{Name: fmt.Sprintf("c%d", i), Command: tc.command, Image: ref})
 			c.StartContainer(t, id)
-			st := waitExited(t, c, id, 30*time.Second)
+			st := waitImageContainerExited(t, c, id, 30*time.Second)
 			if st.Status.ExitCode != tc.exit {
 				t.Errorf("%s %q: exit %d, want %d", ref, tc.command, st.Status.ExitCode, tc.exit)
 			}
@@ -79,8 +79,8 @@ func TestIntegrationImagesByDigest(t *testing.T) {
 	}
 }
 
-// crictlInspect is the part of `crictl inspect` the test reads.
-type crictlInspect struct {
+// imageContainerStatus is the part of `crictl inspect` the test reads.
+type imageContainerStatus struct {
 	Status struct {
 		State    string `json:"state"`
 		ExitCode int    `json:"exitCode"`
@@ -100,12 +100,12 @@ type crictlInspect struct {
 	} `json:"info"`
 }
 
-// waitExited polls crictl inspect until the container has exited.
-func waitExited(t *testing.T, c *testenv.Containerd, id string, timeout time.Duration) crictlInspect {
+// waitImageContainerExited polls crictl inspect until the container has exited.
+func waitImageContainerExited(t *testing.T, c *testenv.Containerd, id string, timeout time.Duration) imageContainerStatus {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		var st crictlInspect
+		var st imageContainerStatus
 		if err := json.Unmarshal(c.Crictl(t, "inspect", id), &st); err != nil {
 			t.Fatal(err)
 		}
