@@ -105,11 +105,13 @@ type VMLane struct {
 
 // BuildTestBinary compiles the tests of the module's package pkg (e.g.
 // "internal/gvisor") with `go test -c`, static so that they run in a guest
-// with no libraries, into dir and returns the path.
+// with no libraries, into dir and returns the path. -trimpath, as the
+// images' binaries are built: the packages they share come from Go's build
+// cache.
 func BuildTestBinary(t testing.TB, dir, pkg string) string {
 	t.Helper()
 	out := filepath.Join(dir, strings.ReplaceAll(pkg, "/", "_")+".test")
-	cmd := exec.Command(goTool(t), "test", "-c", "-ldflags=-s -w", "-o", out, module+"/"+pkg)
+	cmd := exec.Command(goTool(t), "test", "-c", "-trimpath", "-ldflags=-s -w", "-o", out, module+"/"+pkg)
 	cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 	if b, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go test -c %s: %v\n%s", pkg, err, b)
