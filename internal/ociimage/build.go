@@ -47,7 +47,7 @@ type projectImage struct {
 	user string
 }
 
-// ProjectImages are the images BuildProjectImages builds, in its order.
+// projectImages are the images BuildProjectImages builds, in its order.
 var projectImages = []projectImage{
 	{name: "statsd", binaries: []string{"statsd", "statsctl"}, user: "0:0"},
 	{name: "statsagent", binaries: []string{"statsagent"}, user: "65532:65532"},
