@@ -99,6 +99,7 @@ func badDeps() map[string]map[string]string {
 		for _, p := range testOnlyPackages {
 			r[module+"/"+p] = "test-only package"
 		}
+		r[module+"/internal/ociimage"] = "builds the images (make images, the tests): no binary packs images"
 	}
 	return rules
 }
