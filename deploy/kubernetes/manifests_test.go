@@ -428,9 +428,14 @@ func TestKustomizationBuilds(t *testing.T) {
 			if o.Namespace != k.Namespace {
 				t.Errorf("DaemonSet in namespace %q", o.Namespace)
 			}
-			for _, c := range o.Spec.Template.Spec.Containers {
-				if !strings.HasSuffix(c.Image, "/"+c.Name+":"+k.Images[0].NewTag) {
-					t.Errorf("%s: image %q not set by the kustomization", c.Name, c.Image)
+			// Every image named by the kustomization, by digest (make images).
+			byDigest := map[string]bool{}
+			for _, img := range k.Images {
+				byDigest[img.NewName+"@"+img.Digest] = img.Digest != ""
+			}
+			for _, c := range slices.Concat(o.Spec.Template.Spec.InitContainers, o.Spec.Template.Spec.Containers) {
+				if !byDigest[c.Image] {
+					t.Errorf("%s: image %q not set by the kustomization's digests", c.Name, c.Image)
 				}
 			}
 		case *corev1.Service:

@@ -1,6 +1,7 @@
 package testenv
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
@@ -17,6 +18,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/ociimage"
 )
 
 // moduleBuild is one test binary built from a module of its own, once per
@@ -69,7 +71,7 @@ func buildModule(goCmd, module, name string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	p, err := buildModuleAt(goCmd, modDir, filepath.Join(os.TempDir(), "sandboxstats-"+name+"-"+key), name)
+	p, err := buildModuleAt(modDir, filepath.Join(os.TempDir(), "sandboxstats-"+name+"-"+key), name)
 	if err != nil {
 		return "", err
 	}
@@ -104,10 +106,10 @@ func moduleDir(goCmd, module string) (string, error) {
 
 // moduleKey hashes what a module's binary is built from: its go.mod,
 // go.sum and Go files (names and contents), the Go version and the
-// platform.
+// platform (and how it is built: as the images' binaries are).
 func moduleKey(modDir string) (string, error) {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(h, "%s %s/%s static trimpath\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	err := filepath.WalkDir(modDir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -135,7 +137,7 @@ func moduleKey(modDir string) (string, error) {
 // An exclusive lock on dir/.lock serialises builds across processes; the
 // binary is built beside its final name and renamed into place, so it is
 // never seen half written.
-func buildModuleAt(goCmd, modDir, dir, name string) (string, error) {
+func buildModuleAt(modDir, dir, name string) (string, error) {
 	bin := filepath.Join(dir, name)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -167,12 +169,11 @@ func buildModuleAt(goCmd, modDir, dir, name string) (string, error) {
 		return bin, nil
 	}
 	tmp := bin + ".tmp" + strconv.Itoa(os.Getpid())
-	cmd := exec.Command(goCmd, "build", "-o", tmp, ".")
-	cmd.Dir = modDir
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
+	// Built as the images' binaries are (static, -trimpath): the compiled
+	// packages in Go's build cache serve both (the otelcol image's).
+	if err := ociimage.GoBuild(context.Background(), modDir, tmp, "."); err != nil {
 		os.Remove(tmp)
-		return "", fmt.Errorf("go build in %s: %w\n%s", modDir, err, out)
+		return "", err
 	}
 	if err := os.Rename(tmp, bin); err != nil {
 		os.Remove(tmp)
