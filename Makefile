@@ -126,6 +126,9 @@ fuzz:
 test-unit:
 	$(GO) test -short ./...
 
+# Every Go benchmark once, as ratios measured in one run (internal/benchtable).
+# e2e's BenchmarkPeer* (the node beside the kubelet's cAdvisor, about 3.5
+# minutes) need root and cgroup v1; they build e2e/cadvisorpeer once and cache it.
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -count 1 -timeout 20m ./... | $(GO) run ./internal/benchtable
 
