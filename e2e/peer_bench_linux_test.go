@@ -34,9 +34,6 @@ const (
 	// first sweep (the window of a setup without cAdvisor): past statsd's
 	// --release-after (5 s), well before the next sweep (60 s).
 	layoutWait = 15 * time.Second
-	// peerShardSize is statsd's default --max-workloads, the NRI layout's
-	// workloads per shard.
-	peerShardSize = 32
 )
 
 // peerSetup is one measurement: n workloads (pods, each a real v1 cgroup
@@ -68,7 +65,8 @@ func (r peerResult) ourCPU() time.Duration { return r.statsdCPU + r.agentCPU + r
 func (r peerResult) ourPss() uint64        { return r.statsdPss + r.agentPss + r.nriPss }
 
 // peerSetups are the setups BenchmarkPeer* measure, in this order, in one
-// run: the node at 32, 110 and 256 workloads (ceil(n/32) shards) beside
+// run: the node at 32, 110 and 256 workloads (ceil(n/32) shards, 32 being
+// statsd's default --max-workloads) beside
 // cAdvisor, sampled and scraped every 2 s; then the shipped NRI layout
 // (8 shards) at 110 and 256 pods alone, swept and scraped at the shipped
 // interval (60 s: its Pss between two sweeps).
