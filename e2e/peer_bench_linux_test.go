@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/containerd/nri/pkg/api"
+	nrilog "github.com/containerd/nri/pkg/log"
 
 	"github.com/sandboxstats/sandboxstats/internal/nrifake"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
@@ -109,6 +110,7 @@ func peerResults(b *testing.B) []peerResult {
 	}
 	peerRun.tried = true
 	needV1(b)
+	nrilog.Set(quietNRI{}) // the runtime side in this process: its warnings only
 	bin := testenv.BuildBinaries(b, "statsagent", "statsnri")
 	peer := testenv.BuildCadvisorPeer(b)
 	res := make([]peerResult, len(peerSetups))
@@ -508,3 +510,17 @@ func startCadvisorPeer(t testing.TB, peer, dir, prefix string) (*exec.Cmd, strin
 }
 
 func toMiB(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// quietNRI keeps NRI's runtime side (nrifake, in the benchmark process) to
+// its warnings and errors, which go to stderr: its every connection and
+// synchronization would otherwise be in make bench's output.
+type quietNRI struct{}
+
+func (quietNRI) Debugf(context.Context, string, ...any) {}
+func (quietNRI) Infof(context.Context, string, ...any)  {}
+func (quietNRI) Warnf(_ context.Context, format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "nri: warning: "+format+"\n", args...)
+}
+func (quietNRI) Errorf(_ context.Context, format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "nri: error: "+format+"\n", args...)
+}
