@@ -52,34 +52,6 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 	})
 }
 
-// DoHere is Do for a caller that would wait for fn to its end anyway: fn
-// bounds itself no later than ctx's deadline (or ctx has none). When no call
-// for key is in flight, the caller runs fn on its own goroutine, shared with
-// every caller that asks for key meanwhile, and returns when fn does (a
-// cancelled ctx is noticed then, at fn's own bound at the latest): the
-// hand-over to a worker and back, two goroutine wake-ups, is not paid. When
-// a call is in flight, or the Group has a timeout of its own, it is Do.
-func DoHere[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) (T, error) {
-	if g.timeout > 0 {
-		return Do(ctx, g, key, fn)
-	}
-	g.mu.Lock()
-	if _, ok := g.calls[key]; ok {
-		g.mu.Unlock()
-		return Do(ctx, g, key, fn)
-	}
-	c := &call{done: make(chan struct{})}
-	g.calls[key] = c
-	g.mu.Unlock()
-	g.run(key, c, func() (any, error) { return fn() })
-	var zero T
-	if c.err != nil {
-		return zero, c.err
-	}
-	v, _ := c.val.(T)
-	return v, nil
-}
-
 // do is Do and DoBatch: start makes the function of a new call (given the
 // call, to keep what a caller at its deadline may ask about it).
 func do[T any](ctx context.Context, g *Group, key string, start func(*call) func() (any, error)) (T, error) {

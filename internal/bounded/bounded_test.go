@@ -6,10 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strconv"
-	"strings"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -112,75 +109,4 @@ func TestNilInterfaceResult(t *testing.T) {
 	if v != nil || err != nil {
 		t.Fatalf("Do = %v, %v", v, err)
 	}
-}
-
-// DoHere runs a call on its caller's goroutine, shares it with callers who
-// ask meanwhile (they join as with Do), turns a panic into an error, and
-// is Do for a Group with a timeout of its own.
-func TestDoHere(t *testing.T) {
-	t.Run("on the caller's goroutine, shared", func(t *testing.T) {
-		g := New(0)
-		started, release := make(chan struct{}), make(chan struct{})
-		var calls atomic.Int32
-		leader, self := make(chan int64, 1), make(chan int64, 1)
-		go func() {
-			self <- goroutineID()
-			v, _ := DoHere(context.Background(), g, "k", func() (int64, error) {
-				calls.Add(1)
-				close(started)
-				<-release
-				return goroutineID(), nil
-			})
-			leader <- v
-		}()
-		<-started
-		joined := make(chan int64, 1)
-		go func() {
-			v, _ := DoHere(context.Background(), g, "k", func() (int64, error) { calls.Add(1); return -1, nil })
-			joined <- v
-		}()
-		for g.InFlight() != 1 {
-			time.Sleep(time.Millisecond)
-		}
-		time.Sleep(20 * time.Millisecond) // let the second caller join
-		close(release)
-		ran, got := <-leader, <-joined
-		if want := <-self; ran != want || ran == 0 {
-			t.Fatalf("the call ran on goroutine %d; want the leader's own, %d", ran, want)
-		}
-		if got != ran || calls.Load() != 1 {
-			t.Fatalf("joined caller got %d from %d calls; want the leader's answer %d from 1", got, calls.Load(), ran)
-		}
-		if g.InFlight() != 0 {
-			t.Fatal("the call stayed in flight")
-		}
-	})
-	t.Run("a panic is an error", func(t *testing.T) {
-		g := New(0)
-		_, err := DoHere(context.Background(), g, "boom", func() (int, error) { panic("parser bug") })
-		if !errors.Is(err, source.ErrMalformed) || g.InFlight() != 0 {
-			t.Fatalf("err = %v, in flight %d; want ErrMalformed, none", err, g.InFlight())
-		}
-	})
-	t.Run("a Group with a timeout is Do", func(t *testing.T) {
-		g := New(20 * time.Millisecond)
-		release := make(chan struct{})
-		defer close(release)
-		_, err := DoHere(context.Background(), g, "slow", func() (int, error) { <-release; return 0, nil })
-		if !errors.Is(err, source.ErrTimeout) {
-			t.Fatalf("err = %v; want ErrTimeout at the Group's bound", err)
-		}
-	})
-}
-
-// goroutineID is the running goroutine's id, from its stack header.
-func goroutineID() int64 {
-	buf := make([]byte, 64)
-	buf = buf[:runtime.Stack(buf, false)]
-	f := strings.Fields(string(buf))
-	if len(f) < 2 {
-		return 0
-	}
-	id, _ := strconv.ParseInt(f[1], 10, 64)
-	return id
 }

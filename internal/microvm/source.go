@@ -169,17 +169,9 @@ func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 }
 
 // readContainer calls StatsContainer for id (one call in flight per id) and
-// converts the reply. A caller whose deadline is no earlier than the call's
-// makes the call on its own goroutine (bounded.DoHere); one with an earlier
-// deadline leaves it to a worker, to go on alone past that deadline.
+// converts the reply.
 func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string) containerResult {
-	do := bounded.Do[*katagrpc.StatsContainerResponse]
-	if dl, ok := ctx.Deadline(); !ok || !dl.Before(time.Now().Add(s.cfg.CallTimeout)) {
-		// The caller waits for the call's own deadline anyway: it makes
-		// the call itself rather than hand it to a worker and wait.
-		do = bounded.DoHere[*katagrpc.StatsContainerResponse]
-	}
-	resp, err := do(ctx, s.calls, id, func() (*katagrpc.StatsContainerResponse, error) {
+	resp, err := bounded.Do(ctx, s.calls, id, func() (*katagrpc.StatsContainerResponse, error) {
 		cctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
 		defer cancel()
 		var resp katagrpc.StatsContainerResponse

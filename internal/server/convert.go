@@ -95,26 +95,13 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 	for _, c := range r.UnreadContainers {
 		s.UnreadContainers = append(s.UnreadContainers, &sandboxstatsv1.ContainerReadError{ContainerId: c.ID, Reason: c.Reason})
 	}
-	s.Absent = absentToProto(r.Absent)
+	for _, a := range r.Absent {
+		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
+	}
 	s.SandboxOwnCpuUsec = r.SandboxOwnCPUUsec
 	s.Containers = containersToProto(r.Containers)
 	signalsToProto(s, r)
 	return s
-}
-
-// absentToProto converts absent values into messages allocated together (a
-// micro-VM's sample names 12 or more: one allocation instead of one each).
-func absentToProto(as []source.Absent) []*sandboxstatsv1.AbsentValue {
-	if len(as) == 0 {
-		return nil
-	}
-	vals := make([]sandboxstatsv1.AbsentValue, len(as))
-	out := make([]*sandboxstatsv1.AbsentValue, len(as))
-	for i, a := range as {
-		vals[i].Field, vals[i].Reason = a.Field, a.Reason
-		out[i] = &vals[i]
-	}
-	return out
 }
 
 // containersToProto converts a reading's containers into messages of their
@@ -137,7 +124,9 @@ func containersToProto(cs []source.Container) []*sandboxstatsv1.ContainerStats {
 			PidsCurrent:           c.PidsCurrent,
 			Exited:                c.Exited,
 		}
-		m.Absent = absentToProto(c.Absent)
+		for _, a := range c.Absent {
+			m.Absent = append(m.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
+		}
 		out = append(out, m)
 	}
 	return out
