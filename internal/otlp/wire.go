@@ -91,25 +91,22 @@ const (
 func wireEncodable(rm *metricdata.ResourceMetrics) bool {
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
+			var t metricdata.Temporality
 			switch d := m.Data.(type) {
 			case metricdata.Gauge[int64], metricdata.Gauge[float64]:
+				continue
 			case metricdata.Sum[int64]:
-				if temporality(d.Temporality) == 0 {
-					return false
-				}
+				t = d.Temporality
 			case metricdata.Sum[float64]:
-				if temporality(d.Temporality) == 0 {
-					return false
-				}
+				t = d.Temporality
 			case metricdata.Histogram[int64]:
-				if temporality(d.Temporality) == 0 {
-					return false
-				}
+				t = d.Temporality
 			case metricdata.Histogram[float64]:
-				if temporality(d.Temporality) == 0 {
-					return false
-				}
+				t = d.Temporality
 			default:
+				return false
+			}
+			if temporality(t) == 0 {
 				return false
 			}
 		}
@@ -122,9 +119,7 @@ func wireEncodable(rm *metricdata.ResourceMetrics) bool {
 func appendMetricsRequest(b []byte, rm *metricdata.ResourceMetrics) []byte {
 	b, rmAt := beginMessage(b, fRequestResourceMetrics)
 	b, resAt := beginMessage(b, fResourceMetricsResource)
-	for iter := rm.Resource.Iter(); iter.Next(); {
-		b = appendKeyValue(b, fResourceAttributes, iter.Attribute())
-	}
+	b = appendSet(b, fResourceAttributes, *rm.Resource.Set())
 	b = endMessage(b, resAt)
 	for i := range rm.ScopeMetrics {
 		b = appendScopeMetrics(b, &rm.ScopeMetrics[i])
@@ -147,9 +142,7 @@ func appendScope(b []byte, s instrumentation.Scope) []byte {
 	b, at := beginMessage(b, fScopeMetricsScope)
 	b = appendString(b, fScopeName, s.Name)
 	b = appendString(b, fScopeVersion, s.Version)
-	for iter := s.Attributes.Iter(); iter.Next(); {
-		b = appendKeyValue(b, fScopeAttributes, iter.Attribute())
-	}
+	b = appendSet(b, fScopeAttributes, s.Attributes)
 	return endMessage(b, at)
 }
 
@@ -188,9 +181,7 @@ func appendNumbers[N int64 | float64](b []byte, field protowire.Number, pts []me
 		b = appendFixed64(b, fNumberTime, unixNano(p.Time))
 		b = appendNumber(b, fNumberAsInt, fNumberAsDouble, p.Value)
 		b = appendExemplars(b, fNumberExemplars, p.Exemplars)
-		for iter := p.Attributes.Iter(); iter.Next(); {
-			b = appendKeyValue(b, fNumberAttrs, iter.Attribute())
-		}
+		b = appendSet(b, fNumberAttrs, p.Attributes)
 		b = endMessage(b, pAt)
 	}
 	if temp != 0 {
@@ -228,9 +219,7 @@ func appendHistogram[N int64 | float64](b []byte, pts []metricdata.HistogramData
 			}
 		}
 		b = appendExemplars(b, fHistExemplars, p.Exemplars)
-		for iter := p.Attributes.Iter(); iter.Next(); {
-			b = appendKeyValue(b, fHistAttrs, iter.Attribute())
-		}
+		b = appendSet(b, fHistAttrs, p.Attributes)
 		if v, ok := p.Min.Value(); ok {
 			b = protowire.AppendTag(b, fHistMin, protowire.Fixed64Type)
 			b = protowire.AppendFixed64(b, math.Float64bits(float64(v)))
@@ -272,6 +261,14 @@ func appendNumber[N int64 | float64](b []byte, intField, doubleField protowire.N
 	case float64:
 		b = protowire.AppendTag(b, doubleField, protowire.Fixed64Type)
 		return protowire.AppendFixed64(b, math.Float64bits(v))
+	}
+	return b
+}
+
+// appendSet appends each attribute of set as a KeyValue of field.
+func appendSet(b []byte, field protowire.Number, set attribute.Set) []byte {
+	for iter := set.Iter(); iter.Next(); {
+		b = appendKeyValue(b, field, iter.Attribute())
 	}
 	return b
 }
