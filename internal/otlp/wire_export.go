@@ -11,7 +11,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"sync"
+	"sync/atomic"
 
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
@@ -42,8 +42,11 @@ type wireExporter struct {
 	sdk  sdkmetric.Exporter
 	send func(ctx context.Context, body []byte) (*colmetricpb.ExportMetricsServiceResponse, error)
 
-	mu  sync.Mutex // Export is called by one loop at a time; buf is its
-	buf []byte
+	// largest is the size of the largest request encoded: a request's
+	// buffer is allocated at that size once. A buffer is never reused: the
+	// transport may still read a request's body after the call returned
+	// (net/http closes it in its own time; gRPC after a cancel).
+	largest atomic.Int64
 }
 
 var _ metricsExporter = (*wireExporter)(nil)
@@ -52,10 +55,11 @@ func (e *wireExporter) Export(ctx context.Context, rm *metricdata.ResourceMetric
 	if !wireEncodable(rm) {
 		return e.sdk.Export(ctx, rm)
 	}
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.buf = appendMetricsRequest(e.buf[:0], rm)
-	resp, err := e.send(ctx, e.buf)
+	body := appendMetricsRequest(make([]byte, 0, e.largest.Load()), rm)
+	if n := int64(len(body)); n > e.largest.Load() {
+		e.largest.Store(n)
+	}
+	resp, err := e.send(ctx, body)
 	if err != nil {
 		return err
 	}
