@@ -8,10 +8,10 @@ import (
 	"strconv"
 	"strings"
 
+	"google.golang.org/protobuf/proto"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-	"google.golang.org/protobuf/proto"
 )
 
 // Options are what a node decides about a pod, beside its spec.
@@ -39,6 +39,11 @@ type Options struct {
 	// CgroupParent is the sandbox's linux.cgroup_parent (the kubelet's
 	// kubepods/<qos>/pod<uid>); "": the runtime's default.
 	CgroupParent string
+	// WithoutSeccomp leaves every seccomp profile out: for a runtime built
+	// without seccomp (a runc without libseccomp refuses any profile). The
+	// pod then runs with more system calls allowed than on a node, never
+	// fewer.
+	WithoutSeccomp bool
 	// NodeMemoryBytes is the node's memory capacity, for the oom_score_adj
 	// of a Burstable pod's containers; 0 gives them 999 (as for a request of
 	// nothing).

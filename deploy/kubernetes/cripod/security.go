@@ -27,6 +27,9 @@ func (p *Pod) sandboxSecurity() *runtimeapi.LinuxSandboxSecurityContext {
 		sc.RunAsGroup = int64Value(psc.RunAsGroup)
 		sc.Seccomp = seccomp(psc.SeccompProfile)
 	}
+	if p.opts.WithoutSeccomp {
+		sc.Seccomp = nil
+	}
 	sc.SupplementalGroups = p.supplementalGroups()
 	for _, c := range slices.Concat(p.spec.InitContainers, p.spec.Containers) {
 		if c.SecurityContext != nil && c.SecurityContext.Privileged != nil && *c.SecurityContext.Privileged {
@@ -67,6 +70,9 @@ func (p *Pod) containerSecurity(c corev1.Container) *runtimeapi.LinuxContainerSe
 		RunAsGroup:         int64Value(first(csc.RunAsGroup, psc.RunAsGroup)),
 		SupplementalGroups: p.supplementalGroups(),
 		Seccomp:            seccomp(first(csc.SeccompProfile, psc.SeccompProfile)),
+	}
+	if p.opts.WithoutSeccomp {
+		sc.Seccomp = nil
 	}
 	if csc.Privileged != nil {
 		sc.Privileged = *csc.Privileged

@@ -69,7 +69,7 @@ func run(args []string) error {
 	fs := flag.NewFlagSet("cripod", flag.ContinueOnError)
 	var (
 		kust, out, name, uid, node, cgroup string
-		nodeNet                            bool
+		nodeNet, noSeccomp                 bool
 		attempts                           int
 	)
 	hostPaths := hostPathsFlag{}
@@ -80,6 +80,7 @@ func run(args []string) error {
 	fs.StringVar(&node, "node-name", "", "the node's name (default: the host name)")
 	fs.StringVar(&cgroup, "cgroup-parent", "", "the sandbox's cgroup parent (default: the runtime's)")
 	fs.BoolVar(&nodeNet, "node-network", false, "run the pod in the node's network namespace (a runtime without CNI)")
+	fs.BoolVar(&noSeccomp, "without-seccomp", false, "leave every seccomp profile out (a runtime built without seccomp)")
 	fs.IntVar(&attempts, "attempts", 1, "configs written per container: attempts 0 .. N-1 (a restart is the next attempt)")
 	fs.Var(hostPaths, "host-path", "FROM=TO: take a hostPath at or below FROM from TO instead (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -109,7 +110,7 @@ func run(args []string) error {
 	}
 	pod, err := cripod.FromDaemonSet(objs.DaemonSet, objs.ConfigMaps, cripod.Options{
 		Name: name, UID: uid, NodeName: node, PodDir: out, HostPaths: hostPaths,
-		NodeNetwork: nodeNet, CgroupParent: cgroup, NodeMemoryBytes: memTotal(),
+		NodeNetwork: nodeNet, WithoutSeccomp: noSeccomp, CgroupParent: cgroup, NodeMemoryBytes: memTotal(),
 	})
 	if err != nil {
 		return err
