@@ -7,7 +7,9 @@ package e2e
 // namespaces, users, capabilities, seccomp, no_new_privs, read-only root,
 // args, env), the images the project builds (internal/ociimage) imported,
 // the pod started with crictl. No flag, mount or capability is added here:
-// a mount or a privilege the manifest lacks fails the test.
+// a mount or a privilege the manifest lacks fails the test. Then each
+// container is killed in turn and restarted as the kubelet would (issue
+// 32's second "Must show").
 
 import (
 	"bufio"
@@ -260,12 +262,22 @@ func (d *daemonSetPod) stats(t *testing.T, socket, uid string) (epoch time.Time,
 // statsd container reads it; the agent's /metrics on the pod's port 9477
 // carries it at its next sweep (--interval 60s, as shipped), and the
 // Collector forwards the agent's OTLP (the workload's metrics and its
-// initial usage event) to the test's gateway.
+// initial usage event) to the test's gateway. Then each container is
+// killed and restarted as the kubelet would (restartEach). About 90 s.
 func TestIntegrationK8sDaemonSet(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds the images and runs a real containerd; not under -short")
 	}
 	testenv.NeedContainerd(t)
+	// The pod runs in the node's network namespace (no CNI here): its ports
+	// are the host's.
+	for _, addr := range []string{"0.0.0.0:9477", "0.0.0.0:9478", "127.0.0.1:4317", "127.0.0.1:4318"} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("the pod's port %s is taken on this host (the pod runs in the node's network): %v", addr, err)
+		}
+		l.Close()
+	}
 	bins := testenv.BuildContainerd(t)
 	testenv.BuildCollector(t) // the gateway's, and the otelcol image's build cache
 	began := time.Now()
