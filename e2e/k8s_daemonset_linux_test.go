@@ -287,6 +287,15 @@ func TestIntegrationK8sDaemonSet(t *testing.T) {
 	d.waitServing(t, 60*time.Second)
 	ready := time.Now()
 	t.Logf("the DaemonSet's pod serving %v after the start", ready.Sub(began).Round(time.Millisecond))
+	// What each container sees of the lifecycle sockets, through its own
+	// mount namespace: the bridge the 8, the agent none.
+	for name, want := range map[string]int{"statsnri": 8, "statsagent": 0} {
+		pid := c.InspectContainer(t, d.pod.IDs[name]).PID
+		m, err := filepath.Glob(fmt.Sprintf("/proc/%d/root/run/statsd/lifecycle/*.sock", pid))
+		if err != nil || len(m) != want {
+			t.Errorf("%s sees %d lifecycle sockets (%v), want %d", name, len(m), err, want)
+		}
+	}
 
 	uid := testenv.NewActorUID()
 	c.RunPod(t, testenv.PodSpec{Name: "sandboxed", Namespace: "team-k8s", UID: uid, Handler: "runsc",
