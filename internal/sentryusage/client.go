@@ -1,9 +1,7 @@
 package sentryusage
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -70,6 +68,13 @@ type Query struct {
 	// key of the reply is left out of Usage.CPU and counted in
 	// Usage.Foreign.
 	Containers []string
+	// Meanwhile, when not nil, is called once by Read right after the
+	// request is written, before the reply is read: the caller's own work
+	// of the same sample done while the sentry works on the call, with no
+	// goroutine. It runs within the Read's deadline, so it must be short
+	// (and bounded by the caller). A Read that writes no request does not
+	// call it.
+	Meanwhile func()
 }
 
 // Client reads usage from sentries' control servers. It is safe for
@@ -134,6 +139,15 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	defer cancel()
+	if f := q.Meanwhile; f != nil { // once, though a Read may write again
+		called := false
+		q.Meanwhile = func() {
+			if !called {
+				called = true
+				f()
+			}
+		}
+	}
 
 	kc := s.take(q.SandboxID)
 	if kc != nil && unasked(kc.conn) != nil {
@@ -228,7 +242,10 @@ func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect
 	if _, err := conn.Write(encodeRequest(d, q.ContainerID)); err != nil {
 		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "write request", err)
 	}
-	b, trailing, err := readReply(conn, c.maxReply)
+	if q.Meanwhile != nil {
+		q.Meanwhile()
+	}
+	rep, trailing, err := decodeReply(conn, c.maxReply)
 	if err != nil {
 		var re *replyError
 		if errors.As(err, &re) {
@@ -236,7 +253,7 @@ func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect
 		}
 		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "read reply", err)
 	}
-	u, err = parseReply(b, d, q)
+	u, err = checkReply(rep, d, q)
 	if err != nil {
 		re := err.(*replyError)
 		return Usage{}, false, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
@@ -254,45 +271,9 @@ func (c *Client) staleError(ctx context.Context, where, container, what string, 
 	return werr
 }
 
-// errClosedEmpty is readReply's error for a connection closed before the
+// errClosedEmpty is decodeReply's error for a connection closed before the
 // reply's first byte.
 var errClosedEmpty = fmt.Errorf("closed after 0 bytes: %w", io.ErrUnexpectedEOF)
-
-// readReply reads one JSON value of at most max bytes from r: the framing
-// only (urpc has no length prefix: the value's end is its closing brace);
-// parseReply reads the value. A value past max is ErrTooLarge, bytes that
-// cannot begin or continue a JSON value ErrMalformed (as *replyError);
-// anything else is the reader's error. trailing says bytes came after the
-// value in the same reads: nothing the sentry should send (urpc writes one
-// value a call, no newline).
-func readReply(r io.Reader, max int) (b []byte, trailing bool, err error) {
-	lr := &io.LimitedReader{R: r, N: int64(max) + 1}
-	var seen bytes.Buffer
-	dec := json.NewDecoder(io.TeeReader(lr, &seen))
-	var raw json.RawMessage
-	err = dec.Decode(&raw)
-	switch {
-	case err == nil:
-		if len(raw) > max {
-			return nil, false, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
-		}
-		n, _ := dec.Buffered().Read(make([]byte, 1))
-		return raw, n > 0, nil
-	case lr.N <= 0 && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
-		return nil, false, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return nil, false, &replyError{ErrMalformed, "not JSON " + excerpt(seen.Bytes(), err), err}
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		if seen.Len() == 0 {
-			return nil, false, errClosedEmpty
-		}
-		return nil, false, fmt.Errorf("closed after %d bytes: %w", seen.Len(), io.ErrUnexpectedEOF)
-	}
-	return nil, false, err
-}
 
 // wireError classifies an I/O error: the deadline or the context is
 // ErrDeadline, the rest ErrIO.
