@@ -127,9 +127,9 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 				q.Containers = append(q.Containers, c.Name) // the key on runsc >= 20251110 with gVisor's v1 cgroups
 			}
 		}
-		// The own processes meanwhile (/proc, about when the cgroup is
-		// read), so that their cost is not added to the sentry's round
-		// trip.
+		// The own processes while the sentry works on the call (/proc,
+		// about when the cgroup is read), so that their cost is not added
+		// to the sentry's round trip; after it when no request was written.
 		var sentry int
 		var gofers []int
 		for _, c := range sb.Containers {
@@ -137,13 +137,15 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 			gofers = append(gofers, c.GoferPID)
 		}
 		cr := containerRead{sb: sb}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
+		ownRead := false
+		q.Meanwhile = func() {
 			cr.own, cr.ownErr = b.own.read(sb.Root, sentry, gofers)
-		}()
+			ownRead = true
+		}
 		u, err := b.sentry.Read(context.Background(), q) // bounded by the client's Timeout
-		<-done
+		if !ownRead {
+			q.Meanwhile()
+		}
 		if err != nil {
 			return containerRead{}, err
 		}
