@@ -10,6 +10,8 @@ import (
 	"fmt"
 	"path/filepath"
 	"strconv"
+	"sync"
+	"syscall"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/process"
@@ -44,7 +46,7 @@ func (s *cgroupSource) readNetwork(ctx context.Context) netResult {
 		return netResult{why: fmt.Sprintf("sentry pid %d is not pinned yet", pid)}
 	}
 	p := filepath.Join(s.procRoot, strconv.Itoa(pid), "net", "dev")
-	b, err := bounded.Do(ctx, s.g, "netdev\x00"+p, func() ([]byte, error) { return snapNetDev(s.procRoot, pid, want, p) })
+	b, err := bounded.Do(ctx, s.g, "netdev\x00"+p, func() ([]byte, error) { return snapNetDev(s.pinStat, s.procRoot, pid, want, p) })
 	switch {
 	case errors.Is(err, errPidChanged) || (process.IsGone(err) && !errors.Is(err, errNoNetDev)):
 		return netResult{why: fmt.Sprintf("sentry pid %d was reused/exited: its network namespace is not read (%v)", pid, err), exited: true}
@@ -64,10 +66,11 @@ func (s *cgroupSource) readNetwork(ctx context.Context) netResult {
 var errNoNetDev = errors.New("no net/dev file")
 
 // snapNetDev reads the net/dev file p of pid between two reads of its start
-// time, both of which must be want.
-func snapNetDev(procRoot string, pid int, want uint64, p string) ([]byte, error) {
+// time, both of which must be want (the pinned sentry's, through the held
+// stat of ps).
+func snapNetDev(ps *pinStat, procRoot string, pid int, want uint64, p string) ([]byte, error) {
 	check := func() error {
-		st, err := startTime(procRoot, pid)
+		st, err := ps.start(procRoot, pid, want)
 		if err != nil {
 			return err
 		}
@@ -87,6 +90,89 @@ func snapNetDev(procRoot string, pid int, want uint64, p string) ([]byte, error)
 		return nil, fmt.Errorf("%w: %w", errNoNetDev, rerr)
 	}
 	return b, rerr
+}
+
+// procSuperMagic is procfs's f_type (statfs(2)).
+const procSuperMagic = 0x9fa0
+
+// pinStat holds the pinned sentry's /proc/<pid>/stat open once a read of it
+// gave the pinned start time. On procfs a held descriptor names that process
+// only: a read after it has exited fails with ESRCH, even once its pid is
+// reused. So a sample checks the sentry with one pread(2) of the held
+// descriptor and a parse that allocates nothing (parseProcStat), where it
+// opened, read and parsed the file through procfs twice. On another file
+// system (a test's fake /proc, whose files outlive their "process") nothing
+// is held: each check opens the file anew.
+type pinStat struct {
+	mu     sync.Mutex
+	fd     int // -1: none held
+	closed bool
+	buf    [maxStatBytes]byte
+}
+
+func newPinStat() *pinStat { return &pinStat{fd: -1} }
+
+// start returns pid's start time, from the held descriptor once there is
+// one. A gone process (its stat missing, ESRCH, or a zombie: ErrExited) is
+// an error for which process.IsGone is true; a stat that does not parse is
+// source.ErrMalformed.
+func (ps *pinStat) start(procRoot string, pid int, want uint64) (uint64, error) {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	path := filepath.Join(procRoot, strconv.Itoa(pid), "stat")
+	fd := ps.fd
+	var b []byte
+	var err error
+	if fd >= 0 {
+		b, err = preadStat(fd, path, ps.buf[:])
+	} else {
+		fd, b, err = openStat(path, ps.buf[:])
+	}
+	var t procTimes
+	if err == nil {
+		t, err = parseProcStat(b)
+	}
+	switch {
+	case err == nil && (t.State == 'Z' || t.State == 'X'):
+		err = fmt.Errorf("%s: %w", path, process.ErrExited)
+	case errors.Is(err, ErrProcStat):
+		err = fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, path, err)
+	}
+	hold := err == nil && t.Start == want && !ps.closed && onProcfs(fd)
+	switch {
+	case hold && fd == ps.fd:
+	case hold:
+		ps.fd = fd
+	default:
+		if fd >= 0 {
+			syscall.Close(fd)
+		}
+		if fd == ps.fd {
+			ps.fd = -1 // gone, or no longer the pin: nothing more to read through it
+		}
+	}
+	if err != nil {
+		return 0, err
+	}
+	return t.Start, nil
+}
+
+// onProcfs reports whether fd is a file of procfs.
+func onProcfs(fd int) bool {
+	var st syscall.Statfs_t
+	return fd >= 0 && syscall.Fstatfs(fd, &st) == nil && st.Type == procSuperMagic
+}
+
+// close closes the held descriptor; later checks open their own. Safe to
+// call more than once.
+func (ps *pinStat) close() {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	ps.closed = true
+	if ps.fd >= 0 {
+		syscall.Close(ps.fd)
+		ps.fd = -1
+	}
 }
 
 // addNetwork puts a network result into r.
