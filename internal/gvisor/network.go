@@ -8,6 +8,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
+	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
@@ -46,7 +49,7 @@ func (s *cgroupSource) readNetwork(ctx context.Context) netResult {
 		return netResult{why: fmt.Sprintf("sentry pid %d is not pinned yet", pid)}
 	}
 	p := filepath.Join(s.procRoot, strconv.Itoa(pid), "net", "dev")
-	b, err := bounded.Do(ctx, s.g, "netdev\x00"+p, func() ([]byte, error) { return snapNetDev(s.pinStat, s.procRoot, pid, want, p) })
+	b, err := bounded.Do(ctx, s.g, "netdev\x00"+p, func() ([]byte, error) { return snapNetDev(s.pinDir, s.procRoot, pid, want, p) })
 	switch {
 	case errors.Is(err, errPidChanged) || (process.IsGone(err) && !errors.Is(err, errNoNetDev)):
 		return netResult{why: fmt.Sprintf("sentry pid %d was reused/exited: its network namespace is not read (%v)", pid, err), exited: true}
@@ -66,11 +69,15 @@ func (s *cgroupSource) readNetwork(ctx context.Context) netResult {
 var errNoNetDev = errors.New("no net/dev file")
 
 // snapNetDev reads the net/dev file p of pid between two reads of its start
-// time, both of which must be want (the pinned sentry's, through the held
-// stat of ps).
-func snapNetDev(ps *pinStat, procRoot string, pid int, want uint64, p string) ([]byte, error) {
+// time, both of which must be want. Once they were, and on procfs, the
+// pinned sentry's /proc/<pid> directory is held (pd): later reads open
+// net/dev through it, with no start time to read.
+func snapNetDev(pd *pinDir, procRoot string, pid int, want uint64, p string) ([]byte, error) {
+	if b, ok, err := pd.readNetDev(p); ok {
+		return b, err
+	}
 	check := func() error {
-		st, err := ps.start(procRoot, pid, want)
+		st, err := startTime(procRoot, pid)
 		if err != nil {
 			return err
 		}
@@ -89,90 +96,137 @@ func snapNetDev(ps *pinStat, procRoot string, pid int, want uint64, p string) ([
 	if process.IsGone(rerr) {
 		return nil, fmt.Errorf("%w: %w", errNoNetDev, rerr)
 	}
+	if rerr == nil {
+		pd.hold(procRoot, pid, want)
+	}
 	return b, rerr
 }
 
 // procSuperMagic is procfs's f_type (statfs(2)).
 const procSuperMagic = 0x9fa0
 
-// pinStat holds the pinned sentry's /proc/<pid>/stat open once a read of it
-// gave the pinned start time. On procfs a held descriptor names that process
-// only: a read after it has exited fails with ESRCH, even once its pid is
-// reused. So a sample checks the sentry with one pread(2) of the held
-// descriptor and a parse that allocates nothing (parseProcStat), where it
-// opened, read and parsed the file through procfs twice. On another file
-// system (a test's fake /proc, whose files outlive their "process") nothing
-// is held: each check opens the file anew.
-type pinStat struct {
+// pinDir holds the pinned sentry's /proc/<pid> directory open once it was
+// seen to be the pin. On procfs such a descriptor names that process only:
+// a lookup in it (net/dev, stat) fails once the process has exited, even
+// when its pid is reused by another process (the directory's inode keeps
+// the old process's struct pid, which then has no task). So a sample reads
+// net/dev with one openat(2) through it, where it read and parsed the
+// sentry's stat (whose kernel side adds up every thread) before and after
+// the read. On another file system (a test's fake /proc, whose files
+// outlive their "process") nothing is held.
+type pinDir struct {
 	mu     sync.Mutex
 	fd     int // -1: none held
 	closed bool
-	buf    [maxStatBytes]byte
 }
 
-func newPinStat() *pinStat { return &pinStat{fd: -1} }
+func newPinDir() *pinDir { return &pinDir{fd: -1} }
 
-// start returns pid's start time, from the held descriptor once there is
-// one. A gone process (its stat missing, ESRCH, or a zombie: ErrExited) is
-// an error for which process.IsGone is true; a stat that does not parse is
-// source.ErrMalformed.
-func (ps *pinStat) start(procRoot string, pid int, want uint64) (uint64, error) {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	path := filepath.Join(procRoot, strconv.Itoa(pid), "stat")
-	fd := ps.fd
-	var b []byte
-	var err error
-	if fd >= 0 {
-		b, err = preadStat(fd, path, ps.buf[:])
-	} else {
-		fd, b, err = openStat(path, ps.buf[:])
+// readNetDev reads net/dev through the held directory; ok is false when
+// none is held. A lookup that fails asks the directory's stat why: the
+// process gone (an error process.IsGone says so of) or a zombie
+// (process.ErrExited), then nothing is held any more; else net/dev is
+// missing (errNoNetDev).
+func (pd *pinDir) readNetDev(p string) (b []byte, ok bool, err error) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.fd < 0 {
+		return nil, false, nil
 	}
+	b, err = readAt(pd.fd, "net/dev", p, bounded.MaxFileBytes)
+	if err == nil {
+		return b, true, nil
+	}
+	var buf [maxStatBytes]byte
+	sp := filepath.Join(filepath.Dir(filepath.Dir(p)), "stat")
+	st, serr := readAtInto(pd.fd, "stat", sp, buf[:])
+	var t procTimes
+	if serr == nil {
+		t, serr = parseProcStat(st)
+	}
+	switch {
+	case serr == nil && (t.State == 'Z' || t.State == 'X'):
+		serr = fmt.Errorf("%s: %w", sp, process.ErrExited)
+	case errors.Is(serr, ErrProcStat):
+		serr = fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, sp, serr)
+	}
+	if serr != nil {
+		syscall.Close(pd.fd)
+		pd.fd = -1
+		return nil, true, serr
+	}
+	if process.IsGone(err) {
+		return nil, true, fmt.Errorf("%w: %w", errNoNetDev, err)
+	}
+	return nil, true, err
+}
+
+// hold opens <procRoot>/<pid> and keeps it when it is on procfs and its
+// stat, read through it, still gives the pinned start time.
+func (pd *pinDir) hold(procRoot string, pid int, want uint64) {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.fd >= 0 || pd.closed {
+		return
+	}
+	dir := filepath.Join(procRoot, strconv.Itoa(pid))
+	fd, err := syscall.Open(dir, syscall.O_RDONLY|syscall.O_DIRECTORY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return
+	}
+	var buf [maxStatBytes]byte
+	b, err := readAtInto(fd, "stat", dir+"/stat", buf[:])
 	var t procTimes
 	if err == nil {
 		t, err = parseProcStat(b)
 	}
-	switch {
-	case err == nil && (t.State == 'Z' || t.State == 'X'):
-		err = fmt.Errorf("%s: %w", path, process.ErrExited)
-	case errors.Is(err, ErrProcStat):
-		err = fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, path, err)
-	}
-	hold := err == nil && t.Start == want && !ps.closed && onProcfs(fd)
-	switch {
-	case hold && fd == ps.fd:
-	case hold:
-		ps.fd = fd
-	default:
-		if fd >= 0 {
-			syscall.Close(fd)
-		}
-		if fd == ps.fd {
-			ps.fd = -1 // gone, or no longer the pin: nothing more to read through it
-		}
-	}
-	if err != nil {
-		return 0, err
-	}
-	return t.Start, nil
-}
-
-// onProcfs reports whether fd is a file of procfs.
-func onProcfs(fd int) bool {
 	var st syscall.Statfs_t
-	return fd >= 0 && syscall.Fstatfs(fd, &st) == nil && st.Type == procSuperMagic
+	if err != nil || t.Start != want || t.State == 'Z' || t.State == 'X' || syscall.Fstatfs(fd, &st) != nil || st.Type != procSuperMagic {
+		syscall.Close(fd)
+		return
+	}
+	pd.fd = fd
 }
 
-// close closes the held descriptor; later checks open their own. Safe to
-// call more than once.
-func (ps *pinStat) close() {
-	ps.mu.Lock()
-	defer ps.mu.Unlock()
-	ps.closed = true
-	if ps.fd >= 0 {
-		syscall.Close(ps.fd)
-		ps.fd = -1
+// close closes the held directory; later reads check the start time
+// again. Safe to call more than once.
+func (pd *pinDir) close() {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	pd.closed = true
+	if pd.fd >= 0 {
+		syscall.Close(pd.fd)
+		pd.fd = -1
 	}
+}
+
+// readAt reads name in the directory dirfd, at most max bytes (path names
+// it in errors).
+func readAt(dirfd int, name, path string, max int) ([]byte, error) {
+	fd, err := syscall.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	f := os.NewFile(uintptr(fd), path)
+	defer f.Close()
+	b, err := io.ReadAll(io.LimitReader(f, int64(max)+1))
+	if err != nil {
+		return nil, err // an *fs.PathError naming path
+	}
+	if len(b) > max {
+		return nil, fmt.Errorf("%w: %s is larger than %d bytes", source.ErrMalformed, path, max)
+	}
+	return b, nil
+}
+
+// readAtInto reads a /proc stat file name of dirfd into buf, in one read.
+func readAtInto(dirfd int, name, path string, buf []byte) ([]byte, error) {
+	fd, err := syscall.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
+	}
+	defer syscall.Close(fd)
+	return preadStat(fd, path, buf)
 }
 
 // addNetwork puts a network result into r.

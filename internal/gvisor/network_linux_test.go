@@ -3,18 +3,20 @@ package gvisor
 import (
 	"errors"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/process"
 )
 
-// TestPinStatHeld: on the real /proc the pinned process's stat is held
-// after the first read that gave the pinned start time, later reads go
-// through it, and once the process exits (a zombie, then reaped) the reads
-// say it is gone and nothing stays held. A start time that is not the pin
-// holds nothing; neither does a fake /proc.
-func TestPinStatHeld(t *testing.T) {
+// TestPinDirHeld: on the real /proc the pinned process's /proc/<pid> is
+// held after the first read whose start times were the pin, and later reads
+// of its net/dev go through it; once the process exits (a zombie, then
+// reaped) the read says it is gone and nothing stays held. Another start
+// time holds nothing; neither does a fake /proc.
+func TestPinDirHeld(t *testing.T) {
 	cmd := exec.Command("sleep", "60")
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -25,45 +27,42 @@ func TestPinStatHeld(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	p := filepath.Join("/proc", strconv.Itoa(pid), "net", "dev")
 
-	other := newPinStat()
-	if got, err := other.start("/proc", pid, want+1); err != nil || got != want || other.fd != -1 {
-		t.Fatalf("another pin: start %d, %v, held fd %d; want %d, nothing held", got, err, other.fd, want)
+	other := newPinDir()
+	if _, err := snapNetDev(other, "/proc", pid, want+1, p); !errors.Is(err, errPidChanged) || other.fd != -1 {
+		t.Fatalf("another pin: %v, held fd %d; want errPidChanged, nothing held", err, other.fd)
 	}
 
-	ps := newPinStat()
-	defer ps.close()
+	pd := newPinDir()
+	defer pd.close()
 	for i := range 3 {
-		if got, err := ps.start("/proc", pid, want); err != nil || got != want || ps.fd < 0 {
-			t.Fatalf("read %d: start %d, %v, held fd %d; want %d, held", i, got, err, ps.fd, want)
+		if b, err := snapNetDev(pd, "/proc", pid, want, p); err != nil || len(b) == 0 || pd.fd < 0 {
+			t.Fatalf("read %d: %d bytes, %v, held fd %d; want net/dev, held", i, len(b), err, pd.fd)
 		}
 	}
-	held := ps.fd
 	cmd.Process.Kill()
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		_, err = ps.start("/proc", pid, want)
-		if process.IsGone(err) || time.Now().After(deadline) {
+		_, err = snapNetDev(pd, "/proc", pid, want, p)
+		if err != nil || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	if !errors.Is(err, process.ErrExited) || ps.fd != -1 {
-		t.Fatalf("a zombie: %v, held fd %d (was %d); want ErrExited, nothing held", err, ps.fd, held)
+	if !process.IsGone(err) || errors.Is(err, errNoNetDev) || pd.fd != -1 {
+		t.Fatalf("exited: %v, held fd %d; want gone (not errNoNetDev), nothing held", err, pd.fd)
 	}
 	cmd.Wait()
-	if _, err := ps.start("/proc", pid, want); !process.IsGone(err) {
+	if _, err := snapNetDev(pd, "/proc", pid, want, p); !process.IsGone(err) || errors.Is(err, errNoNetDev) {
 		t.Fatalf("reaped: %v, want gone", err)
 	}
 
 	proc := t.TempDir()
 	writeStat(t, proc, 42, 5000)
-	fake := newPinStat()
-	if got, err := fake.start(proc, 42, 5000); err != nil || got != 5000 || fake.fd != -1 {
-		t.Fatalf("a fake /proc: start %d, %v, held fd %d; want 5000, nothing held", got, err, fake.fd)
-	}
-	writeStat(t, proc, 42, 9999)
-	if got, _ := fake.start(proc, 42, 5000); got != 9999 {
-		t.Fatalf("a fake /proc rewritten: start %d, want 9999", got)
+	writeFile(t, filepath.Join(proc, "42", "net", "dev"), netDevHeader)
+	fake := newPinDir()
+	if _, err := snapNetDev(fake, proc, 42, 5000, filepath.Join(proc, "42", "net", "dev")); err != nil || fake.fd != -1 {
+		t.Fatalf("a fake /proc: %v, held fd %d; want nothing held", err, fake.fd)
 	}
 }
