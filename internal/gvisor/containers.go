@@ -63,6 +63,8 @@ type breakdown struct {
 	// the sandbox of a restored state until the first read finds it.
 	pause, restoredSID string
 	ownShare           uint64
+	// label names the breakdown's bounded call (read), made for labelSID.
+	label, labelSID string
 }
 
 func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
@@ -90,10 +92,13 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 	// What a timeout names: the sandbox (once found) and how it is bound,
 	// as the sentry client's own errors name its socket.
 	b.mu.Lock()
-	what := "containers of the runsc sandbox of this " + b.what()
-	if b.sid != "" {
-		what = "containers of runsc sandbox " + foreign.Quote(b.sid) + " (" + b.what() + ")"
+	if b.label == "" || b.labelSID != b.sid { // made again only when the sandbox id changes
+		b.label, b.labelSID = "containers of the runsc sandbox of this "+b.what(), b.sid
+		if b.sid != "" {
+			b.label = "containers of runsc sandbox " + foreign.Quote(b.sid) + " (" + b.what() + ")"
+		}
 	}
+	what := b.label
 	b.mu.Unlock()
 	return bounded.Do(ctx, b.g, what, func() (containerRead, error) {
 		b.mu.Lock()
