@@ -16,6 +16,8 @@ import (
 	"sync"
 	"syscall"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -203,7 +205,7 @@ func (pd *pinDir) close() {
 // readAt reads name in the directory dirfd, at most max bytes (path names
 // it in errors).
 func readAt(dirfd int, name, path string, max int) ([]byte, error) {
-	fd, err := syscall.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	fd, err := unix.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
@@ -221,7 +223,7 @@ func readAt(dirfd int, name, path string, max int) ([]byte, error) {
 
 // readAtInto reads a /proc stat file name of dirfd into buf, in one read.
 func readAtInto(dirfd int, name, path string, buf []byte) ([]byte, error) {
-	fd, err := syscall.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
+	fd, err := unix.Openat(dirfd, name, syscall.O_RDONLY|syscall.O_CLOEXEC, 0)
 	if err != nil {
 		return nil, &fs.PathError{Op: "open", Path: path, Err: err}
 	}
