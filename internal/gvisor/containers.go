@@ -215,11 +215,15 @@ func (b *breakdown) addContainers(r *source.Reading, cr containerRead, err error
 		own = b.ownFloor(pause, own+attr[pause])
 		r.SandboxOwnCPUUsec = &own
 	}
+	if r.Containers == nil {
+		r.Containers = make([]source.Container, 0, len(cr.sb.Containers))
+	}
 	for _, st := range cr.sb.Containers {
 		if st.ID == pause {
 			continue // the pod's, not an application's: in the own share
 		}
-		c := source.Container{ID: foreign.ASCII(st.ID, maxContainerText), Name: foreign.ASCII(st.Name, maxContainerText)}
+		// Six absent fields at most: one allocation, not a growing slice.
+		c := source.Container{ID: foreign.ASCII(st.ID, maxContainerText), Name: foreign.ASCII(st.Name, maxContainerText), Absent: make([]source.Absent, 0, 6)}
 		if v, ok := attr[st.ID]; ok {
 			c.CPUUsageUsec = &v
 		} else {
