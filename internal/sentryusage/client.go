@@ -137,8 +137,26 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	if err := validID(q.ContainerID); err != nil {
 		return Usage{}, fmt.Errorf("%w: container id %q: %w", ErrBadID, cutID(q.ContainerID), err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
+	// The bound as a deadline on the connection (and a context only
+	// for a dial): a context with a timer of its own at every Read cost
+	// more than the rest of a Read on a kept connection but the I/O.
+	dl := time.Now().Add(c.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	var dctx context.Context // made at the first dial of this Read
+	var cancel context.CancelFunc
+	defer func() {
+		if cancel != nil {
+			cancel()
+		}
+	}()
+	dialCtx := func() context.Context {
+		if dctx == nil {
+			dctx, cancel = context.WithDeadline(ctx, dl)
+		}
+		return dctx
+	}
 	if f := q.Meanwhile; f != nil { // once, though a Read may write again
 		called := false
 		q.Meanwhile = func() {
@@ -159,9 +177,9 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	}
 	reused := kc != nil
 	if kc == nil {
-		conn, addr, err := c.dial(ctx, q.SandboxID)
-		if err != nil && ctx.Err() != nil {
-			return Usage{}, c.wireError(ctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
+		conn, addr, err := c.dial(dialCtx(), q.SandboxID)
+		if err != nil && dctx.Err() != nil {
+			return Usage{}, c.wireError(dctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
 		}
 		if err != nil {
 			tried := c.candidates(q.SandboxID)
@@ -180,18 +198,18 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 			d = DialectNoArg // an abstract socket is runsc before release-20230920: likely the old form
 		}
 	}
-	u, keep, err := c.call(ctx, kc.conn, addr, d, q)
+	u, keep, err := c.call(ctx, dl, kc.conn, addr, d, q)
 	if err != nil && reused && errors.Is(err, errStale) {
 		// A kept connection the sentry closed (or reset) before
 		// answering: the one dial of this Read, within its deadline.
 		// Event reads and changes nothing: asking again is harmless.
 		kc.close()
-		conn, derr := c.dialAddr(ctx, addr)
+		conn, derr := c.dialAddr(dialCtx(), addr)
 		if derr != nil {
-			return Usage{}, c.wireError(ctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
+			return Usage{}, c.wireError(dctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
 		}
 		kc = s.wrap(conn, q.SandboxID, addr)
-		u, keep, err = c.call(ctx, kc.conn, addr, d, q)
+		u, keep, err = c.call(ctx, dl, kc.conn, addr, d, q)
 	}
 	if err != nil && (wantsNoArg(err) && d == DialectContainerID || first && d == DialectNoArg && errors.Is(err, ErrRemote)) {
 		// The other argument form, once, on a new connection (urpc
@@ -199,12 +217,12 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 		// nothing of the refused call behind).
 		kc.close()
 		d = DialectNoArg + DialectContainerID - d
-		conn, derr := c.dialAddr(ctx, addr)
+		conn, derr := c.dialAddr(dialCtx(), addr)
 		if derr != nil {
 			return Usage{}, errorf(ErrIO, addr, q.ContainerID, "dial again", derr)
 		}
 		kc = s.wrap(conn, q.SandboxID, addr)
-		u, keep, err = c.call(ctx, kc.conn, addr, d, q)
+		u, keep, err = c.call(ctx, dl, kc.conn, addr, d, q)
 	}
 	if err != nil {
 		kc.close() // whatever went wrong, the framing is not trusted again
@@ -224,14 +242,13 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 // reset by the sentry before a byte of the reply came.
 var errStale = errors.New("connection closed before the reply")
 
-// call sends one request on conn, reads one bounded reply and parses it.
-// It leaves conn open; keep says that nothing but the reply came and the
-// deadline did not fire, so that conn can carry another call.
-func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect, q Query) (u Usage, keep bool, err error) {
+// call sends one request on conn, reads one bounded reply and parses it,
+// by the deadline dl (or until ctx is done). It leaves conn open; keep
+// says that nothing but the reply came and the deadline did not fire, so
+// that conn can carry another call.
+func (c *Client) call(ctx context.Context, dl time.Time, conn net.Conn, addr string, d Dialect, q Query) (u Usage, keep bool, err error) {
 	where := printable(addr)
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	}
+	conn.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer func() {
 		if !stop() {
