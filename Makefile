@@ -12,7 +12,7 @@ BINARIES    := statsd statsagent statsctl statsnri
 TOOLS    := $(BIN)/buf $(BIN)/protoc-gen-go $(BIN)/protoc-gen-go-grpc $(BIN)/staticcheck
 PROTO_GO := $(shell find proto internal -name '*.pb.go' 2>/dev/null)
 
-.PHONY: all build install uninstall test test-unit lint deploy-check proto proto-check fuzz bench demo tools clean
+.PHONY: all build install uninstall test test-unit lint deploy-check images images-check proto proto-check fuzz bench demo tools clean
 
 all: build
 
@@ -57,6 +57,17 @@ proto-check: proto
 	@git diff --exit-code -- proto internal || { echo "generated code is stale: run make proto and commit" >&2; exit 1; }
 	@test -z "$$(git status --porcelain -- proto internal | grep '\.pb\.go$$')" || { echo "untracked generated code: commit it" >&2; exit 1; }
 
+# The images (internal/ociimage, no Docker): bin/images/<name>.tar, OCI
+# image layouts of statsd (with statsctl), statsagent, statsnri and the
+# e2e/otelcol Collector, built static and reproducibly; their digests go into
+# deploy/kubernetes/kustomization.yaml. images-check (in deploy-check) fails
+# when the committed digests are not what this tree builds.
+images:
+	$(GO) run ./internal/cmd/mkimages -out $(BIN)/images
+
+images-check:
+	$(GO) run ./internal/cmd/mkimages -out $(BIN)/images -check
+
 # vet and staticcheck on Linux, build and vet for darwin too (the packages
 # that need Linux have *_others.go stubs), the dependency test (what each
 # binary may link), gofmt, buf lint.
@@ -73,7 +84,7 @@ lint: $(TOOLS)
 # units as installed, the deploy module's strict manifest and dashboard
 # tests, the e2e/otelcol module's checks and `otelcol validate` of
 # deploy/otel/collector.yaml (scripts/check-deploy.sh).
-deploy-check: build $(BIN)/staticcheck
+deploy-check: build $(BIN)/staticcheck images-check
 	GO=$(GO) BIN=$(BIN) MAKE=$(MAKE) ./scripts/check-deploy.sh
 
 # The whole suite: unit, contract and end-to-end tests (end-to-end tests need

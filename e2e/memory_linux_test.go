@@ -22,17 +22,22 @@ import (
 // ratio to the smallest Go gRPC daemon's, measured in the same run.
 const (
 	// idleMemoryBound holds an idle statsd, bound to its workload, against
-	// an idle floor that has answered one RPC. The goal was 1.3x; statsd
-	// stays at about 1.4x (2.6 vs 1.9 MiB) for what its one RPC and its
-	// imports keep live that the floor's do not: protobuf-go's descriptors
-	// of the whole sandboxstats/v1 file, built on the first message used
-	// (about 0.3 MiB with the file's init), encoding/json's encoders of the
-	// state file (0.1 MiB) and procfs's regular expressions (0.1 MiB). A
-	// collection to free its garbage would cost more: the collector's first
-	// mark touches about 0.4 MiB of its own metadata, which is why
-	// --release-after waits for a collection the heap made itself. This
-	// bound catches a regression.
+	// an idle floor that has answered one RPC; idleMemoryGoal is the goal
+	// (issue 33), printed held or MISSED. An idle statsd has never
+	// collected: every byte it allocated since its start is resident. Its
+	// heap beyond the floor's, by a heap profile at idle (2026-12-07):
+	// protobuf-go's descriptors of the whole sandboxstats/v1 file, built on
+	// the first message used, and the file's init (about 0.2 MiB),
+	// encoding/json's encoders of the state file (92 KiB; the file holds a
+	// whole source.Reading as a baseline) and procfs's regular expressions,
+	// compiled at init (94 KiB). The read gate's refusal (48 KiB of
+	// errdetails' descriptors) and runtime/metrics (34 KiB) are no longer
+	// paid at idle. A collection to free the garbage would cost more: the
+	// collector's first mark touches about 0.4 MiB of its own metadata,
+	// which is why --release-after waits for a collection the heap made
+	// itself. The bound catches a regression.
 	idleMemoryBound = 1.6
+	idleMemoryGoal  = 1.3
 	// burstMemoryBound holds statsd 10 s after 20,000 polls against the
 	// floor 10 s after as many: statsd gives the burst back once no RPC has
 	// come for --release-after (5 s), the floor keeps what it grew to.
@@ -107,7 +112,7 @@ func TestIntegrationStatsdMemory(t *testing.T) {
 	time.Sleep(quietAfter)
 	after := measure(t, d.Cmd.Process.Pid, floor.Process.Pid)
 
-	t.Logf("idle: statsd %s, floor %s: %.2fx (bound %.2gx)", idle.statsd, idle.floor, idle.ratio(), idleMemoryBound)
+	t.Logf("idle: statsd %s, floor %s: %.2fx (bound %.2gx; goal %.2gx: %s)", idle.statsd, idle.floor, idle.ratio(), idleMemoryBound, idleMemoryGoal, goalState(idle.ratio(), idleMemoryGoal))
 	t.Logf("%v after %d polls each: statsd %s, floor %s: %.2fx (bound %.2gx)", quietAfter, burstPolls, after.statsd, after.floor, after.ratio(), burstMemoryBound)
 	if idle.ratio() > idleMemoryBound {
 		t.Errorf("idle statsd has %.2fx the floor's anonymous memory, want at most %.2gx", idle.ratio(), idleMemoryBound)
@@ -115,6 +120,14 @@ func TestIntegrationStatsdMemory(t *testing.T) {
 	if after.ratio() > burstMemoryBound {
 		t.Errorf("%v after the polls statsd has %.2fx the floor's anonymous memory, want at most %.2gx", quietAfter, after.ratio(), burstMemoryBound)
 	}
+}
+
+// goalState says whether a ratio holds its goal, as benchtable prints it.
+func goalState(ratio, goal float64) string {
+	if ratio <= goal {
+		return "held"
+	}
+	return "MISSED"
 }
 
 // memory is one process's smaps_rollup Anonymous and Pss.

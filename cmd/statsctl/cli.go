@@ -57,6 +57,7 @@ func init() {
 		{"restore-workload", "bind a restored workload (launcher side)", runRestoreWorkload},
 		{"update-containers", "replace the bound workload's container set, same activation (launcher side)", runUpdateContainers},
 		{"checkpoint-workload", "end the bound activation (a final sample) and forget it (launcher side)", runCheckpointWorkload},
+		{"own-dir", "give a directory to a non-root uid (the DaemonSet's init container)", runOwnDir},
 		{"version", "statsctl's version: module, VCS revision and time, Go", runVersion},
 		{"completion", "a shell completion script: bash, zsh or fish", runCompletion},
 	}

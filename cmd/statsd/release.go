@@ -7,7 +7,6 @@ import (
 	"context"
 	"runtime"
 	"runtime/debug"
-	"runtime/metrics"
 	"sync"
 	"time"
 
@@ -44,7 +43,7 @@ func newReleaser(after time.Duration, release func(), cycles func() uint64) *rel
 		release = freeMemory
 	}
 	if cycles == nil {
-		cycles = gcCycles
+		cycles = gcCycles()
 	}
 	r := &releaser{after: after, release: release, cycles: cycles}
 	if after > 0 {
@@ -104,11 +103,18 @@ func freeMemory() {
 	debug.FreeOSMemory()
 }
 
-// gcCycles returns how many collections have completed.
-func gcCycles() uint64 {
-	s := []metrics.Sample{{Name: "/gc/cycles/total:gc-cycles"}}
-	metrics.Read(s)
-	return s[0].Value.Uint64()
+// gcCycles returns a function that reports how many collections have
+// completed (called under the releaser's lock). It asks runtime/debug,
+// reusing one GCStats (10 KiB of buffers, allocated at the first call),
+// rather than runtime/metrics, whose init and first Read left 34 KiB on an
+// idle statsd's heap (runtime.ReadMemStats, which stops the world, added
+// 0.45 MiB of anonymous memory in TestIntegrationStatsdMemory).
+func gcCycles() func() uint64 {
+	var st debug.GCStats
+	return func() uint64 {
+		debug.ReadGCStats(&st)
+		return uint64(st.NumGC)
+	}
 }
 
 // stop stops the timer (a release already running finishes).

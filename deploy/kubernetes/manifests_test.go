@@ -2,7 +2,6 @@ package kubernetes_test
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -16,17 +15,16 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
-	kjson "sigs.k8s.io/json"
 	"sigs.k8s.io/kustomize/api/krusty"
 	kustypes "sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 	"sigs.k8s.io/yaml"
+
+	"github.com/sandboxstats/sandboxstats/deploy/kubernetes/cripod"
 )
 
 // decodeStrict decodes one YAML document into its API type by apiVersion
-// and kind as the API server does: case-sensitive field names, unknown and
-// duplicate fields rejected (sigs.k8s.io/json; encoding/json alone, and so
-// yaml.UnmarshalStrict, would take "readonly" for "readOnly").
+// and kind as the API server does (cripod.DecodeStrict).
 func decodeStrict(doc []byte) (any, error) {
 	var meta struct {
 		APIVersion string `json:"apiVersion"`
@@ -41,6 +39,8 @@ func decodeStrict(doc []byte) (any, error) {
 		obj = &corev1.Namespace{}
 	case "v1 Service":
 		obj = &corev1.Service{}
+	case "v1 ConfigMap":
+		obj = &corev1.ConfigMap{}
 	case "apps/v1 DaemonSet":
 		obj = &appsv1.DaemonSet{}
 	case "monitoring.coreos.com/v1 PodMonitor":
@@ -52,15 +52,7 @@ func decodeStrict(doc []byte) (any, error) {
 	default:
 		return nil, fmt.Errorf("no API type for apiVersion %q kind %q", meta.APIVersion, meta.Kind)
 	}
-	js, err := yaml.YAMLToJSONStrict(doc) // duplicate keys are an error
-	if err != nil {
-		return nil, fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
-	}
-	strict, err := kjson.UnmarshalStrict(js, obj, kjson.DisallowDuplicateFields, kjson.DisallowUnknownFields)
-	if err == nil {
-		err = errors.Join(strict...)
-	}
-	if err != nil {
+	if err := cripod.DecodeStrict(doc, obj); err != nil {
 		return nil, fmt.Errorf("%s %s: %w", meta.APIVersion, meta.Kind, err)
 	}
 	return obj, nil
@@ -164,118 +156,6 @@ func socketGID(t *testing.T) int64 {
 	}
 	gid, _ := strconv.ParseInt(string(m[1]), 10, 64)
 	return gid
-}
-
-// hostPaths are the host directories the pod may mount, and the containers
-// that may mount each (read-only, but for the bridge's state: its
-// placement key, made at its first start).
-var hostPaths = map[string]struct {
-	path       string
-	containers []string
-	writable   bool
-}{
-	"statsd-sockets": {"/run/statsd", []string{"statsagent", "statsnri"}, false},
-	"nri":            {"/var/run/nri", []string{"statsnri"}, false},
-	"kata-run":       {"/run/vc", []string{"statsnri"}, false},
-	"statsnri-state": {"/var/lib/statsnri", []string{"statsnri"}, true},
-	"agent-state":    {"/var/lib/statsagent", []string{"statsagent"}, true},
-}
-
-// container returns the pod's container named name.
-func container(t *testing.T, pod corev1.PodSpec, name string) corev1.Container {
-	t.Helper()
-	for _, c := range pod.Containers {
-		if c.Name == name {
-			return c
-		}
-	}
-	t.Fatalf("no container %q", name)
-	return corev1.Container{}
-}
-
-// TestDaemonSet: the pod shares no host namespace, mounts only the host
-// directories it needs, read-only (but the bridge's state), and each
-// container has no privilege it does not need and asks for resources.
-func TestDaemonSet(t *testing.T) {
-	ds := only[*appsv1.DaemonSet](t, objects(t), "daemonset.yaml")
-	pod := ds.Spec.Template.Spec
-	if !labelsMatch(ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels) {
-		t.Errorf("selector %v does not match the pod labels %v", ds.Spec.Selector.MatchLabels, ds.Spec.Template.Labels)
-	}
-	if pod.HostNetwork || pod.HostPID || pod.HostIPC {
-		t.Error("host namespaces shared")
-	}
-	if pod.AutomountServiceAccountToken == nil || *pod.AutomountServiceAccountToken {
-		t.Error("the service account token is mounted; neither container calls the Kubernetes API")
-	}
-	psc := pod.SecurityContext
-	if psc == nil || !slices.Contains(psc.SupplementalGroups, socketGID(t)) {
-		t.Errorf("pod security context %+v: the supplemental groups lack the socket group %d", psc, socketGID(t))
-	}
-	if psc == nil || psc.SeccompProfile == nil || psc.SeccompProfile.Type != corev1.SeccompProfileTypeRuntimeDefault {
-		t.Error("no RuntimeDefault seccomp profile")
-	}
-	for _, v := range pod.Volumes {
-		want, ok := hostPaths[v.Name]
-		switch {
-		case v.HostPath == nil:
-			t.Errorf("volume %q is not a hostPath", v.Name)
-		case !ok:
-			t.Errorf("hostPath volume %q (%s) not allowed", v.Name, v.HostPath.Path)
-		case v.HostPath.Path != want.path:
-			t.Errorf("hostPath volume %q is %s, want %s", v.Name, v.HostPath.Path, want.path)
-		}
-	}
-	if len(pod.Containers) != 2 {
-		t.Fatalf("%d containers, want statsagent and statsnri", len(pod.Containers))
-	}
-	for _, c := range pod.Containers {
-		sc := c.SecurityContext
-		switch {
-		case sc == nil:
-			t.Fatalf("%s: no security context", c.Name)
-		case sc.AllowPrivilegeEscalation == nil || *sc.AllowPrivilegeEscalation:
-			t.Errorf("%s: privilege escalation allowed", c.Name)
-		case sc.Privileged != nil && *sc.Privileged:
-			t.Errorf("%s: privileged", c.Name)
-		case sc.ReadOnlyRootFilesystem == nil || !*sc.ReadOnlyRootFilesystem:
-			t.Errorf("%s: writable root file system", c.Name)
-		case sc.Capabilities == nil || !slices.Equal(sc.Capabilities.Drop, []corev1.Capability{"ALL"}) || len(sc.Capabilities.Add) > 0:
-			t.Errorf("%s: capabilities %+v: want all dropped, none added", c.Name, sc.Capabilities)
-		}
-		for _, m := range c.VolumeMounts {
-			hp, ok := hostPaths[m.Name]
-			if !ok || !slices.Contains(hp.containers, c.Name) || m.ReadOnly == hp.writable || m.MountPath != hp.path {
-				t.Errorf("%s mounts %+v: want only its host directories, read-only (but its state), at the host's path", c.Name, m)
-			}
-		}
-		if c.Resources.Requests.Cpu().IsZero() || c.Resources.Requests.Memory().IsZero() || c.Resources.Limits.Memory().IsZero() {
-			t.Errorf("%s: resources %+v: want CPU and memory requests and a memory limit", c.Name, c.Resources)
-		}
-	}
-
-	c := container(t, pod, "statsagent")
-	if sc := c.SecurityContext; sc.RunAsNonRoot == nil || !*sc.RunAsNonRoot || sc.RunAsUser == nil || *sc.RunAsUser == 0 {
-		t.Errorf("statsagent security context %+v: want a non-root user", sc)
-	}
-	var mounts []string
-	for _, m := range c.VolumeMounts {
-		mounts = append(mounts, m.Name)
-	}
-	if !slices.Equal(mounts, []string{"statsd-sockets", "agent-state"}) || !slices.Contains(c.Args, "--state-dir=/var/lib/statsagent") {
-		t.Errorf("statsagent volume mounts %q, args %q: want statsd-sockets and its state (--state-dir) only", mounts, c.Args)
-	}
-	if !slices.Contains(c.Args, "--sockets=/run/statsd/*.sock") {
-		t.Errorf("args %q do not poll /run/statsd/*.sock", c.Args)
-	}
-	if len(c.Ports) != 1 || c.Ports[0].Name != "metrics" || c.Ports[0].ContainerPort != 9477 || !slices.Contains(c.Args, "--metrics-listen=0.0.0.0:9477") {
-		t.Errorf("ports %+v, args %q: want metrics on 9477", c.Ports, c.Args)
-	}
-	for name, p := range map[string]*corev1.Probe{"liveness": c.LivenessProbe, "readiness": c.ReadinessProbe} {
-		if p == nil || p.HTTPGet == nil || p.HTTPGet.Path != "/healthz" || p.HTTPGet.Port.String() != "metrics" {
-			t.Errorf("%s probe %+v: want GET /healthz on metrics", name, p)
-		}
-	}
 }
 
 // TestNRIBridge: statsnri reaches NRI's socket through its directory, binds
@@ -390,7 +270,7 @@ func TestServiceAndPodMonitor(t *testing.T) {
 func TestKustomizationBuilds(t *testing.T) {
 	objs := objects(t)
 	k := only[*kustypes.Kustomization](t, objs, "kustomization.yaml")
-	var manifests []string
+	manifests := []string{"../otel"} // collector.yaml's ConfigMap (deploy/otel/kustomization.yaml)
 	for f := range objs {
 		if f != "kustomization.yaml" {
 			manifests = append(manifests, f)
@@ -399,7 +279,11 @@ func TestKustomizationBuilds(t *testing.T) {
 	slices.Sort(manifests)
 	listed := slices.Sorted(slices.Values(k.Resources))
 	if !slices.Equal(listed, manifests) {
-		t.Errorf("kustomization resources %v, manifests here %v", listed, manifests)
+		t.Errorf("kustomization resources %v, want %v", listed, manifests)
+	}
+	collectorYAML, err := os.ReadFile("../otel/collector.yaml")
+	if err != nil {
+		t.Fatal(err)
 	}
 	dir, err := filepath.Abs(".")
 	if err != nil {
@@ -414,6 +298,8 @@ func TestKustomizationBuilds(t *testing.T) {
 		t.Fatal(err)
 	}
 	kinds := map[string]int{}
+	configMaps := map[string]*corev1.ConfigMap{} // by the name before kustomize's hash suffix
+	var ds *appsv1.DaemonSet
 	for _, doc := range documents(out) {
 		obj, err := decodeStrict(doc)
 		if err != nil {
@@ -428,11 +314,21 @@ func TestKustomizationBuilds(t *testing.T) {
 			if o.Namespace != k.Namespace {
 				t.Errorf("DaemonSet in namespace %q", o.Namespace)
 			}
-			for _, c := range o.Spec.Template.Spec.Containers {
-				if !strings.HasSuffix(c.Image, "/"+c.Name+":"+k.Images[0].NewTag) {
-					t.Errorf("%s: image %q not set by the kustomization", c.Name, c.Image)
+			ds = o
+			// Every image named by the kustomization, by digest (make images).
+			byDigest := map[string]bool{}
+			for _, img := range k.Images {
+				byDigest[img.NewName+"@"+img.Digest] = img.Digest != ""
+			}
+			for _, c := range slices.Concat(o.Spec.Template.Spec.InitContainers, o.Spec.Template.Spec.Containers) {
+				if !byDigest[c.Image] {
+					t.Errorf("%s: image %q not set by the kustomization's digests", c.Name, c.Image)
 				}
 			}
+		case *corev1.ConfigMap:
+			kinds["ConfigMap"]++
+			name := o.Name[:max(0, strings.LastIndex(o.Name, "-"))] // kustomize's suffix: a hash of the content
+			configMaps[name] = o
 		case *corev1.Service:
 			kinds["Service"]++
 		case *monitoringv1.PodMonitor:
@@ -441,7 +337,34 @@ func TestKustomizationBuilds(t *testing.T) {
 			kinds["NetworkPolicy"]++
 		}
 	}
-	if want := map[string]int{"Namespace": 1, "DaemonSet": 1, "Service": 1, "PodMonitor": 1, "NetworkPolicy": 1}; fmt.Sprint(kinds) != fmt.Sprint(want) {
+	if cm := configMaps["otelcol-config"]; cm == nil || cm.Data["collector.yaml"] != string(collectorYAML) || len(cm.Data) != 1 {
+		t.Errorf("the ConfigMap otelcol-config %+v does not hold deploy/otel/collector.yaml alone", cm)
+	}
+	if cm := configMaps["otelcol-gateway"]; cm == nil || cm.Data["OTEL_GATEWAY_ENDPOINT"] == "" || cm.Data["OTEL_GATEWAY_INSECURE"] != "false" {
+		t.Errorf("the ConfigMap otelcol-gateway %+v: want the gateway's endpoint, TLS on", cm)
+	}
+	if ds != nil {
+		// The pod names the ConfigMaps by their built (hashed) names.
+		refs := map[string]bool{}
+		for _, v := range ds.Spec.Template.Spec.Volumes {
+			if v.ConfigMap != nil {
+				refs[v.ConfigMap.Name] = true
+			}
+		}
+		for _, c := range ds.Spec.Template.Spec.Containers {
+			for _, e := range c.EnvFrom {
+				if e.ConfigMapRef != nil {
+					refs[e.ConfigMapRef.Name] = true
+				}
+			}
+		}
+		for name, cm := range configMaps {
+			if cm != nil && !refs[cm.Name] {
+				t.Errorf("the ConfigMap %s (%s) is not what the DaemonSet names (%v)", name, cm.Name, refs)
+			}
+		}
+	}
+	if want := map[string]int{"ConfigMap": 2, "Namespace": 1, "DaemonSet": 1, "Service": 1, "PodMonitor": 1, "NetworkPolicy": 1}; fmt.Sprint(kinds) != fmt.Sprint(want) {
 		t.Errorf("built %v, want %v", kinds, want)
 	}
 	if !bytes.Contains(out, []byte("namespace: sandboxstats")) {

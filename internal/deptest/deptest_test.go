@@ -47,7 +47,8 @@ var testOnlyPackages = []string{"internal/statsdfake", "internal/kataagentfake",
 // Makefile, never built by make build nor installed, so no binary rules
 // apply to them. Any other main package must be a binary under cmd/.
 var devTools = []string{
-	"internal/benchtable", // make bench: go test -bench output as a table of ratios
+	"internal/benchtable",   // make bench: go test -bench output as a table of ratios
+	"internal/cmd/mkimages", // make images: the images' archives and the kustomization's digests
 }
 
 // badDeps returns, per binary, the packages it must not link (each with its
@@ -98,6 +99,7 @@ func badDeps() map[string]map[string]string {
 		for _, p := range testOnlyPackages {
 			r[module+"/"+p] = "test-only package"
 		}
+		r[module+"/internal/ociimage"] = "builds the images (make images, the tests): no binary packs images"
 	}
 	return rules
 }

@@ -77,6 +77,9 @@ func partialSuccess(err error) (rejected int64, ok bool) {
 	if err == nil {
 		return 0, false
 	}
+	if ps, ok := err.(*PartialSuccess); ok {
+		return max(ps.RejectedItems, 0), true
+	}
 	v := reflect.ValueOf(err)
 	if v.Kind() == reflect.Pointer && !v.IsNil() {
 		v = v.Elem()

@@ -122,7 +122,7 @@ type Pipeline struct {
 	loggers *sdklog.LoggerProvider
 	queue   *eventQueue
 
-	metricExp sdkmetric.Exporter
+	metricExp metricsExporter
 	logExp    sdklog.Exporter
 	conn      *grpc.ClientConn // nil over HTTP
 
@@ -168,16 +168,20 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		if err != nil {
 			return nil, fmt.Errorf("otlp: endpoint %q: %w", cfg.Endpoint, err)
 		}
-		p.metricExp, err = otlpmetricgrpc.New(ctx, otlpmetricgrpc.WithGRPCConn(p.conn), otlpmetricgrpc.WithHeaders(cfg.Headers),
+		var sdkExp sdkmetric.Exporter
+		sdkExp, err = otlpmetricgrpc.New(ctx, otlpmetricgrpc.WithGRPCConn(p.conn), otlpmetricgrpc.WithHeaders(cfg.Headers),
 			otlpmetricgrpc.WithTimeout(cfg.Timeout), otlpmetricgrpc.WithRetry(otlpmetricgrpc.RetryConfig{Enabled: false}))
+		p.metricExp = &wireExporter{sdk: sdkExp, send: grpcSender(p.conn, cfg.Headers)}
 		if err == nil {
 			p.logExp, err = otlploggrpc.New(ctx, otlploggrpc.WithGRPCConn(p.conn), otlploggrpc.WithHeaders(cfg.Headers),
 				otlploggrpc.WithTimeout(cfg.Timeout), otlploggrpc.WithRetry(otlploggrpc.RetryConfig{Enabled: false}))
 		}
 	case ProtocolHTTP:
 		client := ep.httpClient(tlsConf, cfg.Timeout)
-		p.metricExp, err = otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpointURL(ep.httpURL("/v1/metrics")), otlpmetrichttp.WithHTTPClient(client),
+		var sdkExp sdkmetric.Exporter
+		sdkExp, err = otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpointURL(ep.httpURL("/v1/metrics")), otlpmetrichttp.WithHTTPClient(client),
 			otlpmetrichttp.WithHeaders(cfg.Headers), otlpmetrichttp.WithTimeout(cfg.Timeout), otlpmetrichttp.WithRetry(otlpmetrichttp.RetryConfig{Enabled: false}))
+		p.metricExp = &wireExporter{sdk: sdkExp, send: httpSender(client, ep.httpURL("/v1/metrics"), cfg.Headers)}
 		if err == nil {
 			p.logExp, err = otlploghttp.New(ctx, otlploghttp.WithEndpointURL(ep.httpURL("/v1/logs")), otlploghttp.WithHTTPClient(client),
 				otlploghttp.WithHeaders(cfg.Headers), otlploghttp.WithTimeout(cfg.Timeout), otlploghttp.WithRetry(otlploghttp.RetryConfig{Enabled: false}))

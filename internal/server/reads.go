@@ -39,13 +39,19 @@ const DefaultMaxReads = 64
 // at once (RESOURCE_EXHAUSTED TOO_MANY_READS), never queued: a queue would
 // hold the storm's streams, and their memory, for as long as it lasts.
 type readGate struct {
-	slots   chan struct{}
-	refusal error // the same status for every refused read: built once
+	slots chan struct{}
+	// refusal is the same status for every refused read, built at the
+	// first: its ErrorInfo detail builds the descriptors of errdetails'
+	// and anypb's files (about 48 KiB of heap), which a statsd that never
+	// refuses a read should not keep.
+	refusal func() error
 }
 
 func newReadGate(n int) *readGate {
-	return &readGate{slots: make(chan struct{}, n), refusal: statusError(codes.ResourceExhausted, sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS,
-		"%d reads are in flight, the most this statsd serves at once (--max-reads): nothing was read; retry after a backoff", n)}
+	return &readGate{slots: make(chan struct{}, n), refusal: sync.OnceValue(func() error {
+		return statusError(codes.ResourceExhausted, sandboxstatsv1.ErrorReason_ERROR_REASON_TOO_MANY_READS,
+			"%d reads are in flight, the most this statsd serves at once (--max-reads): nothing was read; retry after a backoff", n)
+	})}
 }
 
 // enter takes a slot or returns the status that refuses the read; a read
@@ -55,7 +61,7 @@ func (g *readGate) enter() error {
 	case g.slots <- struct{}{}:
 		return nil
 	default:
-		return g.refusal
+		return g.refusal()
 	}
 }
 

@@ -20,10 +20,13 @@ type ContainerSpec struct {
 	// Command is the container's command; nil runs the pause image's
 	// entrypoint (sleeps until SIGTERM). The image holds busybox in /bin.
 	Command []string
+	// Image is the container's image reference (imported beforehand, e.g.
+	// with Ctr "images import"); "" is the pause image.
+	Image string
 }
 
 // CreateContainer creates a container in the pod RunPod started as podID
-// (crictl create, from the pause image) and returns its id.
+// (crictl create, from spec.Image or the pause image) and returns its id.
 func (c *Containerd) CreateContainer(t testing.TB, podID string, spec ContainerSpec) string {
 	t.Helper()
 	if spec.Name == "" {
@@ -39,6 +42,9 @@ func (c *Containerd) CreateContainer(t testing.TB, podID string, spec ContainerS
 		"metadata": map[string]any{"name": spec.Name, "attempt": 0},
 		"image":    map[string]any{"image": c.PauseImage},
 		"linux":    map[string]any{},
+	}
+	if spec.Image != "" {
+		cfg["image"] = map[string]any{"image": spec.Image}
 	}
 	if spec.Command != nil {
 		cfg["command"] = spec.Command

@@ -116,7 +116,7 @@ func StartContainerd(t testing.TB, opts ContainerdOptions) *Containerd {
 		Bins:         bins,
 		runsc:        runsc,
 		address:      filepath.Join(dir, "containerd.sock"),
-		nriSocket:    filepath.Join(dir, "nri.sock"),
+		nriSocket:    filepath.Join(dir, "nri", "nri.sock"), // a directory of its own: a pod mounts it
 		crictlConfig: filepath.Join(dir, "crictl.yaml"),
 		wrapperLog:   filepath.Join(dir, "runsc-wrapper.log"),
 		pods:         map[string]string{},
@@ -127,7 +127,7 @@ func StartContainerd(t testing.TB, opts ContainerdOptions) *Containerd {
 		c.logLevel = "info"
 	}
 	t.Cleanup(func() { c.cleanup(t) })
-	for _, d := range []string{c.Root, c.State, filepath.Join(dir, "pods")} {
+	for _, d := range []string{c.Root, c.State, filepath.Join(dir, "pods"), filepath.Dir(c.nriSocket)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
 			t.Fatal(err)
 		}

@@ -12,6 +12,8 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxstats/sandboxstats/internal/ociimage"
 )
 
 // TestWritePauseImage reads the archive back as `ctr images import` does:
@@ -37,9 +39,9 @@ func TestWritePauseImage(t *testing.T) {
 	if got := string(files["oci-layout"]); got != `{"imageLayoutVersion":"1.0.0"}` {
 		t.Errorf("oci-layout: %q", got)
 	}
-	blob := func(d ociDescriptor) []byte {
+	blob := func(d ociimage.Descriptor) []byte {
 		t.Helper()
-		b, ok := files[blobPath(d)]
+		b, ok := files[ociimage.BlobPath(d)]
 		if !ok {
 			t.Fatalf("no blob %s", d.Digest)
 		}
@@ -49,22 +51,22 @@ func TestWritePauseImage(t *testing.T) {
 		return b
 	}
 	var index struct {
-		Manifests []ociDescriptor `json:"manifests"`
+		Manifests []ociimage.Descriptor `json:"manifests"`
 	}
 	mustUnmarshal(t, files["index.json"], &index)
 	if len(index.Manifests) != 1 {
 		t.Fatalf("index.json: %d manifests", len(index.Manifests))
 	}
 	m := index.Manifests[0]
-	if m.MediaType != ociManifestType || m.Annotations["org.opencontainers.image.ref.name"] != ref || m.Annotations["io.containerd.image.name"] != ref {
+	if m.MediaType != ociimage.MediaTypeManifest || m.Annotations["org.opencontainers.image.ref.name"] != ref || m.Annotations["io.containerd.image.name"] != ref {
 		t.Errorf("index.json manifest: %+v", m)
 	}
 	var manifest struct {
-		Config ociDescriptor   `json:"config"`
-		Layers []ociDescriptor `json:"layers"`
+		Config ociimage.Descriptor   `json:"config"`
+		Layers []ociimage.Descriptor `json:"layers"`
 	}
 	mustUnmarshal(t, blob(m), &manifest)
-	if len(manifest.Layers) != 1 || manifest.Layers[0].MediaType != ociLayerType || manifest.Config.MediaType != ociConfigType {
+	if len(manifest.Layers) != 1 || manifest.Layers[0].MediaType != ociimage.MediaTypeLayer || manifest.Config.MediaType != ociimage.MediaTypeConfig {
 		t.Fatalf("manifest: %+v", manifest)
 	}
 	var config struct {

@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"bytes"
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/ociimage"
 )
 
 // collectorModule is the test collector's module directory, relative to the
@@ -76,7 +78,7 @@ func BuildCollector(t testing.TB) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p, err := buildCollectorAt(goCmd, modDir, filepath.Join(os.TempDir(), "sandboxstats-otelcol-"+key))
+	p, err := buildCollectorAt(modDir, filepath.Join(os.TempDir(), "sandboxstats-otelcol-"+key))
 	Need(t, err == nil, fmt.Sprintf("building the test collector failed: %v", err))
 	pruneCollectorBuilds(filepath.Dir(p), 24*time.Hour)
 	collectorBuild.path = p
@@ -110,10 +112,10 @@ func collectorModuleDir(goCmd string) (string, error) {
 
 // collectorKey hashes what the collector's binary is built from: the
 // module's go.mod, go.sum and Go files (names and contents), the Go version
-// and the platform.
+// and the platform (and how it is built: as the otelcol image's binary).
 func collectorKey(modDir string) (string, error) {
 	h := sha256.New()
-	fmt.Fprintf(h, "%s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(h, "%s %s/%s static trimpath\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
 	err := filepath.WalkDir(modDir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			return err
@@ -141,7 +143,7 @@ func collectorKey(modDir string) (string, error) {
 // An exclusive lock on dir/.lock serialises builds across processes; the
 // binary is built beside its final name and renamed into place, so it is
 // never seen half written.
-func buildCollectorAt(goCmd, modDir, dir string) (string, error) {
+func buildCollectorAt(modDir, dir string) (string, error) {
 	bin := filepath.Join(dir, "otelcol")
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return "", err
@@ -173,12 +175,11 @@ func buildCollectorAt(goCmd, modDir, dir string) (string, error) {
 		return bin, nil
 	}
 	tmp := bin + ".tmp" + strconv.Itoa(os.Getpid())
-	cmd := exec.Command(goCmd, "build", "-o", tmp, ".")
-	cmd.Dir = modDir
-	cmd.Env = append(os.Environ(), "GOWORK=off")
-	if out, err := cmd.CombinedOutput(); err != nil {
+	// Built as the otelcol image's binary is (static, -trimpath): the
+	// compiled packages in Go's build cache serve both.
+	if err := ociimage.GoBuild(context.Background(), modDir, tmp, "."); err != nil {
 		os.Remove(tmp)
-		return "", fmt.Errorf("go build in %s: %w\n%s", modDir, err, out)
+		return "", err
 	}
 	if err := os.Rename(tmp, bin); err != nil {
 		os.Remove(tmp)

@@ -1,0 +1,495 @@
+package e2e
+
+// The DaemonSet's own pod (deploy/kubernetes) run through the CRI of a real
+// containerd with NRI, as a kubelet would run it (issue 32's first "Must
+// show"): the kustomization rendered by kustomize's library, the pod
+// template turned into CRI configs by deploy/kubernetes/cripod (its mounts,
+// namespaces, users, capabilities, seccomp, no_new_privs, read-only root,
+// args, env), the images the project builds (internal/ociimage) imported,
+// the pod started with crictl. No flag, mount or capability is added here:
+// a mount or a privilege the manifest lacks fails the test. Then each
+// container is killed in turn and restarted as the kubelet would (issue
+// 32's second "Must show").
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/ociimage"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
+)
+
+// k8sTemplate is the template the runsc pod names by its label.
+const k8sTemplate = "k8s-e2e"
+
+// daemonSetPod is the DaemonSet's pod running on a harness containerd.
+type daemonSetPod struct {
+	c     *testenv.Containerd
+	pod   *testenv.CRIPod
+	state string // where /var/lib is on this "node"
+}
+
+// startDaemonSetPod builds the images, renders deploy/kubernetes through an
+// overlay that does what an operator does (names the images built here by
+// digest, points the Collector at gateway in plaintext), translates the pod
+// and runs it on c. attempts configs are rendered per container.
+//
+// Host paths: /proc, /sys/fs/cgroup and /sys/kernel/debug are the node's
+// own; the runtime's directories are the harness's (its NRI socket
+// directory, its runsc root); the /var/lib state directories and Kata's
+// /run/vc (no Kata here) are under the test's directory. The pod runs in
+// the node's network namespace: the harness has no CNI (so its ports,
+// 9477 and 9478, and the Collector's loopback 4317 and 4318, are the
+// host's).
+func startDaemonSetPod(t *testing.T, c *testenv.Containerd, gateway *testenv.Collector, attempts int) *daemonSetPod {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	start := time.Now()
+	imgs, err := ociimage.BuildProjectImages(ctx, "..", t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("built %d images in %v", len(imgs), time.Since(start).Round(time.Millisecond))
+	start = time.Now()
+	var images strings.Builder
+	for _, img := range imgs {
+		c.Ctr(t, "images", "import", "--local", "--snapshotter", "native", img.Path)
+		// Before make images the base names the image bare; after, by
+		// the project's registry and a digest: either is replaced.
+		fmt.Fprintf(&images, "  - {name: %s, newName: %s, digest: %q}\n  - {name: %s, digest: %q}\n", img.Name, img.Repo, img.Digest, img.Repo, img.Digest)
+	}
+	t.Logf("imported %d images in %v", len(imgs), time.Since(start).Round(time.Millisecond))
+
+	dir := t.TempDir()
+	base, err := filepath.Abs("../deploy/kubernetes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	overlay := filepath.Join(dir, "overlay")
+	rel, err := filepath.Rel(overlay, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.MkdirAll(overlay, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	kust := fmt.Sprintf(`apiVersion: kustomize.config.k8s.io/v1beta1
+kind: Kustomization
+resources: [%s]
+images:
+%sconfigMapGenerator:
+  - name: otelcol-gateway
+    behavior: replace
+    literals: [OTEL_GATEWAY_ENDPOINT=%s, OTEL_GATEWAY_INSECURE=true]
+`, rel, images.String(), gateway.GRPCEndpoint())
+	if err := os.WriteFile(filepath.Join(overlay, "kustomization.yaml"), []byte(kust), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	state := filepath.Join(dir, "var-lib")
+	seccomp := c.RuncSeccomp(t)
+	if !seccomp {
+		t.Log("the harness's runc is built without seccomp: the pod runs without its RuntimeDefault profile (a node applies it)")
+	}
+	plan := testenv.RenderCRIPod(t, "..", testenv.CRIRender{
+		Kustomization: overlay,
+		PodDir:        filepath.Join(dir, "pod"),
+		HostPaths: map[string]string{
+			"/var/lib":                     state,
+			"/run/vc":                      filepath.Join(dir, "run-vc"),
+			"/var/run/nri":                 filepath.Dir(c.NRISocket()),
+			"/run/containerd/runsc/k8s.io": c.RunscRoot,
+		},
+		Attempts:       attempts,
+		WithoutSeccomp: !seccomp,
+	})
+	for _, v := range plan.Volumes {
+		t.Logf("volume %s: %s", v.Name, v.Path)
+	}
+	pod := c.StartCRIPod(t, plan)
+	d := &daemonSetPod{c: c, pod: pod, state: state}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, ctr := range plan.Containers {
+				t.Logf("%s's log:\n%s", ctr.Name, tail(pod.Logs(ctr.Name), 3000))
+			}
+		}
+	})
+	return d
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "..." + s[len(s)-n:]
+	}
+	return s
+}
+
+// waitServing waits until every statsd shard serves its stats socket, the
+// bridge is connected to NRI and synchronized, and the agent's /healthz
+// answers 200.
+func (d *daemonSetPod) waitServing(t *testing.T, timeout time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	sockets := d.pod.Plan.Volume("stats-sockets")
+	for _, what := range []struct {
+		name string
+		ok   func() bool
+	}{
+		{"8 statsd stats sockets", func() bool {
+			m, _ := filepath.Glob(filepath.Join(sockets, "nri-*.sock"))
+			n := 0
+			for _, s := range m {
+				if dialable(s) {
+					n++
+				}
+			}
+			return n == 8
+		}},
+		{"the bridge connected to NRI (/healthz on :9478)", func() bool { return httpOK("http://127.0.0.1:9478/healthz") }},
+		{"the agent's /healthz on :9477", func() bool { return httpOK("http://127.0.0.1:9477/healthz") }},
+	} {
+		for !what.ok() {
+			if time.Now().After(deadline) {
+				for _, ctr := range d.pod.Plan.Containers {
+					st := d.c.InspectContainer(t, d.pod.IDs[ctr.Name])
+					t.Logf("%s: %s exit %d %s", ctr.Name, st.State, st.ExitCode, st.Reason)
+				}
+				t.Fatalf("not ready within %v: %s", timeout, what.name)
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+}
+
+func httpOK(url string) bool {
+	client := http.Client{Timeout: 2 * time.Second}
+	resp, err := client.Get(url)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// polled is one line of statsctl poll: the socket (in the container) and
+// the actor it holds.
+type polled struct{ socket, actor string }
+
+// poll runs statsctl poll over every shard in a statsd container (crictl
+// exec) and returns its lines with a sample.
+func (d *daemonSetPod) poll(t *testing.T) []polled {
+	t.Helper()
+	out, err := d.pod.Exec("statsd-nri-0", "/usr/local/bin/statsctl", "poll", "--sockets", "/run/statsd/*.sock", "--timeout", "5s")
+	if err != nil {
+		t.Fatalf("statsctl poll in statsd-nri-0: %v", err)
+	}
+	var rows []polled
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		if len(f) > 2 && f[1] == "ok" {
+			rows = append(rows, polled{socket: f[0], actor: f[2]})
+		}
+	}
+	return rows
+}
+
+// boundOn waits up to timeout for the actor uid to be bound on one shard,
+// as statsctl poll in a statsd container sees it, and returns its socket.
+func (d *daemonSetPod) boundOn(t *testing.T, uid string, timeout time.Duration) string {
+	t.Helper()
+	for deadline := time.Now().Add(timeout); ; {
+		var found []string
+		for _, r := range d.poll(t) {
+			if r.actor == uid {
+				found = append(found, r.socket)
+			}
+		}
+		switch {
+		case len(found) > 1:
+			t.Fatalf("%s bound on %d shards: %q", uid, len(found), found)
+		case len(found) == 1:
+			return found[0]
+		case time.Now().After(deadline):
+			t.Fatalf("%s not bound on any shard within %v; the bridge's log:\n%s", uid, timeout, tail(d.pod.Logs("statsnri"), 3000))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// stats is statsctl stats -o json for uid on socket, run in a statsd
+// container: the sample's epoch and its CPU.
+func (d *daemonSetPod) stats(t *testing.T, socket, uid string) (epoch time.Time, cpuUsec int64) {
+	t.Helper()
+	out, err := d.pod.Exec("statsd-nri-0", "/usr/local/bin/statsctl", "stats", "--socket", socket, "--actor-uid", uid, "-o", "json")
+	if err != nil {
+		t.Fatalf("statsctl stats: %v", err)
+	}
+	var s struct {
+		ActorUID string `json:"actor_uid"`
+		Epoch    string `json:"epoch_unix_nano"`
+		CPU      string `json:"cpu_usage_usec"`
+		Class    string `json:"sandbox_class"`
+	}
+	if err := json.Unmarshal(out, &s); err != nil {
+		t.Fatalf("statsctl stats -o json: %v\n%s", err, out)
+	}
+	if s.ActorUID != uid || s.Class != "SANDBOX_CLASS_GVISOR" {
+		t.Fatalf("statsctl stats: %s", out)
+	}
+	ns, _ := strconv.ParseInt(s.Epoch, 10, 64)
+	cpu, _ := strconv.ParseInt(s.CPU, 10, 64)
+	return time.Unix(0, ns), cpu
+}
+
+// TestIntegrationK8sDaemonSet: the DaemonSet's pod, with its 8 statsd
+// shards, the bridge, the agent and the Collector, runs from the manifest
+// alone on a real containerd with NRI; a runsc pod started beside it is
+// bound within 2 s of crictl runp returning, on one shard; statsctl in a
+// statsd container reads it; the agent's /metrics on the pod's port 9477
+// carries it at its next sweep (--interval 60s, as shipped), and the
+// Collector forwards the agent's OTLP (the workload's metrics and its
+// initial usage event) to the test's gateway. Then each container is
+// killed and restarted as the kubelet would (restartEach). About 90 s.
+func TestIntegrationK8sDaemonSet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds the images and runs a real containerd; not under -short")
+	}
+	testenv.NeedContainerd(t)
+	// The pod runs in the node's network namespace (no CNI here): its ports
+	// are the host's.
+	for _, addr := range []string{"0.0.0.0:9477", "0.0.0.0:9478", "127.0.0.1:4317", "127.0.0.1:4318"} {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			t.Fatalf("the pod's port %s is taken on this host (the pod runs in the node's network): %v", addr, err)
+		}
+		l.Close()
+	}
+	bins := testenv.BuildContainerd(t)
+	testenv.BuildCollector(t) // the gateway's, and the otelcol image's build cache
+	began := time.Now()
+	gateway := testenv.StartCollector(t)
+	c := testenv.StartContainerd(t, testenv.ContainerdOptions{Bins: bins})
+	d := startDaemonSetPod(t, c, gateway, 2)
+	d.waitServing(t, 60*time.Second)
+	ready := time.Now()
+	t.Logf("the DaemonSet's pod serving %v after the start", ready.Sub(began).Round(time.Millisecond))
+	// What each container sees of the lifecycle sockets, through its own
+	// mount namespace: the bridge the 8, the agent none.
+	for name, want := range map[string]int{"statsnri": 8, "statsagent": 0} {
+		pid := c.InspectContainer(t, d.pod.IDs[name]).PID
+		m, err := filepath.Glob(fmt.Sprintf("/proc/%d/root/run/statsd/lifecycle/*.sock", pid))
+		if err != nil || len(m) != want {
+			t.Errorf("%s sees %d lifecycle sockets (%v), want %d", name, len(m), err, want)
+		}
+	}
+
+	uid := testenv.NewActorUID()
+	c.RunPod(t, testenv.PodSpec{Name: "sandboxed", Namespace: "team-k8s", UID: uid, Handler: "runsc",
+		Labels: map[string]string{nriTemplateLabel: k8sTemplate}})
+	ran := time.Now()
+	socket := d.boundOn(t, uid, 10*time.Second)
+	epoch, _ := d.stats(t, socket, uid)
+	if bound := epoch.Sub(ran); bound > 2*time.Second {
+		t.Errorf("the runsc pod bound %v after crictl runp returned, want within 2 s", bound)
+	} else {
+		t.Logf("the runsc pod bound on %s %v after crictl runp returned (seen by statsctl poll after %v)", socket, bound.Round(time.Millisecond), time.Since(ran).Round(time.Millisecond))
+	}
+
+	// The agent sweeps every 60 s, the first at its start (before the pod):
+	// its next sweep finds it.
+	var series string
+	for deadline := time.Now().Add(90 * time.Second); series == ""; time.Sleep(time.Second) {
+		for k, v := range testenv.Scrape(t, "http://127.0.0.1:9477") {
+			if strings.HasPrefix(k, "sandboxstats_sampled_workloads{") && strings.Contains(k, "template_name="+k8sTemplate) && v == 1 {
+				series = k
+			}
+		}
+		if series == "" && time.Now().After(deadline) {
+			t.Fatalf("the agent's /metrics has no sampled workload of template %s within 90 s; its log:\n%s", k8sTemplate, tail(d.pod.Logs("statsagent"), 3000))
+		}
+	}
+	t.Logf("the agent's /metrics: %s (%v after the bind)", series, time.Since(ran).Round(time.Millisecond))
+
+	gateway.WaitMetrics(t, 30*time.Second, func(pts []testenv.CollectedPoint) bool {
+		for _, p := range pts {
+			if p.Metric == "container.cpu.time" && p.Attributes["sandboxstats.template.name"] == k8sTemplate && p.Resource["k8s.node.name"] == k8sNodeName(t) {
+				return true
+			}
+		}
+		return false
+	})
+	gateway.WaitLogs(t, 30*time.Second, func(logs []testenv.CollectedLog) bool {
+		for _, l := range logs {
+			if l.EventName == "sandboxstats.workload.usage_sampled" && l.Attributes["sandboxstats.actor.uid"] == uid {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("the Collector forwarded the workload's metrics and its usage event (%v after the start)", time.Since(began).Round(time.Millisecond))
+
+	d.restartEach(t, gateway, uid, socket, epoch)
+	t.Logf("the test took %v", time.Since(began).Round(time.Millisecond))
+}
+
+// kill SIGKILLs the container's process, as a crash or an OOM kill ends
+// it, and waits for the runtime to see it exited.
+func (d *daemonSetPod) kill(t *testing.T, name string) {
+	t.Helper()
+	st := d.c.InspectContainer(t, d.pod.IDs[name])
+	if st.State != "CONTAINER_RUNNING" || st.PID <= 0 {
+		t.Fatalf("%s: %+v, want it running", name, st)
+	}
+	if err := syscall.Kill(st.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s (pid %d): %v", name, st.PID, err)
+	}
+	if code := d.c.WaitExited(t, d.pod.IDs[name], 20*time.Second); code != 128+int(syscall.SIGKILL) {
+		t.Errorf("%s exited %d, want %d", name, code, 128+int(syscall.SIGKILL))
+	}
+}
+
+// killAndRestart kills the container and starts its next attempt, as the
+// kubelet restarts a container that exited.
+func (d *daemonSetPod) killAndRestart(t *testing.T, name string) {
+	t.Helper()
+	d.kill(t, name)
+	d.pod.Restart(t, name, 1)
+}
+
+// restartEach kills each kind of container of the pod in turn (the shard
+// holding the pod, the bridge, the Collector, the agent) and restarts it
+// as the kubelet would (the same config, attempt 1): the runsc pod stays
+// bound on one shard in the same activation (nothing bound twice, no
+// activation lost), a pod started while the bridge is down is bound once it
+// is back, the agent continues its counter and sends no second initial
+// event, the Collector forwards again, and the runsc pod keeps running.
+func (d *daemonSetPod) restartEach(t *testing.T, gateway *testenv.Collector, uid, socket string, epoch time.Time) {
+	t.Helper()
+	sandbox := func() {
+		t.Helper()
+		for _, p := range d.c.Pods(t) {
+			if p.UID == uid && p.State != "SANDBOX_READY" {
+				t.Fatalf("the runsc pod is %s", p.State)
+			}
+		}
+	}
+	same := func(what string) {
+		t.Helper()
+		if got := d.boundOn(t, uid, 20*time.Second); got != socket {
+			t.Fatalf("after %s the pod is bound on %s, was %s", what, got, socket)
+		}
+		if e, _ := d.stats(t, socket, uid); !e.Equal(epoch) {
+			t.Fatalf("after %s the pod's activation began at %v, was %v: a new activation", what, e, epoch)
+		}
+		sandbox()
+	}
+	shard := strings.TrimSuffix(filepath.Base(socket), ".sock") // nri-N
+	start := time.Now()
+	d.killAndRestart(t, "statsd-"+shard)
+	for deadline := time.Now().Add(20 * time.Second); !dialable(filepath.Join(d.pod.Plan.Volume("stats-sockets"), shard+".sock")); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("statsd-%s did not serve again within 20 s:\n%s", shard, tail(d.pod.Logs("statsd-"+shard), 3000))
+		}
+	}
+	same("statsd-" + shard + " restarted")
+	t.Logf("statsd-%s killed and restarted: the pod bound there in the same activation (%v)", shard, time.Since(start).Round(time.Millisecond))
+
+	start = time.Now()
+	d.kill(t, "statsnri")
+	uid2 := testenv.NewActorUID() // started while no bridge runs: no NRI event reaches anyone
+	d.c.RunPod(t, testenv.PodSpec{Name: "sandboxed-2", Namespace: "team-k8s", UID: uid2, Handler: "runsc",
+		Labels: map[string]string{nriTemplateLabel: k8sTemplate}})
+	d.pod.Restart(t, "statsnri", 1)
+	d.boundOn(t, uid2, 30*time.Second)
+	same("statsnri restarted")
+	t.Logf("statsnri killed and restarted: a pod started meanwhile bound once, the first still in its activation (%v)", time.Since(start).Round(time.Millisecond))
+
+	cpu := func() float64 {
+		for k, v := range testenv.Scrape(t, "http://127.0.0.1:9477") {
+			if strings.HasPrefix(k, "sandboxstats_workload_cpu_seconds_total{") && strings.Contains(k, "template_name="+k8sTemplate) {
+				return v
+			}
+		}
+		return -1
+	}
+	before := cpu()
+	start = time.Now()
+	d.killAndRestart(t, "otelcol")
+	d.killAndRestart(t, "statsagent")
+	var after float64
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if httpOK("http://127.0.0.1:9477/healthz") {
+			if after = cpu(); after >= 0 {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the restarted agent serves no CPU counter of %s within 30 s:\n%s", k8sTemplate, tail(d.pod.Logs("statsagent"), 3000))
+		}
+	}
+	if before < 0 || after < before {
+		t.Errorf("the agent's CPU counter of %s went from %v to %v across its restart: want it continued", k8sTemplate, before, after)
+	}
+	// The restarted agent's first sweep is exported through the restarted
+	// Collector: a point newer than the restarts arrives.
+	restarted := uint64(start.UnixNano())
+	gateway.WaitMetrics(t, 30*time.Second, func(pts []testenv.CollectedPoint) bool {
+		for _, p := range pts {
+			if p.Metric == "container.cpu.time" && p.Attributes["sandboxstats.template.name"] == k8sTemplate && p.TimeUnixNano > restarted {
+				return true
+			}
+		}
+		return false
+	})
+	initial := map[string]map[string]bool{} // actor -> log.record.uid of its initial events
+	for _, l := range gateway.Logs(t) {
+		actor, _ := l.Attributes["sandboxstats.actor.uid"].(string)
+		kind, _ := l.Attributes["sandboxstats.stats.kind"].(string)
+		rec, _ := l.Attributes["log.record.uid"].(string)
+		if l.EventName == "sandboxstats.workload.usage_sampled" && kind == "initial" {
+			if initial[actor] == nil {
+				initial[actor] = map[string]bool{}
+			}
+			initial[actor][rec] = true
+		}
+	}
+	if len(initial[uid]) != 1 {
+		t.Errorf("initial events of the first pod, by log.record.uid: %v; want one (sent again with the same uid at most)", initial[uid])
+	}
+	same("otelcol and statsagent restarted")
+	t.Logf("otelcol and statsagent killed and restarted: the CPU counter continued (%.3f s to %.3f s), the Collector forwarded the agent's next sweep, one initial event (%v)",
+		before, after, time.Since(start).Round(time.Millisecond))
+}
+
+func dialable(path string) bool {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	if err != nil {
+		return false
+	}
+	c.Close()
+	return true
+}
+
+// k8sNodeName is the node name cripod gives the pod (the host's name).
+func k8sNodeName(t *testing.T) string {
+	t.Helper()
+	h, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
