@@ -118,30 +118,49 @@ const procSuperMagic = 0x9fa0
 // outlive their "process") nothing is held.
 type pinDir struct {
 	mu     sync.Mutex
-	fd     int // -1: none held
+	fd     int  // -1: none held
+	busy   bool // a read is using fd: close leaves closing it to that read
 	closed bool
 }
 
 func newPinDir() *pinDir { return &pinDir{fd: -1} }
 
 // readNetDev reads net/dev through the held directory; ok is false when
-// none is held. A lookup that fails asks the directory's stat why: the
-// process gone (an error process.IsGone says so of) or a zombie
-// (process.ErrExited), then nothing is held any more; else net/dev is
-// missing (errNoNetDev).
+// none is held (or it is in use: the caller reads by path). No lock is held
+// during the I/O, so Close never waits for a read hung in the kernel.
 func (pd *pinDir) readNetDev(p string) (b []byte, ok bool, err error) {
 	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	if pd.fd < 0 {
+	fd := pd.fd
+	if fd < 0 || pd.busy {
+		pd.mu.Unlock()
 		return nil, false, nil
 	}
-	b, err = readAt(pd.fd, "net/dev", p, bounded.MaxFileBytes)
+	pd.busy = true
+	pd.mu.Unlock()
+	b, drop, err := readNetDevAt(fd, p)
+	pd.mu.Lock()
+	pd.busy = false
+	if drop || pd.closed {
+		syscall.Close(fd)
+		pd.fd = -1
+	}
+	pd.mu.Unlock()
+	return b, true, err
+}
+
+// readNetDevAt reads net/dev through the /proc/<pid> directory fd. A
+// lookup that fails asks the directory's stat why: the process gone (an
+// error process.IsGone says so of) or a zombie (process.ErrExited), and
+// drop says to hold the directory no more; else net/dev is missing
+// (errNoNetDev).
+func readNetDevAt(fd int, p string) (b []byte, drop bool, err error) {
+	b, err = readAt(fd, "net/dev", p, bounded.MaxFileBytes)
 	if err == nil {
-		return b, true, nil
+		return b, false, nil
 	}
 	var buf [maxStatBytes]byte
 	sp := filepath.Join(filepath.Dir(filepath.Dir(p)), "stat")
-	st, serr := readAtInto(pd.fd, "stat", sp, buf[:])
+	st, serr := readAtInto(fd, "stat", sp, buf[:])
 	var t procTimes
 	if serr == nil {
 		t, serr = parseProcStat(st)
@@ -153,22 +172,22 @@ func (pd *pinDir) readNetDev(p string) (b []byte, ok bool, err error) {
 		serr = fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, sp, serr)
 	}
 	if serr != nil {
-		syscall.Close(pd.fd)
-		pd.fd = -1
 		return nil, true, serr
 	}
 	if process.IsGone(err) {
-		return nil, true, fmt.Errorf("%w: %w", errNoNetDev, err)
+		return nil, false, fmt.Errorf("%w: %w", errNoNetDev, err)
 	}
-	return nil, true, err
+	return nil, false, err
 }
 
 // hold opens <procRoot>/<pid> and keeps it when it is on procfs and its
-// stat, read through it, still gives the pinned start time.
+// stat, read through it, still gives the pinned start time (the I/O
+// outside the lock).
 func (pd *pinDir) hold(procRoot string, pid int, want uint64) {
 	pd.mu.Lock()
-	defer pd.mu.Unlock()
-	if pd.fd >= 0 || pd.closed {
+	skip := pd.fd >= 0 || pd.closed
+	pd.mu.Unlock()
+	if skip {
 		return
 	}
 	dir := filepath.Join(procRoot, strconv.Itoa(pid))
@@ -182,21 +201,27 @@ func (pd *pinDir) hold(procRoot string, pid int, want uint64) {
 	if err == nil {
 		t, err = parseProcStat(b)
 	}
-	var st syscall.Statfs_t
-	if err != nil || t.Start != want || t.State == 'Z' || t.State == 'X' || syscall.Fstatfs(fd, &st) != nil || st.Type != procSuperMagic {
+	var st unix.Statfs_t
+	if err != nil || t.Start != want || t.State == 'Z' || t.State == 'X' || unix.Fstatfs(fd, &st) != nil || st.Type != procSuperMagic {
+		syscall.Close(fd)
+		return
+	}
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.fd >= 0 || pd.closed {
 		syscall.Close(fd)
 		return
 	}
 	pd.fd = fd
 }
 
-// close closes the held directory; later reads check the start time
-// again. Safe to call more than once.
+// close closes the held directory, or leaves that to the read using it;
+// later reads check the start time again. Safe to call more than once.
 func (pd *pinDir) close() {
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	pd.closed = true
-	if pd.fd >= 0 {
+	if pd.fd >= 0 && !pd.busy {
 		syscall.Close(pd.fd)
 		pd.fd = -1
 	}
