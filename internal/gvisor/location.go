@@ -81,7 +81,9 @@ func auxPath(p string, m mountRoot, rootWhy string) ctlPath {
 	case np == "/":
 		return ctlPath{Why: rootWhy}
 	}
-	if np, err = m.inMount(np); err != nil {
+	if np, err = m.inMount(np); errors.Is(err, errRootCgroup) {
+		return ctlPath{Why: rootWhy}
+	} else if err != nil {
 		return ctlPath{Why: err.Error()}
 	}
 	return ctlPath{Path: np}
@@ -142,14 +144,16 @@ func selectLocation(pc procCgroup, mode Mode, mr mountRoots) (*location, error) 
 	return loc, nil
 }
 
+// namespacePath cleans p, a path of /proc/<pid>/cgroup, keeping the ".."
+// a path outside this process's cgroup namespace begins with ("/../../x":
+// inMount reads it where the namespace is found in the mount, or refuses
+// it).
 func namespacePath(p string) (string, error) {
 	if strings.HasSuffix(p, " (deleted)") {
 		return "", fmt.Errorf("cgroup %q: %w", p, errCgroupGone)
 	}
-	for e := range strings.SplitSeq(p, "/") {
-		if e == ".." {
-			return "", fmt.Errorf("cgroup %q is outside this cgroup namespace", p)
-		}
+	if hasDotDot(p) {
+		return "/" + path.Clean(strings.TrimPrefix(p, "/")), nil
 	}
 	return path.Clean(p), nil
 }

@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -20,7 +21,15 @@ import (
 // process's cgroup namespace sees it (mountInfo.Root). root is "" when it
 // is not known (no mountinfo, or dir is no cgroup mount: a fixture tree);
 // the paths of /proc/<pid>/cgroup are then read as they are, as for "/".
-type mountRoot struct{ dir, root string }
+//
+// A mount rooted outside the namespace ("/../..") holds the paths of
+// processes outside it too once nsRoot, the namespace's root inside the
+// mount, is found (nsroot.go); nsErr says why it was not.
+type mountRoot struct {
+	dir, root string
+	nsRoot    string
+	nsErr     error
+}
 
 // mountRoots are the mounts of the paths a location holds: mem and cpu
 // (v2: both the unified mount; v1: the memory and cpuacct hierarchies) and
@@ -31,22 +40,37 @@ type mountRoots struct {
 }
 
 // inMount turns p, a cgroup path as /proc/<pid>/cgroup shows it (relative
-// to this process's cgroup namespace; namespacePath checked it), into its
-// path inside m. A mount made in the namespace (or on a host without one)
-// is rooted at "/" and p is its own path there. A mount rooted at a
-// sub-cgroup (a container's cgroup bind-mounted as its /sys/fs/cgroup)
-// holds the paths below its root. A mount made outside the namespace (the
-// host's, bound or inherited into a worker's private cgroup namespace) is
-// rooted at "/.." or "/../x": nothing /proc shows can be found in it, and
-// reading p there would read another cgroup or none (which would pass for
-// a dead sandbox).
+// to this process's cgroup namespace, cleaned by namespacePath: "/x", or
+// "/../../x" outside the namespace), into its path inside m. A mount made in
+// the namespace (or on a host without one) is rooted at "/" and p is its own
+// path there. A mount rooted at a sub-cgroup (a container's cgroup
+// bind-mounted as its /sys/fs/cgroup) holds the paths below its root. A
+// mount made outside the namespace (the host's, bound into a container with
+// a private cgroup namespace) is rooted at "/.." or "/../..": p is read
+// there from where this process's namespace was found in it (m.nsRoot),
+// never by its names alone (that would read another cgroup, or none, which
+// would pass for a dead sandbox). A path in it that is the mount's root is
+// errRootCgroup.
 func (m mountRoot) inMount(p string) (string, error) {
 	switch {
+	case hasDotDot(m.root) && m.nsRoot == "":
+		return "", fmt.Errorf("the cgroup mount at %s is rooted at %q, outside this process's cgroup namespace, and %v: "+
+			"the paths /proc/<pid>/cgroup shows are relative to the namespace and cannot be read through it; mount the host's whole cgroup file system "+
+			"at %s (hostPath /sys/fs/cgroup) or one made inside the namespace", m.dir, m.root, m.nsErr, m.dir)
+	case hasDotDot(m.root):
+		q, ok := joinWithin(m.nsRoot, p)
+		switch {
+		case !ok:
+			return "", fmt.Errorf("cgroup %q leads above the cgroup mount at %s (rooted at %q; this cgroup namespace is %s in it)", p, m.dir, m.root, m.nsRoot)
+		case q == "/":
+			return "", errRootCgroup
+		}
+		return q, nil
+	case hasDotDot(p):
+		return "", fmt.Errorf("cgroup %q is outside this process's cgroup namespace, and the cgroup mount at %s (rooted at %q) holds only the namespace's cgroups: "+
+			"mount the host's whole cgroup file system there (hostPath /sys/fs/cgroup)", p, m.dir, m.root)
 	case m.root == "" || m.root == "/":
 		return p, nil
-	case hasDotDot(m.root):
-		return "", fmt.Errorf("the cgroup mount at %s is rooted at %q, outside this process's cgroup namespace (it was mounted outside it): "+
-			"the paths /proc/<pid>/cgroup shows are relative to the namespace and cannot be read through it; mount the cgroup file system inside the namespace", m.dir, m.root)
 	case p == m.root:
 		return "/", nil
 	case strings.HasPrefix(p, m.root+"/"):
@@ -67,8 +91,10 @@ func hasDotDot(p string) bool {
 // findMountRoots reads <procRoot>/self/mountinfo once (bounded by g) and
 // finds the mounts of the hierarchies a source in mode reads under root. A
 // mount it cannot place keeps root "" (read as "/", as before mountinfo was
-// read), with a Debug log.
-func findMountRoots(ctx context.Context, g *bounded.Group, root string, mode Mode, procRoot string, log *slog.Logger) mountRoots {
+// read), with a Debug log. A mount rooted outside this process's cgroup
+// namespace gets the namespace's root in it (nsroot.go: found once per
+// process, by pid in <procRoot>/self/cgroup's path, bounded by timeout).
+func findMountRoots(ctx context.Context, g *bounded.Group, root string, mode Mode, procRoot string, pid int, timeout time.Duration, log *slog.Logger) mountRoots {
 	p := filepath.Join(procRoot, "self", "mountinfo")
 	mounts, err := bounded.Do(ctx, g, "mountinfo\x00"+p, func() ([]mountInfo, error) {
 		b, err := bounded.ReadFile(p, bounded.MaxFileBytes)
@@ -81,30 +107,69 @@ func findMountRoots(ctx context.Context, g *bounded.Group, root string, mode Mod
 		}
 		return m, nil
 	})
-	find := func(dir string) mountRoot {
+	var own *procCgroup
+	find := func(dir, ctl string) mountRoot {
 		if err != nil {
 			return mountRoot{dir: dir}
 		}
-		return findMountRoot(mounts, dir, log)
+		m := findMountRoot(mounts, dir, log)
+		if !hasDotDot(m.root) {
+			return m
+		}
+		if own == nil {
+			own = &procCgroup{}
+			if *own, m.nsErr = readOwnCgroup(ctx, g, procRoot); m.nsErr != nil {
+				return m
+			}
+		}
+		o, ok := own.Unified, own.HasUnified
+		if ctl != "" {
+			o, ok = own.V1[ctl]
+		}
+		if !ok || o == "" {
+			m.nsErr = fmt.Errorf("this process is in no %q hierarchy (%s)", ctl, filepath.Join(procRoot, "self", "cgroup"))
+			return m
+		}
+		if m.nsRoot, m.nsErr = cachedNSRoot(ctx, g, timeout, nsKey{dir: dir, root: m.root, own: o, pid: pid}); m.nsErr == nil {
+			log.Debug("cgroup mount outside this cgroup namespace: the namespace's root found in it", "dir", dir, "root", m.root, "namespace_root", m.nsRoot)
+		}
+		return m
 	}
 	if err != nil {
 		log.Debug("no mountinfo: reading the sentry's cgroup paths as they are", "path", p, "err", err)
 	}
 	if mode == ModeUnified {
-		u := find(root)
+		u := find(root, "")
 		return mountRoots{mem: u, cpu: u}
 	}
 	mr := mountRoots{
-		mem:   find(filepath.Join(root, "memory")),
-		cpu:   find(filepath.Join(root, "cpuacct")),
-		cfs:   find(filepath.Join(root, "cpu")),
-		pids:  find(filepath.Join(root, "pids")),
-		blkio: find(filepath.Join(root, "blkio")),
+		mem:   find(filepath.Join(root, "memory"), "memory"),
+		cpu:   find(filepath.Join(root, "cpuacct"), "cpuacct"),
+		cfs:   find(filepath.Join(root, "cpu"), "cpu"),
+		pids:  find(filepath.Join(root, "pids"), "pids"),
+		blkio: find(filepath.Join(root, "blkio"), "blkio"),
 	}
 	if mode == ModeHybrid {
-		mr.unified = find(filepath.Join(root, "unified"))
+		mr.unified = find(filepath.Join(root, "unified"), "")
 	}
 	return mr
+}
+
+// readOwnCgroup reads and parses <procRoot>/self/cgroup: this process's
+// cgroups as its own namespace sees them.
+func readOwnCgroup(ctx context.Context, g *bounded.Group, procRoot string) (procCgroup, error) {
+	p := filepath.Join(procRoot, "self", "cgroup")
+	return bounded.Do(ctx, g, "selfcgroup\x00"+p, func() (procCgroup, error) {
+		b, err := bounded.ReadFile(p, bounded.MaxFileBytes)
+		if err != nil {
+			return procCgroup{}, err
+		}
+		pc, err := parseProcCgroup(b)
+		if err != nil {
+			return procCgroup{}, fmt.Errorf("%s: %w", p, err)
+		}
+		return pc, nil
+	})
 }
 
 // findMountRoot finds the mount holding dir among mounts: by the mount id

@@ -162,9 +162,9 @@ func TestSelectLocation(t *testing.T) {
 	// Mounts as a worker in a private cgroup namespace may have them: made
 	// inside it (root "/"), the host's inherited into it (root "/.."), or a
 	// container's own cgroup bind-mounted without a namespace.
-	inNS := mountRoots{mem: mountRoot{"/sys/fs/cgroup", "/"}, cpu: mountRoot{"/sys/fs/cgroup", "/"}}
-	hostInNS := mountRoots{mem: mountRoot{"/sys/fs/cgroup", "/.."}, cpu: mountRoot{"/sys/fs/cgroup", "/.."}}
-	bound := mountRoots{mem: mountRoot{"/sys/fs/cgroup/memory", "/kubepods/pod1"}, cpu: mountRoot{"/sys/fs/cgroup/cpuacct", "/kubepods/pod1"}}
+	inNS := mountRoots{mem: mountRoot{dir: "/sys/fs/cgroup", root: "/"}, cpu: mountRoot{dir: "/sys/fs/cgroup", root: "/"}}
+	hostInNS := mountRoots{mem: mountRoot{dir: "/sys/fs/cgroup", root: "/.."}, cpu: mountRoot{dir: "/sys/fs/cgroup", root: "/.."}}
+	bound := mountRoots{mem: mountRoot{dir: "/sys/fs/cgroup/memory", root: "/kubepods/pod1"}, cpu: mountRoot{dir: "/sys/fs/cgroup/cpuacct", root: "/kubepods/pod1"}}
 	const leaf = "/8a649775-1366-4797-880d-37b0af097baf-_pause"
 	for _, tc := range []struct {
 		name    string
@@ -181,7 +181,7 @@ func TestSelectLocation(t *testing.T) {
 			want: &location{mem: "/m", cpuWhy: "the sentry's cpuacct cgroup is the root: its counter would be the whole host's CPU"}},
 		{name: "root cgroup (unified)", in: "0::/\n", mode: ModeUnified, wantErr: "root cgroup"},
 		{name: "root cgroup (v1)", in: "4:memory:/\n2:cpuacct:/\n0::/\n", mode: ModeHybrid, wantErr: "root cgroup"},
-		{name: "outside the namespace", in: "0::/../x\n", mode: ModeUnified, wantErr: "outside this cgroup namespace"},
+		{name: "outside the namespace", in: "0::/../x\n", mode: ModeUnified, wantErr: "outside this process's cgroup namespace"},
 		{name: "deleted", in: "0::/x (deleted)\n", mode: ModeUnified, wantErr: "no such cgroup"},
 		{name: "hybrid without memory", in: "0::/x\n", mode: ModeHybrid, wantErr: "no v1 memory line"},
 		{name: "upstream leaf, mount made in the namespace", in: "0::" + leaf + "\n", mode: ModeUnified, mr: inNS,

@@ -184,7 +184,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		s.sentry, s.pinned = process.Pin{PID: ref.SentryPID, StartTicks: ref.SentryStartTicks}, true
 	}
 	if ref.SentryPID != 0 {
-		s.mroots = findMountRoots(context.Background(), s.g, cfg.CgroupRoot, s.mode, cfg.ProcRoot, s.log)
+		s.mroots = findMountRoots(context.Background(), s.g, cfg.CgroupRoot, s.mode, cfg.ProcRoot, os.Getpid(), cfg.ReadTimeout, s.log)
 		// Resolve (and pin) the sentry's cgroup now, while the sentry is
 		// most likely alive: a sentry that dies before the first Sample (an
 		// early OOM kill) leaves its cgroup, and its memory.events, behind,

@@ -121,7 +121,7 @@ func TestSampleFixtures(t *testing.T) {
 		{name: "sentry pid gone", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 999},
 			wantErr: source.ErrNotMeasurable, errHas: "sentry pid 999 is gone"},
 		{name: "sentry outside our cgroup namespace", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 400},
-			wantErr: source.ErrNotMeasurable, errHas: "outside this cgroup namespace"},
+			wantErr: source.ErrNotMeasurable, errHas: "outside this process's cgroup namespace"},
 		{name: "sentry in a deleted cgroup", tree: "v2", mode: ModeUnified, ref: source.SandboxRef{SentryPID: 500},
 			wantErr: errCgroupGone},
 		{name: "v1 legacy by path", tree: "v1", mode: ModeLegacy, ref: source.SandboxRef{CgroupPath: "/statstest/pause"},
