@@ -40,7 +40,7 @@ func TestIntegrationCgroupV2Lane(t *testing.T) {
 			{Name: "gvisor", Binary: testenv.BuildTestBinary(t, dir, "internal/gvisor"), Tests: []string{
 				"TestIntegrationRealCgroup", "TestIntegrationThrottling", "TestIntegrationPressure", "TestIntegrationBlockIO",
 				"TestIntegrationGVisorSentryPID", "TestIntegrationGVisorMemoryLimit", "TestIntegrationGVisorNetworkNone",
-				"TestIntegrationUpstreamLeafLayout", "TestIntegrationGVisorContainers",
+				"TestIntegrationUpstreamLeafLayout", "TestIntegrationGVisorContainers", "TestIntegrationSentryOutsideCgroupNamespace",
 			}},
 			{Name: "drift", Binary: testenv.BuildTestBinary(t, dir, "internal/drift"), Tests: []string{"TestIntegrationOOMKilled"}},
 			{Name: "e2e", Binary: testenv.BuildTestBinary(t, dir, "e2e"), Tests: []string{
