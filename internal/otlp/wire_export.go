@@ -2,8 +2,9 @@ package otlp
 
 // This file sends the metrics encoded by wire.go, over the pipeline's gRPC
 // connection or its HTTP client, as the SDK's exporters would (same
-// method or path, headers and content type; retries off); a collection
-// wire.go does not encode goes to the SDK's exporter unchanged.
+// method or path, headers, User-Agent, gzip, answer handling and bounds;
+// retries off; wire_export_test.go compares them); a collection wire.go
+// does not encode goes to the SDK's exporter unchanged.
 
 import (
 	"bytes"
@@ -18,7 +19,6 @@ import (
 	"sync/atomic"
 
 	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
-
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	colmetricpb "go.opentelemetry.io/proto/otlp/collector/metrics/v1"
