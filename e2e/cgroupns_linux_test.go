@@ -221,7 +221,7 @@ func TestIntegrationWorkerCgroupNamespace(t *testing.T) {
 	statsctl(t, bin, "run-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", "cgns-outside", "--class", "gvisor", "--sentry-pid", strconv.Itoa(c.Cmd.Process.Pid))
 	out, err := exec.Command(filepath.Join(bin, "statsctl"), "stats", "--socket", d.Stats, "--actor-uid", "cgns-outside").CombinedOutput()
 	t.Logf("a sentry outside the namespace: %v: %s", err, strings.TrimSpace(string(out)))
-	if err == nil || !strings.Contains(string(out), "outside this cgroup namespace") {
+	if err == nil || !strings.Contains(string(out), "outside this process's cgroup namespace") {
 		t.Errorf("a sentry whose cgroup is outside the namespace was not refused: %v: %s", err, out)
 	}
 	statsctl(t, bin, "checkpoint-workload", "--lifecycle-socket", d.Lifecycle, "--actor-uid", "cgns-outside")
