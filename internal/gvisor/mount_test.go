@@ -1,8 +1,6 @@
 package gvisor
 
 import (
-	"context"
-	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -140,19 +138,7 @@ func TestSentryInWorkerNamespace(t *testing.T) {
 					"1 0 0:1 / / rw - ext4 /dev/vda rw\n987654 1 0:32 %s %s rw,relatime - cgroup2 cgroup2 rw\n", tc.mountRoot, cg))
 			}
 			s := openSentry(t, cg, proc, source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42})
-			r, err := s.Sample(context.Background())
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, source.ErrNotMeasurable) || errors.Is(err, source.ErrSandboxGone) {
-					t.Fatalf("sample = %q (current %d), %v; want not measurable (never gone) saying %q", r.Detail, r.MemoryCurrentBytes, err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := display(mustRoot(t, cg), "/"+leaf) + " (sentry pid 42)"; !strings.HasSuffix(r.Detail, want) || r.MemoryCurrentBytes != 268435456 {
-				t.Errorf("sample = %q, current %d; want %q and the sandbox's 268435456", r.Detail, r.MemoryCurrentBytes, want)
-			}
+			checkSentrySample(t, s, cg, "/"+leaf, tc.wantErr)
 		})
 	}
 }

@@ -146,19 +146,27 @@ func TestSentryOutsideNamespace(t *testing.T) {
 			writeFile(t, filepath.Join(proc, "self", "mountinfo"), fmt.Sprintf(
 				"1 0 0:1 / / rw - ext4 /dev/vda rw\n987654 1 0:32 %s %s ro,relatime - cgroup2 cgroup2 rw\n", tc.mountRoot, cg))
 			s := openSentry(t, cg, proc, source.SandboxRef{Class: source.ClassGVisor, SentryPID: 42})
-			r, err := s.Sample(context.Background())
-			if tc.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tc.wantErr) || !errors.Is(err, source.ErrNotMeasurable) || errors.Is(err, source.ErrSandboxGone) {
-					t.Fatalf("sample = %q (current %d), %v; want not measurable (never gone) saying %q", r.Detail, r.MemoryCurrentBytes, err, tc.wantErr)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatal(err)
-			}
-			if want := display(mustRoot(t, cg), tc.sandbox) + " (sentry pid 42)"; !strings.HasSuffix(r.Detail, want) || r.MemoryCurrentBytes != 268435456 {
-				t.Errorf("sample = %q, current %d; want %q and the sandbox's 268435456", r.Detail, r.MemoryCurrentBytes, want)
-			}
+			checkSentrySample(t, s, cg, tc.sandbox, tc.wantErr)
 		})
+	}
+}
+
+// checkSentrySample samples s (bound by sentry pid 42 on a v2 fixture tree
+// cg) and checks it: not measurable (never gone) saying wantErr, or, with
+// wantErr "", the fixture sandbox's 268435456 bytes read at sandbox in cg.
+func checkSentrySample(t *testing.T, s source.Source, cg, sandbox, wantErr string) {
+	t.Helper()
+	r, err := s.Sample(context.Background())
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) || !errors.Is(err, source.ErrNotMeasurable) || errors.Is(err, source.ErrSandboxGone) {
+			t.Fatalf("sample = %q (current %d), %v; want not measurable (never gone) saying %q", r.Detail, r.MemoryCurrentBytes, err, wantErr)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := display(mustRoot(t, cg), sandbox) + " (sentry pid 42)"; !strings.HasSuffix(r.Detail, want) || r.MemoryCurrentBytes != 268435456 {
+		t.Errorf("sample = %q, current %d; want %q and the sandbox's 268435456", r.Detail, r.MemoryCurrentBytes, want)
 	}
 }
