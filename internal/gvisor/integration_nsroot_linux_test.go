@@ -9,15 +9,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
@@ -33,6 +30,7 @@ const (
 // nsReport is what the helper prints on its SBSNS line.
 type nsReport struct {
 	OwnCgroup, SentryCgroup, Mountinfo string
+	Pid                                int // in its own pid namespace
 	Took                               time.Duration
 	Err                                string
 	Reading                            source.Reading
@@ -41,7 +39,8 @@ type nsReport struct {
 // TestIntegrationSentryOutsideCgroupNamespace is statsd as the DaemonSet
 // runs it on a node where containerd gives each container a private cgroup
 // namespace: the source runs in a process that moved into a cgroup of its
-// own (two levels below the root) and unshared its cgroup namespace there,
+// own (two levels below the root) and started it in new cgroup and pid
+// namespaces there (cgroup.procs then lists it by its pid there, 1),
 // with the host's cgroup file system as it was mounted (mountinfo shows it
 // rooted at "/../.."), and binds a real runsc sandbox outside the namespace
 // by its sentry's pid ("/proc/<pid>/cgroup" reads "/../../<sandbox>"). It
@@ -104,12 +103,15 @@ func TestIntegrationSentryOutsideCgroupNamespace(t *testing.T) {
 			}
 		}
 	}
-	t.Logf("helper (exec, unshare, exec, open, sample) took %v; open and sample %v; its /proc/self/cgroup:\n%s\nthe sentry's as it sees it:\n%s\nits cgroup mounts:\n%s\nstderr:\n%s",
+	t.Logf("helper (moved, started in new cgroup and pid namespaces, open, sample) took %v; open and sample %v; its /proc/self/cgroup:\n%s\nthe sentry's as it sees it:\n%s\nits cgroup mounts:\n%s\nstderr:\n%s",
 		took.Round(time.Millisecond), rep.Took, rep.OwnCgroup, rep.SentryCgroup, rep.Mountinfo, stderr.String())
 	if rep.Err != "" {
 		t.Fatalf("the source in the private namespace: %s", rep.Err)
 	}
-	// The namespace is really private and the host's mount outside it.
+	// The namespaces are really private and the host's mount outside them.
+	if rep.Pid != 1 {
+		t.Errorf("the helper is pid %d in its pid namespace, want 1 (a pid namespace of its own)", rep.Pid)
+	}
 	if !strings.Contains(rep.SentryCgroup, ":/../..") || !strings.Contains(rep.Mountinfo, " /../.. ") {
 		t.Errorf("the sentry's cgroup and the cgroup mount do not show \"/../..\": the helper is not in a private cgroup namespace two levels down")
 	}
@@ -122,6 +124,16 @@ func TestIntegrationSentryOutsideCgroupNamespace(t *testing.T) {
 	if lo, hi := min(mem0, mem1), max(mem0, mem1); r.MemoryCurrentBytes+slack < lo || r.MemoryCurrentBytes > hi+slack {
 		t.Errorf("memory %d, the host's file read %d before and %d after", r.MemoryCurrentBytes, mem0, mem1)
 	}
+	// The sandbox's processes are all outside the helper's pid namespace:
+	// v2 lists them as 0 (counted), v1 leaves them out (absent, never 0,
+	// which would say the sandbox is dead).
+	if testenv.CgroupV2() {
+		if r.SandboxProcesses == nil || *r.SandboxProcesses < 2 {
+			t.Errorf("sandbox processes %v, want the sentry, the gofer and more (listed as 0 from the pid namespace)", r.SandboxProcesses)
+		}
+	} else if r.SandboxProcesses != nil || !slices.ContainsFunc(r.Absent, func(a source.Absent) bool { return a.Field == "sandbox_processes" }) {
+		t.Errorf("sandbox processes %v, absent %v; want absent with the reason (v1 lists no process outside the pid namespace)", r.SandboxProcesses, r.Absent)
+	}
 	if r.CPUUsageUsec == nil || *r.CPUUsageUsec < cpu0 || *r.CPUUsageUsec > cpu1 {
 		t.Errorf("cpu %v us, the host's file read %d before and %d after", r.CPUUsageUsec, cpu0, cpu1)
 	}
@@ -129,10 +141,9 @@ func TestIntegrationSentryOutsideCgroupNamespace(t *testing.T) {
 
 // TestHelperOutsideNamespace is not a test: it is the process
 // TestIntegrationSentryOutsideCgroupNamespace starts. Stage "enter" moves
-// into the cgroups it is given, unshares its cgroup namespace on a locked
-// thread and executes itself again (the new program has that thread's
-// namespace in all its threads); stage "measure" opens the source by sentry
-// pid with the default roots and prints one SBSNS line.
+// into the cgroups it is given and starts itself again in new cgroup and pid
+// namespaces; stage "measure" opens the source by sentry pid with the
+// default roots and prints one SBSNS line.
 func TestHelperOutsideNamespace(t *testing.T) {
 	switch os.Getenv(nsStageEnv) {
 	case "enter":
@@ -141,18 +152,23 @@ func TestHelperOutsideNamespace(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		runtime.LockOSThread()
-		if err := unix.Unshare(unix.CLONE_NEWCGROUP); err != nil {
+		// As containerd starts a container: a cgroup namespace rooted at this
+		// cgroup and a pid namespace of its own (the host's /proc stays
+		// mounted, as the DaemonSet's /host/proc).
+		cmd := exec.Command(os.Args[0], os.Args[1:]...)
+		cmd.Env = append(slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, nsStageEnv+"=") }), nsStageEnv+"=measure")
+		cmd.Stdout, cmd.Stderr = os.Stdout, os.Stderr
+		cmd.SysProcAttr = &syscall.SysProcAttr{Cloneflags: syscall.CLONE_NEWCGROUP | syscall.CLONE_NEWPID}
+		if err := cmd.Run(); err != nil {
 			t.Fatal(err)
 		}
-		env := slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, nsStageEnv+"=") })
-		t.Fatal(syscall.Exec(os.Args[0], os.Args, append(env, nsStageEnv+"=measure")))
+		os.Exit(0)
 	case "measure":
 	default:
 		t.Skip("helper process of TestIntegrationSentryOutsideCgroupNamespace")
 	}
 	pid, _ := strconv.Atoi(os.Getenv(nsSentryEnv))
-	var rep nsReport
+	rep := nsReport{Pid: os.Getpid()}
 	own, _ := os.ReadFile("/proc/self/cgroup")
 	sentry, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
 	mi, _ := os.ReadFile("/proc/self/mountinfo")

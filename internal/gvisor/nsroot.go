@@ -182,3 +182,12 @@ func joinWithin(nsRoot, p string) (string, bool) {
 	}
 	return "/" + strings.Join(parts, "/"), true
 }
+
+// pidsHidden reports whether this process sees procRoot's processes from a
+// pid namespace of its own: procRoot/self names it by another pid than its
+// own (a pod without hostPID, the host's /proc mounted at /host/proc). A
+// procRoot/self that is no link (a fixture tree) says no.
+func pidsHidden(procRoot string) bool {
+	l, err := os.Readlink(filepath.Join(procRoot, "self"))
+	return err == nil && l != strconv.Itoa(os.Getpid())
+}

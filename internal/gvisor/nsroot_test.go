@@ -170,3 +170,30 @@ func checkSentrySample(t *testing.T, s source.Source, cg, sandbox, wantErr strin
 		t.Errorf("sample = %q, current %d; want %q and the sandbox's 268435456", r.Detail, r.MemoryCurrentBytes, want)
 	}
 }
+
+func TestPidsHidden(t *testing.T) {
+	for _, tc := range []struct {
+		name, self string // self: the link's target; "" a directory
+		want       bool
+	}{
+		{name: "the host's pid namespace", self: strconv.Itoa(os.Getpid())},
+		{name: "a pid namespace of its own", self: "4242", want: true},
+		{name: "a fixture tree", self: ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			proc := t.TempDir()
+			var err error
+			if tc.self == "" {
+				err = os.Mkdir(filepath.Join(proc, "self"), 0o755)
+			} else {
+				err = os.Symlink(tc.self, filepath.Join(proc, "self"))
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := pidsHidden(proc); got != tc.want {
+				t.Errorf("pidsHidden = %v, want %v", got, tc.want)
+			}
+		})
+	}
+}

@@ -133,6 +133,8 @@ func parseKeyedLine(line []byte) ([]byte, uint64, error) {
 }
 
 // parseProcs counts the processes listed in cgroup.procs (one pid a line).
+// cgroup v2 lists a process outside the reader's pid namespace as 0 (statsd
+// in a pod without the host's pid namespace): it counts.
 func parseProcs(b []byte) (uint32, error) {
 	var n uint32
 	for len(b) > 0 {
@@ -142,7 +144,7 @@ func parseProcs(b []byte) (uint32, error) {
 		if len(line) == 0 {
 			continue
 		}
-		if pid, err := strconv.ParseUint(string(line), 10, 32); err != nil || pid == 0 {
+		if _, err := strconv.ParseUint(string(line), 10, 32); err != nil {
 			return 0, fmt.Errorf("token %q: not a pid", line)
 		}
 		n++

@@ -85,7 +85,8 @@ func TestParseProcs(t *testing.T) {
 		{in: "4211\n", want: 1},
 		{in: "4211\n4230\n4301\n", want: 3},
 		{in: "4211\nabc\n", wantErr: true},
-		{in: "0\n", wantErr: true},
+		{in: "0\n0\n4211\n", want: 3}, // v2, read from a pid namespace the first two are outside of
+		{in: "-1\n", wantErr: true},
 	} {
 		t.Run(strconv.Quote(tc.in), func(t *testing.T) {
 			got, err := parseProcs([]byte(tc.in))

@@ -70,6 +70,9 @@ type cgroupSource struct {
 	aux auxRoots
 	// pageSize decides which v1 memory.limit_in_bytes means no limit.
 	pageSize uint64
+	// pidsHidden: this process is in a pid namespace below ProcRoot's (a pod
+	// without hostPID), where v1's cgroup.procs lists no sandbox process.
+	pidsHidden bool
 	// mroots: where the mounts are rooted in this process's cgroup
 	// namespace (mount.go), found at Open for a source bound by sentry pid,
 	// whose /proc/<pid>/cgroup paths are relative to that namespace.
@@ -130,13 +133,14 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &cgroupSource{
-		ref:      ref,
-		mode:     cfg.Mode,
-		procRoot: cfg.ProcRoot,
-		g:        bounded.New(cfg.ReadTimeout),
-		dirs:     map[dirID]*dirHandle{},
-		pageSize: uint64(os.Getpagesize()),
-		pinDir:   newPinDir(),
+		ref:        ref,
+		mode:       cfg.Mode,
+		procRoot:   cfg.ProcRoot,
+		g:          bounded.New(cfg.ReadTimeout),
+		dirs:       map[dirID]*dirHandle{},
+		pageSize:   uint64(os.Getpagesize()),
+		pinDir:     newPinDir(),
+		pidsHidden: pidsHidden(cfg.ProcRoot),
 	}
 	if p := ref.CgroupPath; p != "" {
 		s.loc = &location{mem: p, cpu: p, aux: samePath(p)}

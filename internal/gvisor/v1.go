@@ -61,7 +61,12 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 			return source.Reading{}, err
 		}
 	}
-	if err := procs(&r, pr); err != nil {
+	if s.pidsHidden {
+		// cgroup v1 leaves out of cgroup.procs every process outside the
+		// reader's pid namespace: the count would be 0 for a live sandbox.
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: "statsd runs in a pid namespace of its own (not the host's, whose /proc is at " +
+			s.procRoot + "), and cgroup v1's cgroup.procs lists no process outside it"})
+	} else if err := procs(&r, pr); err != nil {
 		return source.Reading{}, err
 	}
 	if err := sig.fill(&r, s.pageSize); err != nil {
