@@ -24,7 +24,7 @@ const maxKeptPerDir = 16
 // cgroup file system (kernfs) keeps files: its files cannot be renamed or
 // unlinked, a read from offset 0 regenerates their content, and a read of a
 // removed cgroup's file fails with ENODEV (verified on this host's v1 and
-// v2 hierarchies for every file read; see docs/design.md). Elsewhere a file
+// v2 hierarchies for every file read; see docs/gvisor.md). Elsewhere a file
 // could be replaced under its name and a kept descriptor would read the old
 // one, so each read opens the file.
 type keptFiles struct {
@@ -46,14 +46,11 @@ func keepable(name string) bool { return name != "cgroup.procs" && name != "task
 // newKeptFiles returns the kept files of dir, nil when dir's files must be
 // opened at each read (not a cgroup file system).
 func newKeptFiles(dir *os.File) *keptFiles {
-	if !onCgroupFS(dir) && !keepAnyFS {
+	if !onCgroupFS(dir) {
 		return nil
 	}
 	return &keptFiles{}
 }
-
-// keepAnyFS lets a unit test keep files of a temporary directory.
-var keepAnyFS bool
 
 // keptBudget bounds the descriptors kept by every source of the process:
 // an eighth of RLIMIT_NOFILE (within the quarter statsd keeps from the read
@@ -146,6 +143,9 @@ func (k *keptFiles) closeAll() {
 
 // readFile reads name in h's directory through b: from the descriptor kept
 // for it when there is one, else opening it (and keeping it when it may be).
+// A file read empty is not kept (io.stat of a cgroup without I/O): a kernel
+// older than seq_file's reset of its iterator on a read from offset 0 would
+// serve a kept one empty again, its position not having moved.
 func (s *cgroupSource) readFile(b *bounded.Batch, h *dirHandle, name string) ([]byte, error) {
 	if h.kept == nil || !keepable(name) {
 		return b.Read(h.f, name, bounded.MaxFileBytes)
@@ -154,6 +154,10 @@ func (s *cgroupSource) readFile(b *bounded.Batch, h *dirHandle, name string) ([]
 	fd, taken := h.kept.take(name)
 	s.mu.Unlock()
 	data, err := b.ReadKeep(h.f, name, bounded.MaxFileBytes, &fd)
+	if err == nil && len(data) == 0 && fd >= 0 {
+		syscall.Close(fd)
+		fd = -1
+	}
 	s.mu.Lock()
 	h.kept.giveBack(name, fd, taken)
 	s.mu.Unlock()

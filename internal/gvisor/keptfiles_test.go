@@ -6,6 +6,10 @@ import (
 	"path/filepath"
 	"syscall"
 	"testing"
+
+	"github.com/google/go-cmp/cmp"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 )
 
 // TestKeptFiles walks one directory's kept files through the cases: a
@@ -92,5 +96,64 @@ func TestKeepable(t *testing.T) {
 		if got := keepable(name); got != want {
 			t.Errorf("keepable(%q) = %v, want %v", name, got, want)
 		}
+	}
+}
+
+// TestReadFileKeeps: through a directory handle that keeps files, a file is
+// kept after its first read and read again from the kept descriptor (its
+// new content), cgroup.procs and an empty file are not kept, and a missing
+// file keeps nothing.
+func TestReadFileKeeps(t *testing.T) {
+	dirPath := t.TempDir()
+	write := func(name, data string) {
+		t.Helper()
+		if err := os.WriteFile(filepath.Join(dirPath, name), []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("memory.stat", "cache 1\n")
+	write("cgroup.procs", "42\n")
+	write("io.stat", "")
+	f, err := os.Open(dirPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &cgroupSource{}
+	h := &dirHandle{f: f, kept: &keptFiles{}}
+	defer func() {
+		s.mu.Lock()
+		h.closeLocked()
+		s.mu.Unlock()
+	}()
+	read := func(name string) string {
+		t.Helper()
+		data, err := s.readFile(&bounded.Batch{}, h, name)
+		if err != nil {
+			t.Fatalf("readFile %s: %v", name, err)
+		}
+		return string(data)
+	}
+	base := keptOpen.Load()
+	for _, name := range []string{"memory.stat", "cgroup.procs", "io.stat"} {
+		read(name)
+	}
+	if _, err := s.readFile(&bounded.Batch{}, h, "missing"); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("readFile of a missing file: %v, want ErrNotExist", err)
+	}
+	var names []string
+	for _, sl := range h.kept.slots {
+		if sl.fd >= 0 {
+			names = append(names, sl.name)
+		}
+	}
+	if diff := cmp.Diff([]string{"memory.stat"}, names); diff != "" {
+		t.Errorf("kept files (-want +got):\n%s", diff)
+	}
+	if got := keptOpen.Load() - base; got != 1 {
+		t.Errorf("kept = %d, want 1", got)
+	}
+	write("memory.stat", "cache 22\n") // in place: the kept descriptor sees it
+	if got := read("memory.stat"); got != "cache 22\n" {
+		t.Errorf("second read = %q, want the new content", got)
 	}
 }
