@@ -63,6 +63,8 @@ type breakdown struct {
 	// the sandbox of a restored state until the first read finds it.
 	pause, restoredSID string
 	ownShare           uint64
+	// label names the breakdown's bounded call (read), made for labelSID.
+	label, labelSID string
 }
 
 func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
@@ -90,10 +92,13 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 	// What a timeout names: the sandbox (once found) and how it is bound,
 	// as the sentry client's own errors name its socket.
 	b.mu.Lock()
-	what := "containers of the runsc sandbox of this " + b.what()
-	if b.sid != "" {
-		what = "containers of runsc sandbox " + foreign.Quote(b.sid) + " (" + b.what() + ")"
+	if b.label == "" || b.labelSID != b.sid { // made again only when the sandbox id changes
+		b.label, b.labelSID = "containers of the runsc sandbox of this "+b.what(), b.sid
+		if b.sid != "" {
+			b.label = "containers of runsc sandbox " + foreign.Quote(b.sid) + " (" + b.what() + ")"
+		}
 	}
+	what := b.label
 	b.mu.Unlock()
 	return bounded.Do(ctx, b.g, what, func() (containerRead, error) {
 		b.mu.Lock()
@@ -127,9 +132,9 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 				q.Containers = append(q.Containers, c.Name) // the key on runsc >= 20251110 with gVisor's v1 cgroups
 			}
 		}
-		// The own processes meanwhile (/proc, about when the cgroup is
-		// read), so that their cost is not added to the sentry's round
-		// trip.
+		// The own processes while the sentry works on the call (/proc,
+		// about when the cgroup is read), so that their cost is not added
+		// to the sentry's round trip; after it when no request was written.
 		var sentry int
 		var gofers []int
 		for _, c := range sb.Containers {
@@ -137,13 +142,15 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 			gofers = append(gofers, c.GoferPID)
 		}
 		cr := containerRead{sb: sb}
-		done := make(chan struct{})
-		go func() {
-			defer close(done)
+		ownRead := false
+		q.Meanwhile = func() {
 			cr.own, cr.ownErr = b.own.read(sb.Root, sentry, gofers)
-		}()
+			ownRead = true
+		}
 		u, err := b.sentry.Read(context.Background(), q) // bounded by the client's Timeout
-		<-done
+		if !ownRead {
+			q.Meanwhile()
+		}
 		if err != nil {
 			return containerRead{}, err
 		}
@@ -208,11 +215,15 @@ func (b *breakdown) addContainers(r *source.Reading, cr containerRead, err error
 		own = b.ownFloor(pause, own+attr[pause])
 		r.SandboxOwnCPUUsec = &own
 	}
+	if r.Containers == nil {
+		r.Containers = make([]source.Container, 0, len(cr.sb.Containers))
+	}
 	for _, st := range cr.sb.Containers {
 		if st.ID == pause {
 			continue // the pod's, not an application's: in the own share
 		}
-		c := source.Container{ID: foreign.ASCII(st.ID, maxContainerText), Name: foreign.ASCII(st.Name, maxContainerText)}
+		// Six absent fields at most: one allocation, not a growing slice.
+		c := source.Container{ID: foreign.ASCII(st.ID, maxContainerText), Name: foreign.ASCII(st.Name, maxContainerText), Absent: make([]source.Absent, 0, 6)}
 		if v, ok := attr[st.ID]; ok {
 			c.CPUUsageUsec = &v
 		} else {

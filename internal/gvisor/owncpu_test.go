@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -8,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -85,6 +87,9 @@ func FuzzParseProcStat(f *testing.F) {
 	f.Add([]byte("7 ()"))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		p, err := parseProcStat(b)
+		if want, ok := refParseProcStat(b); !hasUnicodeSpace(b) && (ok != (err == nil) || ok && p != want) {
+			t.Fatalf("parseProcStat(%q) = %+v, %v; strconv's reading %+v, %v", b, p, err, want, ok)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrProcStat) {
 				t.Fatalf("error without the sentinel: %v", err)
@@ -246,4 +251,40 @@ func TestSampleOwnShare(t *testing.T) {
 			}
 		})
 	}
+}
+
+// refParseProcStat is the parse with bytes.Fields and strconv (the
+// parser before it stopped allocating), for FuzzParseProcStat to compare.
+func refParseProcStat(b []byte) (procTimes, bool) {
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return procTimes{}, false
+	}
+	f := bytes.Fields(b[i+1:])
+	if len(f) < 20 || len(f[0]) != 1 || !unicode.IsLetter(rune(f[0][0])) || f[0][0] > 0x7f {
+		return procTimes{}, false
+	}
+	var v [3]uint64
+	for k, n := range []int{14, 15, 22} {
+		x, err := strconv.ParseUint(string(f[n-3]), 10, 64)
+		if err != nil {
+			return procTimes{}, false
+		}
+		v[k] = x
+	}
+	if v[0]+v[1] < v[0] {
+		return procTimes{}, false
+	}
+	return procTimes{State: f[0][0], Ticks: v[0] + v[1], Start: v[2]}, true
+}
+
+// hasUnicodeSpace reports white space bytes.Fields splits at that
+// parseProcStat does not (non-ASCII: U+0085, U+00A0, ...).
+func hasUnicodeSpace(b []byte) bool {
+	for _, r := range string(b) {
+		if r > 0x7f && unicode.IsSpace(r) {
+			return true
+		}
+	}
+	return false
 }

@@ -227,6 +227,9 @@ func (c *stateCache) findSandbox(roots []string, knownID string, pid int, cgroup
 		}
 		sb = runscSandbox{Root: root, ID: sid}
 		for _, n := range names {
+			if _, s, _ := stateFileName(n); s == sid && sb.Containers == nil {
+				sb.Containers = make([]runscState, 0, 4) // a pod's handful, grown past that
+			}
 			if _, s, _ := stateFileName(n); s != sid {
 				continue
 			}

@@ -89,6 +89,9 @@ type cgroupSource struct {
 	// (or none) is a reused or exited pid. pinned says it is set.
 	sentry process.Pin
 	pinned bool
+	// pinDir holds the pinned sentry's /proc/<pid> open for the network
+	// (network.go).
+	pinDir *pinDir
 
 	// bd is the per-container breakdown; nil without RunscRoots.
 	bd *breakdown
@@ -133,6 +136,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		g:        bounded.New(cfg.ReadTimeout),
 		dirs:     map[dirID]*dirHandle{},
 		pageSize: uint64(os.Getpagesize()),
+		pinDir:   newPinDir(),
 	}
 	if p := ref.CgroupPath; p != "" {
 		s.loc = &location{mem: p, cpu: p, aux: samePath(p)}
@@ -219,6 +223,7 @@ func (s *cgroupSource) SandboxCgroup() (path string, ok bool) {
 // hung in the kernel keeps its own file open.
 func (s *cgroupSource) Close() error {
 	s.closeOnce.Do(func() {
+		s.pinDir.close()
 		if s.bd != nil {
 			s.bd.own.close()
 			s.bd.close()

@@ -6,10 +6,12 @@
 package gvisor
 
 import (
-	"os"
+	"io/fs"
 	"path/filepath"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // racyWindow: a listing or file whose mtime was this recent when it was read
@@ -49,14 +51,14 @@ func stable(mtime, now time.Time) bool { return now.Sub(mtime) > racyWindow }
 // (size, mtime) is unchanged, else a new listing (the files cached for
 // names no longer listed are forgotten).
 func (c *stateCache) list(root string) ([]string, error) {
-	fi, err := os.Stat(root)
+	fi, err := statOf(root)
 	if err != nil {
 		return nil, err
 	}
 	c.mu.Lock()
 	d, ok := c.dirs[root]
 	c.mu.Unlock()
-	if ok && d.size == fi.Size() && d.mtime.Equal(fi.ModTime()) {
+	if ok && d.size == fi.size && d.mtime.Equal(fi.mtime) {
 		return d.names, nil
 	}
 	names, err := listStates(root)
@@ -66,8 +68,8 @@ func (c *stateCache) list(root string) ([]string, error) {
 	names = append([]string(nil), names...)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if stable(fi.ModTime(), time.Now()) {
-		c.dirs[root] = cachedListing{size: fi.Size(), mtime: fi.ModTime(), names: names}
+	if stable(fi.mtime, time.Now()) {
+		c.dirs[root] = cachedListing{size: fi.size, mtime: fi.mtime, names: names}
 	} else {
 		delete(c.dirs, root)
 	}
@@ -87,23 +89,46 @@ func (c *stateCache) list(root string) ([]string, error) {
 // file's (size, mtime) is unchanged.
 func (c *stateCache) read(root, name string) (runscState, error) {
 	p := filepath.Join(root, name)
-	fi, err := os.Stat(p)
+	fi, err := statOf(p)
 	if err != nil {
 		return runscState{}, err
 	}
 	c.mu.Lock()
 	f, ok := c.files[p]
 	c.mu.Unlock()
-	if ok && f.size == fi.Size() && f.mtime.Equal(fi.ModTime()) {
+	if ok && f.size == fi.size && f.mtime.Equal(fi.mtime) {
 		return f.st, nil
 	}
 	st, err := readState(root, name)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if err == nil && stable(fi.ModTime(), time.Now()) {
-		c.files[p] = cachedState{size: fi.Size(), mtime: fi.ModTime(), st: st}
+	if err == nil && stable(fi.mtime, time.Now()) {
+		c.files[p] = cachedState{size: fi.size, mtime: fi.mtime, st: st}
 	} else {
 		delete(c.files, p)
 	}
 	return st, err
+}
+
+// sizeTime is what the cache compares of a file: its size and mtime.
+type sizeTime struct {
+	size  int64
+	mtime time.Time
+}
+
+// statOf is os.Stat's size and mtime, without the FileInfo it allocates
+// (the cache stats the root and each of the sandbox's files every sample).
+// Its error is an *fs.PathError, as os.Stat's.
+func statOf(path string) (sizeTime, error) {
+	var st unix.Stat_t
+	for {
+		err := unix.Stat(path, &st)
+		if err == nil {
+			break
+		}
+		if err != unix.EINTR {
+			return sizeTime{}, &fs.PathError{Op: "stat", Path: path, Err: err}
+		}
+	}
+	return sizeTime{size: st.Size, mtime: time.Unix(st.Mtim.Unix())}, nil
 }

@@ -23,6 +23,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
@@ -181,7 +182,7 @@ func New(cfg Config, logger *slog.Logger) (*Pipeline, error) {
 		var sdkExp sdkmetric.Exporter
 		sdkExp, err = otlpmetrichttp.New(ctx, otlpmetrichttp.WithEndpointURL(ep.httpURL("/v1/metrics")), otlpmetrichttp.WithHTTPClient(client),
 			otlpmetrichttp.WithHeaders(cfg.Headers), otlpmetrichttp.WithTimeout(cfg.Timeout), otlpmetrichttp.WithRetry(otlpmetrichttp.RetryConfig{Enabled: false}))
-		p.metricExp = &wireExporter{sdk: sdkExp, send: httpSender(client, ep.httpURL("/v1/metrics"), cfg.Headers)}
+		p.metricExp = &wireExporter{sdk: sdkExp, send: httpSender(client, ep.httpURL("/v1/metrics"), cfg.Headers, envGzip(os.Getenv))}
 		if err == nil {
 			p.logExp, err = otlploghttp.New(ctx, otlploghttp.WithEndpointURL(ep.httpURL("/v1/logs")), otlploghttp.WithHTTPClient(client),
 				otlploghttp.WithHeaders(cfg.Headers), otlploghttp.WithTimeout(cfg.Timeout), otlploghttp.WithRetry(otlploghttp.RetryConfig{Enabled: false}))

@@ -6,12 +6,17 @@ package otlp
 // that transform and its marshalling were two thirds of a 1000-workload
 // export's CPU and allocated 27 MB a sweep (BenchmarkExport1000, issue 33).
 // The fields and their presence are the SDK's transform's
-// (otlpmetric*/internal/transform); wire_test.go decodes both and compares.
+// (otlpmetric*/internal/transform); wire_test.go decodes both and compares,
+// and wire_fuzz_test.go does for random collections. One difference: a
+// string that is not UTF-8 is sent with U+FFFD (validUTF8), where the SDK
+// failed the export.
 
 import (
 	"fmt"
 	"math"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
@@ -295,7 +300,7 @@ func appendAnyValue(b []byte, field protowire.Number, v attribute.Value) []byte 
 		b = protowire.AppendFixed64(b, math.Float64bits(v.AsFloat64()))
 	case attribute.STRING:
 		b = protowire.AppendTag(b, fAnyString, protowire.BytesType)
-		b = protowire.AppendString(b, v.AsString())
+		b = protowire.AppendString(b, validUTF8(v.AsString()))
 	case attribute.BYTESLICE:
 		b = protowire.AppendTag(b, fAnyBytes, protowire.BytesType)
 		b = protowire.AppendBytes(b, v.AsByteSlice())
@@ -363,7 +368,20 @@ func appendString(b []byte, field protowire.Number, s string) []byte {
 		return b
 	}
 	b = protowire.AppendTag(b, field, protowire.BytesType)
-	return protowire.AppendString(b, s)
+	return protowire.AppendString(b, validUTF8(s))
+}
+
+// validUTF8 is s with each invalid UTF-8 sequence replaced by U+FFFD: a
+// proto3 string must be UTF-8. Every string the encoder writes passes here
+// (names, units, descriptions, scopes, schema URLs, keys, values); the
+// resource's come from the host (os.Hostname, --node-name, $NODE_NAME).
+// The SDK's exporter refused the whole export instead (protobuf-go's
+// Marshal); opentelemetry-proto#845 asks a sender for U+FFFD.
+func validUTF8(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 func appendBytes(b []byte, field protowire.Number, v []byte) []byte {

@@ -1,16 +1,11 @@
 package otlp
 
 import (
-	"context"
-	"io"
-	"net/http"
-	"net/http/httptest"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/exporters/otlp/otlpmetric/otlpmetrichttp"
 	"go.opentelemetry.io/otel/sdk/instrumentation"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"go.opentelemetry.io/otel/sdk/resource"
@@ -72,17 +67,8 @@ func wireFixture(t testing.TB) *metricdata.ResourceMetrics {
 // sdkRequest is what the SDK's OTLP/HTTP exporter sends for rm.
 func sdkRequest(t *testing.T, rm *metricdata.ResourceMetrics) *colmetricpb.ExportMetricsServiceRequest {
 	t.Helper()
-	var body []byte
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ = io.ReadAll(r.Body)
-		w.Header().Set("Content-Type", "application/x-protobuf")
-	}))
-	defer srv.Close()
-	exp, err := otlpmetrichttp.New(context.Background(), otlpmetrichttp.WithEndpointURL(srv.URL+"/v1/metrics"), otlpmetrichttp.WithRetry(otlpmetrichttp.RetryConfig{}))
+	body, err := sdkBodies(t)(rm)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := exp.Export(context.Background(), rm); err != nil {
 		t.Fatal(err)
 	}
 	var req colmetricpb.ExportMetricsServiceRequest

@@ -1,9 +1,7 @@
 package sentryusage
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -70,6 +68,13 @@ type Query struct {
 	// key of the reply is left out of Usage.CPU and counted in
 	// Usage.Foreign.
 	Containers []string
+	// Meanwhile, when not nil, is called once by Read right after the
+	// request is written, before the reply is read: the caller's own work
+	// of the same sample done while the sentry works on the call, with no
+	// goroutine. It runs within the Read's deadline, so it must be short
+	// (and bounded by the caller). A Read that writes no request does not
+	// call it.
+	Meanwhile func()
 }
 
 // Client reads usage from sentries' control servers. It is safe for
@@ -132,8 +137,35 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	if err := validID(q.ContainerID); err != nil {
 		return Usage{}, fmt.Errorf("%w: container id %q: %w", ErrBadID, cutID(q.ContainerID), err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.timeout)
-	defer cancel()
+	// The bound as a deadline on the connection (and a context only
+	// for a dial): a context with a timer of its own at every Read cost
+	// more than the rest of a Read on a kept connection but the I/O.
+	dl := time.Now().Add(c.timeout)
+	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
+		dl = d
+	}
+	var dctx context.Context // made at the first dial of this Read
+	var cancel context.CancelFunc
+	defer func() {
+		if cancel != nil {
+			cancel()
+		}
+	}()
+	dialCtx := func() context.Context {
+		if dctx == nil {
+			dctx, cancel = context.WithDeadline(ctx, dl)
+		}
+		return dctx
+	}
+	if f := q.Meanwhile; f != nil { // once, though a Read may write again
+		called := false
+		q.Meanwhile = func() {
+			if !called {
+				called = true
+				f()
+			}
+		}
+	}
 
 	kc := s.take(q.SandboxID)
 	if kc != nil && unasked(kc.conn) != nil {
@@ -145,9 +177,9 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	}
 	reused := kc != nil
 	if kc == nil {
-		conn, addr, err := c.dial(ctx, q.SandboxID)
-		if err != nil && ctx.Err() != nil {
-			return Usage{}, c.wireError(ctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
+		conn, addr, err := c.dial(dialCtx(), q.SandboxID)
+		if err != nil && dctx.Err() != nil {
+			return Usage{}, c.wireError(dctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
 		}
 		if err != nil {
 			tried := c.candidates(q.SandboxID)
@@ -166,18 +198,18 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 			d = DialectNoArg // an abstract socket is runsc before release-20230920: likely the old form
 		}
 	}
-	u, keep, err := c.call(ctx, kc.conn, addr, d, q)
+	u, keep, err := c.call(ctx, dl, kc.conn, addr, d, q)
 	if err != nil && reused && errors.Is(err, errStale) {
 		// A kept connection the sentry closed (or reset) before
 		// answering: the one dial of this Read, within its deadline.
 		// Event reads and changes nothing: asking again is harmless.
 		kc.close()
-		conn, derr := c.dialAddr(ctx, addr)
+		conn, derr := c.dialAddr(dialCtx(), addr)
 		if derr != nil {
-			return Usage{}, c.wireError(ctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
+			return Usage{}, c.wireError(dctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
 		}
 		kc = s.wrap(conn, q.SandboxID, addr)
-		u, keep, err = c.call(ctx, kc.conn, addr, d, q)
+		u, keep, err = c.call(ctx, dl, kc.conn, addr, d, q)
 	}
 	if err != nil && (wantsNoArg(err) && d == DialectContainerID || first && d == DialectNoArg && errors.Is(err, ErrRemote)) {
 		// The other argument form, once, on a new connection (urpc
@@ -185,12 +217,12 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 		// nothing of the refused call behind).
 		kc.close()
 		d = DialectNoArg + DialectContainerID - d
-		conn, derr := c.dialAddr(ctx, addr)
+		conn, derr := c.dialAddr(dialCtx(), addr)
 		if derr != nil {
 			return Usage{}, errorf(ErrIO, addr, q.ContainerID, "dial again", derr)
 		}
 		kc = s.wrap(conn, q.SandboxID, addr)
-		u, keep, err = c.call(ctx, kc.conn, addr, d, q)
+		u, keep, err = c.call(ctx, dl, kc.conn, addr, d, q)
 	}
 	if err != nil {
 		kc.close() // whatever went wrong, the framing is not trusted again
@@ -210,14 +242,13 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 // reset by the sentry before a byte of the reply came.
 var errStale = errors.New("connection closed before the reply")
 
-// call sends one request on conn, reads one bounded reply and parses it.
-// It leaves conn open; keep says that nothing but the reply came and the
-// deadline did not fire, so that conn can carry another call.
-func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect, q Query) (u Usage, keep bool, err error) {
+// call sends one request on conn, reads one bounded reply and parses it,
+// by the deadline dl (or until ctx is done). It leaves conn open; keep
+// says that nothing but the reply came and the deadline did not fire, so
+// that conn can carry another call.
+func (c *Client) call(ctx context.Context, dl time.Time, conn net.Conn, addr string, d Dialect, q Query) (u Usage, keep bool, err error) {
 	where := printable(addr)
-	if dl, ok := ctx.Deadline(); ok {
-		conn.SetDeadline(dl)
-	}
+	conn.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer func() {
 		if !stop() {
@@ -228,7 +259,10 @@ func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect
 	if _, err := conn.Write(encodeRequest(d, q.ContainerID)); err != nil {
 		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "write request", err)
 	}
-	b, trailing, err := readReply(conn, c.maxReply)
+	if q.Meanwhile != nil {
+		q.Meanwhile()
+	}
+	rep, trailing, err := decodeReply(conn, c.maxReply)
 	if err != nil {
 		var re *replyError
 		if errors.As(err, &re) {
@@ -236,7 +270,7 @@ func (c *Client) call(ctx context.Context, conn net.Conn, addr string, d Dialect
 		}
 		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "read reply", err)
 	}
-	u, err = parseReply(b, d, q)
+	u, err = checkReply(rep, d, q)
 	if err != nil {
 		re := err.(*replyError)
 		return Usage{}, false, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
@@ -254,45 +288,9 @@ func (c *Client) staleError(ctx context.Context, where, container, what string, 
 	return werr
 }
 
-// errClosedEmpty is readReply's error for a connection closed before the
+// errClosedEmpty is decodeReply's error for a connection closed before the
 // reply's first byte.
 var errClosedEmpty = fmt.Errorf("closed after 0 bytes: %w", io.ErrUnexpectedEOF)
-
-// readReply reads one JSON value of at most max bytes from r: the framing
-// only (urpc has no length prefix: the value's end is its closing brace);
-// parseReply reads the value. A value past max is ErrTooLarge, bytes that
-// cannot begin or continue a JSON value ErrMalformed (as *replyError);
-// anything else is the reader's error. trailing says bytes came after the
-// value in the same reads: nothing the sentry should send (urpc writes one
-// value a call, no newline).
-func readReply(r io.Reader, max int) (b []byte, trailing bool, err error) {
-	lr := &io.LimitedReader{R: r, N: int64(max) + 1}
-	var seen bytes.Buffer
-	dec := json.NewDecoder(io.TeeReader(lr, &seen))
-	var raw json.RawMessage
-	err = dec.Decode(&raw)
-	switch {
-	case err == nil:
-		if len(raw) > max {
-			return nil, false, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
-		}
-		n, _ := dec.Buffered().Read(make([]byte, 1))
-		return raw, n > 0, nil
-	case lr.N <= 0 && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
-		return nil, false, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
-	}
-	var se *json.SyntaxError
-	if errors.As(err, &se) {
-		return nil, false, &replyError{ErrMalformed, "not JSON " + excerpt(seen.Bytes(), err), err}
-	}
-	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-		if seen.Len() == 0 {
-			return nil, false, errClosedEmpty
-		}
-		return nil, false, fmt.Errorf("closed after %d bytes: %w", seen.Len(), io.ErrUnexpectedEOF)
-	}
-	return nil, false, err
-}
 
 // wireError classifies an I/O error: the deadline or the context is
 // ErrDeadline, the rest ErrIO.

@@ -11,9 +11,10 @@
 // {"success":bool,"err":string,"result":EventOut}, no length prefix. A call
 // dials, writes the request, reads one JSON value of at most
 // Config.MaxReplyBytes under a deadline (Config.Timeout, or the context's if
-// sooner), and closes; a pure parser (parseReply) then turns the bytes into
-// a Usage. Text from the sentry (its error message, container ids it names)
-// is cut and escaped with internal/foreign before it is carried.
+// sooner) and decodes it in the same pass into only the fields used
+// (decodeReply; parseReply is the same on bytes), and closes. Text from the
+// sentry (its error message, container ids it names) is cut and escaped
+// with internal/foreign before it is carried.
 //
 // A Session (Client.Session) keeps its connection between Reads, as urpc
 // allows (its server serves calls on a connection in a loop), for at most

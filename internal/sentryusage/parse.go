@@ -5,17 +5,19 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
 )
 
-// wireReply is urpc's callResult as the sentry writes it.
+// wireReply is urpc's callResult as the sentry writes it, its result
+// runsc's EventOut: one value, decoded in one pass (decodeReply).
 type wireReply struct {
-	Success *bool           `json:"success"`
-	Err     string          `json:"err"`
-	Result  json.RawMessage `json:"result"`
+	Success *bool         `json:"success"`
+	Err     string        `json:"err"`
+	Result  *wireEventOut `json:"result"`
 }
 
 // wireEventOut is runsc's boot.EventOut, only the fields that carry data;
@@ -73,26 +75,108 @@ func wantsNoArg(err error) bool {
 	return errors.Is(err, ErrRemote) && strings.Contains(err.Error(), "cannot unmarshal string into Go value of type struct")
 }
 
-// parseReply parses one reply to encodeRequest(d, q.ContainerID). It is
-// pure: b is the whole reply, already bounded. Errors are *replyError.
+// parseReply parses one whole reply to encodeRequest(d, q.ContainerID). It
+// is pure: b is the whole reply, already bounded; white space may follow
+// the value, nothing else. Errors are *replyError.
 func parseReply(b []byte, d Dialect, q Query) (Usage, error) {
-	var r wireReply
-	if err := strictUnmarshal(b, &r); err != nil {
-		return Usage{}, &replyError{ErrMalformed, "not a urpc reply " + excerpt(b, err), err}
+	rep, dec, err := decodeValue(bytes.NewReader(b), len(b), "not a urpc reply ")
+	if err == nil && dec.More() {
+		err = &replyError{ErrMalformed, "not a urpc reply: bytes after the JSON value", nil}
 	}
+	if err != nil {
+		if _, ok := err.(*replyError); !ok { // cut short: not a whole value
+			err = &replyError{ErrMalformed, "not a urpc reply " + excerpt(b, err), err}
+		}
+		return Usage{}, err
+	}
+	return checkReply(rep, d, q)
+}
+
+// decodeReply reads and decodes one reply of at most max bytes from r: the
+// framing (urpc has no length prefix: the value's end is its closing brace)
+// and the decoding in one pass, into only the fields used. A value past
+// max is ErrTooLarge, bytes that cannot begin or continue a JSON value or a
+// value of another shape ErrMalformed (as *replyError); a connection
+// closed before a whole value is errClosedEmpty or io.ErrUnexpectedEOF;
+// anything else is the reader's error. trailing says bytes came after the
+// value in the same reads: nothing the sentry should send (urpc writes one
+// value a call, no newline).
+func decodeReply(r io.Reader, max int) (rep wireReply, trailing bool, err error) {
+	rep, dec, err := decodeValue(r, max, "not JSON ")
+	if err != nil {
+		return wireReply{}, false, err
+	}
+	n, _ := dec.Buffered().Read(make([]byte, 1))
+	return rep, n > 0, nil
+}
+
+// decodeValue is decodeReply's one pass; syntax names a syntax error's
+// message ("not JSON " on the wire). It returns the decoder, whose buffer
+// holds what came after the value.
+func decodeValue(r io.Reader, max int, syntax string) (wireReply, *json.Decoder, error) {
+	lr := &io.LimitedReader{R: r, N: int64(max) + 1}
+	seen := &recorder{r: lr} // for an error's excerpt
+	dec := json.NewDecoder(seen)
+	var rep wireReply
+	err := dec.Decode(&rep)
+	var te *json.UnmarshalTypeError
+	var se *json.SyntaxError
+	switch {
+	case err == nil || errors.As(err, &te):
+		// A whole value was read (a type error is found after it).
+		if dec.InputOffset() > int64(max) {
+			return wireReply{}, nil, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
+		}
+		if err == nil {
+			return rep, dec, nil
+		}
+		if f, ok := strings.CutPrefix(te.Field, "result"); ok && (f == "" || f[0] == '.') {
+			if rep.Success != nil && !*rep.Success {
+				return rep, dec, nil // a refusal: its result is not read
+			}
+			te.Field = strings.TrimPrefix(f, ".")
+			return wireReply{}, nil, &replyError{ErrMalformed, "result is not an EventOut " + excerpt(nil, te), te}
+		}
+		return wireReply{}, nil, &replyError{ErrMalformed, "not a urpc reply " + excerpt(nil, te), te}
+	case lr.N <= 0 && (errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF)):
+		return wireReply{}, nil, &replyError{ErrTooLarge, fmt.Sprintf("more than %d bytes", max), nil}
+	case errors.As(err, &se):
+		return wireReply{}, nil, &replyError{ErrMalformed, syntax + excerpt(seen.b, err), err}
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		if len(seen.b) == 0 {
+			return wireReply{}, nil, errClosedEmpty
+		}
+		return wireReply{}, nil, fmt.Errorf("closed after %d bytes: %w", len(seen.b), io.ErrUnexpectedEOF)
+	}
+	return wireReply{}, nil, err
+}
+
+// recorder is a Reader that keeps what it read (at most the reply's cap:
+// its reader is limited).
+type recorder struct {
+	r io.Reader
+	b []byte
+}
+
+func (c *recorder) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.b = append(c.b, p[:n]...)
+	return n, err
+}
+
+// checkReply turns a decoded reply to encodeRequest(d, q.ContainerID) into
+// a Usage. Errors are *replyError.
+func checkReply(r wireReply, d Dialect, q Query) (Usage, error) {
 	if r.Success == nil {
-		return Usage{}, &replyError{ErrMalformed, `no "success" in ` + foreign.QuoteBytes(b), nil}
+		return Usage{}, &replyError{ErrMalformed, `no "success" in the reply`, nil}
 	}
 	if !*r.Success {
 		return Usage{}, &replyError{ErrRemote, foreign.Quote(r.Err), nil}
 	}
-	var out wireEventOut
-	if err := strictUnmarshal(r.Result, &out); err != nil {
-		return Usage{}, &replyError{ErrMalformed, "result is not an EventOut " + excerpt(r.Result, err), err}
+	if r.Result == nil || r.Result.Event == nil {
+		return Usage{}, &replyError{ErrMalformed, `no "event" in result`, nil}
 	}
-	if out.Event == nil {
-		return Usage{}, &replyError{ErrMalformed, `no "event" in result ` + foreign.QuoteBytes(r.Result), nil}
-	}
+	out := r.Result
 	ev := out.Event
 	if ev.Type != "stats" {
 		return Usage{}, &replyError{ErrMalformed, "event type " + foreign.Quote(ev.Type) + `, want "stats"`, nil}
@@ -112,16 +196,17 @@ func parseReply(b []byte, d Dialect, q Query) (Usage, error) {
 		}
 	}
 	u.PidsSandboxWide = u.Pids != nil && d == DialectNoArg
-	var known map[string]bool
-	if len(q.Containers) > 0 {
-		known = make(map[string]bool, len(q.Containers))
+	known := func(k string) bool { return len(q.Containers) == 0 || slices.Contains(q.Containers, k) }
+	if len(q.Containers) > 16 { // a pod has a handful; past that, a set
+		set := make(map[string]bool, len(q.Containers))
 		for _, c := range q.Containers {
-			known[c] = true
+			set[c] = true
 		}
+		known = func(k string) bool { return set[k] }
 	}
 	var foreignKeys []string
 	for k, v := range out.ContainerUsage {
-		if validID(k) != nil || (known != nil && !known[k]) {
+		if validID(k) != nil || !known(k) {
 			foreignKeys = append(foreignKeys, k)
 			continue
 		}
@@ -140,26 +225,13 @@ func parseReply(b []byte, d Dialect, q Query) (Usage, error) {
 	return u, nil
 }
 
-// strictUnmarshal is json.Unmarshal of exactly one value (trailing bytes
-// other than white space are an error).
-func strictUnmarshal(b []byte, v any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if err := dec.Decode(v); err != nil {
-		return err
-	}
-	if dec.More() {
-		return errors.New("bytes after the JSON value")
-	}
-	return nil
-}
-
 // excerpt names where in b a JSON error is: the bytes around a syntax
 // error's offset, or the field a type error is in, quoted as foreign text.
 func excerpt(b []byte, err error) string {
 	var se *json.SyntaxError
 	if errors.As(err, &se) {
-		from := max(int(se.Offset)-16, 0)
 		to := min(int(se.Offset)+16, len(b))
+		from := min(max(int(se.Offset)-16, 0), to)
 		return fmt.Sprintf("at byte %d near %s", se.Offset, foreign.QuoteBytes(b[from:to]))
 	}
 	var te *json.UnmarshalTypeError

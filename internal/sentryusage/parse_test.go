@@ -103,6 +103,10 @@ func TestParseReply(t *testing.T) {
 		{name: "a negative CPU", reply: replyWith(`{"event":{"type":"stats","data":{}},"containerUsage":{"a":-1}}`), d: DialectNoArg, q: busy1, err: ErrMalformed, text: "number -1"},
 		{name: "a fractional memory", reply: replyWith(`{"event":{"type":"stats","data":{"memory":{"usage":{"usage":1.5}}}}}`), d: DialectNoArg, q: busy1, err: ErrMalformed, text: `at field "event.data.memory.usage.usage"`},
 		{name: "a string for pids", reply: replyWith(`{"event":{"type":"stats","data":{"pids":{"current":"3"}}}}`), d: DialectNoArg, q: busy1, err: ErrMalformed, text: "pids.current"},
+		{name: "a string for the result's type", reply: replyWith(`{"event":{"type":7,"data":{}}}`), d: DialectNoArg, q: busy1, err: ErrMalformed, text: `result is not an EventOut at field "event.type"`},
+		{name: "a refusal whose result has another shape", reply: []byte(`{"success":false,"err":"no","result":{"event":[]}}`), d: DialectNoArg, q: busy1, err: ErrRemote, text: `"no"`},
+		{name: "success a string", reply: []byte(`{"success":"yes","err":"","result":null}`), d: DialectNoArg, q: busy1, err: ErrMalformed, text: `not a urpc reply at field "success"`},
+		{name: "cut short", reply: replyWith(`{"event":{"type":"stats"`), d: DialectNoArg, q: busy1, err: ErrMalformed, text: "not a urpc reply"},
 		{name: "bytes after the value", reply: append(replyWith(`{"event":{"type":"stats","data":{}}}`), `{}`...), d: DialectNoArg, q: busy1, err: ErrMalformed, text: "bytes after"},
 		{
 			name: "too many containers", d: DialectNoArg, q: busy1,
