@@ -51,10 +51,41 @@ type Batch struct {
 // bound). Errors name the path; fs.ErrNotExist stays detectable with
 // errors.Is.
 func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
+	fd := -1
+	data, err := b.ReadKeep(dir, name, limit, &fd)
+	if fd >= 0 {
+		syscall.Close(fd)
+	}
+	return data, err
+}
+
+// ErrHeldGone marks a read of a kept descriptor (ReadKeep) that the kernel
+// refused with ENODEV: the kernfs file it names was removed (its cgroup was
+// removed, perhaps made again under the same path). It wraps fs.ErrNotExist,
+// so a caller that checks whether the directory is still the one it holds
+// does so.
+var ErrHeldGone = fmt.Errorf("kept file removed: %w", fs.ErrNotExist)
+
+// ReadKeep is Read that keeps the file open for the next read. With *fd < 0
+// it opens name in dir as Read does (one name, no symlink, a regular file
+// only) and, when the read succeeds, leaves the open descriptor in *fd: the
+// caller owns it (it closes it, or passes it back here). With *fd >= 0 it
+// reads that descriptor from offset 0 (pread) without opening anything: a
+// kernfs file (a cgroup's) regenerates its content on a read from offset 0.
+// On any error *fd is closed and set to -1; a kept descriptor whose kernfs
+// file was removed fails with an error wrapping ErrHeldGone (and
+// fs.ErrNotExist). The caller must use a descriptor in one read at a time,
+// and must keep only descriptors of files that cannot be replaced under the
+// same name (kernfs: its files cannot be renamed or unlinked).
+func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte, error) {
 	if limit <= 0 {
 		limit = MaxFileBytes
 	}
 	if name == "" || name == "." || name == ".." || strings.IndexByte(name, '/') >= 0 {
+		if *fd >= 0 {
+			syscall.Close(*fd)
+			*fd = -1
+		}
 		return nil, fmt.Errorf("%s/%s: not a name in the directory", dir.Name(), name)
 	}
 	b.mu.Lock()
@@ -66,18 +97,47 @@ func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
 		b.mu.Unlock()
 	}()
 
+	kept := *fd >= 0
+	if !kept {
+		f, err := b.openRegular(dir, name)
+		if err != nil {
+			return nil, err
+		}
+		*fd = f
+	}
+	data, err := b.readAt0(*fd, dir, name, limit)
+	if err != nil {
+		syscall.Close(*fd)
+		*fd = -1
+		if kept && errors.Is(err, syscall.ENODEV) {
+			return nil, fmt.Errorf("read %s/%s: %w: %w", dir.Name(), name, ErrHeldGone, syscall.ENODEV)
+		}
+		return nil, err
+	}
+	return data, nil
+}
+
+// openRegular opens name in dir (never following a symlink, never leaving
+// dir) and refuses anything but a regular file.
+func (b *Batch) openRegular(dir *os.File, name string) (int, error) {
 	fd, err := b.openat(dir, name)
 	if err != nil {
-		return nil, &fs.PathError{Op: "openat", Path: dir.Name() + "/" + name, Err: err}
+		return -1, &fs.PathError{Op: "openat", Path: dir.Name() + "/" + name, Err: err}
 	}
-	defer syscall.Close(fd)
 	var st syscall.Stat_t
 	if err := retryEINTR(func() error { return syscall.Fstat(fd, &st) }); err != nil {
-		return nil, &fs.PathError{Op: "fstat", Path: dir.Name() + "/" + name, Err: err}
+		syscall.Close(fd)
+		return -1, &fs.PathError{Op: "fstat", Path: dir.Name() + "/" + name, Err: err}
 	}
 	if st.Mode&syscall.S_IFMT != syscall.S_IFREG {
-		return nil, fmt.Errorf("%s/%s: %w (%s)", dir.Name(), name, ErrNotRegular, typeName(fileMode(uint32(st.Mode))))
+		syscall.Close(fd)
+		return -1, fmt.Errorf("%s/%s: %w (%s)", dir.Name(), name, ErrNotRegular, typeName(fileMode(uint32(st.Mode))))
 	}
+	return fd, nil
+}
+
+// readAt0 reads fd whole from offset 0 into the buffer, at most limit bytes.
+func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int) ([]byte, error) {
 	start := len(b.buf)
 	for {
 		if len(b.buf) == cap(b.buf) {
@@ -92,7 +152,7 @@ func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
 		room := b.buf[len(b.buf):min(cap(b.buf), start+limit+1)]
 		var n int
 		err := retryEINTR(func() (err error) {
-			n, err = syscall.Read(fd, room)
+			n, err = syscall.Pread(fd, room, int64(len(b.buf)-start))
 			return err
 		})
 		if err != nil {

@@ -28,6 +28,10 @@ type dirHandle struct {
 	f       *os.File // the directory, opened inside its root
 	users   int
 	dropped bool
+	// kept are the files of the directory held open between samples and
+	// read with pread at offset 0 (keptfiles.go); nil when the directory is
+	// not on a cgroup file system.
+	kept *keptFiles
 }
 
 // errClosed: the source was closed.
@@ -57,6 +61,7 @@ func (s *cgroupSource) acquireDir(root *os.Root, dir string) (*dirHandle, error)
 	if err != nil {
 		return nil, err
 	}
+	kept := newKeptFiles(f)
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed { // Close ran while the directory was being opened
@@ -67,7 +72,7 @@ func (s *cgroupSource) acquireDir(root *os.Root, dir string) (*dirHandle, error)
 	if h != nil { // another read opened it meanwhile
 		f.Close()
 	} else {
-		h = &dirHandle{f: f}
+		h = &dirHandle{f: f, kept: kept}
 		s.dirs[id] = h
 	}
 	h.users++
@@ -82,7 +87,7 @@ func (s *cgroupSource) releaseDir(h *dirHandle) {
 	s.mu.Lock()
 	h.users--
 	if h.dropped && h.users == 0 {
-		h.f.Close()
+		h.closeLocked()
 	}
 	s.mu.Unlock()
 }
@@ -94,8 +99,14 @@ func (s *cgroupSource) dropLocked(h *dirHandle) {
 	}
 	h.dropped = true
 	if h.users == 0 {
-		h.f.Close()
+		h.closeLocked()
 	}
+}
+
+// closeLocked closes the directory and the files kept open in it.
+func (h *dirHandle) closeLocked() {
+	h.kept.closeAll()
+	h.f.Close()
 }
 
 // forgetDir drops a cached directory that was removed (or removed and made

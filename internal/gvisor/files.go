@@ -159,7 +159,7 @@ func (s *cgroupSource) readReq(b *bounded.Batch, dirs *batchDirs, r *fileReq) ([
 		err := e.err
 		if err == nil {
 			var data []byte
-			if data, err = b.Read(e.h.f, r.name, bounded.MaxFileBytes); err == nil {
+			if data, err = s.readFile(b, e.h, r.name); err == nil {
 				return data, nil
 			}
 		}
