@@ -19,15 +19,22 @@ import (
 // the pieces') and its length.
 
 // gzipHeader is what gzip.NewWriter writes with a zero Header (no name,
-// no time, default level, OS unknown), as promhttp's writer does.
+// no time, XFL 0, OS unknown), as promhttp's writer does.
 var gzipHeader = []byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff}
 
 // gzipEnd is an empty final deflate block (fixed Huffman: BFINAL, BTYPE 01,
 // end of block).
 var gzipEnd = []byte{0x03, 0x00}
 
+// gzipLevel is the pieces' compression level. promhttp's gzip writer
+// compresses at the default (6); level 2 compressed 1000 workloads' 5.3 MB
+// of text 5.5 times faster (10.9 against 60.6 ms) into 2% more bytes
+// (165 against 162 KB). The header's XFL stays 0 (what gzip writes for
+// any level but 1 and 9).
+const gzipLevel = 2
+
 var flatePool = sync.Pool{New: func() any {
-	w, _ := flate.NewWriter(nil, flate.DefaultCompression) // gzip.NewWriter's level
+	w, _ := flate.NewWriter(nil, gzipLevel)
 	return w
 }}
 
