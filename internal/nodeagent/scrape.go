@@ -50,14 +50,6 @@ type sweepBody struct {
 	gz    *gzipPieces
 }
 
-func (b *sweepBody) family(i int) []byte {
-	start := 0
-	if i > 0 {
-		start = b.ends[i-1]
-	}
-	return b.text[start:b.ends[i]]
-}
-
 // span is families [from, to) of text.
 func (b *sweepBody) span(from, to int) []byte {
 	start := 0
