@@ -9,12 +9,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/google/go-cmp/cmp"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 )
 
 // scrapeAgent is an Agent of 20 swept workloads (actor labels) whose live
@@ -217,4 +220,40 @@ func TestCRC32Combine(t *testing.T) {
 			t.Errorf("cut %d: %08x, want %08x", cut, got, want)
 		}
 	}
+}
+
+// TestScrapeConcurrentSweeps: scrapes in parallel with sweeps (gzip and
+// identity, -race) each get a whole body of one sweep.
+func TestScrapeConcurrentSweeps(t *testing.T) {
+	s := newScrapeAgent(t)
+	h := s.a.Handler()
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 4 {
+		hdr := map[string]string{}
+		if i%2 == 0 {
+			hdr["Accept-Encoding"] = "gzip"
+		}
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				got := scrape(t, h, "/metrics", hdr)
+				p := expfmt.NewTextParser(model.UTF8Validation)
+				if _, err := p.TextToMetricFamilies(strings.NewReader(got.Body)); err != nil || got.Members > 1 {
+					t.Errorf("scrape (%v): %d gzip members, parse: %v", hdr, got.Members, err)
+					return
+				}
+			}
+		})
+	}
+	for i := 1; i <= 20; i++ {
+		s.sweep(i)
+		s.live.Inc()
+	}
+	close(done)
+	wg.Wait()
 }
