@@ -25,11 +25,11 @@ import (
 // (and before them), as the discovery failures and the OTLP pipeline's
 // are: deterministic, unlike the Go collector.
 type scrapeAgent struct {
-	a       *Agent
-	m       *metrics
-	t0      time.Time
-	live    prometheus.Counter
-	early   prometheus.Gauge
+	a     *Agent
+	m     *metrics
+	t0    time.Time
+	live  prometheus.Counter
+	early prometheus.Gauge
 }
 
 func newScrapeAgent(t *testing.T) *scrapeAgent {
