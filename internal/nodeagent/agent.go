@@ -339,12 +339,19 @@ func (a *Agent) lastSweep(ctx context.Context) {
 // and 503 while the last sweep's discovery failed (the reason follows).
 func (a *Agent) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(&sweepGatherer{sweep: a.reg, live: a.live, metrics: a.metrics}, promhttp.HandlerOpts{
-		Registry:      a.live,
-		ErrorHandling: promhttp.ContinueOnError,
-	}))
+	mux.Handle("/metrics", a.metricsHandler())
 	mux.HandleFunc("/healthz", a.healthz)
 	return mux
+}
+
+// metricsHandler serves /metrics: each sweep encoded once (scrapeHandler)
+// over today's promhttp handler.
+func (a *Agent) metricsHandler() *scrapeHandler {
+	g := &sweepGatherer{sweep: a.reg, live: a.live, metrics: a.metrics}
+	return newScrapeHandler(promhttp.HandlerFor(g, promhttp.HandlerOpts{
+		Registry:      a.live,
+		ErrorHandling: promhttp.ContinueOnError,
+	}), g)
 }
 
 func (a *Agent) healthz(w http.ResponseWriter, _ *http.Request) {

@@ -33,7 +33,7 @@ type sweepGatherer struct {
 // Gather implements prometheus.Gatherer. The families it returns from the
 // cache are shared by the scrapes of one sweep: read, never changed.
 func (g *sweepGatherer) Gather() ([]*dto.MetricFamily, error) {
-	fams, err := g.sweepFamilies()
+	_, fams, err := g.sweepFamilies()
 	live, lerr := g.live.Gather()
 	out := make([]*dto.MetricFamily, 0, len(fams)+len(live))
 	out = append(append(out, fams...), live...)
@@ -41,12 +41,14 @@ func (g *sweepGatherer) Gather() ([]*dto.MetricFamily, error) {
 	return out, errors.Join(err, lerr)
 }
 
-func (g *sweepGatherer) sweepFamilies() ([]*dto.MetricFamily, error) {
+// sweepFamilies returns the sweep registry's families and the snapshot
+// they were gathered at.
+func (g *sweepGatherer) sweepFamilies() (*snapshot, []*dto.MetricFamily, error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if snap := g.metrics.snap.Load(); snap != g.key {
 		g.fams, g.err = g.sweep.Gather()
 		g.key = snap
 	}
-	return g.fams, g.err
+	return g.key, g.fams, g.err
 }

@@ -1,0 +1,174 @@
+package nodeagent
+
+import (
+	"bytes"
+	"compress/flate"
+	"encoding/binary"
+	"hash/crc32"
+	"io"
+	"slices"
+	"sync"
+)
+
+// A gzip body is one gzip member (RFC 1952) whose deflate stream is the
+// pieces' streams one after another: each piece is compressed by a fresh
+// deflate stream ended by a sync flush (byte aligned, no final block, no
+// reference before its own start), so the sweep's runs are compressed once
+// per sweep and only the live families at every scrape. The member ends
+// with an empty final block, the CRC-32 of the whole text (combined from
+// the pieces') and its length.
+
+// gzipHeader is what gzip.NewWriter writes with a zero Header (no name,
+// no time, XFL 0, OS unknown), as promhttp's writer does.
+var gzipHeader = []byte{0x1f, 0x8b, 8, 0, 0, 0, 0, 0, 0, 0xff}
+
+// gzipEnd is an empty final deflate block (fixed Huffman: BFINAL, BTYPE 01,
+// end of block).
+var gzipEnd = []byte{0x03, 0x00}
+
+// gzipLevel is the pieces' compression level. promhttp's gzip writer
+// compresses at the default (6); level 2 compressed 1000 workloads' 5.3 MB
+// of text 5.5 times faster (10.9 against 60.6 ms) into 2% more bytes
+// (165 against 162 KB). The header's XFL stays 0 (what gzip writes for
+// any level but 1 and 9).
+const gzipLevel = 2
+
+var flatePool = sync.Pool{New: func() any {
+	w, _ := flate.NewWriter(nil, gzipLevel)
+	return w
+}}
+
+// gzipPieces is a sweepBody's runs compressed, for one way the live
+// families split the sweep's.
+type gzipPieces struct {
+	runs []gzipRun
+}
+
+type gzipRun struct {
+	from, to int
+	deflated []byte
+	crc      uint32
+	n        int
+}
+
+// deflateSynced compresses p as a deflate stream ended by a sync flush.
+func deflateSynced(dst *bytes.Buffer, p []byte) {
+	fw := flatePool.Get().(*flate.Writer)
+	defer flatePool.Put(fw)
+	fw.Reset(dst)
+	_, _ = fw.Write(p) // a bytes.Buffer does not fail
+	_ = fw.Flush()
+}
+
+// gzipRuns returns the sweep's runs in pieces compressed, compressing
+// them when the live families split the sweep otherwise than at the last
+// scrape (once per sweep when the live registry keeps its names).
+func (h *scrapeHandler) gzipRuns(b *sweepBody, pieces []piece) *gzipPieces {
+	var want []gzipRun
+	for _, p := range pieces {
+		if p.live == nil {
+			want = append(want, gzipRun{from: p.from, to: p.to})
+		}
+	}
+	same := func(g *gzipPieces) bool {
+		return slices.EqualFunc(g.runs, want, func(x, y gzipRun) bool { return x.from == y.from && x.to == y.to })
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if b.gz != nil && same(b.gz) {
+		return b.gz
+	}
+	for i := range want {
+		text := b.span(want[i].from, want[i].to)
+		var buf bytes.Buffer
+		deflateSynced(&buf, text)
+		want[i].deflated = slices.Clip(buf.Bytes())
+		want[i].crc, want[i].n = crc32.ChecksumIEEE(text), len(text)
+	}
+	b.gz = &gzipPieces{runs: want}
+	return b.gz
+}
+
+func (h *scrapeHandler) writeGzip(w io.Writer, b *sweepBody, pieces []piece) {
+	gz := h.gzipRuns(b, pieces)
+	var out bytes.Buffer
+	out.Write(gzipHeader)
+	var crc uint32
+	var n int
+	run := 0
+	for _, p := range pieces {
+		if p.live == nil {
+			r := gz.runs[run]
+			run++
+			crc, n = crc32Combine(crc, r.crc, r.n), n+r.n
+			if _, err := w.Write(out.Bytes()); err != nil { // the header, live pieces before
+				return
+			}
+			out.Reset()
+			if _, err := w.Write(r.deflated); err != nil {
+				return
+			}
+			continue
+		}
+		deflateSynced(&out, p.live)
+		crc, n = crc32Combine(crc, crc32.ChecksumIEEE(p.live), len(p.live)), n+len(p.live)
+	}
+	ws := append(out.Bytes(), gzipEnd...)
+	ws = binary.LittleEndian.AppendUint32(ws, crc)
+	ws = binary.LittleEndian.AppendUint32(ws, uint32(n))
+	_, _ = w.Write(ws)
+}
+
+// crc32Combine returns the CRC-32 (IEEE) of a text whose first part has
+// crc1 and whose second part, n2 bytes long, has crc2 (zlib's
+// crc32_combine: the first CRC shifted by n2 zero bytes through the
+// polynomial's matrix, squared per bit of n2).
+func crc32Combine(crc1, crc2 uint32, n2 int) uint32 {
+	if n2 <= 0 {
+		return crc1
+	}
+	var even, odd [32]uint32
+	odd[0] = 0xedb88320 // the reversed IEEE polynomial: one zero bit
+	row := uint32(1)
+	for i := 1; i < 32; i++ {
+		odd[i] = row
+		row <<= 1
+	}
+	gf2Square(&even, &odd) // two zero bits
+	gf2Square(&odd, &even) // four zero bits
+	for {
+		gf2Square(&even, &odd) // the first pass: one zero byte
+		if n2&1 != 0 {
+			crc1 = gf2Times(&even, crc1)
+		}
+		n2 >>= 1
+		if n2 == 0 {
+			break
+		}
+		gf2Square(&odd, &even)
+		if n2&1 != 0 {
+			crc1 = gf2Times(&odd, crc1)
+		}
+		n2 >>= 1
+		if n2 == 0 {
+			break
+		}
+	}
+	return crc1 ^ crc2
+}
+
+func gf2Times(mat *[32]uint32, vec uint32) uint32 {
+	var sum uint32
+	for i := 0; vec != 0; i, vec = i+1, vec>>1 {
+		if vec&1 != 0 {
+			sum ^= mat[i]
+		}
+	}
+	return sum
+}
+
+func gf2Square(square, mat *[32]uint32) {
+	for i := range 32 {
+		square[i] = gf2Times(mat, mat[i])
+	}
+}
