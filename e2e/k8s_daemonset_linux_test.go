@@ -21,12 +21,14 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/nribridge"
 	"github.com/sandboxstats/sandboxstats/internal/ociimage"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
@@ -36,9 +38,10 @@ const k8sTemplate = "k8s-e2e"
 
 // daemonSetPod is the DaemonSet's pod running on a harness containerd.
 type daemonSetPod struct {
-	c     *testenv.Containerd
-	pod   *testenv.CRIPod
-	state string // where /var/lib is on this "node"
+	c      *testenv.Containerd
+	pod    *testenv.CRIPod
+	state  string            // where /var/lib is on this "node"
+	render testenv.CRIRender // what cripod rendered (replace renders it again)
 }
 
 // startDaemonSetPod builds the images, renders deploy/kubernetes through an
@@ -103,7 +106,7 @@ images:
 	if !seccomp {
 		t.Log("the harness's runc is built without seccomp: the pod runs without its RuntimeDefault profile (a node applies it)")
 	}
-	plan := testenv.RenderCRIPod(t, "..", testenv.CRIRender{
+	render := testenv.CRIRender{
 		Kustomization: overlay,
 		PodDir:        filepath.Join(dir, "pod"),
 		HostPaths: map[string]string{
@@ -112,22 +115,56 @@ images:
 			"/var/run/nri":                 filepath.Dir(c.NRISocket()),
 			"/run/containerd/runsc/k8s.io": c.RunscRoot,
 		},
-		Attempts:       attempts,
-		WithoutSeccomp: !seccomp,
-	})
+		Attempts:                attempts,
+		WithoutSeccomp:          !seccomp,
+		RecursiveReadOnlyMounts: c.RecursiveReadOnlyMounts(t, ""),
+	}
+	if !render.RecursiveReadOnlyMounts {
+		t.Log("the runtime handler does not support recursive read-only mounts: the host's submounts stay writable (recursiveReadOnly: IfPossible)")
+	}
+	plan := testenv.RenderCRIPod(t, "..", render)
 	for _, v := range plan.Volumes {
 		t.Logf("volume %s: %s", v.Name, v.Path)
 	}
-	pod := c.StartCRIPod(t, plan)
-	d := &daemonSetPod{c: c, pod: pod, state: state}
+	d := &daemonSetPod{c: c, state: state, render: render}
+	d.start(t, plan)
+	return d
+}
+
+// start runs plan's pod and logs its containers' logs if the test fails.
+func (d *daemonSetPod) start(t *testing.T, plan *testenv.CRIPlan) {
+	t.Helper()
+	pod := d.c.StartCRIPod(t, plan)
+	d.pod = pod
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, ctr := range plan.Containers {
-				t.Logf("%s's log:\n%s", ctr.Name, tail(pod.Logs(ctr.Name), 3000))
+				t.Logf("%s's log (pod %s):\n%s", ctr.Name, plan.Name, tail(pod.Logs(ctr.Name), 3000))
 			}
 		}
 	})
-	return d
+}
+
+// replace replaces the pod as the DaemonSet controller does in a rolling
+// update (maxSurge 0) or after an eviction: each container stopped with
+// SIGTERM and the pod's grace period, the sandbox stopped and removed, then
+// a new pod of the same template (a new name and uid, its own emptyDirs,
+// the same hostPath directories) run, its init container included.
+func (d *daemonSetPod) replace(t *testing.T) {
+	t.Helper()
+	old := d.pod
+	for _, ctr := range old.Plan.Containers {
+		d.c.StopContainer(t, old.IDs[ctr.Name], 15*time.Second)
+	}
+	d.c.StopPod(t, old.ID)
+	d.c.RemovePod(t, old.ID)
+	r := d.render
+	r.PodDir = filepath.Join(filepath.Dir(r.PodDir), "pod-2")
+	plan := testenv.RenderCRIPod(t, "..", r)
+	if plan.UID == old.Plan.UID {
+		t.Fatalf("the new pod has the old one's uid %s", plan.UID)
+	}
+	d.start(t, plan)
 }
 
 func tail(s string, n int) string {
@@ -149,10 +186,9 @@ func (d *daemonSetPod) waitServing(t *testing.T, timeout time.Duration) {
 		ok   func() bool
 	}{
 		{"8 statsd stats sockets", func() bool {
-			m, _ := filepath.Glob(filepath.Join(sockets, "nri-*.sock"))
 			n := 0
-			for _, s := range m {
-				if dialable(s) {
+			for _, shard := range k8sShards {
+				if d.dialable(t, shard) {
 					n++
 				}
 			}
@@ -167,7 +203,14 @@ func (d *daemonSetPod) waitServing(t *testing.T, timeout time.Duration) {
 					st := d.c.InspectContainer(t, d.pod.IDs[ctr.Name])
 					t.Logf("%s: %s exit %d %s", ctr.Name, st.State, st.ExitCode, st.Reason)
 				}
-				t.Fatalf("not ready within %v: %s", timeout, what.name)
+				var found []string
+				filepath.Walk(sockets, func(path string, info os.FileInfo, err error) error {
+					if err == nil {
+						found = append(found, fmt.Sprintf("%s %v", path, info.Mode()))
+					}
+					return nil
+				})
+				t.Fatalf("not ready within %v: %s; the stats sockets' volume holds %q", timeout, what.name, found)
 			}
 			time.Sleep(100 * time.Millisecond)
 		}
@@ -188,24 +231,54 @@ func httpOK(url string) bool {
 // the actor it holds.
 type polled struct{ socket, actor string }
 
-// poll runs statsctl poll over every shard in a statsd container (crictl
-// exec) and returns its lines with a sample.
+// poll runs statsctl poll in every statsd container (crictl exec, all at
+// once), each over the stats sockets it sees, and returns their lines with
+// a sample. A shard sees its own socket alone: a line of another's fails.
 func (d *daemonSetPod) poll(t *testing.T) []polled {
 	t.Helper()
-	out, err := d.pod.Exec("statsd-nri-0", "/usr/local/bin/statsctl", "poll", "--sockets", "/run/statsd/*.sock", "--timeout", "5s")
-	if err != nil {
-		t.Fatalf("statsctl poll in statsd-nri-0: %v", err)
+	type result struct {
+		shard string
+		out   []byte
+		err   error
+	}
+	results := make(chan result, len(k8sShards))
+	for _, shard := range k8sShards {
+		go func() {
+			out, err := d.pod.Exec("statsd-"+shard, "/usr/local/bin/statsctl", "poll", "--sockets", "/run/statsd/*/*.sock", "--timeout", "5s")
+			results <- result{shard, out, err}
+		}()
 	}
 	var rows []polled
-	sc := bufio.NewScanner(bytes.NewReader(out))
-	for sc.Scan() {
-		f := strings.Fields(sc.Text())
-		if len(f) > 2 && f[1] == "ok" {
-			rows = append(rows, polled{socket: f[0], actor: f[2]})
+	for range k8sShards {
+		r := <-results
+		if r.err != nil {
+			t.Fatalf("statsctl poll in statsd-%s: %v", r.shard, r.err)
+		}
+		sc := bufio.NewScanner(bytes.NewReader(r.out))
+		for sc.Scan() {
+			f := strings.Fields(sc.Text())
+			if len(f) == 0 || !strings.HasPrefix(f[0], "/") {
+				continue // the header
+			}
+			if f[0] != k8sSocket(r.shard) {
+				t.Fatalf("statsd-%s sees the stats socket %s: want its own alone", r.shard, f[0])
+			}
+			if len(f) > 2 && f[1] == "ok" {
+				rows = append(rows, polled{socket: f[0], actor: f[2]})
+			}
 		}
 	}
 	return rows
 }
+
+// k8sShards are the DaemonSet's statsd shards.
+var k8sShards = []string{"nri-0", "nri-1", "nri-2", "nri-3", "nri-4", "nri-5", "nri-6", "nri-7"}
+
+// k8sSocket is the shard's stats socket in the pod's containers.
+func k8sSocket(shard string) string { return "/run/statsd/" + shard + "/" + shard + ".sock" }
+
+// k8sShard is the shard of a stats socket in the pod's containers.
+func k8sShard(socket string) string { return filepath.Base(filepath.Dir(socket)) }
 
 // boundOn waits up to timeout for the actor uid to be bound on one shard,
 // as statsctl poll in a statsd container sees it, and returns its socket.
@@ -234,7 +307,7 @@ func (d *daemonSetPod) boundOn(t *testing.T, uid string, timeout time.Duration) 
 // container: the sample's epoch and its CPU.
 func (d *daemonSetPod) stats(t *testing.T, socket, uid string) (epoch time.Time, cpuUsec int64) {
 	t.Helper()
-	out, err := d.pod.Exec("statsd-nri-0", "/usr/local/bin/statsctl", "stats", "--socket", socket, "--actor-uid", uid, "-o", "json")
+	out, err := d.pod.Exec("statsd-"+k8sShard(socket), "/usr/local/bin/statsctl", "stats", "--socket", socket, "--actor-uid", uid, "-o", "json")
 	if err != nil {
 		t.Fatalf("statsctl stats: %v", err)
 	}
@@ -287,15 +360,8 @@ func TestIntegrationK8sDaemonSet(t *testing.T) {
 	d.waitServing(t, 60*time.Second)
 	ready := time.Now()
 	t.Logf("the DaemonSet's pod serving %v after the start", ready.Sub(began).Round(time.Millisecond))
-	// What each container sees of the lifecycle sockets, through its own
-	// mount namespace: the bridge the 8, the agent none.
-	for name, want := range map[string]int{"statsnri": 8, "statsagent": 0} {
-		pid := c.InspectContainer(t, d.pod.IDs[name]).PID
-		m, err := filepath.Glob(fmt.Sprintf("/proc/%d/root/run/statsd/lifecycle/*.sock", pid))
-		if err != nil || len(m) != want {
-			t.Errorf("%s sees %d lifecycle sockets (%v), want %d", name, len(m), err, want)
-		}
-	}
+	d.checkSockets(t)
+	d.checkReadOnly(t)
 
 	uid := testenv.NewActorUID()
 	c.RunPod(t, testenv.PodSpec{Name: "sandboxed", Namespace: "team-k8s", UID: uid, Handler: "runsc",
@@ -342,7 +408,21 @@ func TestIntegrationK8sDaemonSet(t *testing.T) {
 	})
 	t.Logf("the Collector forwarded the workload's metrics and its usage event (%v after the start)", time.Since(began).Round(time.Millisecond))
 
-	d.restartEach(t, gateway, uid, socket, epoch)
+	bound := append([]activation{{uid, socket, epoch}}, d.restartEach(t, gateway, uid, socket, epoch)...)
+
+	// The pod replaced, as in a rolling update: a new pod on the same
+	// host directories serves with the same bindings and activations, and
+	// the agent continues.
+	start := time.Now()
+	carried := d.agentCarries(t, gateway, func() {
+		d.replace(t)
+		d.waitServing(t, 60*time.Second)
+	}, bound[0].uid, bound[1].uid, bound[2].uid)
+	for _, a := range bound {
+		d.same(t, "the pod's replacement", a)
+	}
+	t.Logf("the DaemonSet's pod replaced (its init container run again): the %d runsc pods bound on their shards in the same activations; %s (%v)",
+		len(bound), carried, time.Since(start).Round(time.Millisecond))
 	t.Logf("the test took %v", time.Since(began).Round(time.Millisecond))
 }
 
@@ -374,39 +454,34 @@ func (d *daemonSetPod) killAndRestart(t *testing.T, name string) {
 // holding the pod, the bridge, the Collector, the agent) and restarts it
 // as the kubelet would (the same config, attempt 1): the runsc pod stays
 // bound on one shard in the same activation (nothing bound twice, no
-// activation lost), a pod started while the bridge is down is bound once it
-// is back, the agent continues its counter and sends no second initial
+// activation lost), a pod started while its shard is down and one started
+// while the bridge is down are bound once each is back (they are returned), the agent continues its counter and sends no second initial
 // event, the Collector forwards again, and the runsc pod keeps running.
-func (d *daemonSetPod) restartEach(t *testing.T, gateway *testenv.Collector, uid, socket string, epoch time.Time) {
+func (d *daemonSetPod) restartEach(t *testing.T, gateway *testenv.Collector, uid, socket string, epoch time.Time) []activation {
 	t.Helper()
-	sandbox := func() {
-		t.Helper()
-		for _, p := range d.c.Pods(t) {
-			if p.UID == uid && p.State != "SANDBOX_READY" {
-				t.Fatalf("the runsc pod is %s", p.State)
-			}
-		}
-	}
 	same := func(what string) {
 		t.Helper()
-		if got := d.boundOn(t, uid, 20*time.Second); got != socket {
-			t.Fatalf("after %s the pod is bound on %s, was %s", what, got, socket)
-		}
-		if e, _ := d.stats(t, socket, uid); !e.Equal(epoch) {
-			t.Fatalf("after %s the pod's activation began at %v, was %v: a new activation", what, e, epoch)
-		}
-		sandbox()
+		d.same(t, what, activation{uid, socket, epoch})
 	}
-	shard := strings.TrimSuffix(filepath.Base(socket), ".sock") // nri-N
+	shard := k8sShard(socket)
 	start := time.Now()
-	d.killAndRestart(t, "statsd-"+shard)
-	for deadline := time.Now().Add(20 * time.Second); !dialable(filepath.Join(d.pod.Plan.Volume("stats-sockets"), shard+".sock")); time.Sleep(50 * time.Millisecond) {
+	d.kill(t, "statsd-"+shard)
+	// A pod placed on the shard (its first choice by the node's placement
+	// key) started while the shard is down.
+	uid3 := d.uidOn(t, shard)
+	d.c.RunPod(t, testenv.PodSpec{Name: "sandboxed-3", Namespace: "team-k8s", UID: uid3, Handler: "runsc",
+		Labels: map[string]string{nriTemplateLabel: k8sTemplate}})
+	d.pod.Restart(t, "statsd-"+shard, 1)
+	for deadline := time.Now().Add(20 * time.Second); !d.dialable(t, shard); time.Sleep(50 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			t.Fatalf("statsd-%s did not serve again within 20 s:\n%s", shard, tail(d.pod.Logs("statsd-"+shard), 3000))
 		}
 	}
 	same("statsd-" + shard + " restarted")
-	t.Logf("statsd-%s killed and restarted: the pod bound there in the same activation (%v)", shard, time.Since(start).Round(time.Millisecond))
+	socket3 := d.boundOn(t, uid3, 30*time.Second)
+	epoch3, _ := d.stats(t, socket3, uid3)
+	t.Logf("statsd-%s killed and restarted: the pod bound there in the same activation, a pod started meanwhile bound once, on %s (%v)",
+		shard, k8sShard(socket3), time.Since(start).Round(time.Millisecond))
 
 	start = time.Now()
 	d.kill(t, "statsnri")
@@ -414,26 +489,117 @@ func (d *daemonSetPod) restartEach(t *testing.T, gateway *testenv.Collector, uid
 	d.c.RunPod(t, testenv.PodSpec{Name: "sandboxed-2", Namespace: "team-k8s", UID: uid2, Handler: "runsc",
 		Labels: map[string]string{nriTemplateLabel: k8sTemplate}})
 	d.pod.Restart(t, "statsnri", 1)
-	d.boundOn(t, uid2, 30*time.Second)
+	socket2 := d.boundOn(t, uid2, 30*time.Second)
+	epoch2, _ := d.stats(t, socket2, uid2)
 	same("statsnri restarted")
 	t.Logf("statsnri killed and restarted: a pod started meanwhile bound once, the first still in its activation (%v)", time.Since(start).Round(time.Millisecond))
 
-	cpu := func() float64 {
-		for k, v := range testenv.Scrape(t, "http://127.0.0.1:9477") {
-			if strings.HasPrefix(k, "sandboxstats_workload_cpu_seconds_total{") && strings.Contains(k, "template_name="+k8sTemplate) {
-				return v
-			}
-		}
-		return -1
-	}
-	before := cpu()
 	start = time.Now()
-	d.killAndRestart(t, "otelcol")
-	d.killAndRestart(t, "statsagent")
+	carried := d.agentCarries(t, gateway, func() {
+		d.killAndRestart(t, "otelcol")
+		d.killAndRestart(t, "statsagent")
+	}, uid)
+	same("otelcol and statsagent restarted")
+	t.Logf("otelcol and statsagent killed and restarted: %s (%v)", carried, time.Since(start).Round(time.Millisecond))
+	return []activation{{uid3, socket3, epoch3}, {uid2, socket2, epoch2}}
+}
+
+// uidOn is a new pod uid whose first choice is shard, by the node's
+// placement key (the bridge's, on the node's disk).
+func (d *daemonSetPod) uidOn(t *testing.T, shard string) string {
+	t.Helper()
+	key, err := nribridge.LoadPlacementKey(filepath.Join(d.state, "statsnri", "placement.key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := slices.Index(k8sShards, shard)
+	for range 1000 {
+		if uid := testenv.NewActorUID(); nribridge.ShardOrder(key, uid, len(k8sShards))[0] == want {
+			return uid
+		}
+	}
+	t.Fatalf("no uid of 1000 placed first on %s", shard)
+	return ""
+}
+
+// activation is a runsc pod bound on a shard: its uid, the shard's socket
+// (in the statsd containers) and the activation's epoch.
+type activation struct {
+	uid, socket string
+	epoch       time.Time
+}
+
+// same fails unless a's pod is bound on its shard alone, in the same
+// activation, and its sandbox is still running.
+func (d *daemonSetPod) same(t *testing.T, what string, a activation) {
+	t.Helper()
+	if got := d.boundOn(t, a.uid, 20*time.Second); got != a.socket {
+		t.Fatalf("after %s the pod %s is bound on %s, was %s", what, a.uid, got, a.socket)
+	}
+	if e, _ := d.stats(t, a.socket, a.uid); !e.Equal(a.epoch) {
+		t.Fatalf("after %s the pod %s's activation began at %v, was %v: a new activation", what, a.uid, e, a.epoch)
+	}
+	for _, p := range d.c.Pods(t) {
+		if p.UID == a.uid {
+			if p.State != "SANDBOX_READY" {
+				t.Fatalf("after %s the runsc pod %s is %s", what, a.uid, p.State)
+			}
+			return
+		}
+	}
+	t.Fatalf("after %s the runsc pod %s is gone", what, a.uid)
+}
+
+// cpu is the agent's CPU counter of the template's pods, or -1.
+func (d *daemonSetPod) cpu(t *testing.T) float64 {
+	t.Helper()
+	for k, v := range testenv.Scrape(t, "http://127.0.0.1:9477") {
+		if strings.HasPrefix(k, "sandboxstats_workload_cpu_seconds_total{") && strings.Contains(k, "template_name="+k8sTemplate) {
+			return v
+		}
+	}
+	return -1
+}
+
+// agentState is what the test reads of the agent's agent-state.json.
+type agentState struct {
+	Origin int64 `json:"origin_unix_nano"`
+	Saved  int64 `json:"saved_unix_nano"`
+	Totals []struct {
+		Labels [7]string `json:"labels"`
+	} `json:"totals"`
+}
+
+func (d *daemonSetPod) agentState(t *testing.T) agentState {
+	t.Helper()
+	path := filepath.Join(d.state, "statsagent", "agent-state.json")
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("the agent's state: %v", err)
+	}
+	var st agentState
+	if err := json.Unmarshal(b, &st); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return st
+}
+
+// agentCarries runs restart (which restarts or replaces the agent) and
+// fails unless the agent carried its state over: the restarted agent logs
+// the state restored, its state file keeps the first agent's origin and is
+// saved again after the restart, its CPU counter of the template's pods
+// continues, the Collector forwards its next sweep, and no pod of uids has
+// a second initial usage event. It says what it saw.
+func (d *daemonSetPod) agentCarries(t *testing.T, gateway *testenv.Collector, restart func(), uids ...string) string {
+	t.Helper()
+	was := d.agentState(t)
+	before := d.cpu(t)
+	start := time.Now()
+	restart()
 	var after float64
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(200 * time.Millisecond) {
 		if httpOK("http://127.0.0.1:9477/healthz") {
-			if after = cpu(); after >= 0 {
+			if after = d.cpu(t); after >= 0 {
 				break
 			}
 		}
@@ -444,8 +610,21 @@ func (d *daemonSetPod) restartEach(t *testing.T, gateway *testenv.Collector, uid
 	if before < 0 || after < before {
 		t.Errorf("the agent's CPU counter of %s went from %v to %v across its restart: want it continued", k8sTemplate, before, after)
 	}
+	if log := d.pod.Logs("statsagent"); !strings.Contains(log, "agent state restored") {
+		t.Errorf("the restarted agent did not restore its state; its log:\n%s", tail(log, 3000))
+	}
+	var now agentState
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if now = d.agentState(t); now.Saved > start.UnixNano() || time.Now().After(deadline) {
+			break
+		}
+	}
+	if now.Origin != was.Origin || now.Saved <= start.UnixNano() || len(now.Totals) < len(was.Totals) {
+		t.Errorf("agent-state.json: origin %d, saved %d, %d label sets before the restart at %d; origin %d, saved %d, %d label sets after: want the origin kept, saved after the restart, no label set lost",
+			was.Origin, was.Saved, len(was.Totals), start.UnixNano(), now.Origin, now.Saved, len(now.Totals))
+	}
 	// The restarted agent's first sweep is exported through the restarted
-	// Collector: a point newer than the restarts arrives.
+	// Collector: a point newer than the restart arrives.
 	restarted := uint64(start.UnixNano())
 	gateway.WaitMetrics(t, 30*time.Second, func(pts []testenv.CollectedPoint) bool {
 		for _, p := range pts {
@@ -467,12 +646,88 @@ func (d *daemonSetPod) restartEach(t *testing.T, gateway *testenv.Collector, uid
 			initial[actor][rec] = true
 		}
 	}
-	if len(initial[uid]) != 1 {
-		t.Errorf("initial events of the first pod, by log.record.uid: %v; want one (sent again with the same uid at most)", initial[uid])
+	for _, uid := range uids {
+		if len(initial[uid]) > 1 {
+			t.Errorf("initial events of the pod %s, by log.record.uid: %v; want one (sent again with the same uid at most)", uid, initial[uid])
+		}
 	}
-	same("otelcol and statsagent restarted")
-	t.Logf("otelcol and statsagent killed and restarted: the CPU counter continued (%.3f s to %.3f s), the Collector forwarded the agent's next sweep, one initial event (%v)",
-		before, after, time.Since(start).Round(time.Millisecond))
+	return fmt.Sprintf("the state restored (origin kept, saved again %v after the restart), the CPU counter continued (%.3f s to %.3f s), the Collector forwarded the next sweep",
+		time.Duration(now.Saved-start.UnixNano()).Round(time.Millisecond), before, after)
+}
+
+// checkSockets: what each container sees of the sockets, through its own
+// mount namespace: a shard its own stats and lifecycle sockets alone, the
+// bridge all 16, the agent the 8 stats sockets and no lifecycle socket.
+func (d *daemonSetPod) checkSockets(t *testing.T) {
+	t.Helper()
+	type seen struct{ stats, lifecycle []string }
+	want := map[string]seen{}
+	var all seen
+	for _, shard := range k8sShards {
+		own := seen{[]string{k8sSocket(shard)}, []string{"/run/statsd-lifecycle/" + shard + "/" + shard + ".sock"}}
+		want["statsd-"+shard] = own
+		all.stats = append(all.stats, own.stats...)
+		all.lifecycle = append(all.lifecycle, own.lifecycle...)
+	}
+	want["statsnri"] = all
+	want["statsagent"] = seen{stats: all.stats}
+	for name, w := range want {
+		root := fmt.Sprintf("/proc/%d/root", d.c.InspectContainer(t, d.pod.IDs[name]).PID)
+		var got seen
+		for _, g := range []struct {
+			glob string
+			into *[]string
+		}{{"/run/statsd/*/*.sock", &got.stats}, {"/run/statsd-lifecycle/*/*.sock", &got.lifecycle}, {"/run/statsd/lifecycle/*.sock", &got.lifecycle}} {
+			m, err := filepath.Glob(root + g.glob)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, p := range m {
+				*g.into = append(*g.into, strings.TrimPrefix(p, root))
+			}
+		}
+		if fmt.Sprint(got) != fmt.Sprint(w) {
+			t.Errorf("%s sees the stats sockets %q and the lifecycle sockets %q; want %q and %q", name, got.stats, got.lifecycle, w.stats, w.lifecycle)
+		}
+	}
+}
+
+// checkReadOnly: no mount a statsd shard has at or below the host's /proc,
+// cgroups or debugfs is writable (recursiveReadOnly, where the runtime
+// handler supports it), as /proc/<pid>/mountinfo says.
+func (d *daemonSetPod) checkReadOnly(t *testing.T) {
+	t.Helper()
+	pid := d.c.InspectContainer(t, d.pod.IDs["statsd-nri-0"]).PID
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/mountinfo", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		f := strings.Fields(line) // id parent dev root point options ...
+		if len(f) < 6 {
+			t.Fatalf("mountinfo line %q", line)
+		}
+		for _, top := range []string{"/host/proc", "/sys/fs/cgroup", "/sys/kernel/debug"} {
+			if f[4] != top && !strings.HasPrefix(f[4], top+"/") {
+				continue
+			}
+			n++
+			if !slices.Contains(strings.Split(f[5], ","), "ro") {
+				t.Errorf("statsd-nri-0 has %s mounted writable (%s): a host mount's submount not read-only", f[4], f[5])
+			}
+		}
+	}
+	t.Logf("statsd-nri-0: %d mounts at or below the host's /proc, cgroups and debugfs, all read-only", n)
+}
+
+// dialable reports whether the shard's stats socket answers a connect, as
+// the bridge's container sees it (/proc/<pid>/root: the socket's path on
+// the node, below the test's directory and the pod's, is longer than a
+// Unix socket address allows).
+func (d *daemonSetPod) dialable(t *testing.T, shard string) bool {
+	t.Helper()
+	return dialable(fmt.Sprintf("/proc/%d/root%s", d.c.InspectContainer(t, d.pod.IDs["statsnri"]).PID, k8sSocket(shard)))
 }
 
 func dialable(path string) bool {

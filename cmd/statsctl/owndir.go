@@ -10,11 +10,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strconv"
 	"strings"
-
-	"golang.org/x/sys/unix"
 )
 
 func runOwnDir(_ context.Context, e *env, args []string) error {
@@ -64,25 +61,4 @@ func parseOwner(s string) (uid, gid int, err error) {
 		}
 	}
 	return uid, gid, nil
-}
-
-// ownDir makes dir (if missing) and sets its mode, then its owner, through
-// one descriptor opened without following a symbolic link: the mode first,
-// while root still owns it (no CAP_FOWNER needed).
-func ownDir(dir string, uid, gid int, perm uint32) error {
-	if err := os.Mkdir(dir, os.FileMode(perm)); err != nil && !errors.Is(err, os.ErrExist) {
-		return fmt.Errorf("own-dir %s: %w", dir, err)
-	}
-	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_NOFOLLOW|unix.O_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("own-dir %s: not a directory (or a symbolic link): %w", dir, err)
-	}
-	defer unix.Close(fd)
-	if err := unix.Fchmod(fd, perm); err != nil {
-		return fmt.Errorf("own-dir %s: chmod %04o: %w", dir, perm, err)
-	}
-	if err := unix.Fchown(fd, uid, gid); err != nil {
-		return fmt.Errorf("own-dir %s: chown %d:%d: %w", dir, uid, gid, err)
-	}
-	return nil
 }

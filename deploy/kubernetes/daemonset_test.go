@@ -29,6 +29,12 @@ type podVolume struct {
 	mountPath string
 	writers   []string // containers mounting it writable
 	readers   []string // containers mounting it read-only
+	// recursive: a host directory with submounts, mounted read-only
+	// recursively where the runtime can (recursiveReadOnly: IfPossible).
+	recursive bool
+	// perShard: each statsd shard mounts its own subdirectory (subPath
+	// nri-N at mountPath/nri-N); the other containers the whole volume.
+	perShard bool
 }
 
 // allStatsd is every shard's container.
@@ -44,14 +50,14 @@ func allStatsd() []string {
 // runtimes' directories read-only; each state directory writable by its
 // owner only; the lifecycle sockets never the agent's.
 var volumes = map[string]podVolume{
-	"stats-sockets":     {emptyDir: true, mountPath: "/run/statsd", writers: allStatsd(), readers: []string{"statsnri", "statsagent"}},
-	"lifecycle-sockets": {emptyDir: true, mountPath: "/run/statsd/lifecycle", writers: allStatsd(), readers: []string{"statsnri"}},
+	"stats-sockets":     {emptyDir: true, mountPath: "/run/statsd", writers: allStatsd(), readers: []string{"statsnri", "statsagent"}, perShard: true},
+	"lifecycle-sockets": {emptyDir: true, mountPath: "/run/statsd-lifecycle", writers: allStatsd(), readers: []string{"statsnri"}, perShard: true},
 	"statsd-state":      {hostPath: "/var/lib/statsd", mountPath: "/var/lib/statsd", writers: allStatsd()},
-	"host-proc":         {hostPath: "/proc", mountPath: "/host/proc", readers: allStatsd()},
-	"host-cgroup":       {hostPath: "/sys/fs/cgroup", mountPath: "/sys/fs/cgroup", readers: allStatsd()},
-	"host-debugfs":      {hostPath: "/sys/kernel/debug", mountPath: "/sys/kernel/debug", readers: allStatsd()},
-	"runsc-root":        {hostPath: "/run/containerd/runsc/k8s.io", mountPath: "/run/containerd/runsc/k8s.io", readers: allStatsd()},
-	"kata-run":          {hostPath: "/run/vc", mountPath: "/run/vc", readers: append(allStatsd(), "statsnri")},
+	"host-proc":         {hostPath: "/proc", mountPath: "/host/proc", readers: allStatsd(), recursive: true},
+	"host-cgroup":       {hostPath: "/sys/fs/cgroup", mountPath: "/sys/fs/cgroup", readers: allStatsd(), recursive: true},
+	"host-debugfs":      {hostPath: "/sys/kernel/debug", mountPath: "/sys/kernel/debug", readers: allStatsd(), recursive: true},
+	"runsc-root":        {hostPath: "/run/containerd/runsc/k8s.io", mountPath: "/run/containerd/runsc/k8s.io", readers: allStatsd(), recursive: true},
+	"kata-run":          {hostPath: "/run/vc", mountPath: "/run/vc", readers: append(allStatsd(), "statsnri"), recursive: true},
 	"nri":               {hostPath: "/var/run/nri", mountPath: "/var/run/nri", readers: []string{"statsnri"}},
 	"statsnri-state":    {hostPath: "/var/lib/statsnri", mountPath: "/var/lib/statsnri", writers: []string{"statsnri"}},
 	"agent-state":       {hostPath: "/var/lib/statsagent", mountPath: "/var/lib/statsagent", writers: []string{"statsagent", "own-dir"}},
@@ -155,11 +161,20 @@ func TestDaemonSet(t *testing.T) {
 		checkSecurityContext(t, c)
 		for _, m := range c.VolumeMounts {
 			v, ok := volumes[m.Name]
+			wantPath, wantSub := v.mountPath, ""
+			if shard, isShard := strings.CutPrefix(c.Name, "statsd-"); isShard && v.perShard {
+				wantPath, wantSub = v.mountPath+"/"+shard, shard
+			}
+			rro := m.RecursiveReadOnly != nil && *m.RecursiveReadOnly == corev1.RecursiveReadOnlyIfPossible
 			switch {
 			case !ok:
 				t.Errorf("%s mounts %q, no such volume", c.Name, m.Name)
-			case m.MountPath != v.mountPath:
-				t.Errorf("%s mounts %s at %s, want %s", c.Name, m.Name, m.MountPath, v.mountPath)
+			case m.MountPath != wantPath:
+				t.Errorf("%s mounts %s at %s, want %s", c.Name, m.Name, m.MountPath, wantPath)
+			case v.perShard && m.SubPath != wantSub:
+				t.Errorf("%s mounts %s's subPath %q, want %q (a shard its own subdirectory only, the others the whole volume)", c.Name, m.Name, m.SubPath, wantSub)
+			case rro != v.recursive:
+				t.Errorf("%s mounts %s with recursiveReadOnly %v, want IfPossible: %v (the host's submounts read-only too)", c.Name, m.Name, m.RecursiveReadOnly, v.recursive)
 			case m.ReadOnly && !slices.Contains(v.readers, c.Name), !m.ReadOnly && !slices.Contains(v.writers, c.Name):
 				t.Errorf("%s mounts %s (read-only %v): want the readers %q and the writers %q only", c.Name, m.Name, m.ReadOnly, v.readers, v.writers)
 			case m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone:
@@ -173,7 +188,7 @@ func TestDaemonSet(t *testing.T) {
 
 	agent := container(t, pod, "statsagent")
 	for _, m := range agent.VolumeMounts {
-		if m.Name == "lifecycle-sockets" || strings.HasPrefix(m.MountPath, "/run/statsd/lifecycle") {
+		if m.Name == "lifecycle-sockets" || strings.HasPrefix(m.MountPath, volumes["lifecycle-sockets"].mountPath) {
 			t.Errorf("the agent mounts %+v: it must not reach the lifecycle sockets", m)
 		}
 	}
@@ -245,8 +260,8 @@ func TestStatsdShards(t *testing.T) {
 	}
 	for i, shard := range shards {
 		c := container(t, pod, statsdContainer(shard))
-		lc := "/run/statsd/lifecycle/" + shard + ".sock"
-		st := "/run/statsd/" + shard + ".sock"
+		lc := "/run/statsd-lifecycle/" + shard + "/" + shard + ".sock"
+		st := "/run/statsd/" + shard + "/" + shard + ".sock"
 		want := first.DeepCopy()
 		want.Name = c.Name
 		want.Args = slices.Clone(first.Args)
@@ -254,8 +269,9 @@ func TestStatsdShards(t *testing.T) {
 			want.Args[j] = strings.ReplaceAll(a, shards[0], shard)
 		}
 		for j, m := range want.VolumeMounts {
-			if m.Name == "statsd-state" {
+			if m.SubPath != "" {
 				want.VolumeMounts[j].SubPath = shard
+				want.VolumeMounts[j].MountPath = strings.ReplaceAll(m.MountPath, shards[0], shard)
 			}
 		}
 		gotJSON, _ := yaml.Marshal(c)
@@ -266,6 +282,13 @@ func TestStatsdShards(t *testing.T) {
 		a := flags(t, c)
 		if one(t, c, a, "--listen") != st || one(t, c, a, "--lifecycle-listen") != lc || mountAt["statsd-state"].SubPath != shards[0] {
 			t.Errorf("%s: sockets %q %q: want %s and %s", c.Name, a["--listen"], a["--lifecycle-listen"], st, lc)
+		}
+		mounted := map[string]string{}
+		for _, m := range c.VolumeMounts {
+			mounted[m.Name] = m.MountPath
+		}
+		if filepath.Dir(st) != mounted["stats-sockets"] || filepath.Dir(lc) != mounted["lifecycle-sockets"] {
+			t.Errorf("%s: sockets %s %s not in its own subdirectories %v", c.Name, st, lc, mounted)
 		}
 		if bridge["--statsd"][i] != lc+","+st {
 			t.Errorf("the bridge's statsd %d is %q, want %s,%s", i, bridge["--statsd"][i], lc, st)
@@ -285,8 +308,8 @@ func TestAgentAndCollector(t *testing.T) {
 	if sc := agent.SecurityContext; *sc.RunAsGroup != socketGID(t) {
 		t.Errorf("the agent's group %d is not the socket group %d (statsd admits it by its primary group: the pod's containers do not share a PID namespace, so statsd cannot read a peer's supplementary groups)", *sc.RunAsGroup, socketGID(t))
 	}
-	if one(t, agent, a, "--sockets") != "/run/statsd/*.sock" || one(t, agent, a, "--state-dir") != "/var/lib/statsagent" {
-		t.Errorf("agent args %q: want --sockets=/run/statsd/*.sock and --state-dir=/var/lib/statsagent", agent.Args)
+	if one(t, agent, a, "--sockets") != "/run/statsd/*/*.sock" || one(t, agent, a, "--state-dir") != "/var/lib/statsagent" {
+		t.Errorf("agent args %q: want --sockets=/run/statsd/*/*.sock and --state-dir=/var/lib/statsagent", agent.Args)
 	}
 	if len(agent.Ports) != 1 || agent.Ports[0].Name != "metrics" || agent.Ports[0].ContainerPort != 9477 || one(t, agent, a, "--metrics-listen") != "0.0.0.0:9477" {
 		t.Errorf("ports %+v, args %q: want metrics on 9477", agent.Ports, agent.Args)

@@ -181,15 +181,15 @@ func TestNRIBridge(t *testing.T) {
 	if s := args["--nri-socket"]; len(s) != 1 || filepath.Dir(s[0]) != mounts["nri"] {
 		t.Errorf("--nri-socket %q is not in the mounted NRI directory %q (mount the directory: containerd makes a new socket when it restarts)", s, mounts["nri"])
 	}
-	agentGlob := "/run/statsd/*.sock"
+	agentGlob := "/run/statsd/*/*.sock"
 	seen := map[string]bool{}
 	if len(args["--statsd"]) == 0 {
 		t.Error("no --statsd")
 	}
 	for _, sd := range args["--statsd"] {
 		lc, st, ok := strings.Cut(sd, ",")
-		if m, _ := filepath.Match(agentGlob, st); !ok || !m || !strings.HasPrefix(lc, "/run/statsd/lifecycle/") || seen[lc] || seen[st] {
-			t.Errorf("--statsd %q: want a lifecycle socket under /run/statsd/lifecycle/ and a stats socket the agent's glob %s finds, each once", sd, agentGlob)
+		if m, _ := filepath.Match(agentGlob, st); !ok || !m || !strings.HasPrefix(lc, mounts["lifecycle-sockets"]+"/") || seen[lc] || seen[st] {
+			t.Errorf("--statsd %q: want a lifecycle socket under %s/ and a stats socket the agent's glob %s finds, each once", sd, mounts["lifecycle-sockets"], agentGlob)
 		}
 		if filepath.Base(lc) != filepath.Base(st) {
 			t.Errorf("--statsd %q: the two sockets are not one statsd@ instance's", sd)

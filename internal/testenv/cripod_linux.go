@@ -63,6 +63,10 @@ type CRIRender struct {
 	// WithoutSeccomp leaves the seccomp profiles out (cripod's
 	// --without-seccomp): for a runc without seccomp (RuncSeccomp).
 	WithoutSeccomp bool
+	// RecursiveReadOnlyMounts: the runtime handler supports recursive
+	// read-only mounts (cripod's --recursive-read-only-mounts; see
+	// Containerd.RecursiveReadOnlyMounts), as the kubelet learns it.
+	RecursiveReadOnlyMounts bool
 }
 
 // RenderCRIPod runs the cripod command (go run, in repoRoot's deploy
@@ -74,6 +78,9 @@ func RenderCRIPod(t testing.TB, repoRoot string, r CRIRender) *CRIPlan {
 		"--node-network", "--attempts", fmt.Sprint(max(1, r.Attempts))}
 	if r.WithoutSeccomp {
 		args = append(args, "--without-seccomp")
+	}
+	if r.RecursiveReadOnlyMounts {
+		args = append(args, "--recursive-read-only-mounts")
 	}
 	var from []string
 	for k := range r.HostPaths {
@@ -126,6 +133,33 @@ func (c *Containerd) RuncSeccomp(t testing.TB) bool {
 		t.Fatalf("runc features: %v", err)
 	}
 	return f.Linux.Seccomp != nil && f.Linux.Seccomp.Enabled != nil && *f.Linux.Seccomp.Enabled
+}
+
+// RecursiveReadOnlyMounts reports whether the runtime handler (""; the
+// default) supports recursive read-only mounts, as the kubelet learns it:
+// the CRI RuntimeStatus's handlers' features (crictl info's
+// runtimeHandlers).
+func (c *Containerd) RecursiveReadOnlyMounts(t testing.TB, handler string) bool {
+	t.Helper()
+	var info struct {
+		Handlers []struct {
+			Name     string `json:"name"`
+			Features struct {
+				RRO bool `json:"recursive_read_only_mounts"`
+			} `json:"features"`
+		} `json:"runtimeHandlers"`
+	}
+	out := c.Crictl(t, "info")
+	if err := json.Unmarshal(out, &info); err != nil {
+		t.Fatalf("crictl info: %v", err)
+	}
+	for _, h := range info.Handlers {
+		if h.Name == handler {
+			return h.Features.RRO
+		}
+	}
+	t.Fatalf("crictl info lists no runtime handler %q", handler)
+	return false
 }
 
 // CRIPod is a pod StartCRIPod runs.

@@ -34,7 +34,6 @@ spec:
         runAsUser: 1000
         runAsGroup: 1000
         supplementalGroups: [2375]
-        fsGroup: 3000
         seccompProfile: {type: RuntimeDefault}
       initContainers:
         - name: init
@@ -55,6 +54,8 @@ spec:
             - {name: NODE, valueFrom: {fieldRef: {fieldPath: spec.nodeName}}}
             - {name: POD, valueFrom: {fieldRef: {fieldPath: metadata.name}}}
             - {name: GATEWAY, value: "override:$(NODE)"}
+            - {name: API, value: "$(KUBERNETES_SERVICE_HOST):$(KUBERNETES_SERVICE_PORT)"}
+            - {name: KUBERNETES_SERVICE_PORT, value: "6443"}
           ports: [{name: metrics, containerPort: 9477, protocol: TCP}]
           resources:
             requests: {cpu: 250m, memory: 512Mi}
@@ -138,7 +139,7 @@ func TestFromDaemonSet(t *testing.T) {
 		if ns.Network != runtimeapi.NamespaceMode_POD || ns.Pid != runtimeapi.NamespaceMode_NODE || ns.Ipc != runtimeapi.NamespaceMode_POD {
 			t.Errorf("namespaces %v: want the pod's network and IPC, the node's PID (hostPID)", ns)
 		}
-		if sc.RunAsUser.GetValue() != 1000 || sc.RunAsGroup.GetValue() != 1000 || !slices.Equal(sc.SupplementalGroups, []int64{2375, 3000}) ||
+		if sc.RunAsUser.GetValue() != 1000 || sc.RunAsGroup.GetValue() != 1000 || !slices.Equal(sc.SupplementalGroups, []int64{2375}) ||
 			!sc.Privileged || sc.Seccomp.GetProfileType() != runtimeapi.SecurityProfile_RuntimeDefault {
 			t.Errorf("sandbox security %v", sc)
 		}
@@ -168,6 +169,20 @@ func TestFromDaemonSet(t *testing.T) {
 		e := env(c)
 		if e["GATEWAY"] != "override:node-1" || e["INSECURE"] != "true" || e["NODE"] != "node-1" || e["POD"] != "agent-x1y2z" {
 			t.Errorf("env %v: want envFrom's, env over it, fieldRefs, $(VAR) expanded", e)
+		}
+		// The Service kubernetes's variables, as the kubelet adds them
+		// without service links; one the container sets is its own.
+		for k, v := range map[string]string{
+			"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "6443", "KUBERNETES_SERVICE_PORT_HTTPS": "443",
+			"KUBERNETES_PORT": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP": "tcp://10.96.0.1:443", "KUBERNETES_PORT_443_TCP_PROTO": "tcp",
+			"KUBERNETES_PORT_443_TCP_PORT": "443", "KUBERNETES_PORT_443_TCP_ADDR": "10.96.0.1", "API": "10.96.0.1:443",
+		} {
+			if e[k] != v {
+				t.Errorf("env %s=%q, want %q", k, e[k], v)
+			}
+		}
+		if !slices.IsSortedFunc(c.Envs, func(a, b *runtimeapi.KeyValue) int { return strings.Compare(a.Key, b.Key) }) {
+			t.Error("env not sorted by name")
 		}
 		if want := []string{"--node=node-1", "--gw=override:node-1"}; !slices.Equal(c.Args, want) {
 			t.Errorf("args %q, want %q", c.Args, want)
@@ -264,6 +279,11 @@ func TestUnsupported(t *testing.T) {
 			s.Volumes = append(s.Volumes, corev1.Volume{Name: "s", VolumeSource: corev1.VolumeSource{Secret: &corev1.SecretVolumeSource{SecretName: "x"}}})
 		},
 		"memory emptyDir": func(s *corev1.PodSpec) { s.Volumes[3].EmptyDir.Medium = corev1.StorageMediumMemory },
+		"fsGroup":         func(s *corev1.PodSpec) { g := int64(3000); s.SecurityContext.FSGroup = &g },
+		"fsGroupChangePolicy": func(s *corev1.PodSpec) {
+			p := corev1.FSGroupChangeOnRootMismatch
+			s.SecurityContext.FSGroupChangePolicy = &p
+		},
 		"resource field env": func(s *corev1.PodSpec) {
 			s.Containers[0].Env = append(s.Containers[0].Env, corev1.EnvVar{Name: "M", ValueFrom: &corev1.EnvVarSource{ResourceFieldRef: &corev1.ResourceFieldSelector{Resource: "limits.memory"}}})
 		},
@@ -376,6 +396,66 @@ func TestTheProjectsDaemonSet(t *testing.T) {
 			sc.Seccomp.GetProfileType() != runtimeapi.SecurityProfile_RuntimeDefault || sc.RunAsUser == nil {
 			b, _ := yaml.Marshal(sc)
 			t.Errorf("%s:\n%s", c.Name, b)
+		}
+	}
+}
+
+// TestRecursiveReadOnly: a volume mount's recursiveReadOnly resolved as the
+// kubelet does, and the project's host mounts made recursive read-only
+// where the runtime handler supports it.
+func TestRecursiveReadOnly(t *testing.T) {
+	mode := func(m corev1.RecursiveReadOnlyMode) *corev1.RecursiveReadOnlyMode { return &m }
+	hostToContainer := corev1.MountPropagationHostToContainer
+	for _, tc := range []struct {
+		name      string
+		mount     corev1.VolumeMount
+		supported bool
+		want      bool
+		err       string
+	}{
+		{name: "unset", mount: corev1.VolumeMount{Name: "v", ReadOnly: true}, supported: true},
+		{name: "disabled", mount: corev1.VolumeMount{Name: "v", ReadOnly: true, RecursiveReadOnly: mode(corev1.RecursiveReadOnlyDisabled)}, supported: true},
+		{name: "if possible, supported", mount: corev1.VolumeMount{Name: "v", ReadOnly: true, RecursiveReadOnly: mode(corev1.RecursiveReadOnlyIfPossible)}, supported: true, want: true},
+		{name: "if possible, unsupported", mount: corev1.VolumeMount{Name: "v", ReadOnly: true, RecursiveReadOnly: mode(corev1.RecursiveReadOnlyIfPossible)}},
+		{name: "enabled, supported", mount: corev1.VolumeMount{Name: "v", ReadOnly: true, RecursiveReadOnly: mode(corev1.RecursiveReadOnlyEnabled)}, supported: true, want: true},
+		{name: "enabled, unsupported", mount: corev1.VolumeMount{Name: "v", ReadOnly: true, RecursiveReadOnly: mode(corev1.RecursiveReadOnlyEnabled)}, err: "does not support"},
+		{name: "writable", mount: corev1.VolumeMount{Name: "v", RecursiveReadOnly: mode(corev1.RecursiveReadOnlyIfPossible)}, supported: true, err: "readOnly: true"},
+		{name: "propagation", mount: corev1.VolumeMount{Name: "v", ReadOnly: true, MountPropagation: &hostToContainer, RecursiveReadOnly: mode(corev1.RecursiveReadOnlyIfPossible)}, supported: true, err: "mountPropagation None"},
+		{name: "unknown", mount: corev1.VolumeMount{Name: "v", ReadOnly: true, RecursiveReadOnly: mode("Sometimes")}, supported: true, err: "unknown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := recursiveReadOnly(tc.mount, tc.supported)
+			if got != tc.want || (err == nil) != (tc.err == "") || (err != nil && !strings.Contains(err.Error(), tc.err)) {
+				t.Errorf("got %v, %v; want %v and an error with %q", got, err, tc.want, tc.err)
+			}
+		})
+	}
+
+	objs, err := Build("..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, supported := range []bool{true, false} {
+		o := testOptions(t.TempDir())
+		o.RecursiveReadOnlyMounts = supported
+		p, err := FromDaemonSet(objs.DaemonSet, objs.ConfigMaps, o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := 0
+		for _, c := range p.Containers {
+			for _, m := range c.Config.Mounts {
+				if m.RecursiveReadOnly {
+					n++
+					if !m.Readonly || m.Propagation != runtimeapi.MountPropagation_PROPAGATION_PRIVATE {
+						t.Errorf("%s: %s recursive read-only but %v", c.Name, m.ContainerPath, m)
+					}
+				}
+			}
+		}
+		// 5 host mounts in each of the 8 shards, Kata's in the bridge.
+		if want := map[bool]int{true: 41, false: 0}[supported]; n != want {
+			t.Errorf("runtime support %v: %d recursive read-only mounts, want %d", supported, n, want)
 		}
 	}
 }

@@ -2,6 +2,8 @@ package cripod
 
 import (
 	"fmt"
+	"maps"
+	"net"
 	"slices"
 	"strings"
 
@@ -12,9 +14,23 @@ import (
 // environment is the container's environment (the kubelet's
 // makeEnvironmentVariables without service links): envFrom's ConfigMaps,
 // then env over them, each value's $(VAR) references expanded with the
-// variables before it; sorted by name.
+// variables before it and the Service kubernetes's; then the Service
+// kubernetes's variables not set already (the kubelet adds them even
+// without service links). Sorted by name: the kubelet hands them over in
+// its map's order, which is random, and a sorted list keeps the rendered
+// configs reproducible.
 func (p *Pod) environment(c corev1.Container, ns string) ([]*runtimeapi.KeyValue, error) {
+	service, err := p.serviceEnv()
+	if err != nil {
+		return nil, fmt.Errorf("cripod: %s: %w", c.Name, err)
+	}
 	vars := map[string]string{}
+	// lookup is what $(VAR) sees: the variables so far, then the Service's.
+	lookup := func() map[string]string {
+		m := maps.Clone(service)
+		maps.Copy(m, vars)
+		return m
+	}
 	for _, from := range c.EnvFrom {
 		if from.ConfigMapRef == nil {
 			return nil, fmt.Errorf("%w: %s: envFrom other than a ConfigMap", ErrUnsupported, c.Name)
@@ -33,7 +49,7 @@ func (p *Pod) environment(c corev1.Container, ns string) ([]*runtimeapi.KeyValue
 	for _, e := range c.Env {
 		switch {
 		case e.ValueFrom == nil:
-			vars[e.Name] = expand(e.Value, vars)
+			vars[e.Name] = expand(e.Value, lookup())
 		case e.ValueFrom.ConfigMapKeyRef != nil:
 			ref := e.ValueFrom.ConfigMapKeyRef
 			cm := p.env[ref.Name]
@@ -58,6 +74,11 @@ func (p *Pod) environment(c corev1.Container, ns string) ([]*runtimeapi.KeyValue
 			return nil, fmt.Errorf("%w: %s: env %s: a value from other than a ConfigMap key or a pod field", ErrUnsupported, c.Name, e.Name)
 		}
 	}
+	for k, v := range service {
+		if _, set := vars[k]; !set {
+			vars[k] = v
+		}
+	}
 	var out []*runtimeapi.KeyValue
 	for _, k := range slices.Sorted(func(yield func(string) bool) {
 		for k := range vars {
@@ -69,6 +90,31 @@ func (p *Pod) environment(c corev1.Container, ns string) ([]*runtimeapi.KeyValue
 		out = append(out, &runtimeapi.KeyValue{Key: k, Value: []byte(vars[k])})
 	}
 	return out, nil
+}
+
+// serviceEnv are the variables of the Service kubernetes (in default,
+// its port named https), as the kubelet's envvars.FromServices writes them.
+func (p *Pod) serviceEnv() (map[string]string, error) {
+	addr := p.opts.KubernetesService
+	if addr == "" {
+		addr = "10.96.0.1:443"
+	}
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil || net.ParseIP(host) == nil {
+		return nil, fmt.Errorf("the Service kubernetes's address %q: want ClusterIP:port", addr)
+	}
+	url := "tcp://" + net.JoinHostPort(host, port)
+	pre := "KUBERNETES_PORT_" + port + "_TCP"
+	return map[string]string{
+		"KUBERNETES_SERVICE_HOST":       host,
+		"KUBERNETES_SERVICE_PORT":       port,
+		"KUBERNETES_SERVICE_PORT_HTTPS": port,
+		"KUBERNETES_PORT":               url,
+		pre:                             url,
+		pre + "_PROTO":                  "tcp",
+		pre + "_PORT":                   port,
+		pre + "_ADDR":                   host,
+	}, nil
 }
 
 // field is the downward API's value of a pod field.

@@ -44,6 +44,17 @@ type Options struct {
 	// pod then runs with more system calls allowed than on a node, never
 	// fewer.
 	WithoutSeccomp bool
+	// RecursiveReadOnlyMounts: the runtime handler reports the
+	// RecursiveReadOnlyMounts feature (CRI RuntimeStatus, its handlers'
+	// features; crictl info's runtimeHandlers). A volume mount's
+	// recursiveReadOnly is resolved by it as the kubelet does: IfPossible
+	// is recursive only if set, Enabled fails without it.
+	RecursiveReadOnlyMounts bool
+	// KubernetesService is the ClusterIP:port of the Service kubernetes in
+	// the namespace default, which the kubelet gives every container as
+	// KUBERNETES_SERVICE_HOST and the rest, service links or not; "":
+	// 10.96.0.1:443 (kubeadm's default service range's first address).
+	KubernetesService string
 	// NodeMemoryBytes is the node's memory capacity, for the oom_score_adj
 	// of a Burstable pod's containers; 0 gives them 999 (as for a request of
 	// nothing).
@@ -136,8 +147,11 @@ func supported(spec corev1.PodSpec) error {
 	if len(spec.EphemeralContainers) > 0 {
 		bad = append(bad, "ephemeralContainers")
 	}
-	if sc := spec.SecurityContext; sc != nil && (sc.SELinuxOptions != nil || sc.AppArmorProfile != nil || sc.WindowsOptions != nil || sc.SupplementalGroupsPolicy != nil) {
-		bad = append(bad, "securityContext (SELinux, AppArmor, Windows or supplementalGroupsPolicy)")
+	// fsGroup: the kubelet also chowns and setgids the pod's volumes to
+	// it (SetVolumeOwnership), which this package does not do.
+	if sc := spec.SecurityContext; sc != nil && (sc.SELinuxOptions != nil || sc.AppArmorProfile != nil || sc.WindowsOptions != nil ||
+		sc.SupplementalGroupsPolicy != nil || sc.FSGroup != nil || sc.FSGroupChangePolicy != nil) {
+		bad = append(bad, "securityContext (SELinux, AppArmor, Windows, supplementalGroupsPolicy, fsGroup or fsGroupChangePolicy)")
 	}
 	for _, c := range slices.Concat(spec.InitContainers, spec.Containers) {
 		if c.RestartPolicy != nil {
@@ -150,8 +164,8 @@ func supported(spec corev1.PodSpec) error {
 			bad = append(bad, c.Name+": securityContext (SELinux, AppArmor, Windows or procMount)")
 		}
 		for _, m := range c.VolumeMounts {
-			if m.SubPathExpr != "" || m.RecursiveReadOnly != nil {
-				bad = append(bad, c.Name+": volumeMount "+m.Name+" (subPathExpr, recursiveReadOnly)")
+			if m.SubPathExpr != "" {
+				bad = append(bad, c.Name+": volumeMount "+m.Name+" (subPathExpr)")
 			}
 		}
 	}

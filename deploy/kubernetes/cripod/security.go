@@ -39,17 +39,14 @@ func (p *Pod) sandboxSecurity() *runtimeapi.LinuxSandboxSecurityContext {
 	return sc
 }
 
-// supplementalGroups are the pod's supplementalGroups and its fsGroup.
+// supplementalGroups are the pod's supplementalGroups (an fsGroup is
+// refused: supported).
 func (p *Pod) supplementalGroups() []int64 {
 	psc := p.spec.SecurityContext
 	if psc == nil {
 		return nil
 	}
-	groups := slices.Clone(psc.SupplementalGroups)
-	if psc.FSGroup != nil && !slices.Contains(groups, *psc.FSGroup) {
-		groups = append(groups, *psc.FSGroup)
-	}
-	return groups
+	return slices.Clone(psc.SupplementalGroups)
 }
 
 // containerSecurity is the container's security context (the kubelet's

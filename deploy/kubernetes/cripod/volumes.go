@@ -122,6 +122,11 @@ func (p *Pod) mounts(c corev1.Container) ([]*runtimeapi.Mount, error) {
 				return nil, fmt.Errorf("cripod: %s: volume mount %q: propagation %q", c.Name, m.Name, *m.MountPropagation)
 			}
 		}
+		rro, err := recursiveReadOnly(m, p.opts.RecursiveReadOnlyMounts)
+		if err != nil {
+			return nil, fmt.Errorf("cripod: %s: %w", c.Name, err)
+		}
+		mount.RecursiveReadOnly = rro
 		out = append(out, mount)
 	}
 	path := c.TerminationMessagePath
@@ -130,6 +135,34 @@ func (p *Pod) mounts(c corev1.Container) ([]*runtimeapi.Mount, error) {
 	}
 	out = append(out, &runtimeapi.Mount{ContainerPath: path, HostPath: p.terminationLog(c.Name)})
 	return out, nil
+}
+
+// recursiveReadOnly resolves a volume mount's recursiveReadOnly as the
+// kubelet does (pkg/kubelet resolveRecursiveReadOnly): Disabled or unset is
+// not recursive; otherwise the mount must be read-only and of no
+// propagation (PRIVATE), and IfPossible is recursive if the runtime handler
+// supports it, Enabled must be.
+func recursiveReadOnly(m corev1.VolumeMount, supported bool) (bool, error) {
+	if m.RecursiveReadOnly == nil || *m.RecursiveReadOnly == corev1.RecursiveReadOnlyDisabled {
+		return false, nil
+	}
+	if !m.ReadOnly {
+		return false, fmt.Errorf("volume mount %q: recursiveReadOnly %s needs readOnly: true", m.Name, *m.RecursiveReadOnly)
+	}
+	if m.MountPropagation != nil && *m.MountPropagation != corev1.MountPropagationNone {
+		return false, fmt.Errorf("volume mount %q: recursiveReadOnly %s needs mountPropagation None", m.Name, *m.RecursiveReadOnly)
+	}
+	switch *m.RecursiveReadOnly {
+	case corev1.RecursiveReadOnlyIfPossible:
+		return supported, nil
+	case corev1.RecursiveReadOnlyEnabled:
+		if !supported {
+			return false, fmt.Errorf("volume mount %q: recursiveReadOnly Enabled, but the runtime handler does not support recursive read-only mounts", m.Name)
+		}
+		return true, nil
+	default:
+		return false, fmt.Errorf("volume mount %q: unknown recursiveReadOnly %q", m.Name, *m.RecursiveReadOnly)
+	}
 }
 
 func (p *Pod) terminationLog(container string) string {

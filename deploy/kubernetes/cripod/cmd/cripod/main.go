@@ -68,9 +68,9 @@ func main() {
 func run(args []string) error {
 	fs := flag.NewFlagSet("cripod", flag.ContinueOnError)
 	var (
-		kust, out, name, uid, node, cgroup string
-		nodeNet, noSeccomp                 bool
-		attempts                           int
+		kust, out, name, uid, node, cgroup, kubeSvc string
+		nodeNet, noSeccomp, rro                     bool
+		attempts                                    int
 	)
 	hostPaths := hostPathsFlag{}
 	fs.StringVar(&kust, "kustomization", "", "the kustomization's directory (required)")
@@ -81,6 +81,8 @@ func run(args []string) error {
 	fs.StringVar(&cgroup, "cgroup-parent", "", "the sandbox's cgroup parent (default: the runtime's)")
 	fs.BoolVar(&nodeNet, "node-network", false, "run the pod in the node's network namespace (a runtime without CNI)")
 	fs.BoolVar(&noSeccomp, "without-seccomp", false, "leave every seccomp profile out (a runtime built without seccomp)")
+	fs.BoolVar(&rro, "recursive-read-only-mounts", false, "the runtime handler supports recursive read-only mounts (crictl info: runtimeHandlers' features): a recursiveReadOnly IfPossible mount is made recursive")
+	fs.StringVar(&kubeSvc, "kubernetes-service", "", "the Service kubernetes's ClusterIP:port, for the KUBERNETES_SERVICE_* variables (default 10.96.0.1:443)")
 	fs.IntVar(&attempts, "attempts", 1, "configs written per container: attempts 0 .. N-1 (a restart is the next attempt)")
 	fs.Var(hostPaths, "host-path", "FROM=TO: take a hostPath at or below FROM from TO instead (repeatable)")
 	if err := fs.Parse(args); err != nil {
@@ -111,6 +113,7 @@ func run(args []string) error {
 	pod, err := cripod.FromDaemonSet(objs.DaemonSet, objs.ConfigMaps, cripod.Options{
 		Name: name, UID: uid, NodeName: node, PodDir: out, HostPaths: hostPaths,
 		NodeNetwork: nodeNet, WithoutSeccomp: noSeccomp, CgroupParent: cgroup, NodeMemoryBytes: memTotal(),
+		RecursiveReadOnlyMounts: rro, KubernetesService: kubeSvc,
 	})
 	if err != nil {
 		return err
