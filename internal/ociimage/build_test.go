@@ -33,8 +33,8 @@ import (
 // on CI's fresh clone relies on) is TestIntegrationColdCacheBinary's, for
 // one binary, and was checked for all by hand (docs: deploy/README.md,
 // "Images"). With the cache warm each build is the links and the
-// compression (about 15-35 s for both platforms on a loaded 2-core
-// machine); cold, the first costs minutes per platform.
+// compression of both platforms (33 s at load average 10 on 2 cores, 85 s
+// at 15); cold, the first costs minutes per platform.
 func TestIntegrationBuildProjectImagesTwice(t *testing.T) {
 	root := needGo(t, "builds every image twice with the go command; not under -short")
 	copyRoot := copySources(t, root)
@@ -100,9 +100,9 @@ func TestIntegrationBuildProjectImagesTwice(t *testing.T) {
 // machine's cache, so the compiler, not only the linker, makes the same
 // bytes on a clean machine (what TestIntegrationBuildProjectImagesTwice
 // cannot show). One small binary for this host's architecture: about
-// 330 packages, the standard library's included, compiled cold, about
-// 90 s on a 2-core machine at load average 13 (36 s of CPU); the other binaries and arm64 were
-// checked by hand (cold, all four images: deploy/README.md, "Images").
+// 330 packages, the standard library's included, compiled cold: 31 s on a
+// shared 2-core machine, 90 s at load average 13 (36 s of CPU). The other
+// binaries and arm64 were checked by hand (deploy/README.md, "Images").
 func TestIntegrationColdCacheBinary(t *testing.T) {
 	root := needGo(t, "compiles statsctl with an empty build cache; not under -short")
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
