@@ -46,6 +46,11 @@ import (
 	"go.opentelemetry.io/collector/service/telemetry/otelconftelemetry"
 
 	"github.com/open-telemetry/opentelemetry-collector-contrib/extension/storage/filestorage"
+	// The Mozilla roots (pinned by go.sum) for a TLS exporter when the
+	// system has none: the image holds no CA bundle, and crypto/x509 uses
+	// these only if it finds no system roots (SSL_CERT_FILE, SSL_CERT_DIR,
+	// /etc/ssl/certs). A private CA: the exporter's tls.ca_file.
+	_ "golang.org/x/crypto/x509roots/fallback"
 
 	"github.com/sandboxstats/sandboxstats/e2e/otelcol/jsonfile"
 )

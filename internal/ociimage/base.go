@@ -23,8 +23,9 @@ const (
 
 // BaseLayer is the layer every project image starts from, what a static Go
 // binary needs: /etc/passwd and /etc/group (root, nonroot, sandboxstats),
-// /etc/nsswitch.conf, a sticky /tmp, the home directories. No CA bundle (a TLS
-// exporter takes its roots from a mounted file: deploy/README.md, "Images").
+// /etc/nsswitch.conf, a sticky /tmp, the home directories. No CA bundle (the
+// Collector links golang.org/x/crypto/x509roots/fallback; a private CA is a
+// mounted file: deploy/README.md, "Images").
 func BaseLayer() []Entry {
 	home := Dir("home/nonroot", 0o700)
 	home.UID, home.GID = NonrootUID, NonrootUID

@@ -251,6 +251,31 @@ func Build(img Spec) (*Blobs, error) {
 	return bl, nil
 }
 
+// Index makes an image index of imgs (each a manifest with its platform,
+// in the order given) holding all their blobs: its Manifest is the
+// index's descriptor, its Config and Layers empty. A runtime that pulls or
+// imports it by the index's digest picks the manifest of its platform.
+func Index(imgs ...*Blobs) (*Blobs, error) {
+	ix := &Blobs{Data: map[string][]byte{}}
+	var ms []Descriptor
+	for _, img := range imgs {
+		if img.Manifest.MediaType != MediaTypeManifest || img.Manifest.Platform == nil {
+			return nil, fmt.Errorf("%w: index entry %s: not a manifest with a platform", ErrLayout, img.Manifest.Digest)
+		}
+		ms = append(ms, img.Manifest)
+		for dg, b := range img.Data {
+			ix.Data[dg] = b
+		}
+	}
+	ib, err := json.Marshal(index{SchemaVersion: 2, MediaType: MediaTypeIndex, Manifests: slices.Concat([]Descriptor{}, ms)})
+	if err != nil {
+		return nil, err
+	}
+	ix.Manifest = Describe(MediaTypeIndex, ib)
+	ix.Data[ix.Manifest.Digest] = ib
+	return ix, nil
+}
+
 // Archive returns the OCI image layout of bl as a tar, its index naming the
 // manifest ref (under both AnnotationRefName and AnnotationContainerName);
 // entries sorted, every time the Unix epoch.
@@ -286,13 +311,37 @@ func WriteArchiveByDigest(file string, img Spec, repo string) (Descriptor, error
 	return writeArchive(file, img, func(digest string) string { return repo + "@" + digest })
 }
 
+// WriteIndexArchiveByDigest writes the images of imgs, one per platform,
+// as an image index (Index) to file, named repo@<the index's digest> in
+// the layout's index.json. It returns the index's descriptor.
+func WriteIndexArchiveByDigest(file string, imgs []Spec, repo string) (Descriptor, error) {
+	var bls []*Blobs
+	for _, img := range imgs {
+		bl, err := Build(img)
+		if err != nil {
+			return Descriptor{}, fmt.Errorf("image %s (%s): %w", file, img.Architecture, err)
+		}
+		bls = append(bls, bl)
+	}
+	ix, err := Index(bls...)
+	if err != nil {
+		return Descriptor{}, fmt.Errorf("image %s: %w", file, err)
+	}
+	return writeBlobs(file, ix, repo+"@"+ix.Manifest.Digest)
+}
+
 // writeArchive writes img named ref(its manifest's digest).
 func writeArchive(file string, img Spec, ref func(digest string) string) (Descriptor, error) {
 	bl, err := Build(img)
 	if err != nil {
 		return Descriptor{}, fmt.Errorf("image %s: %w", file, err)
 	}
-	b, err := bl.Archive(ref(bl.Manifest.Digest))
+	return writeBlobs(file, bl, ref(bl.Manifest.Digest))
+}
+
+// writeBlobs writes bl's archive, named ref, to file.
+func writeBlobs(file string, bl *Blobs, ref string) (Descriptor, error) {
+	b, err := bl.Archive(ref)
 	if err != nil {
 		return Descriptor{}, fmt.Errorf("image %s: %w", file, err)
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	"github.com/sandboxstats/sandboxstats/internal/ociimage"
@@ -11,14 +12,33 @@ import (
 // errNoImages: the kustomization has no top-level images: block.
 var errNoImages = errors.New("no top-level images: block")
 
-// imagesComment heads the images: block setImages writes.
+// imagesComment heads the images: block setImages writes; goLine (with
+// the Go release) follows it.
 const imagesComment = `  # Written by make images (internal/cmd/mkimages): the images this tree
-  # builds, named by digest; make images-check fails when they differ.
+  # builds, each an index of linux/amd64 and linux/arm64, named by its
+  # digest; make images-check fails when they differ. The binaries embed
+  # the Go release that built them: another release builds other digests.
 `
+
+// goLine is the images: block's line that records the Go release.
+const goLine = "  # Built by %s.\n"
+
+// goLineRE finds goLine in a kustomization.
+var goLineRE = regexp.MustCompile(`(?m)^  # Built by (go[^\s]+)\.$`)
+
+// recordedGo is the Go release the kustomization's digests were made with
+// ("" if it records none).
+func recordedGo(kust []byte) string {
+	if m := goLineRE.FindSubmatch(kust); m != nil {
+		return string(m[1])
+	}
+	return ""
+}
 
 // setImages returns the kustomization with its top-level images: block
 // (the key's line and every indented, list or blank line after it)
-// replaced by one entry per image: name (what the DaemonSet's image: says),
+// replaced by one entry per image (the Go release that built them first):
+// name (what the DaemonSet's image: says),
 // newName (its repository) and digest.
 func setImages(kust []byte, imgs []ociimage.Image) ([]byte, error) {
 	lines := strings.SplitAfter(string(kust), "\n")
@@ -43,6 +63,9 @@ func setImages(kust []byte, imgs []ociimage.Image) ([]byte, error) {
 	var b strings.Builder
 	b.WriteString("images:\n")
 	b.WriteString(imagesComment)
+	if len(imgs) > 0 {
+		fmt.Fprintf(&b, goLine, imgs[0].Go)
+	}
 	for _, img := range imgs {
 		fmt.Fprintf(&b, "  - name: %s\n    newName: %s\n    digest: %s\n", img.Name, img.Repo, img.Digest)
 	}

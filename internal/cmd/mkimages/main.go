@@ -1,8 +1,11 @@
 // Command mkimages builds the project's images (`make images`,
-// `make images-check`): OCI image layouts as tars under -out, one per image
-// (internal/ociimage.BuildProjectImages), and writes their digests into the
-// kustomization's images: block, or with -check fails when the committed
-// digests differ from the ones just built. Run from the repository's root.
+// `make images-check`): OCI image layouts as tars under -out, one per image,
+// each an index of linux/amd64 and linux/arm64
+// (internal/ociimage.BuildProjectImages), and writes their digests and the
+// Go release that built them into the kustomization's images: block, or
+// with -check fails when the committed digests differ from the ones just
+// built (first, without building, when the go on PATH is another release
+// than the recorded one: saying so). Run from the repository's root.
 //
 // A dev tool (go run by the Makefile), not a binary of the project.
 package main
@@ -41,6 +44,19 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	if fs.NArg() != 0 {
 		return fmt.Errorf("unexpected arguments: %q", fs.Args())
 	}
+	old, err := os.ReadFile(*kust)
+	if err != nil {
+		return err
+	}
+	if *check {
+		goVersion, err := ociimage.GoVersion(ctx)
+		if err != nil {
+			return err
+		}
+		if err := sameGo(recordedGo(old), goVersion); err != nil {
+			return fmt.Errorf("%s: %w", *kust, err)
+		}
+	}
 	start := time.Now()
 	imgs, err := ociimage.BuildProjectImages(ctx, ".", *out)
 	if err != nil {
@@ -50,10 +66,6 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 		fmt.Fprintf(stdout, "%s %s\n", img.Path, img.Ref)
 	}
 	fmt.Fprintf(stdout, "built %d images in %v\n", len(imgs), time.Since(start).Round(time.Millisecond))
-	old, err := os.ReadFile(*kust)
-	if err != nil {
-		return err
-	}
 	updated, err := setImages(old, imgs)
 	if err != nil {
 		return fmt.Errorf("%s: %w", *kust, err)
@@ -70,4 +82,18 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	return os.WriteFile(*kust, updated, 0o644)
 }
 
+// errStale: the kustomization's digests are not what this tree builds.
 var errStale = errors.New("stale image digests")
+
+// errOtherGo: the go command is not the release the digests were made with.
+var errOtherGo = errors.New("another Go release")
+
+// sameGo fails, saying both, when the kustomization's digests were made
+// with another Go release than the go command's (the binaries embed it, so
+// the digests would differ for that reason alone).
+func sameGo(recorded, goVersion string) error {
+	if recorded == "" || recorded == goVersion {
+		return nil
+	}
+	return fmt.Errorf("%w: the committed digests are %s's; this is %s (the go on PATH): run make images-check with %s, or make images with this Go and commit it", errOtherGo, recorded, goVersion, recorded)
+}
