@@ -60,6 +60,8 @@ type cgroupSource struct {
 	procRoot string
 	log      *slog.Logger
 	g        *bounded.Group
+	// readTimeout bounds the namespace scan withNS may run at a resolve.
+	readTimeout time.Duration
 
 	// v2: unified is the mount. v1: memory and cpuacct are the hierarchies;
 	// cpuacct is nil (with cpuacctErr) when that hierarchy is not there.
@@ -133,14 +135,15 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &cgroupSource{
-		ref:        ref,
-		mode:       cfg.Mode,
-		procRoot:   cfg.ProcRoot,
-		g:          bounded.New(cfg.ReadTimeout),
-		dirs:       map[dirID]*dirHandle{},
-		pageSize:   uint64(os.Getpagesize()),
-		pinDir:     newPinDir(),
-		pidsHidden: pidsHidden(cfg.ProcRoot),
+		ref:         ref,
+		mode:        cfg.Mode,
+		procRoot:    cfg.ProcRoot,
+		g:           bounded.New(cfg.ReadTimeout),
+		readTimeout: cfg.ReadTimeout,
+		dirs:        map[dirID]*dirHandle{},
+		pageSize:    uint64(os.Getpagesize()),
+		pinDir:      newPinDir(),
+		pidsHidden:  pidsHidden(cfg.ProcRoot),
 	}
 	if p := ref.CgroupPath; p != "" {
 		s.loc = &location{mem: p, cpu: p, aux: samePath(p)}
@@ -188,7 +191,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		s.sentry, s.pinned = process.Pin{PID: ref.SentryPID, StartTicks: ref.SentryStartTicks}, true
 	}
 	if ref.SentryPID != 0 {
-		s.mroots = findMountRoots(context.Background(), s.g, cfg.CgroupRoot, s.mode, cfg.ProcRoot, os.Getpid(), cfg.ReadTimeout, s.log)
+		s.mroots = findMountRoots(context.Background(), s.g, cfg.CgroupRoot, s.mode, cfg.ProcRoot, os.Getpid(), s.log)
 		// Resolve (and pin) the sentry's cgroup now, while the sentry is
 		// most likely alive: a sentry that dies before the first Sample (an
 		// early OOM kill) leaves its cgroup, and its memory.events, behind,
