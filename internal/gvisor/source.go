@@ -290,6 +290,9 @@ func (s *cgroupSource) locate(ctx context.Context, stale *location) (*location, 
 		return nil, err
 	}
 	s.mu.Lock()
+	if s.loc != nil && s.loc != nloc {
+		s.dropDirsOutsideLocked(nloc) // the old cgroups' handles and kept files
+	}
 	s.loc = nloc
 	s.mu.Unlock()
 	return nloc, nil
