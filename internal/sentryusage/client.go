@@ -144,7 +144,7 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
-	var spent time.Duration // by Meanwhile, out of dl
+	var spent time.Duration  // by Meanwhile, out of dl
 	var dctx context.Context // made at the first dial of this Read
 	var cancel context.CancelFunc
 	defer func() {
