@@ -77,7 +77,9 @@ type cgroupSource struct {
 	pidsHidden bool
 	// mroots: where the mounts are rooted in this process's cgroup
 	// namespace (mount.go), found at Open for a source bound by sentry pid,
-	// whose /proc/<pid>/cgroup paths are relative to that namespace.
+	// whose /proc/<pid>/cgroup paths are relative to that namespace; the
+	// namespace's root in a mount rooted outside it is looked up at each
+	// resolve (withNS).
 	mroots mountRoots
 
 	mu   sync.Mutex
