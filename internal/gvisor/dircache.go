@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"os"
+	"slices"
 	"syscall"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -119,6 +120,21 @@ func (s *cgroupSource) forgetDir(root *os.Root, dir string, h *dirHandle) {
 		s.dropLocked(h)
 	}
 	s.mu.Unlock()
+}
+
+// dropDirsOutsideLocked drops the cached directories (and their kept files)
+// that loc, a relocated sentry's new location, does not read: those of its
+// old cgroups. A directory is kept by its path alone (any hierarchy), and
+// every hierarchy's root ("/", blkio's device list) is kept.
+func (s *cgroupSource) dropDirsOutsideLocked(loc *location) {
+	a := loc.aux
+	keep := []string{"/", loc.mem, loc.cpu, a.CFS.Path, a.Pids.Path, a.Blkio.Path, a.Unified.Path}
+	for id, h := range s.dirs {
+		if !slices.Contains(keep, id.dir) {
+			delete(s.dirs, id)
+			s.dropLocked(h)
+		}
+	}
 }
 
 // testHook, when a test sets it, runs inside the open ("open", after it) of

@@ -108,6 +108,8 @@ type heldDir struct {
 	h    *dirHandle // nil: missing, with err
 	err  error
 	gone bool // dirState said the directory is not there
+	// checked: dirState already ran for this directory in this batch.
+	checked bool
 }
 
 // get returns the held entry of root's dir, acquiring the directory the
@@ -171,7 +173,10 @@ func (s *cgroupSource) readReq(b *bounded.Batch, dirs *batchDirs, r *fileReq) ([
 				e.gone = true
 				return nil, gone()
 			}
-			return nil, err
+			if e.checked && !errors.Is(err, bounded.ErrHeldGone) {
+				return nil, err
+			}
+			e.checked = true
 		}
 		// Is the directory still there, and still the one held open?
 		exists, same, serr := dirState(r.root, r.dir, e.h)

@@ -55,7 +55,9 @@ func newKeptFiles(dir *os.File) *keptFiles {
 // keptBudget bounds the descriptors kept by every source of the process:
 // an eighth of RLIMIT_NOFILE (within the quarter statsd keeps from the read
 // connections for its own files), so a read past it opens and closes its
-// file as before.
+// file as before. It counts kept cgroup files only: each source's held
+// cgroup directories (about 7), its held /proc/<pid> (pinDir) and its kept
+// sentry connection are outside it, a few per workload.
 var keptBudget = sync.OnceValue(func() int64 {
 	var rl syscall.Rlimit
 	if err := syscall.Getrlimit(syscall.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == 0 {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -97,6 +99,50 @@ func TestIntegrationKeptFilesRealCgroupV1(t *testing.T) {
 	}
 	if k := keptOpen.Load() - base; k != kept {
 		t.Errorf("after the cgroup was made again: %d kept, want %d (the old ones closed, the new ones kept)", k, kept)
+	}
+
+	// Every hierarchy's cgroup removed and made again (review F4): the cpu,
+	// pids and blkio hierarchies, read only through optional files, follow
+	// to the new cgroups in the first sample, never "no <file>".
+	for _, d := range dirs {
+		if err := testenv.RmdirRetry(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, d := range dirs {
+		if err := os.Mkdir(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setLimit(48)
+	pidsDir, cpuDir := filepath.Join(root, "pids", name), filepath.Join(root, "cpu", name)
+	writeFile(t, filepath.Join(pidsDir, "pids.max"), "50")
+	writeFile(t, filepath.Join(cpuDir, "cpu.cfs_quota_us"), "20000")
+	for i := range 3 {
+		r, err := s.Sample(ctx)
+		if err != nil {
+			t.Fatalf("sample %d after every cgroup was made again: %v", i, err)
+		}
+		if r.Memory == nil || r.Memory.LimitBytes == nil || r.Memory.LimitBytes.Value != 48<<20 {
+			t.Errorf("sample %d: memory signals %+v, want the new cgroup's 48 MiB limit", i, r.Memory)
+		}
+		if r.Pids == nil || r.Pids.Limit == nil || r.Pids.Limit.Value != 50 {
+			t.Errorf("sample %d: pids %+v, want the new cgroup's limit 50", i, r.Pids)
+		}
+		if r.Throttling == nil || r.Throttling.QuotaUsec == nil || r.Throttling.QuotaUsec.Value != 20000 {
+			t.Errorf("sample %d: cpu throttling %+v, want the new cgroup's quota 20000", i, r.Throttling)
+		}
+		for _, a := range r.Absent {
+			if strings.HasPrefix(a.Reason, "no /sys/fs/cgroup/") {
+				t.Errorf("sample %d: %s absent: %s", i, a.Field, a.Reason)
+			}
+		}
+		if r.BlockIO == nil && !slices.ContainsFunc(r.Absent, func(a source.Absent) bool { return a.Field == "block_io" }) {
+			t.Errorf("sample %d: block_io neither read nor absent", i)
+		}
+	}
+	if k := keptOpen.Load() - base; k != kept {
+		t.Errorf("after every cgroup was made again: %d kept, want %d", k, kept)
 	}
 
 	// Removed: the sample says so, and no descriptor of it stays kept.

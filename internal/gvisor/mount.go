@@ -7,8 +7,10 @@ package gvisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"path/filepath"
 	"strings"
 	"time"
@@ -29,6 +31,34 @@ type mountRoot struct {
 	dir, root string
 	nsRoot    string
 	nsErr     error
+	// ns is the scan that finds nsRoot (nil when none can: no mountinfo, no
+	// own cgroup); withNS asks it again at each resolve until it succeeds.
+	ns *nsKey
+}
+
+// withNS gives mr with the namespace roots a scan has found since (the cache
+// answers at once once found; a failure is retried after nsRetry), bounded by
+// timeout: a source opened while the scan failed is not refused for good.
+func (mr mountRoots) withNS(ctx context.Context, timeout time.Duration) mountRoots {
+	for _, m := range []*mountRoot{&mr.mem, &mr.cpu, &mr.cfs, &mr.pids, &mr.blkio, &mr.unified} {
+		if m.ns != nil && m.nsRoot == "" {
+			m.nsRoot, m.nsErr = cachedNSRoot(ctx, timeout, *m.ns)
+		}
+	}
+	return mr
+}
+
+// nsWhy words why m's namespace root was not found by its cause: only a
+// scan that ended without finding it is advice to mount something else.
+func (m mountRoot) nsWhy() string {
+	switch {
+	case errors.Is(m.nsErr, source.ErrTimeout) || errors.Is(m.nsErr, os.ErrDeadlineExceeded):
+		return fmt.Sprintf("the scan for this cgroup namespace's root in it did not end in time (%v); it is tried again every %s", m.nsErr, nsRetry)
+	case errors.Is(m.nsErr, errNSTooMany):
+		return fmt.Sprintf("the scan for this cgroup namespace's root in it was refused (%v); it is tried again every %s", m.nsErr, nsRetry)
+	}
+	return fmt.Sprintf("%v: the paths /proc/<pid>/cgroup shows are relative to the namespace and cannot be read through it; mount the host's whole cgroup file system "+
+		"at %s (hostPath /sys/fs/cgroup) or one made inside the namespace", m.nsErr, m.dir)
 }
 
 // mountRoots are the mounts of the paths a location holds: mem and cpu
@@ -54,9 +84,7 @@ type mountRoots struct {
 func (m mountRoot) inMount(p string) (string, error) {
 	switch {
 	case hasDotDot(m.root) && m.nsRoot == "":
-		return "", fmt.Errorf("the cgroup mount at %s is rooted at %q, outside this process's cgroup namespace, and %v: "+
-			"the paths /proc/<pid>/cgroup shows are relative to the namespace and cannot be read through it; mount the host's whole cgroup file system "+
-			"at %s (hostPath /sys/fs/cgroup) or one made inside the namespace", m.dir, m.root, m.nsErr, m.dir)
+		return "", fmt.Errorf("the cgroup mount at %s is rooted at %q, outside this process's cgroup namespace, and %s", m.dir, m.root, m.nsWhy())
 	case hasDotDot(m.root):
 		q, ok := joinWithin(m.nsRoot, p)
 		switch {
@@ -92,9 +120,10 @@ func hasDotDot(p string) bool {
 // finds the mounts of the hierarchies a source in mode reads under root. A
 // mount it cannot place keeps root "" (read as "/", as before mountinfo was
 // read), with a Debug log. A mount rooted outside this process's cgroup
-// namespace gets the namespace's root in it (nsroot.go: found once per
-// process, by pid in <procRoot>/self/cgroup's path, bounded by timeout).
-func findMountRoots(ctx context.Context, g *bounded.Group, root string, mode Mode, procRoot string, pid int, timeout time.Duration, log *slog.Logger) mountRoots {
+// namespace gets the scan that finds the namespace's root in it (nsroot.go:
+// by pid in <procRoot>/self/cgroup's path), run by withNS at each resolve
+// until it succeeds, then answered from the process's cache.
+func findMountRoots(ctx context.Context, g *bounded.Group, root string, mode Mode, procRoot string, pid int, log *slog.Logger) mountRoots {
 	p := filepath.Join(procRoot, "self", "mountinfo")
 	mounts, err := bounded.Do(ctx, g, "mountinfo\x00"+p, func() ([]mountInfo, error) {
 		b, err := bounded.ReadFile(p, bounded.MaxFileBytes)
@@ -130,9 +159,7 @@ func findMountRoots(ctx context.Context, g *bounded.Group, root string, mode Mod
 			m.nsErr = fmt.Errorf("this process is in no %q hierarchy (%s)", ctl, filepath.Join(procRoot, "self", "cgroup"))
 			return m
 		}
-		if m.nsRoot, m.nsErr = cachedNSRoot(ctx, g, timeout, nsKey{dir: dir, root: m.root, own: o, pid: pid}); m.nsErr == nil {
-			log.Debug("cgroup mount outside this cgroup namespace: the namespace's root found in it", "dir", dir, "root", m.root, "namespace_root", m.nsRoot)
-		}
+		m.ns = &nsKey{dir: dir, root: m.root, own: o, pid: pid} // looked up at each resolve (withNS)
 		return m
 	}
 	if err != nil {

@@ -10,6 +10,7 @@ package gvisor
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path"
@@ -27,10 +28,14 @@ const (
 	// maxNSDepth: a mount rooted more than this many levels above the
 	// namespace's root is refused (Kubernetes' containers sit 3-4 deep).
 	maxNSDepth = 16
-	// maxNSScanDirs bounds the directories listed and the cgroup.procs files
-	// read by one scan (a node with 110 pods has about 500 cgroups at the
-	// depth of its containers).
+	// maxNSScanDirs bounds the cgroups (directories) one scan lists and
+	// whose cgroup.procs it reads (a node with 110 pods has about 500
+	// cgroups at the depth of its containers); interface files do not count.
 	maxNSScanDirs = 20000
+	// maxNSScanEntries bounds the raw entries one scan goes through, files
+	// included (a cgroup v2 directory holds 60-80 interface files): the
+	// memory and time bound against a mount full of something else.
+	maxNSScanEntries = 2_000_000
 	// nsRetry: a failed scan is not repeated for this long (the process's
 	// cgroup does not change while it runs; a found root is kept for good).
 	nsRetry = 30 * time.Second
@@ -56,26 +61,37 @@ var nsRoots = struct {
 	m  map[nsKey]nsResult
 }{m: map[nsKey]nsResult{}}
 
+// nsScans runs the scans of one key once for the whole process, whatever the
+// source asking (the sources restored at statsd's start open together).
+var nsScans = bounded.New(0)
+
+// Causes of a scan's failure that are no advice to mount something else
+// (mountRoot.inMount words its refusal by them).
+var (
+	errNSTooMany = errors.New("too many cgroups to scan")
+)
+
 // cachedNSRoot is findNSRoot, once per key (a failure again after nsRetry),
-// bounded by g and its scan by timeout.
-func cachedNSRoot(ctx context.Context, g *bounded.Group, timeout time.Duration, k nsKey) (string, error) {
+// its scan bounded by timeout. A caller that gives up at timeout gets an
+// error wrapping source.ErrTimeout, not cached: the scan goes on and caches
+// its own answer when it ends.
+func cachedNSRoot(ctx context.Context, timeout time.Duration, k nsKey) (string, error) {
 	nsRoots.mu.Lock()
 	r, ok := nsRoots.m[k]
 	nsRoots.mu.Unlock()
 	if ok && (r.err == nil || time.Since(r.at) < nsRetry) {
 		return r.nsRoot, r.err
 	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
 	key := fmt.Sprintf("nsroot\x00%s\x00%s\x00%s\x00%d", k.dir, k.root, k.own, k.pid)
-	p, err := bounded.Do(ctx, g, key, func() (string, error) {
-		return findNSRoot(k.dir, k.root, k.own, k.pid, time.Now().Add(timeout))
+	return bounded.Do(ctx, nsScans, key, func() (string, error) {
+		p, err := findNSRoot(k.dir, k.root, k.own, k.pid, time.Now().Add(timeout))
+		nsRoots.mu.Lock()
+		nsRoots.m[k] = nsResult{nsRoot: p, err: err, at: time.Now()}
+		nsRoots.mu.Unlock()
+		return p, err
 	})
-	if ctx.Err() != nil && err != nil {
-		return "", err // this caller's deadline: not the scan's answer
-	}
-	nsRoots.mu.Lock()
-	nsRoots.m[k] = nsResult{nsRoot: p, err: err, at: time.Now()}
-	nsRoots.mu.Unlock()
-	return p, err
 }
 
 // findNSRoot finds where the cgroup namespace of the process pid (its pid in
@@ -98,7 +114,7 @@ func findNSRoot(dir, root, own string, pid int, deadline time.Time) (string, err
 		return "", fmt.Errorf("this process's own cgroup %q is outside its cgroup namespace", own)
 	}
 	want := []byte(strconv.Itoa(pid))
-	level, listed := []string{"/"}, 0
+	level, listed, entries := []string{"/"}, 0, 0
 	for depth := 0; depth < k; depth++ {
 		var next []string
 		for _, d := range level {
@@ -112,10 +128,12 @@ func findNSRoot(dir, root, own string, pid int, deadline time.Time) (string, err
 			for _, e := range ents {
 				if e.IsDir() {
 					next = append(next, path.Join(d, e.Name()))
+					listed++
 				}
 			}
-			if listed += len(ents); listed > maxNSScanDirs {
-				return "", fmt.Errorf("looking for this process's cgroup in %s: more than %d entries down to depth %d", dir, maxNSScanDirs, k)
+			if entries += len(ents); listed > maxNSScanDirs || entries > maxNSScanEntries {
+				return "", fmt.Errorf("looking for this process's cgroup in %s: %w: more than %d cgroups or %d entries down to depth %d",
+					dir, errNSTooMany, maxNSScanDirs, maxNSScanEntries, k)
 			}
 		}
 		level = next

@@ -97,12 +97,13 @@ func (s *cgroupSource) resolve(ctx context.Context) (*location, error) {
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: %s: %w", source.ErrMalformed, p, err)
 	}
-	loc, err := selectLocation(pc, s.mode, s.mroots)
+	mr := s.mroots.withNS(ctx, s.readTimeout)
+	loc, err := selectLocation(pc, s.mode, mr)
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: %w: sentry pid %d (%s): %w", source.ErrNotMeasurable, pid, p, err)
 	}
 	if s.mode != ModeUnified {
-		loc.aux = selectAux(pc, s.mode, s.mroots)
+		loc.aux = selectAux(pc, s.mode, mr)
 	}
 	s.log.Debug("resolved sentry cgroup", "pid", pid, "start", snap.start, "memory", loc.mem, "cpu", loc.cpu)
 	return loc, nil

@@ -28,6 +28,17 @@ func TestSentryCgroupMoves(t *testing.T) {
 	if r, err := sample(); err != nil || !strings.HasSuffix(r.Detail, "/sandbox (sentry pid 42)") {
 		t.Fatalf("first sample = %q, %v", r.Detail, err)
 	}
+	// A directory of the old location that stays (as a v1 aux hierarchy's
+	// may): dropped with the old location's at the move.
+	cs := s.(*cgroupSource)
+	if err := os.Mkdir(filepath.Join(cg, "aux"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h, err := cs.acquireDir(cs.unified, "/aux")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cs.releaseDir(h)
 	// The sandbox moves: the old cgroup disappears, /proc shows the new one.
 	if err := os.CopyFS(filepath.Join(cg, "moved"), os.DirFS(filepath.Join(cg, "sandbox"))); err != nil {
 		t.Fatal(err)
@@ -40,6 +51,13 @@ func TestSentryCgroupMoves(t *testing.T) {
 	if err != nil || !strings.HasSuffix(r.Detail, "/moved (sentry pid 42)") {
 		t.Fatalf("after the move: sample = %q, %v; want the moved cgroup", r.Detail, err)
 	}
+	cs.mu.Lock()
+	for id := range cs.dirs {
+		if id.dir == "/sandbox" || id.dir == "/aux" {
+			t.Errorf("after the move: the old cgroup %s is still held", id.dir)
+		}
+	}
+	cs.mu.Unlock()
 	// The sentry dies but its cgroup stays: the cached path is still read.
 	if err := os.RemoveAll(filepath.Join(proc, "42")); err != nil {
 		t.Fatal(err)

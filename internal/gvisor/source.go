@@ -60,6 +60,8 @@ type cgroupSource struct {
 	procRoot string
 	log      *slog.Logger
 	g        *bounded.Group
+	// readTimeout bounds the namespace scan withNS may run at a resolve.
+	readTimeout time.Duration
 
 	// v2: unified is the mount. v1: memory and cpuacct are the hierarchies;
 	// cpuacct is nil (with cpuacctErr) when that hierarchy is not there.
@@ -75,7 +77,9 @@ type cgroupSource struct {
 	pidsHidden bool
 	// mroots: where the mounts are rooted in this process's cgroup
 	// namespace (mount.go), found at Open for a source bound by sentry pid,
-	// whose /proc/<pid>/cgroup paths are relative to that namespace.
+	// whose /proc/<pid>/cgroup paths are relative to that namespace; the
+	// namespace's root in a mount rooted outside it is looked up at each
+	// resolve (withNS).
 	mroots mountRoots
 
 	mu   sync.Mutex
@@ -133,14 +137,15 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		cfg.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
 	s := &cgroupSource{
-		ref:        ref,
-		mode:       cfg.Mode,
-		procRoot:   cfg.ProcRoot,
-		g:          bounded.New(cfg.ReadTimeout),
-		dirs:       map[dirID]*dirHandle{},
-		pageSize:   uint64(os.Getpagesize()),
-		pinDir:     newPinDir(),
-		pidsHidden: pidsHidden(cfg.ProcRoot),
+		ref:         ref,
+		mode:        cfg.Mode,
+		procRoot:    cfg.ProcRoot,
+		g:           bounded.New(cfg.ReadTimeout),
+		readTimeout: cfg.ReadTimeout,
+		dirs:        map[dirID]*dirHandle{},
+		pageSize:    uint64(os.Getpagesize()),
+		pinDir:      newPinDir(),
+		pidsHidden:  pidsHidden(cfg.ProcRoot),
 	}
 	if p := ref.CgroupPath; p != "" {
 		s.loc = &location{mem: p, cpu: p, aux: samePath(p)}
@@ -188,7 +193,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 		s.sentry, s.pinned = process.Pin{PID: ref.SentryPID, StartTicks: ref.SentryStartTicks}, true
 	}
 	if ref.SentryPID != 0 {
-		s.mroots = findMountRoots(context.Background(), s.g, cfg.CgroupRoot, s.mode, cfg.ProcRoot, os.Getpid(), cfg.ReadTimeout, s.log)
+		s.mroots = findMountRoots(context.Background(), s.g, cfg.CgroupRoot, s.mode, cfg.ProcRoot, os.Getpid(), s.log)
 		// Resolve (and pin) the sentry's cgroup now, while the sentry is
 		// most likely alive: a sentry that dies before the first Sample (an
 		// early OOM kill) leaves its cgroup, and its memory.events, behind,
@@ -287,6 +292,9 @@ func (s *cgroupSource) locate(ctx context.Context, stale *location) (*location, 
 		return nil, err
 	}
 	s.mu.Lock()
+	if s.loc != nil && s.loc != nloc {
+		s.dropDirsOutsideLocked(nloc) // the old cgroups' handles and kept files
+	}
 	s.loc = nloc
 	s.mu.Unlock()
 	return nloc, nil

@@ -19,8 +19,15 @@ import (
 func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Reading, error) {
 	root, dir := s.memory, loc.mem
 	req := func(name string) *fileReq { return &fileReq{root: root, dir: dir, name: name} }
-	cur, peak, stat, pr := req("memory.usage_in_bytes"), req("memory.max_usage_in_bytes"), req("memory.stat"), req("cgroup.procs")
-	reqs := []*fileReq{cur, peak, stat, pr}
+	cur, peak, stat := req("memory.usage_in_bytes"), req("memory.max_usage_in_bytes"), req("memory.stat")
+	reqs := []*fileReq{cur, peak, stat}
+	var pr *fileReq
+	if !s.pidsHidden {
+		// Hidden pids would make cgroup.procs read empty: v1Procs counts on
+		// pids.current alone then.
+		pr = req("cgroup.procs")
+		reqs = append(reqs, pr)
+	}
 	sig := s.newV1Signals(loc, req)
 	reqs = append(reqs, sig.reqs()...)
 	var cpu *fileReq
@@ -61,16 +68,56 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 			return source.Reading{}, err
 		}
 	}
-	if s.pidsHidden {
-		// cgroup v1 leaves out of cgroup.procs every process outside the
-		// reader's pid namespace: the count would be 0 for a live sandbox.
-		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: "statsd runs in a pid namespace of its own (not the host's, whose /proc is at " +
-			s.procRoot + "), and cgroup v1's cgroup.procs lists no process outside it"})
-	} else if err := procs(&r, pr); err != nil {
+	var tasks *fileReq
+	if sig.pidsCur != nil && loc.aux.Pids.Path == dir {
+		tasks = sig.pidsCur
+	}
+	if err := s.v1Procs(&r, pr, tasks); err != nil {
 		return source.Reading{}, err
 	}
 	if err := sig.fill(&r, s.pageSize); err != nil {
 		return source.Reading{}, err
 	}
 	return r, nil
+}
+
+// v1Procs fills sandbox_processes on cgroup v1, whose cgroup.procs lists only
+// the processes of the reader's pid namespace: from a pod without hostPID a
+// live sandbox's list reads empty. tasks is pids.current of the same cgroup
+// (nil when the pids hierarchy has no cgroup at that path); the pids
+// controller counts every task whatever its pid namespace, so it tells a
+// dead sandbox (0) from hidden processes. pr is nil when s.pidsHidden.
+func (s *cgroupSource) v1Procs(r *source.Reading, pr, tasks *fileReq) error {
+	n, known := uint64(0), false
+	if tasks != nil && tasks.err == nil {
+		if v, err := parseSingleUint(tasks.b); err == nil {
+			n, known = v, true // a malformed file fails the sample in fillPids
+		}
+	}
+	hidden := "statsd runs in a pid namespace of its own (not the host's, whose /proc is at " + s.procRoot +
+		"), and cgroup v1's cgroup.procs lists no process outside it"
+	if s.pidsHidden {
+		if known && n == 0 {
+			zero := uint32(0)
+			r.SandboxProcesses = &zero
+			return nil
+		}
+		if known {
+			hidden += fmt.Sprintf(" (%s is %d)", tasks.path(), n)
+		}
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: hidden})
+		return nil
+	}
+	if err := procs(r, pr); err != nil {
+		return err
+	}
+	if r.SandboxProcesses != nil && *r.SandboxProcesses == 0 && known && n > 0 {
+		// --proc-root names this process's own procfs in a pod without
+		// hostPID: pidsHidden cannot tell, pids.current can.
+		r.SandboxProcesses = nil
+		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: fmt.Sprintf(
+			"%s lists no process but %s is %d: the sandbox's processes are in a pid namespace statsd does not see "+
+				"(run statsd with the host's pid namespace, hostPID, or the host's /proc as --proc-root)", pr.path(), tasks.path(), n)})
+	}
+	return nil
 }
