@@ -15,9 +15,10 @@ import (
 // through it. close releases what is held.
 func TestOwnTrackerHeldStat(t *testing.T) {
 	const root = "/run/sbs-held-test"
-	// A "gofer" of this test: argv[0] runsc-gofer, --root= the root; the
+	// A "gofer" of this test: argv[0] runsc-gofer, --root= the root (a loop
+	// long enough that the check sees it before the exec of sleep); the
 	// "sentry" is this process (not runsc-sandbox: not counted).
-	cmd := exec.Command("/bin/sh", "-c", "i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; exec sleep 100", "x", "--root="+root)
+	cmd := exec.Command("/bin/sh", "-c", "i=0; while [ $i -lt 300000 ]; do i=$((i+1)); done; exec sleep 100", "x", "--root="+root)
 	cmd.Args[0] = "runsc-gofer"
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

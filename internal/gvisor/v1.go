@@ -108,16 +108,10 @@ func (s *cgroupSource) v1Procs(r *source.Reading, pr, tasks *fileReq) error {
 		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: hidden})
 		return nil
 	}
-	if err := procs(r, pr); err != nil {
-		return err
-	}
-	if r.SandboxProcesses != nil && *r.SandboxProcesses == 0 && known && n > 0 {
-		// --proc-root names this process's own procfs in a pod without
-		// hostPID: pidsHidden cannot tell, pids.current can.
-		r.SandboxProcesses = nil
-		r.Absent = append(r.Absent, source.Absent{Field: "sandbox_processes", Reason: fmt.Sprintf(
-			"%s lists no process but %s is %d: the sandbox's processes are in a pid namespace statsd does not see "+
-				"(run statsd with the host's pid namespace, hostPID, or the host's /proc as --proc-root)", pr.path(), tasks.path(), n)})
-	}
-	return nil
+	// On the host's pid namespace cgroup.procs is the truth: pids.current
+	// may still count a dead sandbox's tasks until their parent reaps them
+	// (a cgroup's exited tasks leave cgroup.procs at once but are
+	// uncharged from pids.current only when released), so it must not turn
+	// a dead sandbox's empty list into an absent count.
+	return procs(r, pr)
 }
