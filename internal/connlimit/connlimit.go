@@ -46,8 +46,10 @@ func (l *Listener) Accept() (net.Conn, error) {
 			return &slotConn{Conn: c, free: func() { <-l.slots }}, nil
 		default:
 		}
-		c.Close()
+		// Counted before the close: once the peer reads EOF the refusal
+		// is in Refused (TestListenerCap read it in between).
 		n := l.refused.Add(1)
+		c.Close()
 		if l.log == nil {
 			continue
 		}
