@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,6 +26,14 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 	}
 	defer cmd.Process.Kill()
 	gofer := cmd.Process.Pid
+	// The check reads argv once: wait until the kernel shows the gofer's
+	// (a read between fork and exec would see this test's argv for good).
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(gofer) + "/cmdline")
+		if strings.HasPrefix(string(b), "runsc-gofer\x00") || time.Now().After(deadline) {
+			break
+		}
+	}
 	o := newOwnTracker("/proc")
 	defer o.close()
 	self := os.Getpid()
@@ -41,7 +50,8 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	if first.Counts != 1 || first.Usec == 0 {
-		t.Fatalf("got %+v, want the gofer counted with some CPU", first)
+		cmdline, _ := os.ReadFile("/proc/" + strconv.Itoa(gofer) + "/cmdline")
+		t.Fatalf("got %+v, want the gofer counted with some CPU (its cmdline now %q)", first, cmdline)
 	}
 	o.mu.Lock()
 	p := o.procs[gofer]
