@@ -67,13 +67,13 @@ type breakdown struct {
 	label, labelSID string
 }
 
-func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
+func newBreakdown(roots []string, timeout, keepFor time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
 	if len(roots) == 0 {
 		return nil, nil
 	}
 	// Abstract too: runsc up to release-20230123 has no socket file, and up
 	// to release-20230911 falls back to it.
-	c, err := sentryusage.New(sentryusage.Config{RootDirs: roots, Abstract: true, Timeout: timeout})
+	c, err := sentryusage.New(sentryusage.Config{RootDirs: roots, Abstract: true, Timeout: timeout, KeepFor: keepFor})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: runsc roots: %w", err)
 	}
