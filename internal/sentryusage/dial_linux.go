@@ -29,11 +29,15 @@ const unixPathMax = 108
 // when it is not ready. At a 10 s polling interval every read dials (the
 // connection is kept 2 s), and net.Dial's system calls were most of a
 // dial's cost on a VM where one costs 5 to 10 µs. The connect is bounded
-// by ctx (a full backlog is retried until it is done); reads and writes by
-// the connection's deadline.
-func dialUnix(ctx context.Context, addr string) (net.Conn, error) {
+// by dl and ctx (a full backlog is retried until either is done: the error
+// is then os.ErrDeadlineExceeded or ctx's); reads and writes by the
+// connection's deadline.
+func dialUnix(ctx context.Context, dl time.Time, addr string) (net.Conn, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if !time.Now().Before(dl) {
+		return nil, os.ErrDeadlineExceeded
 	}
 	sa := &unix.SockaddrUnix{Name: addr}
 	if !strings.HasPrefix(addr, "@") && len(addr) >= unixPathMax {
@@ -61,8 +65,13 @@ func dialUnix(ctx context.Context, addr string) (net.Conn, error) {
 			return nil, os.NewSyscallError("connect", err)
 		}
 		// The listener's backlog is full (a sentry that does not
-		// accept): again shortly, until ctx is done.
-		t := time.NewTimer(time.Millisecond)
+		// accept): again shortly, until dl or ctx is done.
+		left := time.Until(dl)
+		if left <= 0 {
+			unix.Close(fd)
+			return nil, os.ErrDeadlineExceeded
+		}
+		t := time.NewTimer(min(time.Millisecond, left))
 		select {
 		case <-ctx.Done():
 			t.Stop()
