@@ -13,19 +13,7 @@ import (
 // is trusted while its mtime is within the racy window. Every file is
 // statted at every read (trustFor 0; TestStateCacheTrust has the rest).
 func TestStateCache(t *testing.T) {
-	root := getRunscRoot(t, nil)
-	old := time.Now().Add(-time.Hour)
-	age := func(p string, at time.Time) {
-		t.Helper()
-		if err := os.Chtimes(p, at, at); err != nil {
-			t.Fatal(err)
-		}
-	}
-	busy := filepath.Join(root, "gvx-busy_sandbox:gvx-sbx.state")
-	for n := range stateFixtures {
-		age(filepath.Join(root, n), old)
-	}
-	age(root, old)
+	root, busy, old, age := agedRunscRoot(t)
 	c := newStateCache()
 	c.trustFor = 0
 	find := func() (runscSandbox, error) {
@@ -85,19 +73,7 @@ func TestStateCache(t *testing.T) {
 // before `runsc start`) is statted every time; a file created in the root
 // ends the trust at once.
 func TestStateCacheTrust(t *testing.T) {
-	root := getRunscRoot(t, nil)
-	old := time.Now().Add(-time.Hour)
-	age := func(p string, at time.Time) {
-		t.Helper()
-		if err := os.Chtimes(p, at, at); err != nil {
-			t.Fatal(err)
-		}
-	}
-	busy := filepath.Join(root, "gvx-busy_sandbox:gvx-sbx.state")
-	for n := range stateFixtures {
-		age(filepath.Join(root, n), old)
-	}
-	age(root, old)
+	root, busy, old, age := agedRunscRoot(t)
 	c := newStateCache()
 	find := func() []runscState {
 		t.Helper()
@@ -148,4 +124,25 @@ func TestStateCacheTrust(t *testing.T) {
 	if got := find(); got[1].Name != "busy" {
 		t.Errorf("root changed: %q, want busy read again", got[1].Name)
 	}
+}
+
+// agedRunscRoot is getRunscRoot with the root and its files an hour old
+// (outside the racy window), the busy container's state file, that hour,
+// and a function setting a file's mtime.
+func agedRunscRoot(t *testing.T) (root, busy string, old time.Time, age func(string, time.Time)) {
+	t.Helper()
+	root = getRunscRoot(t, nil)
+	old = time.Now().Add(-time.Hour)
+	age = func(p string, at time.Time) {
+		t.Helper()
+		if err := os.Chtimes(p, at, at); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy = filepath.Join(root, "gvx-busy_sandbox:gvx-sbx.state")
+	for n := range stateFixtures {
+		age(filepath.Join(root, n), old)
+	}
+	age(root, old)
+	return root, busy, old, age
 }
