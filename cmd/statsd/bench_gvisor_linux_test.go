@@ -60,7 +60,10 @@ func serveGVisorForBench(b *testing.B, ref source.SandboxRef, roots []string, ke
 
 // statsLoop calls StatsWorkload b.N times, checking the containers are
 // there (want of them; 0: none), and returns this process's CPU (user +
-// system: client, server and source) per call.
+// system: client, server and source) per call. A read without the
+// containers (the sentry's 500 ms bound passed: seen a few times in 3000
+// on a machine at load 10 and more) is counted (breakdown-missed) and
+// logged with its reason; more than 1% of the reads fails the benchmark.
 func statsLoop(b *testing.B, client sandboxstatsv1.WorkloadStatsServiceClient, want int) time.Duration {
 	b.Helper()
 	req := &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "bench"}
@@ -69,18 +72,29 @@ func statsLoop(b *testing.B, client sandboxstatsv1.WorkloadStatsServiceClient, w
 	}
 	var ru0, ru1 syscall.Rusage
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
-	n := 0
+	n, missed := 0, 0
 	for b.Loop() {
 		resp, err := client.StatsWorkload(context.Background(), req)
 		if err != nil {
 			b.Fatal(err)
 		}
 		if got := len(resp.GetSample().GetContainers()); got != want {
-			b.Fatalf("%d containers, want %d: %v", got, want, resp.GetSample().GetAbsent())
+			missed++
+			for _, a := range resp.GetSample().GetAbsent() {
+				if a.GetField() == "containers" && missed <= 3 {
+					b.Logf("read %d: %d containers, want %d: %s", n, got, want, a.GetReason())
+				}
+			}
 		}
 		n++
 	}
 	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
+	if want > 0 {
+		b.ReportMetric(float64(missed), "breakdown-missed")
+	}
+	if missed*100 > max(n, 1) {
+		b.Fatalf("%d of %d reads without their %d containers", missed, n, want)
+	}
 	return time.Duration(ru1.Utime.Nano()-ru0.Utime.Nano()+ru1.Stime.Nano()-ru0.Stime.Nano()) / time.Duration(max(n, 1))
 }
 
