@@ -87,12 +87,13 @@ func newBreakdown(roots []string, timeout, keepFor time.Duration, ref source.San
 
 // read finds the containers and reads the sandbox's own processes (within
 // the breakdown's own bound, ctx's deadline when sooner; concurrent samples
-// share one search) and asks the sentry once, on the caller's goroutine. meanwhile is the rest of the
-// sample (the cgroup read): it runs right after the request is written, so
-// that the sentry answers on one core while statsd reads the cgroup, and
-// the reply is most often there when it is read, with no goroutine parked
-// on it. read calls meanwhile exactly once, whatever happens: after the
-// search or the sentry's Read when no request was written.
+// share one search), then asks the sentry once, on the caller's goroutine.
+// meanwhile is the rest of the sample (the cgroup read): it runs right
+// after the request is written, so that the sentry answers on one core
+// while statsd reads the cgroup, and the reply is most often there when it
+// is read, with no goroutine parked on it. read calls meanwhile exactly
+// once, whatever happens: after the search or the sentry's Read when no
+// request was written.
 func (b *breakdown) read(ctx context.Context, meanwhile func()) (containerRead, error) {
 	ran := false
 	defer func() {
