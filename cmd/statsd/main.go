@@ -247,7 +247,7 @@ func opener(cfg config, logger *slog.Logger) identity.Opener {
 		case source.ClassGVisor:
 			src, err = gvisor.Open(ref, gvisor.Config{
 				CgroupRoot: cfg.cgroupRoot, ProcRoot: cfg.procRoot, ReadTimeout: cfg.readTimeout,
-				RunscRoots: cfg.runscRoots, Logger: logger.With("component", "gvisor"),
+				RunscRoots: cfg.runscRoots, SentryKeepFor: cfg.sentryKeepFor, Logger: logger.With("component", "gvisor"),
 			})
 		case source.ClassMicroVM:
 			src, err = microvm.Open(ref, microvm.Config{
