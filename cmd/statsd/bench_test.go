@@ -179,6 +179,7 @@ func BenchmarkStatsWorkloadAgent(b *testing.B) {
 		}
 		defer bare.Close()
 		b.ReportAllocs()
+		cpu := processCPU()
 		for b.Loop() {
 			if _, err := health.Check(context.Background(), &healthpb.HealthCheckRequest{}); err != nil {
 				b.Fatal(err)
@@ -187,14 +188,17 @@ func BenchmarkStatsWorkloadAgent(b *testing.B) {
 				b.Fatal(err)
 			}
 		}
+		reportCPU(b, cpu)
 	})
 	b.Run("unix-socket", func(b *testing.B) {
 		b.ReportAllocs()
+		cpu := processCPU()
 		for b.Loop() {
 			if _, err := client.StatsWorkload(context.Background(), req); err != nil {
 				b.Fatal(err)
 			}
 		}
+		reportCPU(b, cpu)
 		b.ReportMetric(1.3, benchtableGoal)
 	})
 }
