@@ -8,17 +8,18 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// Reasons for what StatsContainer never carries, whatever the guest.
+// Reasons for what StatsContainer never carries, whatever the guest. They
+// are in every micro-VM answer (12 absent values), so they say what is
+// missing and why in a line; docs/microvm.md has the rest.
 const (
-	whyNoHigh = "StatsContainer carries no memory.high"
-	whyNoOOM  = "StatsContainer carries no OOM kill count: memory failcnt counts limit hits, not kills (and is always 0 on a cgroup v2 guest); " +
-		"the agent's GetOOMEvent stream belongs to the shim and is never read here"
-	whyNoEvents    = "StatsContainer carries no memory.events (memory failcnt, v1 limit hits, is always 0 on a cgroup v2 guest and is not reported as max events)"
+	whyNoHigh      = "StatsContainer carries no memory.high"
+	whyNoOOM       = "StatsContainer carries no OOM kill count (failcnt counts limit hits, not kills; GetOOMEvent is the shim's)"
+	whyNoEvents    = "StatsContainer carries no memory.events (failcnt counts v1 limit hits, not max events)"
 	whyNoOOMCtl    = "StatsContainer carries no memory.oom_control"
-	whyNoQuota     = "StatsContainer carries no CFS quota or period (cpu.max, cpu.cfs_quota_us, cpu.cfs_period_us)"
-	whyNoPressure  = "StatsContainer carries no pressure stall information (cpu/memory/io.pressure)"
-	whyNoNetwork   = "the agent sent no network_stats (the Rust agent never fills them; the guest's interface counters are only in its guest-wide GetMetrics, not read here)"
-	whyNoBlkioRows = "no container's reply has blkio_stats entries (a cgroup v2 guest lists only devices with IO charged, a cgroup v1 guest's blkio.throttle files list none while the kernel does not account the cgroup); 0 would claim no IO"
+	whyNoQuota     = "StatsContainer carries no CFS quota or period (cpu.max, cpu.cfs_*_us)"
+	whyNoPressure  = "StatsContainer carries no pressure stall information"
+	whyNoNetwork   = "the agent sent no network_stats (the Rust agent never fills them; its guest-wide GetMetrics is not read)"
+	whyNoBlkioRows = "no reply has blkio_stats entries (a guest lists only devices with IO charged); 0 would claim no IO"
 )
 
 // signalSums adds up the signals of the containers read (see
@@ -147,7 +148,7 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 		if len(s.throttledMissing) == 0 {
 			t.ThrottledUsec = u64p(s.throttledUsec)
 		} else {
-			absent("cpu_throttling.throttled_usec", fmt.Sprintf("container(s) %s: %s", ids(s.throttledMissing), s.throttledWhy))
+			absent("cpu_throttling.throttled_usec", "container(s) "+ids(s.throttledMissing)+": "+s.throttledWhy)
 		}
 		absent("cpu_throttling.quota_usec", whyNoQuota)
 		absent("cpu_throttling.period_usec", whyNoQuota)

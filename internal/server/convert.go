@@ -95,9 +95,7 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 	for _, c := range r.UnreadContainers {
 		s.UnreadContainers = append(s.UnreadContainers, &sandboxstatsv1.ContainerReadError{ContainerId: c.ID, Reason: c.Reason})
 	}
-	for _, a := range r.Absent {
-		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
-	}
+	s.Absent = absentToProto(r.Absent, 1) // room for epoch_baseline's
 	s.SandboxOwnCpuUsec = r.SandboxOwnCPUUsec
 	s.Containers = containersToProto(r.Containers)
 	signalsToProto(s, r)
@@ -124,10 +122,24 @@ func containersToProto(cs []source.Container) []*sandboxstatsv1.ContainerStats {
 			PidsCurrent:           c.PidsCurrent,
 			Exited:                c.Exited,
 		}
-		for _, a := range c.Absent {
-			m.Absent = append(m.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
-		}
+		m.Absent = absentToProto(c.Absent, 0)
 		out = append(out, m)
+	}
+	return out
+}
+
+// absentToProto converts absent values (nil for none), with room for more
+// entries appended later. The messages are made in one block: a micro-VM
+// sample names a dozen in every answer.
+func absentToProto(list []source.Absent, room int) []*sandboxstatsv1.AbsentValue {
+	if len(list) == 0 {
+		return nil
+	}
+	vals := make([]sandboxstatsv1.AbsentValue, len(list))
+	out := make([]*sandboxstatsv1.AbsentValue, len(list), len(list)+room)
+	for i, a := range list {
+		vals[i].Field, vals[i].Reason = a.Field, a.Reason
+		out[i] = &vals[i]
 	}
 	return out
 }
