@@ -5,21 +5,22 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// Reasons for what StatsContainer never carries, whatever the guest. They
-// are in every micro-VM answer (12 absent values), so they say what is
-// missing and why in a line; docs/microvm.md has the rest.
+// Reasons for what StatsContainer never carries, whatever the guest: in
+// every micro-VM sample, so each is a line, and a KnownAbsent code of the
+// API (internal/api holds the texts; docs/microvm.md has the rest).
 const (
-	whyNoHigh      = "StatsContainer carries no memory.high"
-	whyNoOOM       = "StatsContainer carries no OOM kill count (failcnt counts limit hits, not kills; GetOOMEvent is the shim's)"
-	whyNoEvents    = "StatsContainer carries no memory.events (failcnt counts v1 limit hits, not max events)"
-	whyNoOOMCtl    = "StatsContainer carries no memory.oom_control"
-	whyNoQuota     = "StatsContainer carries no CFS quota or period (cpu.max, cpu.cfs_*_us)"
-	whyNoPressure  = "StatsContainer carries no pressure stall information"
-	whyNoNetwork   = "the agent sent no network_stats (the Rust agent never fills them; its guest-wide GetMetrics is not read)"
-	whyNoBlkioRows = "no reply has blkio_stats entries (a guest lists only devices with IO charged); 0 would claim no IO"
+	whyNoHigh      = api.WhyAgentNoHigh
+	whyNoOOM       = api.WhyAgentNoOOM
+	whyNoEvents    = api.WhyAgentNoEvents
+	whyNoOOMCtl    = api.WhyAgentNoOOMControl
+	whyNoQuota     = api.WhyAgentNoQuota
+	whyNoPressure  = api.WhyAgentNoPressure
+	whyNoNetwork   = api.WhyAgentNoNetwork
+	whyNoBlkioRows = api.WhyAgentNoBlockIO
 )
 
 // signalSums adds up the signals of the containers read (see

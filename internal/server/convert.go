@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -142,4 +143,25 @@ func absentToProto(list []source.Absent, room int) []*sandboxstatsv1.AbsentValue
 		out[i] = &vals[i]
 	}
 	return out
+}
+
+// splitKnownAbsent parts absent values into the KnownAbsent codes of those
+// that have one and the rest (a new slice: list is left as it was).
+func splitKnownAbsent(list []source.Absent) ([]sandboxstatsv1.KnownAbsent, []source.Absent) {
+	var (
+		codes []sandboxstatsv1.KnownAbsent
+		rest  []source.Absent
+	)
+	for i, a := range list {
+		code := api.KnownAbsentCode(a.Field, a.Reason)
+		if code == sandboxstatsv1.KnownAbsent_KNOWN_ABSENT_UNSPECIFIED {
+			rest = append(rest, a)
+			continue
+		}
+		if codes == nil {
+			codes = make([]sandboxstatsv1.KnownAbsent, 0, len(list)-i)
+		}
+		codes = append(codes, code)
+	}
+	return codes, rest
 }
