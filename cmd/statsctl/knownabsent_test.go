@@ -31,7 +31,7 @@ func TestStatsShowsKnownAbsent(t *testing.T) {
 	}
 	var got struct {
 		Absent      []source.Absent `json:"absent"`
-		KnownAbsent []string        `json:"knownAbsent"`
+		KnownAbsent []string        `json:"known_absent"`
 	}
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("%v in %s", err, out)
