@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxstats/sandboxstats/internal/cli"
+	"github.com/sandboxstats/sandboxstats/internal/exepages"
 	"github.com/sandboxstats/sandboxstats/internal/nribridge"
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
@@ -287,6 +288,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return b.Run(gctx) })
 	g.Go(func() error { return b.Connect(gctx, o.connect) })
+	g.Go(func() error {
+		exepages.ReleaseAfter(gctx, exepages.DefaultProcRoot, exepages.DefaultDelay, logger)
+		return nil
+	})
 	if ln != nil {
 		srv := &http.Server{
 			Handler:           handler(b, reg),
