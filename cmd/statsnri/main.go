@@ -323,7 +323,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 // handler serves /metrics and /healthz.
 func handler(b *nribridge.Bridge, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Uncompressed: a few dozen lines, where each gzipped scrape allocated
+	// a compressor of about 1 MiB that the idle bridge kept (docs/design.md, "Memory").
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, detail := b.Health()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
