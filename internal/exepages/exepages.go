@@ -114,10 +114,14 @@ func parseMaps(r io.Reader, exe file) ([]span, error) {
 }
 
 // DefaultDelay is how long after start-up a daemon releases its binary's
-// read-only pages: past its start (flag parsing, init, the first
-// connections and collection), which touches code and data it will not
-// touch again.
-const DefaultDelay = 10 * time.Second
+// read-only pages: past its start (init, flag parsing, its listeners and
+// first connections), which touches code and data it will not touch
+// again. It is short so that the one timer has fired before anything
+// watches an idle daemon (e2e TestIntegrationSeveralWorkloadsMemory
+// counts an idle statsd's context switches from about 10 s after its
+// start): what the first requests touch after it and never again stays
+// mapped.
+const DefaultDelay = 5 * time.Second
 
 // ReleaseAfter calls Release(procRoot) once, delay from now, unless ctx
 // ends first, and logs what it advised at Debug (a failure at Warn: the
