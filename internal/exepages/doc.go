@@ -14,5 +14,6 @@
 //	n, err := exepages.Release(exepages.DefaultProcRoot)
 //
 // Writable mappings (data, bss) are never touched: dropping them would lose
-// what the process wrote.
+// what the process wrote; nor is a read-only mapping that holds private
+// copies (a PIE's RELRO data, which the dynamic loader relocated).
 package exepages
