@@ -313,24 +313,18 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 		wg.Go(func() { nr = s.readNetwork(ctx) })
 	}
 	var (
-		r     source.Reading
-		err   error
 		cr    containerRead
 		crErr error
 	)
-	readCgroup := func() {
-		if s.mode == ModeUnified {
-			r, err = s.readV2(ctx, loc)
-		} else {
-			r, err = s.readV1(ctx, loc)
-		}
-	}
 	if s.bd != nil {
-		// The breakdown writes its request to the sentry first and reads
-		// the cgroup while the sentry answers (containers.go).
-		cr, crErr = s.bd.read(ctx, readCgroup)
+		wg.Go(func() { cr, crErr = s.bd.read(ctx) })
+	}
+	var r source.Reading
+	var err error
+	if s.mode == ModeUnified {
+		r, err = s.readV2(ctx, loc)
 	} else {
-		readCgroup()
+		r, err = s.readV1(ctx, loc)
 	}
 	wg.Wait()
 	if err == nil {
