@@ -9,6 +9,7 @@ package api
 
 import (
 	"strings"
+	"unicode/utf8"
 
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -43,10 +44,18 @@ const (
 // errdetails: its descriptors, registered at start, were 11 KiB of an idle
 // statsd's memory. A client that links errdetails reads the detail with
 // status.Details as before.
+//
+// As proto.Marshal does, an empty reason is left out; a reason that is not
+// valid UTF-8 (which proto.Marshal refuses) adds no detail.
 func WithErrorInfo(st *status.Status, reason string) *status.Status {
+	if !utf8.ValidString(reason) {
+		return st
+	}
 	var b []byte
-	b = protowire.AppendTag(b, errorInfoReason, protowire.BytesType)
-	b = protowire.AppendString(b, reason)
+	if reason != "" {
+		b = protowire.AppendTag(b, errorInfoReason, protowire.BytesType)
+		b = protowire.AppendString(b, reason)
+	}
 	b = protowire.AppendTag(b, errorInfoDomain, protowire.BytesType)
 	b = protowire.AppendString(b, ErrorDomain)
 	p := st.Proto()

@@ -3,6 +3,8 @@ package api
 import (
 	"bytes"
 	"errors"
+	"fmt"
+	"strings"
 	"testing"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
@@ -15,28 +17,41 @@ import (
 
 // TestWithErrorInfo: the detail written by hand is the bytes proto.Marshal
 // writes for the same errdetails.ErrorInfo, and status.Details reads it as
-// one (a client that links errdetails).
+// one (a client that links errdetails); an empty reason is left out as
+// proto.Marshal leaves it, a reason that is not UTF-8 adds no detail.
 func TestWithErrorInfo(t *testing.T) {
-	st := WithErrorInfo(status.New(codes.Unavailable, "refused"), "READ_TIMEOUT")
-	want := &errdetails.ErrorInfo{Reason: "READ_TIMEOUT", Domain: ErrorDomain}
-	wantBytes, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
-	if err != nil {
-		t.Fatal(err)
+	for _, reason := range []string{"READ_TIMEOUT", "", "r", strings.Repeat("x", 127), strings.Repeat("x", 128), strings.Repeat("y", 20000)} {
+		t.Run(fmt.Sprintf("len%d", len(reason)), func(t *testing.T) {
+			st := WithErrorInfo(status.New(codes.Unavailable, "refused"), reason)
+			want := &errdetails.ErrorInfo{Reason: reason, Domain: ErrorDomain}
+			wantBytes, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
+			if err != nil {
+				t.Fatal(err)
+			}
+			details := st.Proto().GetDetails()
+			if len(details) != 1 || details[0].GetTypeUrl() != "type.googleapis.com/google.rpc.ErrorInfo" || !bytes.Equal(details[0].GetValue(), wantBytes) {
+				t.Fatalf("details %v, want one ErrorInfo of bytes %x", details, wantBytes)
+			}
+			got := st.Details()
+			if len(got) != 1 {
+				t.Fatalf("Details() = %v", got)
+			}
+			if info, ok := got[0].(*errdetails.ErrorInfo); !ok || !proto.Equal(info, want) {
+				t.Errorf("Details() = %v, want %v", got[0], want)
+			}
+			if st.Code() != codes.Unavailable || st.Message() != "refused" {
+				t.Errorf("status %v", st)
+			}
+		})
 	}
-	details := st.Proto().GetDetails()
-	if len(details) != 1 || details[0].GetTypeUrl() != "type.googleapis.com/google.rpc.ErrorInfo" || !bytes.Equal(details[0].GetValue(), wantBytes) {
-		t.Fatalf("details %v, want one ErrorInfo of bytes %x", details, wantBytes)
-	}
-	got := st.Details()
-	if len(got) != 1 {
-		t.Fatalf("Details() = %v", got)
-	}
-	if info, ok := got[0].(*errdetails.ErrorInfo); !ok || !proto.Equal(info, want) {
-		t.Errorf("Details() = %v, want %v", got[0], want)
-	}
-	if st.Code() != codes.Unavailable || st.Message() != "refused" {
-		t.Errorf("status %v", st)
-	}
+	t.Run("not UTF-8", func(t *testing.T) {
+		if _, err := proto.Marshal(&errdetails.ErrorInfo{Reason: "\xff"}); err == nil {
+			t.Fatal("proto.Marshal took a reason that is not UTF-8")
+		}
+		if d := WithErrorInfo(status.New(codes.Unavailable, "refused"), "\xff").Proto().GetDetails(); len(d) != 0 {
+			t.Errorf("details %v, want none", d)
+		}
+	})
 }
 
 func TestReasonOf(t *testing.T) {

@@ -25,7 +25,7 @@ const racyWindow = time.Second
 const stateTrustFor = 5 * time.Second
 
 // stateCache remembers, per runsc root, the state files listed and, per
-// file, what it parsed to, keyed by (size, mtime). Safe for concurrent use.
+// file, what it parsed to, keyed by (size, mtime, ctime). Safe for concurrent use.
 type stateCache struct {
 	mu    sync.Mutex
 	dirs  map[string]cachedListing // by root
