@@ -52,7 +52,7 @@ type Batch struct {
 // errors.Is.
 func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
 	fd := -1
-	data, err := b.ReadKeep(dir, name, limit, &fd)
+	data, err := b.readKeep(dir, name, limit, &fd, false)
 	if fd >= 0 {
 		syscall.Close(fd)
 	}
@@ -77,7 +77,20 @@ var ErrHeldGone = fmt.Errorf("kept file removed: %w", fs.ErrNotExist)
 // fs.ErrNotExist). The caller must use a descriptor in one read at a time,
 // and must keep only descriptors of files that cannot be replaced under the
 // same name (kernfs: its files cannot be renamed or unlinked).
+//
+// A read shorter than the room it was given ends the file: no read at the
+// end to see 0 bytes (half of a sample's reads). That holds for a regular
+// file and for a kernfs file shown as one record (every cgroup file but the
+// pid lists, cgroup.procs, cgroup.threads and tasks, which print a record a
+// pid and may stop short at a page's end: read those with Read): seq_file
+// shows the one record whole into its buffer, growing it until it fits, and
+// gives the reader as much of it as the reader asked.
 func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte, error) {
+	return b.readKeep(dir, name, limit, fd, true)
+}
+
+// readKeep is ReadKeep; shortEnds says a short read ends the file.
+func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, shortEnds bool) ([]byte, error) {
 	if limit <= 0 {
 		limit = MaxFileBytes
 	}
@@ -105,7 +118,7 @@ func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte,
 		}
 		*fd = f
 	}
-	data, err := b.readAt0(*fd, dir, name, limit)
+	data, err := b.readAt0(*fd, dir, name, limit, shortEnds)
 	if err != nil {
 		syscall.Close(*fd)
 		*fd = -1
@@ -136,8 +149,9 @@ func (b *Batch) openRegular(dir *os.File, name string) (int, error) {
 	return fd, nil
 }
 
-// readAt0 reads fd whole from offset 0 into the buffer, at most limit bytes.
-func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int) ([]byte, error) {
+// readAt0 reads fd whole from offset 0 into the buffer, at most limit
+// bytes; shortEnds: a read shorter than its room ends the file.
+func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int, shortEnds bool) ([]byte, error) {
 	start := len(b.buf)
 	for {
 		if len(b.buf) == cap(b.buf) {
@@ -166,6 +180,9 @@ func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int) ([]byte, e
 		if len(b.buf)-start > limit {
 			b.buf = b.buf[:start]
 			return nil, fmt.Errorf("%w: %s/%s is larger than %d bytes", source.ErrMalformed, dir.Name(), name, limit)
+		}
+		if shortEnds && n < len(room) {
+			break
 		}
 	}
 	b.total += len(b.buf) - start
