@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -51,8 +52,29 @@ type Batch struct {
 // bound). Errors name the path; fs.ErrNotExist stays detectable with
 // errors.Is.
 func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
+	return b.read(dir, name, limit, 0)
+}
+
+// pidListEnd: a read of a kernfs pid list (cgroup.procs, cgroup.threads,
+// tasks) shorter than its room and than this ends the file. seq_file gives
+// a read the records that fit its buffer (at least a page, 4096 bytes) and
+// stops short only when the next record does not fit: a pid's record is at
+// most 8 bytes ("4194304\n", pid_max's ceiling), so a short read that
+// stopped at the buffer's end returned more than 4096-8 bytes.
+const pidListEnd = 4096 - 64
+
+// ReadPidList is Read for a kernfs pid list (cgroup.procs, cgroup.threads,
+// tasks): a read short of its room and of pidListEnd bytes ends the file,
+// so a list of fewer than about 500 pids takes one read, not two.
+func (b *Batch) ReadPidList(dir *os.File, name string, limit int) ([]byte, error) {
+	return b.read(dir, name, limit, pidListEnd)
+}
+
+// read is Read and ReadPidList: a read short of its room and of shortEnds
+// bytes ends the file (0: only a read of 0 bytes does).
+func (b *Batch) read(dir *os.File, name string, limit, shortEnds int) ([]byte, error) {
 	fd := -1
-	data, err := b.readKeep(dir, name, limit, &fd, false)
+	data, err := b.readKeep(dir, name, limit, &fd, shortEnds)
 	if fd >= 0 {
 		syscall.Close(fd)
 	}
@@ -86,11 +108,12 @@ var ErrHeldGone = fmt.Errorf("kept file removed: %w", fs.ErrNotExist)
 // shows the one record whole into its buffer, growing it until it fits, and
 // gives the reader as much of it as the reader asked.
 func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte, error) {
-	return b.readKeep(dir, name, limit, fd, true)
+	return b.readKeep(dir, name, limit, fd, math.MaxInt)
 }
 
-// readKeep is ReadKeep; shortEnds says a short read ends the file.
-func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, shortEnds bool) ([]byte, error) {
+// readKeep is ReadKeep; a read short of its room and of shortEnds bytes
+// ends the file (0: only a read of 0 bytes does).
+func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, shortEnds int) ([]byte, error) {
 	if limit <= 0 {
 		limit = MaxFileBytes
 	}
@@ -150,8 +173,8 @@ func (b *Batch) openRegular(dir *os.File, name string) (int, error) {
 }
 
 // readAt0 reads fd whole from offset 0 into the buffer, at most limit
-// bytes; shortEnds: a read shorter than its room ends the file.
-func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int, shortEnds bool) ([]byte, error) {
+// bytes; a read short of its room and of shortEnds bytes ends the file.
+func (b *Batch) readAt0(fd int, dir *os.File, name string, limit, shortEnds int) ([]byte, error) {
 	start := len(b.buf)
 	for {
 		if len(b.buf) == cap(b.buf) {
@@ -181,7 +204,7 @@ func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int, shortEnds 
 			b.buf = b.buf[:start]
 			return nil, fmt.Errorf("%w: %s/%s is larger than %d bytes", source.ErrMalformed, dir.Name(), name, limit)
 		}
-		if shortEnds && n < len(room) {
+		if n < len(room) && n < shortEnds {
 			break
 		}
 	}
