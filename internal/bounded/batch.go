@@ -52,7 +52,7 @@ type Batch struct {
 // bound). Errors name the path; fs.ErrNotExist stays detectable with
 // errors.Is.
 func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
-	return b.read(dir, name, limit, 0)
+	return b.read(dir, name, limit, readOpts{})
 }
 
 // pidListEnd: a read of a kernfs pid list (cgroup.procs, cgroup.threads,
@@ -64,17 +64,30 @@ func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
 const pidListEnd = 4096 - 64
 
 // ReadPidList is Read for a kernfs pid list (cgroup.procs, cgroup.threads,
-// tasks): a read short of its room and of pidListEnd bytes ends the file,
-// so a list of fewer than about 500 pids takes one read, not two.
+// tasks) in dir, a directory of a cgroup file system: a read short of its
+// room and of pidListEnd bytes ends the file, so a list of fewer than about
+// 500 pids takes one read, not two; and the file opened is not checked to
+// be a regular file (kernfs makes no FIFO or device, and a cgroup cannot
+// be named as a control file: a pid list's name is always the kernel's
+// file).
 func (b *Batch) ReadPidList(dir *os.File, name string, limit int) ([]byte, error) {
-	return b.read(dir, name, limit, pidListEnd)
+	return b.read(dir, name, limit, readOpts{shortEnds: pidListEnd, kernfs: true})
 }
 
-// read is Read and ReadPidList: a read short of its room and of shortEnds
-// bytes ends the file (0: only a read of 0 bytes does).
-func (b *Batch) read(dir *os.File, name string, limit, shortEnds int) ([]byte, error) {
+// readOpts are what a read may assume of its file.
+type readOpts struct {
+	// shortEnds: a read short of its room and of this many bytes ends the
+	// file (0: only a read of 0 bytes does).
+	shortEnds int
+	// kernfs: the directory is on a cgroup file system; the file opened is
+	// not checked to be a regular file.
+	kernfs bool
+}
+
+// read is Read and ReadPidList.
+func (b *Batch) read(dir *os.File, name string, limit int, o readOpts) ([]byte, error) {
 	fd := -1
-	data, err := b.readKeep(dir, name, limit, &fd, shortEnds)
+	data, err := b.readKeep(dir, name, limit, &fd, o)
 	if fd >= 0 {
 		syscall.Close(fd)
 	}
@@ -108,12 +121,11 @@ var ErrHeldGone = fmt.Errorf("kept file removed: %w", fs.ErrNotExist)
 // shows the one record whole into its buffer, growing it until it fits, and
 // gives the reader as much of it as the reader asked.
 func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte, error) {
-	return b.readKeep(dir, name, limit, fd, math.MaxInt)
+	return b.readKeep(dir, name, limit, fd, readOpts{shortEnds: math.MaxInt})
 }
 
-// readKeep is ReadKeep; a read short of its room and of shortEnds bytes
-// ends the file (0: only a read of 0 bytes does).
-func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, shortEnds int) ([]byte, error) {
+// readKeep is ReadKeep with what the read may assume of its file.
+func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, o readOpts) ([]byte, error) {
 	if limit <= 0 {
 		limit = MaxFileBytes
 	}
@@ -135,13 +147,13 @@ func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, shortEnd
 
 	kept := *fd >= 0
 	if !kept {
-		f, err := b.openRegular(dir, name)
+		f, err := b.openRegular(dir, name, o.kernfs)
 		if err != nil {
 			return nil, err
 		}
 		*fd = f
 	}
-	data, err := b.readAt0(*fd, dir, name, limit, shortEnds)
+	data, err := b.readAt0(*fd, dir, name, limit, o.shortEnds)
 	if err != nil {
 		syscall.Close(*fd)
 		*fd = -1
@@ -154,11 +166,15 @@ func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, shortEnd
 }
 
 // openRegular opens name in dir (never following a symlink, never leaving
-// dir) and refuses anything but a regular file.
-func (b *Batch) openRegular(dir *os.File, name string) (int, error) {
+// dir) and refuses anything but a regular file; kernfs: dir is on a cgroup
+// file system, whose files are the kernel's (no fstat to check).
+func (b *Batch) openRegular(dir *os.File, name string, kernfs bool) (int, error) {
 	fd, err := b.openat(dir, name)
 	if err != nil {
 		return -1, &fs.PathError{Op: "openat", Path: dir.Name() + "/" + name, Err: err}
+	}
+	if kernfs {
+		return fd, nil
 	}
 	var st syscall.Stat_t
 	if err := retryEINTR(func() error { return syscall.Fstat(fd, &st) }); err != nil {
