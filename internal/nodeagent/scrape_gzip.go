@@ -29,9 +29,12 @@ var gzipEnd = []byte{0x03, 0x00}
 // gzipLevel is the pieces' compression level. promhttp's gzip writer
 // compresses at the default (6); level 2 compressed 1000 workloads' 5.3 MB
 // of text 5.5 times faster (10.9 against 60.6 ms) into 2% more bytes
-// (165 against 162 KB). The header's XFL stays 0 (what gzip writes for
-// any level but 1 and 9).
-const gzipLevel = 2
+// (165 against 162 KB), and level 1 (flate's fast matcher, whose reset
+// clears no table) 32 workloads' twice as fast again as level 2 (0.48
+// against 0.99 ms) into 3% more bytes (9.1 against 8.8 KB): a sweep
+// scraped once pays it every sweep. The header's XFL stays 0 (an
+// unspecified method; gzip writes 4 for level 1, a hint readers ignore).
+const gzipLevel = flate.BestSpeed
 
 var flatePool = sync.Pool{New: func() any {
 	w, _ := flate.NewWriter(nil, gzipLevel)
