@@ -117,7 +117,7 @@ var ErrHeldGone = fmt.Errorf("kept file removed: %w", fs.ErrNotExist)
 // end to see 0 bytes (half of a sample's reads). That holds for a regular
 // file and for a kernfs file shown as one record (every cgroup file but the
 // pid lists, cgroup.procs, cgroup.threads and tasks, which print a record a
-// pid and may stop short at a page's end: read those with Read): seq_file
+// pid and may stop short at a page's end: read those with ReadPidList): seq_file
 // shows the one record whole into its buffer, growing it until it fits, and
 // gives the reader as much of it as the reader asked.
 func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte, error) {
