@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -27,14 +26,7 @@ func TestIntegrationImagesByDigest(t *testing.T) {
 	}
 	testenv.NeedContainerd(t)
 	bins := testenv.BuildContainerd(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	start := time.Now()
-	imgs, err := ociimage.BuildProjectImages(ctx, "..", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("built %d images in %v", len(imgs), time.Since(start).Round(time.Millisecond))
+	imgs := buildProjectImages(t)
 	c := testenv.StartContainerd(t, testenv.ContainerdOptions{Bins: bins})
 	for _, img := range imgs {
 		c.Ctr(t, "images", "import", img.Path)

@@ -14,7 +14,6 @@ package e2e
 import (
 	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
@@ -29,7 +28,6 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/nribridge"
-	"github.com/sandboxstats/sandboxstats/internal/ociimage"
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
@@ -58,15 +56,8 @@ type daemonSetPod struct {
 // host's).
 func startDaemonSetPod(t *testing.T, c *testenv.Containerd, gateway *testenv.Collector, attempts int) *daemonSetPod {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	imgs := buildProjectImages(t)
 	start := time.Now()
-	imgs, err := ociimage.BuildProjectImages(ctx, "..", t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("built %d images in %v", len(imgs), time.Since(start).Round(time.Millisecond))
-	start = time.Now()
 	var images strings.Builder
 	for _, img := range imgs {
 		c.Ctr(t, "images", "import", "--local", "--snapshotter", "native", img.Path)

@@ -29,6 +29,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxstats/sandboxstats/internal/cli"
+	"github.com/sandboxstats/sandboxstats/internal/exepages"
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
 	"github.com/sandboxstats/sandboxstats/internal/otlp"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
@@ -321,6 +322,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	g.Go(func() error {
 		defer stopPipeline()
 		return a.Run(gctx)
+	})
+	g.Go(func() error {
+		exepages.ReleaseAfter(gctx, exepages.DefaultProcRoot, exepages.DefaultDelay, logger)
+		return nil
 	})
 	if pipeline != nil {
 		logger.Info("pushing OTLP", "endpoint", o.otlp.Endpoint, "protocol", o.otlp.Protocol, "periodic_every", o.otlpPeriodic)

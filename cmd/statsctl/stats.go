@@ -24,7 +24,10 @@ func runStats(ctx context.Context, e *env, args []string) error {
 	}
 	return runRead(ctx, e, fs, args, required,
 		func(ctx context.Context, c sandboxstatsv1.WorkloadStatsServiceClient) (*sandboxstatsv1.WorkloadStatsSample, error) {
-			resp, err := c.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: *actorUID, IncludeHost: *includeHost})
+			// statsctl knows KnownAbsent: the answer is smaller, and
+			// expanded it shows every absent value with its reason.
+			resp, err := c.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: *actorUID, IncludeHost: *includeHost, KnownAbsent: true})
+			api.ExpandKnownAbsent(resp.GetSample())
 			return resp.GetSample(), err
 		}, writeSampleTable)
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/rate"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
@@ -81,10 +82,11 @@ func watchOnce(ctx context.Context, client sandboxstatsv1.WorkloadStatsServiceCl
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	if actorUID != "" {
-		resp, err := client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: actorUID})
+		resp, err := client.StatsWorkload(ctx, &sandboxstatsv1.StatsWorkloadRequest{ActorUid: actorUID, KnownAbsent: true})
 		if err != nil {
 			return nil, err
 		}
+		api.ExpandKnownAbsent(resp.GetSample())
 		return []*sandboxstatsv1.WorkloadStatsSample{resp.GetSample()}, nil
 	}
 	resp, err := client.StatsActiveWorkloads(ctx, &sandboxstatsv1.StatsActiveWorkloadsRequest{})

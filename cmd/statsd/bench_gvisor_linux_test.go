@@ -7,7 +7,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -49,51 +48,73 @@ func gvisorBenchPod(b *testing.B) (*testenv.RunscPod, source.SandboxRef) {
 }
 
 // serveGVisorForBench is serveForBenchWithHealth's stats client with
-// statsd's --runsc-root set to roots.
-func serveGVisorForBench(b *testing.B, ref source.SandboxRef, roots []string) sandboxstatsv1.WorkloadStatsServiceClient {
+// statsd's --runsc-root set to roots; keepFor is how long the breakdown
+// keeps its connection to the sentry (0: the default, 2 s).
+func serveGVisorForBench(b *testing.B, ref source.SandboxRef, roots []string, keepFor time.Duration) sandboxstatsv1.WorkloadStatsServiceClient {
 	b.Helper()
-	cfg := config{procRoot: "/proc", cgroupRoot: "/sys/fs/cgroup", debugfsRoot: "/sys/kernel/debug", readTimeout: 2 * time.Second, runscRoots: roots}
+	cfg := config{procRoot: "/proc", cgroupRoot: "/sys/fs/cgroup", debugfsRoot: "/sys/kernel/debug", readTimeout: 2 * time.Second, runscRoots: roots, sentryKeepFor: keepFor}
 	client, _ := serveConfigForBench(b, cfg, ref)
 	return client
 }
 
 // statsLoop calls StatsWorkload b.N times, checking the containers are
 // there (want of them; 0: none), and returns this process's CPU (user +
-// system: client, server and source) per call.
+// system: client, server and source) per call. A read without the
+// containers (the sentry's 500 ms bound passed: seen a few times in 3000
+// on a machine at load 10 and more) is counted (breakdown-missed) and
+// logged with its reason; more than 1% of the reads fails the benchmark.
 func statsLoop(b *testing.B, client sandboxstatsv1.WorkloadStatsServiceClient, want int) time.Duration {
 	b.Helper()
 	req := &sandboxstatsv1.StatsWorkloadRequest{ActorUid: "bench"}
 	if _, err := client.StatsWorkload(context.Background(), req); err != nil { // the first finds the sandbox
 		b.Fatal(err)
 	}
-	var ru0, ru1 syscall.Rusage
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
-	n := 0
+	cpu0 := processCPU()
+	n, missed := 0, 0
 	for b.Loop() {
 		resp, err := client.StatsWorkload(context.Background(), req)
 		if err != nil {
 			b.Fatal(err)
 		}
 		if got := len(resp.GetSample().GetContainers()); got != want {
-			b.Fatalf("%d containers, want %d: %v", got, want, resp.GetSample().GetAbsent())
+			missed++
+			for _, a := range resp.GetSample().GetAbsent() {
+				if a.GetField() == "containers" && missed <= 3 {
+					b.Logf("read %d: %d containers, want %d: %s", n, got, want, a.GetReason())
+				}
+			}
 		}
 		n++
 	}
-	syscall.Getrusage(syscall.RUSAGE_SELF, &ru1)
-	return time.Duration(ru1.Utime.Nano()-ru0.Utime.Nano()+ru1.Stime.Nano()-ru0.Stime.Nano()) / time.Duration(max(n, 1))
+	cpu := processCPU() - cpu0
+	if want > 0 {
+		b.ReportMetric(float64(missed), "breakdown-missed")
+	}
+	if missed*100 > max(n, 1) {
+		b.Fatalf("%d of %d reads without their %d containers", missed, n, want)
+	}
+	return cpu / time.Duration(max(n, 1))
 }
 
 // BenchmarkGVisorStatsWorkloadBreakdown compares StatsWorkload of the pod
 // without the breakdown (baseline) and with it: goal <= 1.5x. The
-// breakdown row reports each call's CPU (cpu-ns/op) and the share of one
+// breakdown rows report each call's CPU (cpu-ns/op) and the share of one
 // core that polling 443 such sandboxes every 10 s takes: the breakdown's
 // own part (its CPU above the baseline's, core-%-443x10s, goal <= 1%) and
 // the whole read's (whole-core-%-443x10s). gvisor#13711 measured 72.8% of
 // 8 vCPUs for runsc events at that scale.
+//
+// The breakdown row reads back to back on the connection the breakdown
+// keeps (2 s, sentryusage.DefaultKeepFor); breakdown-dial keeps none, so
+// that every read dials the sentry as a read at a 10 s interval does: its
+// core-%-443x10s is the goal's figure.
 func BenchmarkGVisorStatsWorkloadBreakdown(b *testing.B) {
 	p, ref := gvisorBenchPod(b)
-	without := serveGVisorForBench(b, ref, nil)
-	with := serveGVisorForBench(b, ref, []string{p.Root})
+	without := serveGVisorForBench(b, ref, nil, 0)
+	with := serveGVisorForBench(b, ref, []string{p.Root}, 0)
+	// KeepFor 1 ns: the connection's timer has fired by the next read,
+	// which dials (and arms a timer) as one 10 s later would.
+	dial := serveGVisorForBench(b, ref, []string{p.Root}, time.Nanosecond)
 	var base time.Duration
 	// The sentry's CPU per read (sentry-cpu-ns/op, 10 ms ticks over the
 	// run): an idle sentry's own on the baseline row, with answering the
@@ -116,6 +137,12 @@ func BenchmarkGVisorStatsWorkloadBreakdown(b *testing.B) {
 		b.ReportMetric(100*443*max(cpu-base, 0).Seconds()/10, "core-%-443x10s")
 		b.ReportMetric(100*443*cpu.Seconds()/10, "whole-core-%-443x10s")
 	})
+	b.Run("breakdown-dial", func(b *testing.B) {
+		cpu := sentry(b, func() time.Duration { return statsLoop(b, dial, 3) })
+		b.ReportMetric(float64(cpu.Nanoseconds()), "cpu-ns/op")
+		b.ReportMetric(100*443*max(cpu-base, 0).Seconds()/10, "core-%-443x10s")
+		b.ReportMetric(100*443*cpu.Seconds()/10, "whole-core-%-443x10s")
+	})
 }
 
 // BenchmarkGVisorContainerEvents compares `runsc events --stats` for the
@@ -124,7 +151,7 @@ func BenchmarkGVisorStatsWorkloadBreakdown(b *testing.B) {
 // (every container in one sentry call): goal >= 20x cheaper (<= 0.05x).
 func BenchmarkGVisorContainerEvents(b *testing.B) {
 	p, ref := gvisorBenchPod(b)
-	with := serveGVisorForBench(b, ref, []string{p.Root})
+	with := serveGVisorForBench(b, ref, []string{p.Root}, 0)
 	b.Run("baseline", func(b *testing.B) {
 		for b.Loop() {
 			for _, id := range p.IDs[1:] {

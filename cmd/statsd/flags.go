@@ -29,7 +29,8 @@ type config struct {
 	procRoot        string
 	cgroupRoot      string
 	debugfsRoot     string
-	runscRoots      []string // --runsc-root, repeatable; none: no per-container breakdown of gVisor sandboxes
+	runscRoots      []string      // --runsc-root, repeatable; none: no per-container breakdown of gVisor sandboxes
+	sentryKeepFor   time.Duration // no flag: gvisor.Config.SentryKeepFor (0: its default); the bench's dial-per-read row sets it
 	readTimeout     time.Duration
 	shutdownTimeout time.Duration
 	driftInterval   time.Duration

@@ -25,6 +25,7 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/cli"
 	"github.com/sandboxstats/sandboxstats/internal/connlimit"
 	"github.com/sandboxstats/sandboxstats/internal/drift"
+	"github.com/sandboxstats/sandboxstats/internal/exepages"
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
@@ -55,6 +56,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	logger := newLogger(stderr, cfg.logLevel)
 	quietContainerdLog(logger)
+	rctx, stopRelease := context.WithCancel(ctx)
+	defer stopRelease()
+	go exepages.ReleaseAfter(rctx, exepages.DefaultProcRoot, exepages.DefaultDelay, logger) // docs/design.md, "Memory"
 	if cfg.memoryLimit > 0 && os.Getenv("GOMEMLIMIT") == "" {
 		debug.SetMemoryLimit(cfg.memoryLimit)
 	}
@@ -247,7 +251,7 @@ func opener(cfg config, logger *slog.Logger) identity.Opener {
 		case source.ClassGVisor:
 			src, err = gvisor.Open(ref, gvisor.Config{
 				CgroupRoot: cfg.cgroupRoot, ProcRoot: cfg.procRoot, ReadTimeout: cfg.readTimeout,
-				RunscRoots: cfg.runscRoots, Logger: logger.With("component", "gvisor"),
+				RunscRoots: cfg.runscRoots, SentryKeepFor: cfg.sentryKeepFor, Logger: logger.With("component", "gvisor"),
 			})
 		case source.ClassMicroVM:
 			src, err = microvm.Open(ref, microvm.Config{

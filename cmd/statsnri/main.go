@@ -31,6 +31,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/sandboxstats/sandboxstats/internal/cli"
+	"github.com/sandboxstats/sandboxstats/internal/exepages"
 	"github.com/sandboxstats/sandboxstats/internal/nribridge"
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
@@ -287,6 +288,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return b.Run(gctx) })
 	g.Go(func() error { return b.Connect(gctx, o.connect) })
+	g.Go(func() error {
+		exepages.ReleaseAfter(gctx, exepages.DefaultProcRoot, exepages.DefaultDelay, logger)
+		return nil
+	})
 	if ln != nil {
 		srv := &http.Server{
 			Handler:           handler(b, reg),
@@ -318,7 +323,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 // handler serves /metrics and /healthz.
 func handler(b *nribridge.Bridge, reg *prometheus.Registry) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	// Uncompressed: a few dozen lines, where each gzipped scrape allocated
+	// a compressor of about 1 MiB that the idle bridge kept (docs/design.md, "Memory").
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{DisableCompression: true}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		ok, detail := b.Health()
 		w.Header().Set("Content-Type", "text/plain; charset=utf-8")

@@ -1,15 +1,43 @@
 package api
 
 import (
+	"bytes"
 	"errors"
 	"testing"
 
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
+
+// TestWithErrorInfo: the detail written by hand is the bytes proto.Marshal
+// writes for the same errdetails.ErrorInfo, and status.Details reads it as
+// one (a client that links errdetails).
+func TestWithErrorInfo(t *testing.T) {
+	st := WithErrorInfo(status.New(codes.Unavailable, "refused"), "READ_TIMEOUT")
+	want := &errdetails.ErrorInfo{Reason: "READ_TIMEOUT", Domain: ErrorDomain}
+	wantBytes, err := proto.MarshalOptions{Deterministic: true}.Marshal(want)
+	if err != nil {
+		t.Fatal(err)
+	}
+	details := st.Proto().GetDetails()
+	if len(details) != 1 || details[0].GetTypeUrl() != "type.googleapis.com/google.rpc.ErrorInfo" || !bytes.Equal(details[0].GetValue(), wantBytes) {
+		t.Fatalf("details %v, want one ErrorInfo of bytes %x", details, wantBytes)
+	}
+	got := st.Details()
+	if len(got) != 1 {
+		t.Fatalf("Details() = %v", got)
+	}
+	if info, ok := got[0].(*errdetails.ErrorInfo); !ok || !proto.Equal(info, want) {
+		t.Errorf("Details() = %v, want %v", got[0], want)
+	}
+	if st.Code() != codes.Unavailable || st.Message() != "refused" {
+		t.Errorf("status %v", st)
+	}
+}
 
 func TestReasonOf(t *testing.T) {
 	withInfo := func(domain string) error {
@@ -28,6 +56,9 @@ func TestReasonOf(t *testing.T) {
 	}{
 		{"statsd error", withInfo(ErrorDomain), "ACTOR_MISMATCH"},
 		{"another domain", withInfo("example.com"), ""},
+		{"written by hand", WithErrorInfo(status.New(codes.Unavailable, "x"), "READ_TIMEOUT").Err(), "READ_TIMEOUT"},
+		{"with metadata", withMetadata(t), "ACTOR_MISMATCH"},
+		{"cut detail", cutDetail(t), ""},
 		{"status without details", status.Error(codes.Unavailable, "refused"), ""},
 		{"not a status", errors.New("plain"), ""},
 		{"nil", nil, ""},
@@ -38,6 +69,26 @@ func TestReasonOf(t *testing.T) {
 			}
 		})
 	}
+}
+
+// withMetadata is a statsd error whose ErrorInfo carries metadata, a
+// field ReasonOf skips.
+func withMetadata(t *testing.T) error {
+	st, err := status.New(codes.FailedPrecondition, "x").WithDetails(&errdetails.ErrorInfo{
+		Domain: ErrorDomain, Reason: "ACTOR_MISMATCH", Metadata: map[string]string{"actor_uid": "a"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st.Err()
+}
+
+// cutDetail is a statsd error whose ErrorInfo bytes stop inside its reason.
+func cutDetail(t *testing.T) error {
+	st := WithErrorInfo(status.New(codes.Unavailable, "x"), "READ_TIMEOUT")
+	p := st.Proto()
+	p.Details[0].Value = p.Details[0].Value[:4]
+	return status.FromProto(p).Err()
 }
 
 // TestNames: the label of every value, and what a value this build does not

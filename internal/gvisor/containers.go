@@ -67,13 +67,13 @@ type breakdown struct {
 	label, labelSID string
 }
 
-func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
+func newBreakdown(roots []string, timeout, keepFor time.Duration, ref source.SandboxRef, procRoot string) (*breakdown, error) {
 	if len(roots) == 0 {
 		return nil, nil
 	}
 	// Abstract too: runsc up to release-20230123 has no socket file, and up
 	// to release-20230911 falls back to it.
-	c, err := sentryusage.New(sentryusage.Config{RootDirs: roots, Abstract: true, Timeout: timeout})
+	c, err := sentryusage.New(sentryusage.Config{RootDirs: roots, Abstract: true, Timeout: timeout, KeepFor: keepFor})
 	if err != nil {
 		return nil, fmt.Errorf("gvisor: runsc roots: %w", err)
 	}
@@ -85,10 +85,22 @@ func newBreakdown(roots []string, timeout time.Duration, ref source.SandboxRef, 
 	return b, nil
 }
 
-// read finds the containers and asks the sentry once, within the
-// breakdown's own bound (ctx's deadline when sooner). Concurrent samples
-// share one call.
-func (b *breakdown) read(ctx context.Context) (containerRead, error) {
+// read finds the containers and reads the sandbox's own processes (within
+// the breakdown's own bound, ctx's deadline when sooner; concurrent samples
+// share one search), then asks the sentry once, on the caller's goroutine.
+// meanwhile is the rest of the sample (the cgroup read): it runs right
+// after the request is written, so that the sentry answers on one core
+// while statsd reads the cgroup, and the reply is most often there when it
+// is read, with no goroutine parked on it. read calls meanwhile exactly
+// once, whatever happens: after the search or the sentry's Read when no
+// request was written.
+func (b *breakdown) read(ctx context.Context, meanwhile func()) (containerRead, error) {
+	ran := false
+	defer func() {
+		if !ran {
+			meanwhile()
+		}
+	}()
 	// What a timeout names: the sandbox (once found) and how it is bound,
 	// as the sentry client's own errors name its socket.
 	b.mu.Lock()
@@ -100,41 +112,14 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 	}
 	what := b.label
 	b.mu.Unlock()
-	return bounded.Do(ctx, b.g, what, func() (containerRead, error) {
-		b.mu.Lock()
-		known := b.sid
-		b.mu.Unlock()
-		sb, ok, err := b.cache.findSandbox(b.roots, known, b.pid, b.cgroup)
-		if !ok && known != "" {
-			sb, ok, err = b.cache.findSandbox(b.roots, "", b.pid, b.cgroup) // the id may have changed (a restore)
+	// The search and the own processes' /proc read in one bounded call,
+	// the cgroup read while the sentry answers (the own processes before
+	// it: the cgroup read after them holds all their CPU counted).
+	cr, err := bounded.Do(ctx, b.g, what, func() (containerRead, error) {
+		sb, err := b.find()
+		if err != nil {
+			return containerRead{}, err
 		}
-		if !ok {
-			if err != nil {
-				return containerRead{}, fmt.Errorf("no runsc sandbox found in %v: %w", b.roots, err)
-			}
-			return containerRead{}, fmt.Errorf("no runsc sandbox of this %s in %v", b.what(), b.roots)
-		}
-		b.mu.Lock()
-		b.sid = sb.ID
-		drop := b.restoredSID != "" && b.restoredSID != sb.ID
-		b.restoredSID = ""
-		b.mu.Unlock()
-		if drop {
-			b.dropRestored()
-		}
-		q := sentryusage.Query{SandboxID: sb.ID, ContainerID: sb.ID}
-		for _, u := range sb.Unread {
-			q.Containers = append(q.Containers, u.ID) // its part still split (unread.go)
-		}
-		for _, c := range sb.Containers {
-			q.Containers = append(q.Containers, c.ID)
-			if c.Name != "" {
-				q.Containers = append(q.Containers, c.Name) // the key on runsc >= 20251110 with gVisor's v1 cgroups
-			}
-		}
-		// The own processes while the sentry works on the call (/proc,
-		// about when the cgroup is read), so that their cost is not added
-		// to the sentry's round trip; after it when no request was written.
 		var sentry int
 		var gofers []int
 		for _, c := range sb.Containers {
@@ -142,21 +127,63 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 			gofers = append(gofers, c.GoferPID)
 		}
 		cr := containerRead{sb: sb}
-		ownRead := false
-		q.Meanwhile = func() {
-			cr.own, cr.ownErr = b.own.read(sb.Root, sentry, gofers)
-			ownRead = true
-		}
-		u, err := b.sentry.Read(context.Background(), q) // bounded by the client's Timeout
-		if !ownRead {
-			q.Meanwhile()
-		}
-		if err != nil {
-			return containerRead{}, err
-		}
-		cr.usage = u
+		cr.own, cr.ownErr = b.own.read(sb.Root, sentry, gofers)
 		return cr, nil
 	})
+	if err != nil {
+		return containerRead{}, err
+	}
+	sb := cr.sb
+	q := sentryusage.Query{SandboxID: sb.ID, ContainerID: sb.ID}
+	for _, u := range sb.Unread {
+		q.Containers = append(q.Containers, u.ID) // its part still split (unread.go)
+	}
+	for _, c := range sb.Containers {
+		q.Containers = append(q.Containers, c.ID)
+		if c.Name != "" {
+			q.Containers = append(q.Containers, c.Name) // the key on runsc >= 20251110 with gVisor's v1 cgroups
+		}
+	}
+	q.Meanwhile = func() {
+		ran = true
+		meanwhile()
+	}
+	u, err := b.sentry.Read(ctx, q) // bounded by the client's Timeout (and ctx)
+	if !ran {
+		q.Meanwhile()
+	}
+	if err != nil {
+		return containerRead{}, err
+	}
+	cr.usage = u
+	return cr, nil
+}
+
+// find finds the sandbox in the runsc roots: the one found before while its
+// files are there, else a search of them all.
+func (b *breakdown) find() (runscSandbox, error) {
+	b.mu.Lock()
+	known := b.sid
+	b.mu.Unlock()
+	sb, ok, err := b.cache.findSandbox(b.roots, known, b.pid, b.cgroup)
+	if !ok && known != "" {
+		sb, ok, err = b.cache.findSandbox(b.roots, "", b.pid, b.cgroup) // the id may have changed (a restore)
+	}
+	if !ok {
+		if err != nil {
+			return runscSandbox{}, fmt.Errorf("no runsc sandbox found in %v: %w", b.roots, err)
+		}
+		return runscSandbox{}, fmt.Errorf("no runsc sandbox of this %s in %v", b.what(), b.roots)
+	}
+	b.mu.Lock()
+	b.sid = sb.ID
+	drop := b.restoredSID != "" && b.restoredSID != sb.ID
+	b.restoredSID = ""
+	b.mu.Unlock()
+	if drop {
+		b.dropRestored()
+	}
+	return sb, nil
 }
 
 // close closes the kept connection to the sentry (the source's Close): one

@@ -11,9 +11,8 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/prometheus/procfs"
-
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
@@ -28,7 +27,7 @@ import (
 // both; both end up children of init): a process in the sentry's own non-root
 // cgroup whose argv[0] is runsc-gofer and whose --root= is the sentry's.
 //
-// It reads every process's stat (through procfs) and, for processes in the
+// It reads every process's stat and, for processes in the
 // sentry's cgroups, cgroup and cmdline under procRoot. It blocks: callers
 // bound it. A sentry whose cgroup cannot be read is an error wrapping
 // source.ErrNotMeasurable, one that does not parse source.ErrMalformed.
@@ -42,21 +41,17 @@ func SandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 		return nil, fmt.Errorf("%w: sentry %d: %s: %w", source.ErrMalformed, sentry, filepath.Join(procRoot, strconv.Itoa(int(sentry)), "cgroup"), err)
 	}
 	rootOnly := pc.inRootOnly()
-	fsys, err := procfs.NewFS(procRoot)
-	if err != nil {
-		return nil, err
-	}
-	all, err := fsys.AllProcs()
+	all, err := process.PIDs(procRoot)
 	if err != nil {
 		return nil, err
 	}
 	parent := map[int32]int32{}
-	for _, p := range all {
-		if int32(p.PID) == sentry {
+	for _, pid := range all {
+		if int32(pid) == sentry {
 			continue
 		}
-		if st, err := p.Stat(); err == nil {
-			parent[int32(p.PID)] = int32(st.PPID)
+		if st, err := process.ReadStat(filepath.Join(procRoot, strconv.Itoa(pid))); err == nil {
+			parent[int32(pid)] = int32(st.PPID)
 		}
 	}
 	sentryRoot := runscRoot(procRoot, sentry)

@@ -197,7 +197,7 @@ type runscSandbox struct {
 func (c *stateCache) findSandbox(roots []string, knownID string, pid int, cgroupPath string) (sb runscSandbox, ok bool, err error) {
 	var errs []error
 	for _, root := range roots {
-		names, lerr := c.list(root)
+		names, unchanged, lerr := c.list(root)
 		if lerr != nil {
 			errs = append(errs, lerr)
 			continue
@@ -211,7 +211,7 @@ func (c *stateCache) findSandbox(roots []string, knownID string, pid int, cgroup
 				if cid != s {
 					continue
 				}
-				st, rerr := c.read(root, n)
+				st, rerr := c.read(root, n, unchanged)
 				if rerr != nil {
 					errs = append(errs, rerr)
 					continue
@@ -233,7 +233,7 @@ func (c *stateCache) findSandbox(roots []string, knownID string, pid int, cgroup
 			if _, s, _ := stateFileName(n); s != sid {
 				continue
 			}
-			st, rerr := c.read(root, n)
+			st, rerr := c.read(root, n, unchanged)
 			if rerr != nil {
 				// A container deleted between the listing and the read
 				// is simply gone.

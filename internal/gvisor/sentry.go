@@ -26,7 +26,7 @@ type procSnap struct {
 	cgroup []byte
 }
 
-// snapProc reads pid's start time (process.StartTime: procfs on
+// snapProc reads pid's start time (process.StartTime:
 // <procRoot>/<pid>/stat), <procRoot>/<pid>/cgroup, and the start time again:
 // if the two start times differ, the pid was reused between the reads.
 func snapProc(procRoot string, pid int) (procSnap, error) {

@@ -47,6 +47,10 @@ type Config struct {
 	// SentryTimeout bounds the one sentry call of a sample; 0 means
 	// DefaultSentryTimeout. Capped by ReadTimeout.
 	SentryTimeout time.Duration
+	// SentryKeepFor is how long the breakdown keeps its connection to the
+	// sentry after dialling it (sentryusage.Config.KeepFor); 0 means
+	// sentryusage.DefaultKeepFor. A read at a longer interval dials anew.
+	SentryKeepFor time.Duration
 }
 
 // errCgroupGone marks a read that found the cgroup directory missing, so
@@ -153,7 +157,7 @@ func Open(ref source.SandboxRef, cfg Config) (source.Source, error) {
 	if cfg.SentryTimeout <= 0 {
 		cfg.SentryTimeout = DefaultSentryTimeout
 	}
-	bd, err := newBreakdown(cfg.RunscRoots, min(cfg.SentryTimeout, cfg.ReadTimeout), ref, cfg.ProcRoot)
+	bd, err := newBreakdown(cfg.RunscRoots, min(cfg.SentryTimeout, cfg.ReadTimeout), cfg.SentryKeepFor, ref, cfg.ProcRoot)
 	if err != nil {
 		return nil, err
 	}
@@ -309,18 +313,24 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 		wg.Go(func() { nr = s.readNetwork(ctx) })
 	}
 	var (
+		r     source.Reading
+		err   error
 		cr    containerRead
 		crErr error
 	)
-	if s.bd != nil {
-		wg.Go(func() { cr, crErr = s.bd.read(ctx) })
+	readCgroup := func() {
+		if s.mode == ModeUnified {
+			r, err = s.readV2(ctx, loc)
+		} else {
+			r, err = s.readV1(ctx, loc)
+		}
 	}
-	var r source.Reading
-	var err error
-	if s.mode == ModeUnified {
-		r, err = s.readV2(ctx, loc)
+	if s.bd != nil {
+		// The breakdown writes its request to the sentry first and reads
+		// the cgroup while the sentry answers (containers.go).
+		cr, crErr = s.bd.read(ctx, readCgroup)
 	} else {
-		r, err = s.readV1(ctx, loc)
+		readCgroup()
 	}
 	wg.Wait()
 	if err == nil {

@@ -1,7 +1,8 @@
 // This file caches runsc roots' listings and parsed state files, so that a
 // sample re-reads a state file (a whole OCI spec, about 2 KiB of JSON) only
-// when it changed: one stat of the root and one of each of the sandbox's
-// files per sample instead of a listing and a read and parse of each.
+// when it changed: one stat of the root per sample, and one of each of the
+// sandbox's files at most every stateTrustFor (see stateCache.read),
+// instead of a listing and a read and parse of each.
 
 package gvisor
 
@@ -19,28 +20,33 @@ import (
 // timestamp tick would leave its mtime (and maybe its size) unchanged.
 const racyWindow = time.Second
 
+// stateTrustFor is how long a parsed state file is used without a stat of
+// its own while its root is unchanged (stateCache.read).
+const stateTrustFor = 5 * time.Second
+
 // stateCache remembers, per runsc root, the state files listed and, per
 // file, what it parsed to, keyed by (size, mtime). Safe for concurrent use.
 type stateCache struct {
 	mu    sync.Mutex
 	dirs  map[string]cachedListing // by root
 	files map[string]cachedState   // by path
+	// trustFor is stateTrustFor (0 in a test: every file statted).
+	trustFor time.Duration
 }
 
 type cachedListing struct {
-	size  int64
-	mtime time.Time
+	sizeTime
 	names []string
 }
 
 type cachedState struct {
-	size  int64
-	mtime time.Time
-	st    runscState
+	sizeTime
+	checked time.Time // when it was last statted
+	st      runscState
 }
 
 func newStateCache() *stateCache {
-	return &stateCache{dirs: map[string]cachedListing{}, files: map[string]cachedState{}}
+	return &stateCache{dirs: map[string]cachedListing{}, files: map[string]cachedState{}, trustFor: stateTrustFor}
 }
 
 // stable reports whether a file with this mtime, statted at now, can be
@@ -48,28 +54,28 @@ func newStateCache() *stateCache {
 func stable(mtime, now time.Time) bool { return now.Sub(mtime) > racyWindow }
 
 // list returns root's state file names: the cached ones while the root's
-// (size, mtime) is unchanged, else a new listing (the files cached for
-// names no longer listed are forgotten).
-func (c *stateCache) list(root string) ([]string, error) {
+// (size, mtime, ctime) is unchanged (unchanged true), else a new listing
+// (the files cached for names no longer listed are forgotten).
+func (c *stateCache) list(root string) (names []string, unchanged bool, err error) {
 	fi, err := statOf(root)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	c.mu.Lock()
 	d, ok := c.dirs[root]
 	c.mu.Unlock()
-	if ok && d.size == fi.size && d.mtime.Equal(fi.mtime) {
-		return d.names, nil
+	if ok && d.same(fi) {
+		return d.names, true, nil
 	}
-	names, err := listStates(root)
+	names, err = listStates(root)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	names = append([]string(nil), names...)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if stable(fi.mtime, time.Now()) {
-		c.dirs[root] = cachedListing{size: fi.size, mtime: fi.mtime, names: names}
+		c.dirs[root] = cachedListing{sizeTime: fi, names: names}
 	} else {
 		delete(c.dirs, root)
 	}
@@ -82,38 +88,65 @@ func (c *stateCache) list(root string) ([]string, error) {
 			delete(c.files, p)
 		}
 	}
-	return names, nil
+	return names, false, nil
 }
 
 // read returns root/name parsed (readState), from the cache while the
-// file's (size, mtime) is unchanged.
-func (c *stateCache) read(root, name string) (runscState, error) {
+// file's (size, mtime, ctime) is unchanged.
+//
+// rootUnchanged says the root's own (size, mtime, ctime) are those of the
+// cached listing: no file was created, removed or renamed in it since. The
+// file is then not even statted while its cached parse is younger than
+// trustFor and has a gofer pid. What statsd keeps of a state file (ids,
+// the sandbox's pid and cgroup, the CRI annotations, createdAt: see
+// runscState) is written when runsc creates the file and never changes in
+// place after, but for goferPid: runsc starts a subcontainer's gofer at
+// `runsc start` and rewrites the file in place (no change to the root)
+// with its pid. A parse without one is statted every time; the status runsc
+// also rewrites in place is not read.
+func (c *stateCache) read(root, name string, rootUnchanged bool) (runscState, error) {
 	p := filepath.Join(root, name)
+	now := time.Now()
+	c.mu.Lock()
+	f, ok := c.files[p]
+	c.mu.Unlock()
+	if ok && rootUnchanged && f.st.GoferPID != 0 && now.Sub(f.checked) < c.trustFor {
+		return f.st, nil
+	}
 	fi, err := statOf(p)
 	if err != nil {
 		return runscState{}, err
 	}
-	c.mu.Lock()
-	f, ok := c.files[p]
-	c.mu.Unlock()
-	if ok && f.size == fi.size && f.mtime.Equal(fi.mtime) {
+	if ok && f.same(fi) {
+		c.mu.Lock()
+		if g, ok := c.files[p]; ok && g.same(fi) {
+			g.checked = now
+			c.files[p] = g
+		}
+		c.mu.Unlock()
 		return f.st, nil
 	}
 	st, err := readState(root, name)
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if err == nil && stable(fi.mtime, time.Now()) {
-		c.files[p] = cachedState{size: fi.size, mtime: fi.mtime, st: st}
+		c.files[p] = cachedState{sizeTime: fi, checked: now, st: st}
 	} else {
 		delete(c.files, p)
 	}
 	return st, err
 }
 
-// sizeTime is what the cache compares of a file: its size and mtime.
+// sizeTime is what the cache compares of a file: its size, mtime and
+// ctime.
 type sizeTime struct {
-	size  int64
-	mtime time.Time
+	size         int64
+	mtime, ctime time.Time
+}
+
+// same reports whether a and b are the same (size, mtime, ctime).
+func (a sizeTime) same(b sizeTime) bool {
+	return a.size == b.size && a.mtime.Equal(b.mtime) && a.ctime.Equal(b.ctime)
 }
 
 // statOf is os.Stat's size and mtime, without the FileInfo it allocates
@@ -130,5 +163,5 @@ func statOf(path string) (sizeTime, error) {
 			return sizeTime{}, &fs.PathError{Op: "stat", Path: path, Err: err}
 		}
 	}
-	return sizeTime{size: st.Size, mtime: time.Unix(st.Mtim.Unix())}, nil
+	return sizeTime{size: st.Size, mtime: time.Unix(st.Mtim.Unix()), ctime: time.Unix(st.Ctim.Unix())}, nil
 }

@@ -49,8 +49,8 @@ func parseQEMUGuestName(cmdline []byte) string {
 	return qemuGuestName(strings.Split(strings.TrimRight(string(cmdline), "\x00"), "\x00"))
 }
 
-// qemuGuestName is parseQEMUGuestName on the split arguments (as procfs's
-// Proc.CmdLine gives them). QEMU escapes a comma in a value as ",,".
+// qemuGuestName is parseQEMUGuestName on the split arguments (as
+// process.ReadCmdline gives them). QEMU escapes a comma in a value as ",,".
 func qemuGuestName(args []string) string {
 	for i, a := range args {
 		var val string

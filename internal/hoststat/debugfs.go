@@ -15,8 +15,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/prometheus/procfs"
-
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -138,7 +136,7 @@ func (s *sampler) debugfsView(ctx context.Context, vmmPID int32) *source.KVMSour
 // namespace on a discarded thread.
 func (s *sampler) readDebugfs(vmmPID int32) *source.KVMSourceView {
 	root := s.cfg.DebugfsRoot
-	r := debugfsReader{root: root, proc: s.fs, read: readProcFile}
+	r := debugfsReader{root: root, procRoot: s.cfg.ProcRoot, read: readProcFile}
 	mounted, err := isDebugfs(root)
 	if err != nil {
 		return unavailableView(source.KVMSourceDebugfs, root, fmt.Sprintf("debugfs root: %v", err))
@@ -171,24 +169,23 @@ func (s *sampler) readDebugfs(vmmPID int32) *source.KVMSourceView {
 func readProcFile(path string) ([]byte, error) { return bounded.ReadFile(path, bounded.MaxFileBytes) }
 
 // debugfsReader reads KVM debugfs files; read is replaceable in tests
-// (a fixture tree cannot reproduce lockdown's EPERM). proc maps a thread to
-// its process.
+// (a fixture tree cannot reproduce lockdown's EPERM). procRoot maps a
+// thread to its process.
 type debugfsReader struct {
-	root string
-	proc procfs.FS
-	read func(path string) ([]byte, error)
+	root     string
+	procRoot string
+	read     func(path string) ([]byte, error)
 }
 
 // threadOf reports whether tid is a thread of process pid: whether
 // <procRoot>/<pid>/task/<tid> exists. The kernel's own listing, nothing
-// parsed (procfs's status parser expands a Cpus_allowed_list range cell by
-// cell, and indexes past an array on a Uid: line of five ids).
+// parsed (procfs's status parser expanded a Cpus_allowed_list range cell by
+// cell, and indexed past an array on a Uid: line of five ids).
 func (r debugfsReader) threadOf(tid, pid int32) bool {
-	p, err := r.proc.Proc(int(pid))
-	if err != nil {
+	if tid <= 0 || pid <= 0 {
 		return false
 	}
-	_, err = p.Thread(int(tid))
+	_, err := os.Stat(filepath.Join(r.procRoot, strconv.Itoa(int(pid)), "task", strconv.Itoa(int(tid))))
 	return err == nil
 }
 

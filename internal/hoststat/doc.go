@@ -14,7 +14,7 @@
 // bytes, events and time (qmpconn.go). Each view carries a legend that keeps
 // it from being misread and its own shortfall, so one failing view never
 // loses the others. Every read runs under internal/bounded with Config.ReadTimeout;
-// /proc is parsed by prometheus/procfs (re-rooted at <pid>/task for threads).
+// /proc is parsed by internal/process (a thread's files read as a process's).
 //
 //	s, err := hoststat.Open(ref, hoststat.Config{ProcRoot: "/proc", DebugfsRoot: "/sys/kernel/debug"})
 //	before, _ := s.SampleHost(ctx)

@@ -73,7 +73,7 @@ func FuzzParseQMP(f *testing.F) {
 	})
 }
 
-// FuzzRunnerKernel runs /proc/stat text through procfs and the usec
+// FuzzRunnerKernel runs /proc/stat text through the parser and the usec
 // conversion.
 func FuzzRunnerKernel(f *testing.F) {
 	b, err := os.ReadFile(filepath.Join("testdata", "proc", "stat"))

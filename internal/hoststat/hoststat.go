@@ -8,10 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
-
-	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/process"
@@ -67,7 +66,6 @@ type Config struct {
 type sampler struct {
 	ref source.SandboxRef
 	cfg Config
-	fs  procfs.FS
 	g   *bounded.Group
 	log *slog.Logger
 
@@ -123,14 +121,14 @@ func newSampler(ref source.SandboxRef, cfg Config) (*sampler, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	fs, err := procfs.NewFS(cfg.ProcRoot)
-	if err != nil {
+	if fi, err := os.Stat(cfg.ProcRoot); err != nil {
 		return nil, fmt.Errorf("hoststat: proc root %s: %w", cfg.ProcRoot, err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("hoststat: proc root %s: not a directory", cfg.ProcRoot)
 	}
 	return &sampler{
 		ref: ref,
 		cfg: cfg,
-		fs:  fs,
 		g:   bounded.New(cfg.ReadTimeout),
 		log: cfg.Logger.With("component", "hoststat"),
 		pin: process.NewTracker(cfg.ProcRoot),

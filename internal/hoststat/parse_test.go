@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -131,11 +130,7 @@ func TestParseDebugfsValue(t *testing.T) {
 // TestThreadOf: the Cloud Hypervisor vmm thread 5001 is a thread of 5000
 // (testdata/proc/5000/task/5001), of no other process.
 func TestThreadOf(t *testing.T) {
-	proc, err := procfs.NewFS(filepath.Join("testdata", "proc"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := debugfsReader{proc: proc}
+	r := debugfsReader{procRoot: filepath.Join("testdata", "proc")}
 	for _, tc := range []struct {
 		tid, pid int32
 		want     bool

@@ -20,7 +20,6 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/testenv"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -144,13 +143,9 @@ func TestSampleFirecrackerFixtureNoKVMDir(t *testing.T) {
 // with EPERM and only 0444 gauges read. The view is unavailable with that
 // reason; no counter is reported as zero.
 func TestDebugfsLockdownEPERM(t *testing.T) {
-	proc, err := procfs.NewFS(filepath.Join("testdata", "proc"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	r := debugfsReader{
-		root: filepath.Join("testdata", "debugfs-6.16"),
-		proc: proc,
+		root:     filepath.Join("testdata", "debugfs-6.16"),
+		procRoot: filepath.Join("testdata", "proc"),
 		read: func(path string) ([]byte, error) {
 			if strings.Contains(path, "/kvm/") && !strings.HasSuffix(path, "/blocking") {
 				return nil, &fs.PathError{Op: "open", Path: path, Err: syscall.EPERM}

@@ -1,7 +1,7 @@
 package hoststat
 
 // This file is the VMM thread view: each listed process's threads read
-// through procfs re-rooted at <proc>/<pid>/task (all processes under one read
+// from <proc>/<pid>/task (internal/process; all processes under one read
 // bound), the per-class totals, and tid-reuse detection across samples.
 
 import (
@@ -12,8 +12,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-
-	"github.com/prometheus/procfs"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
@@ -45,12 +43,11 @@ type procThreads struct {
 }
 
 // readProcThreads reads, per thread, task/<tid>/stat (required), schedstat
-// and comm through procfs re-rooted at <procRoot>/<pid>/task (procfs's own
-// idiom: a thread's files have a process's layout), and, when withCmdline,
+// and comm (a thread's directory has a process's layout), and, when withCmdline,
 // the process's cmdline (only the VMM's is needed, for the guest name). It
 // blocks; callers run it bounded. A thread that vanishes mid-read is
 // reported in errs, not as an error.
-func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline bool) (*procThreads, error) {
+func readProcThreads(procRoot string, pid int32, withCmdline bool) (*procThreads, error) {
 	taskDir := filepath.Join(procRoot, strconv.Itoa(int(pid)), "task")
 	gone := func(err error) error {
 		if process.IsGone(err) {
@@ -58,29 +55,23 @@ func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline boo
 		}
 		return err
 	}
-	tasks, err := procfs.NewFS(taskDir)
-	if err != nil {
-		return nil, gone(err)
-	}
 	pt := &procThreads{pid: pid}
 	if withCmdline {
-		if p, err := proc.Proc(int(pid)); err == nil {
-			pt.cmdline, _ = p.CmdLine() // optional: only for the guest name
-		}
+		pt.cmdline, _ = process.ReadCmdline(filepath.Dir(taskDir)) // optional: only for the guest name
 	}
-	threads, err := tasks.AllProcs()
+	tids, err := process.PIDs(taskDir)
 	if err != nil {
 		return nil, gone(err)
 	}
-	for _, t := range threads {
-		tid := t.PID
-		st, err := t.Stat()
+	for _, tid := range tids {
+		dir := filepath.Join(taskDir, strconv.Itoa(tid))
+		st, err := process.ReadStat(dir)
 		if err != nil {
 			pt.errs = append(pt.errs, threadErr(tid, taskDir, "stat", "", err))
 			continue
 		}
 		name := st.Comm
-		if c, err := t.Comm(); err == nil {
+		if c, err := process.ReadComm(dir); err == nil {
 			name = c
 		}
 		name = foreign.Bound(name, 64) // comm is 16 bytes, any of them a process chose
@@ -98,7 +89,7 @@ func readProcThreads(proc procfs.FS, procRoot string, pid int32, withCmdline boo
 		if isVCPU {
 			th.VCPUIndex = &idx
 		}
-		if ss, err := t.Schedstat(); err != nil {
+		if ss, err := process.ReadSchedstat(dir); err != nil {
 			pt.errs = append(pt.errs, threadErr(tid, taskDir, "schedstat", "schedstat absent: ", err))
 		} else {
 			th.RunNs, th.RunDelayNs, th.RunCount = &ss.RunningNanoseconds, &ss.WaitingNanoseconds, &ss.RunTimeslices
@@ -148,7 +139,7 @@ func (s *sampler) threadsView(ctx context.Context, procs []int32, how string, pe
 		}
 		first := i == 0
 		key := fmt.Sprintf("hoststat:threads:%s/%d:cmdline=%t", s.cfg.ProcRoot, pid, first)
-		pt, err := bounded.Do(ctx, s.g, key, func() (*procThreads, error) { return readProcThreads(s.fs, s.cfg.ProcRoot, pid, first) })
+		pt, err := bounded.Do(ctx, s.g, key, func() (*procThreads, error) { return readProcThreads(s.cfg.ProcRoot, pid, first) })
 		if err == nil && first {
 			err = s.samePinned(pid, pt.threads)
 			reused = err

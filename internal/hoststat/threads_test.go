@@ -151,7 +151,7 @@ func TestThreadTotalsSkipUnknownSchedstat(t *testing.T) {
 // file is missing.
 func TestThreadsFixtureNames(t *testing.T) {
 	s := newFixtureSampler(t, source.SandboxRef{VMMPID: 4242}, "debugfs-5.4")
-	pt, err := readProcThreads(s.fs, s.cfg.ProcRoot, 4242, true)
+	pt, err := readProcThreads(s.cfg.ProcRoot, 4242, true)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,6 +5,7 @@
 package identity
 
 import (
+	"encoding/json"
 	"fmt"
 	"maps"
 	"slices"
@@ -58,6 +59,14 @@ type exitedState struct {
 	// entry's): what stays exited if that container is listed again (a
 	// read that began before it exited). Small: binding.json's cap holds it.
 	Prior map[string]source.Container `json:"prior,omitempty"`
+}
+
+// MarshalJSON writes e as its JSON fields: encoding/json builds the
+// encoders of source.Container's types when exited containers are first
+// written, not at binding.json's first write (Baseline.MarshalJSON).
+func (e *exitedState) MarshalJSON() ([]byte, error) {
+	type plain exitedState
+	return json.Marshal((*plain)(e))
 }
 
 // counterFields are a container's counters: what an exited one keeps.

@@ -5,20 +5,22 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// Reasons for what StatsContainer never carries, whatever the guest.
+// Reasons for what StatsContainer never carries, whatever the guest: in
+// every micro-VM sample, so each is a line, and a KnownAbsent code of the
+// API (internal/api holds the texts; docs/microvm.md has the rest).
 const (
-	whyNoHigh = "StatsContainer carries no memory.high"
-	whyNoOOM  = "StatsContainer carries no OOM kill count: memory failcnt counts limit hits, not kills (and is always 0 on a cgroup v2 guest); " +
-		"the agent's GetOOMEvent stream belongs to the shim and is never read here"
-	whyNoEvents    = "StatsContainer carries no memory.events (memory failcnt, v1 limit hits, is always 0 on a cgroup v2 guest and is not reported as max events)"
-	whyNoOOMCtl    = "StatsContainer carries no memory.oom_control"
-	whyNoQuota     = "StatsContainer carries no CFS quota or period (cpu.max, cpu.cfs_quota_us, cpu.cfs_period_us)"
-	whyNoPressure  = "StatsContainer carries no pressure stall information (cpu/memory/io.pressure)"
-	whyNoNetwork   = "the agent sent no network_stats (the Rust agent never fills them; the guest's interface counters are only in its guest-wide GetMetrics, not read here)"
-	whyNoBlkioRows = "no container's reply has blkio_stats entries (a cgroup v2 guest lists only devices with IO charged, a cgroup v1 guest's blkio.throttle files list none while the kernel does not account the cgroup); 0 would claim no IO"
+	whyNoHigh      = api.WhyAgentNoHigh
+	whyNoOOM       = api.WhyAgentNoOOM
+	whyNoEvents    = api.WhyAgentNoEvents
+	whyNoOOMCtl    = api.WhyAgentNoOOMControl
+	whyNoQuota     = api.WhyAgentNoQuota
+	whyNoPressure  = api.WhyAgentNoPressure
+	whyNoNetwork   = api.WhyAgentNoNetwork
+	whyNoBlkioRows = api.WhyAgentNoBlockIO
 )
 
 // signalSums adds up the signals of the containers read (see
@@ -147,7 +149,7 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 		if len(s.throttledMissing) == 0 {
 			t.ThrottledUsec = u64p(s.throttledUsec)
 		} else {
-			absent("cpu_throttling.throttled_usec", fmt.Sprintf("container(s) %s: %s", ids(s.throttledMissing), s.throttledWhy))
+			absent("cpu_throttling.throttled_usec", "container(s) "+ids(s.throttledMissing)+": "+s.throttledWhy)
 		}
 		absent("cpu_throttling.quota_usec", whyNoQuota)
 		absent("cpu_throttling.period_usec", whyNoQuota)

@@ -95,7 +95,7 @@ func memoryLimit(l uint64) (*source.Limit, string) {
 // throttling converts throttling_data; throttled_time is ns on the wire.
 func throttling(td *katagrpc.ThrottlingData, g guestCgroup, v agentVersion) *containerThrottling {
 	t := &containerThrottling{Periods: td.GetPeriods(), ThrottledPeriods: td.GetThrottledPeriods()}
-	const bug = "reads cpu.stat throttled_time, which a cgroup v2 guest does not have (it has throttled_usec), so it always sends 0 (kata issue 13851, fixed by PR 13852 after 4.2.0; first fixed release taken as 4.3.0)"
+	const bug = "reads cpu.stat throttled_time, which a cgroup v2 guest lacks, so sends 0 (kata issue 13851; taken as fixed in 4.3.0)"
 	switch {
 	case g == guestV1, v.Known && !v.less(throttledTimeFixed):
 		// v1 cpu.stat throttled_time is ns on every agent; fixed agents
@@ -104,9 +104,9 @@ func throttling(td *katagrpc.ThrottlingData, g guestCgroup, v agentVersion) *con
 	case g == guestV2 && v.Known:
 		t.ThrottledWhy = "agent " + v.String() + " " + bug
 	case g == guestV2:
-		t.ThrottledWhy = "agent version " + v.String() + " is not a release number, and an agent before the fix " + bug
+		t.ThrottledWhy = "agent version " + v.String() + " is not a release number; an agent before the fix " + bug
 	default:
-		t.ThrottledWhy = "the guest's cgroup version cannot be told from the reply, and agent " + v.String() + ", unless fixed, " + bug
+		t.ThrottledWhy = "the guest's cgroup version cannot be told from the reply; agent " + v.String() + ", unless fixed, " + bug
 	}
 	return t
 }

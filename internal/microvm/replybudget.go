@@ -16,6 +16,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/containerd/ttrpc"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -79,8 +80,83 @@ type replyCounts struct{ fields, messages, mapEntries int }
 // to refuse: they count what was read.
 func countReply(b []byte, md protoreflect.MessageDescriptor, limit replyBudget) (replyCounts, error) {
 	c := replyCounter{limit: limit}
-	err := c.walk(b, md)
+	err := c.walk(b, schemaOf(md))
 	return c.n, err
+}
+
+// msgSchema is what walk needs of a message's fields, indexed by number:
+// made once per descriptor (a reply's schema is fixed), so a field costs
+// walk an index, not a descriptor lookup.
+type msgSchema struct {
+	md     protoreflect.MessageDescriptor
+	fields []*fieldSchema // by number; nil: not a field of md
+}
+
+type fieldSchema struct {
+	msg   *msgSchema // set for a message field (a map's entry, a list's element)
+	isMap bool
+	list  bool
+	kind  protoreflect.Kind
+}
+
+// maxIndexedField bounds msgSchema.fields: a field numbered above it is
+// looked up in the descriptor (no Kata message has one).
+const maxIndexedField = 1024
+
+// field is num's schema, nil when md has no such field.
+func (s *msgSchema) field(num protowire.Number) *fieldSchema {
+	if num >= 0 && int(num) < len(s.fields) {
+		return s.fields[num]
+	}
+	fd := s.md.Fields().ByNumber(num)
+	if fd == nil {
+		return nil
+	}
+	return newFieldSchema(fd, map[protoreflect.MessageDescriptor]*msgSchema{})
+}
+
+// schemas holds the msgSchema of each descriptor counted so far.
+var schemas sync.Map // protoreflect.MessageDescriptor -> *msgSchema
+
+// schemaOf is md's msgSchema.
+func schemaOf(md protoreflect.MessageDescriptor) *msgSchema {
+	if s, ok := schemas.Load(md); ok {
+		return s.(*msgSchema)
+	}
+	s, _ := schemas.LoadOrStore(md, buildSchema(md, map[protoreflect.MessageDescriptor]*msgSchema{}))
+	return s.(*msgSchema)
+}
+
+// buildSchema makes md's msgSchema and those of the messages it holds
+// (made: the ones made so far, for recursive messages).
+func buildSchema(md protoreflect.MessageDescriptor, made map[protoreflect.MessageDescriptor]*msgSchema) *msgSchema {
+	if s, ok := made[md]; ok {
+		return s
+	}
+	s := &msgSchema{md: md}
+	made[md] = s
+	fds := md.Fields()
+	top := 0
+	for i := range fds.Len() {
+		if n := int(fds.Get(i).Number()); n <= maxIndexedField {
+			top = max(top, n)
+		}
+	}
+	s.fields = make([]*fieldSchema, top+1)
+	for i := range fds.Len() {
+		if fd := fds.Get(i); int(fd.Number()) <= maxIndexedField {
+			s.fields[fd.Number()] = newFieldSchema(fd, made)
+		}
+	}
+	return s
+}
+
+func newFieldSchema(fd protoreflect.FieldDescriptor, made map[protoreflect.MessageDescriptor]*msgSchema) *fieldSchema {
+	f := &fieldSchema{isMap: fd.IsMap(), list: fd.IsList(), kind: fd.Kind()}
+	if m := fd.Message(); m != nil {
+		f.msg = buildSchema(m, made)
+	}
+	return f
 }
 
 type replyCounter struct {
@@ -88,8 +164,9 @@ type replyCounter struct {
 	limit replyBudget
 }
 
-// walk counts the fields of b, a message md.
-func (c *replyCounter) walk(b []byte, md protoreflect.MessageDescriptor) error {
+// walk counts the fields of b, a message of schema s.
+func (c *replyCounter) walk(b []byte, s *msgSchema) error {
+	md := s.md
 	for len(b) > 0 {
 		num, typ, tagLen := protowire.ConsumeTag(b)
 		if tagLen < 0 {
@@ -105,18 +182,18 @@ func (c *replyCounter) walk(b []byte, md protoreflect.MessageDescriptor) error {
 		if valLen < 0 {
 			return nil
 		}
-		fd := md.Fields().ByNumber(num)
+		fd := s.field(num)
 		elems := 1
 		switch typ {
 		case protowire.BytesType:
 			v, _ := protowire.ConsumeBytes(b[tagLen:])
 			switch {
 			case fd == nil:
-			case fd.Message() != nil:
+			case fd.msg != nil:
 				if c.n.messages++; c.n.messages > c.limit.messages {
 					return over("messages", c.limit.messages, md, num)
 				}
-				if fd.IsMap() {
+				if fd.isMap {
 					if c.n.mapEntries++; c.n.mapEntries > c.limit.mapEntries {
 						return over("map entries", c.limit.mapEntries, md, num)
 					}
@@ -124,12 +201,12 @@ func (c *replyCounter) walk(b []byte, md protoreflect.MessageDescriptor) error {
 				if c.n.fields++; c.n.fields > c.limit.fields {
 					return over("fields", c.limit.fields, md, num)
 				}
-				if err := c.walk(v, fd.Message()); err != nil {
+				if err := c.walk(v, fd.msg); err != nil {
 					return err
 				}
 				elems = 0 // counted before its fields
-			case fd.IsList():
-				elems = packedElements(v, fd.Kind())
+			case fd.list:
+				elems = packedElements(v, fd.kind)
 			}
 		}
 		if c.n.fields += elems; c.n.fields > c.limit.fields {

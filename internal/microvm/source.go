@@ -97,9 +97,10 @@ func open(ref source.SandboxRef, cfg Config) (*guestSource, error) {
 	}
 	cfg = cfg.withDefaults()
 	s := &guestSource{
-		addr: addr,
-		cfg:  cfg,
-		log:  cfg.Logger.With("component", "microvm", "agent", addr.String()),
+		addr:     addr,
+		addrText: addr.String(),
+		cfg:      cfg,
+		log:      cfg.Logger.With("component", "microvm", "agent", addr.String()),
 		// The calls bound themselves (CallTimeout each, so their errors say
 		// what ran out of time); the groups add sharing and the caller's
 		// own deadline.
@@ -123,13 +124,14 @@ func (s *guestSource) SetContainers(set []source.ContainerRef) {
 // guestSource reads a micro-VM's workload through its guest agent. It keeps one
 // ttrpc connection across Samples; it is safe for concurrent use.
 type guestSource struct {
-	addr  Address
-	ids   atomic.Pointer[[]string] // the containers read, in order (SetContainers)
-	cfg   Config
-	log   *slog.Logger
-	dials *bounded.Group // one dial in flight, shared
-	calls *bounded.Group // one StatsContainer in flight per container id
-	now   func() time.Time
+	addr     Address
+	addrText string                   // addr.String(), named in every sample
+	ids      atomic.Pointer[[]string] // the containers read, in order (SetContainers)
+	cfg      Config
+	log      *slog.Logger
+	dials    *bounded.Group // one dial in flight, shared
+	calls    *bounded.Group // one StatsContainer in flight per container id
+	now      func() time.Time
 
 	mu       sync.Mutex
 	conn     *agentConn // nil: not connected
@@ -165,7 +167,7 @@ func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 		}
 		wg.Wait()
 	}
-	return aggregate(s.addr.String(), c.version, results)
+	return aggregate(s.addrText, c.version, results)
 }
 
 // readContainer calls StatsContainer for id (one call in flight per id) and

@@ -11,6 +11,9 @@ type agentVersion struct {
 	GRPC                string // grpc_version, the agent's API version
 	Known               bool   // Raw parsed as a release number
 	Major, Minor, Patch int
+	// quoted is String's text, made once by parseAgentVersion (every
+	// sample names the version).
+	quoted string
 }
 
 // cpuNanosFixed is the first agent release that reports a cgroup v2 guest's
@@ -24,6 +27,7 @@ var cpuNanosFixed = agentVersion{Known: true, Major: 3, Minor: 9, Patch: 0}
 // 3.9.0. Text without a leading release number ("unknown", "") is not Known.
 func parseAgentVersion(raw, grpcVersion string) agentVersion {
 	v := agentVersion{Raw: raw, GRPC: grpcVersion}
+	v.quoted = v.String()
 	s := strings.TrimPrefix(strings.TrimSpace(raw), "v")
 	end := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
 	if end >= 0 {
@@ -57,6 +61,9 @@ func (v agentVersion) less(w agentVersion) bool {
 }
 
 func (v agentVersion) String() string {
+	if v.quoted != "" {
+		return v.quoted
+	}
 	if v.Raw == "" {
 		return `""`
 	}

@@ -22,8 +22,6 @@ import (
 	"strings"
 	"syscall"
 
-	"github.com/prometheus/procfs"
-
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 )
 
@@ -32,8 +30,8 @@ import (
 // by the launcher and may point anywhere.
 var ErrNotPID = errors.New("process: not a pid")
 
-// ErrMalformedStat marks a /proc/<pid>/stat that procfs could not parse (as
-// opposed to one that could not be read).
+// ErrMalformedStat marks a /proc file (a stat, a schedstat, /proc/stat)
+// that could not be parsed (as opposed to one that could not be read).
 var ErrMalformedStat = errors.New("process: malformed stat")
 
 // ParsePIDFile parses a pid file's content: one positive decimal that fits
@@ -76,35 +74,20 @@ func IsGone(err error) bool {
 }
 
 // StartTime returns a process's start time, in clock ticks after boot
-// (field 22 of <procRoot>/<pid>/stat, parsed by procfs from the last ')'
-// since the command name may hold any byte). A gone process, a zombie
+// (field 22 of <procRoot>/<pid>/stat, parsed from the last ')' since the
+// command name may hold any byte). A gone process, a zombie
 // included, gives an error for which IsGone is true.
-func StartTime(procRoot string, pid int) (start uint64, err error) {
-	defer func() {
-		// procfs v0.23.0 slices past the end of a stat line that ends at
-		// its ')' (no kernel writes one, a fixture or a fake root can).
-		if p := recover(); p != nil {
-			start, err = 0, fmt.Errorf("%w: process: %s/%d/stat: unparsable (%v)", ErrMalformedStat, procRoot, pid, p)
-		}
-	}()
-	fsys, err := procfs.NewFS(procRoot)
-	if err != nil {
-		return 0, fmt.Errorf("process: proc root %s: %w", procRoot, err)
-	}
-	p, err := fsys.Proc(pid)
-	if err != nil {
-		return 0, err
-	}
-	st, err := p.Stat()
-	if err != nil {
-		if IsGone(err) {
-			return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
-		}
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
-		}
-		return 0, fmt.Errorf("%w: process: %s/%d/stat: %w", ErrMalformedStat, procRoot, pid, err)
+func StartTime(procRoot string, pid int) (uint64, error) {
+	st, err := ReadStat(filepath.Join(procRoot, strconv.Itoa(pid)))
+	var pe *fs.PathError
+	switch {
+	case err == nil:
+	case IsGone(err) || errors.As(err, &pe):
+		return 0, fmt.Errorf("process: %s/%d/stat: %w", procRoot, pid, err)
+	case errors.Is(err, ErrMalformedStat):
+		return 0, fmt.Errorf("%s/%d/stat: %w", procRoot, pid, err)
+	default:
+		return 0, fmt.Errorf("%w: %s/%d/stat: %w", ErrMalformedStat, procRoot, pid, err)
 	}
 	if st.State == "Z" || st.State == "X" {
 		return 0, fmt.Errorf("%s/%d: %w", procRoot, pid, ErrExited)

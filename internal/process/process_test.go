@@ -148,7 +148,7 @@ func TestStartTimeAndPin(t *testing.T) {
 	}
 }
 
-// FuzzStartTime feeds arbitrary stat lines through procfs: StartTime never
+// FuzzStartTime feeds arbitrary stat lines through StartTime: it never
 // panics, and an error is either malformed or gone (a zombie's state Z).
 func FuzzStartTime(f *testing.F) {
 	line := "4242 (CPU 0/KVM) S 1 4242 4242 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0 86000 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 9 0 0 0 0 0 0 0 0 0\n"

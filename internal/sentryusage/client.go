@@ -144,20 +144,9 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
-	var spent time.Duration  // by Meanwhile, out of dl
-	var dctx context.Context // made at the first dial of this Read
-	var cancel context.CancelFunc
-	defer func() {
-		if cancel != nil {
-			cancel()
-		}
-	}()
-	dialCtx := func() context.Context {
-		if dctx == nil {
-			dctx, cancel = context.WithDeadline(ctx, dl)
-		}
-		return dctx
-	}
+	var spent time.Duration // by Meanwhile, out of dl
+	// A dial is bounded by dl itself, no context of its own (its timer and
+	// allocations were a fifth of a dial's cost).
 	if f := q.Meanwhile; f != nil { // once, though a Read may write again
 		called := false
 		q.Meanwhile = func() {
@@ -187,9 +176,9 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	}
 	reused := kc != nil
 	if kc == nil {
-		conn, addr, err := c.dial(dialCtx(), q.SandboxID)
-		if err != nil && dctx.Err() != nil {
-			return Usage{}, c.wireError(dctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
+		conn, addr, err := c.dial(ctx, dl, q.SandboxID)
+		if err != nil && (ctx.Err() != nil || errors.Is(err, os.ErrDeadlineExceeded)) {
+			return Usage{}, c.wireError(ctx, "(sandbox "+q.SandboxID+")", q.ContainerID, "dial", err)
 		}
 		if err != nil {
 			tried := c.candidates(q.SandboxID)
@@ -214,9 +203,9 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 		// answering: the one dial of this Read, within its deadline.
 		// Event reads and changes nothing: asking again is harmless.
 		kc.close()
-		conn, derr := c.dialAddr(dialCtx(), addr)
+		conn, derr := c.dialAddr(ctx, dl, addr)
 		if derr != nil {
-			return Usage{}, c.wireError(dctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
+			return Usage{}, c.wireError(ctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
 		}
 		kc = s.wrap(conn, q.SandboxID, addr)
 		u, keep, err = c.call(ctx, &dl, &spent, kc.conn, addr, d, q)
@@ -227,7 +216,7 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 		// nothing of the refused call behind).
 		kc.close()
 		d = DialectNoArg + DialectContainerID - d
-		conn, derr := c.dialAddr(dialCtx(), addr)
+		conn, derr := c.dialAddr(ctx, dl, addr)
 		if derr != nil {
 			return Usage{}, errorf(ErrIO, addr, q.ContainerID, "dial again", derr)
 		}
@@ -349,7 +338,7 @@ func (c *Client) candidates(sandboxID string) []string {
 // missing (ENOENT) or refuses (ECONNREFUSED: a socket file left by a dead
 // sandbox, or no such abstract name) is skipped; any other error ends the
 // search.
-func (c *Client) dial(ctx context.Context, sandboxID string) (net.Conn, string, error) {
+func (c *Client) dial(ctx context.Context, dl time.Time, sandboxID string) (net.Conn, string, error) {
 	var errs []error
 	cands := c.candidates(sandboxID)
 	// The address that answered before first (its dialect is known): on a
@@ -364,7 +353,7 @@ func (c *Client) dial(ctx context.Context, sandboxID string) (net.Conn, string, 
 	}
 	c.mu.Unlock()
 	for _, addr := range cands {
-		conn, err := c.dialAddr(ctx, addr)
+		conn, err := c.dialAddr(ctx, dl, addr)
 		if err == nil {
 			return conn, addr, nil
 		}
@@ -386,9 +375,10 @@ func (c *Client) dial(ctx context.Context, sandboxID string) (net.Conn, string, 
 	return nil, "", errors.Join(errs...)
 }
 
-// dialAddr connects to one address (a path or @abstract).
-func (c *Client) dialAddr(ctx context.Context, addr string) (net.Conn, error) {
-	return dialUnix(ctx, addr)
+// dialAddr connects to one address (a path or @abstract), by dl or until
+// ctx is done.
+func (c *Client) dialAddr(ctx context.Context, dl time.Time, addr string) (net.Conn, error) {
+	return dialUnix(ctx, dl, addr)
 }
 
 // dialect returns the memo for addr, and whether there is none.

@@ -121,7 +121,7 @@ func (s *StatsService) activeAnswer(ctx context.Context, includeHost bool, bound
 func (s *StatsService) readOne(ctx context.Context, b *identity.Binding, includeHost bool, bound time.Duration) activeResult {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
-	sample, err := s.sample(ctx, b, includeHost)
+	sample, err := s.sample(ctx, b, includeHost, false)
 	return activeResult{b: b, sample: sample, err: err}
 }
 

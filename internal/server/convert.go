@@ -1,6 +1,7 @@
 package server
 
 import (
+	"github.com/sandboxstats/sandboxstats/internal/api"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/source"
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
@@ -95,9 +96,7 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 	for _, c := range r.UnreadContainers {
 		s.UnreadContainers = append(s.UnreadContainers, &sandboxstatsv1.ContainerReadError{ContainerId: c.ID, Reason: c.Reason})
 	}
-	for _, a := range r.Absent {
-		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
-	}
+	s.Absent = absentToProto(r.Absent, 1) // room for epoch_baseline's
 	s.SandboxOwnCpuUsec = r.SandboxOwnCPUUsec
 	s.Containers = containersToProto(r.Containers)
 	signalsToProto(s, r)
@@ -124,10 +123,45 @@ func containersToProto(cs []source.Container) []*sandboxstatsv1.ContainerStats {
 			PidsCurrent:           c.PidsCurrent,
 			Exited:                c.Exited,
 		}
-		for _, a := range c.Absent {
-			m.Absent = append(m.Absent, &sandboxstatsv1.AbsentValue{Field: a.Field, Reason: a.Reason})
-		}
+		m.Absent = absentToProto(c.Absent, 0)
 		out = append(out, m)
 	}
 	return out
+}
+
+// absentToProto converts absent values (nil for none), with room for more
+// entries appended later. The messages are made in one block: a micro-VM
+// sample names a dozen in every answer.
+func absentToProto(list []source.Absent, room int) []*sandboxstatsv1.AbsentValue {
+	if len(list) == 0 {
+		return nil
+	}
+	vals := make([]sandboxstatsv1.AbsentValue, len(list))
+	out := make([]*sandboxstatsv1.AbsentValue, len(list), len(list)+room)
+	for i, a := range list {
+		vals[i].Field, vals[i].Reason = a.Field, a.Reason
+		out[i] = &vals[i]
+	}
+	return out
+}
+
+// splitKnownAbsent parts absent values into the KnownAbsent codes of those
+// that have one and the rest (a new slice: list is left as it was).
+func splitKnownAbsent(list []source.Absent) ([]sandboxstatsv1.KnownAbsent, []source.Absent) {
+	var (
+		codes []sandboxstatsv1.KnownAbsent
+		rest  []source.Absent
+	)
+	for i, a := range list {
+		code := api.KnownAbsentCode(a.Field, a.Reason)
+		if code == sandboxstatsv1.KnownAbsent_KNOWN_ABSENT_UNSPECIFIED {
+			rest = append(rest, a)
+			continue
+		}
+		if codes == nil {
+			codes = make([]sandboxstatsv1.KnownAbsent, 0, len(list)-i)
+		}
+		codes = append(codes, code)
+	}
+	return codes, rest
 }

@@ -41,9 +41,9 @@ const DefaultMaxReads = 64
 type readGate struct {
 	slots chan struct{}
 	// refusal is the same status for every refused read, built at the
-	// first: its ErrorInfo detail builds the descriptors of errdetails'
-	// and anypb's files (about 48 KiB of heap), which a statsd that never
-	// refuses a read should not keep.
+	// first: a statsd that never refuses a read should not keep it (with
+	// errdetails' descriptors, which statsd no longer links, it was about
+	// 48 KiB of heap).
 	refusal func() error
 }
 

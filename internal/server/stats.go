@@ -71,8 +71,9 @@ func (s *StatsService) bound(actorUID string) (*identity.Binding, error) {
 }
 
 // sample reads b's source (and host views if asked) and re-checks that b is
-// still the binding afterwards. The read is bounded by the source.
-func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeHost bool) (*sandboxstatsv1.WorkloadStatsSample, error) {
+// still the binding afterwards. The read is bounded by the source. With
+// knownAbsent, absent values with a KnownAbsent code go as codes.
+func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeHost, knownAbsent bool) (*sandboxstatsv1.WorkloadStatsSample, error) {
 	observed := s.now().UnixNano()
 	var (
 		reading source.Reading
@@ -97,7 +98,12 @@ func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeH
 		return nil, err
 	}
 	reading = b.Activation.Observe(reading, observed) // with the exited containers, named from the set
+	var known []sandboxstatsv1.KnownAbsent
+	if knownAbsent {
+		known, reading.Absent = splitKnownAbsent(reading.Absent)
+	}
 	sample := sampleFromReading(b, reading, observed)
+	sample.KnownAbsent = known
 	sample.Host = host
 	sample.OpenDriftFindings = s.openFindings(b.Identity.ActorUID)
 	capSample(sample)
@@ -123,7 +129,7 @@ func (s *StatsService) StatsWorkload(ctx context.Context, req *sandboxstatsv1.St
 	if err != nil {
 		return nil, err
 	}
-	sample, err := s.sample(ctx, b, req.GetIncludeHost())
+	sample, err := s.sample(ctx, b, req.GetIncludeHost(), req.GetKnownAbsent())
 	switch {
 	case errors.Is(err, errBindingChanged):
 		return nil, statusError(codes.FailedPrecondition, sandboxstatsv1.ErrorReason_ERROR_REASON_ACTOR_CHANGED,

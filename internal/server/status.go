@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"syscall"
 
-	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
@@ -26,11 +25,7 @@ const maxStatusMessage = 8 << 10
 // message.
 func statusError(code codes.Code, reason sandboxstatsv1.ErrorReason, format string, args ...any) error {
 	st := status.New(code, foreign.Bound(fmt.Sprintf(format, args...), maxStatusMessage))
-	withInfo, err := st.WithDetails(&errdetails.ErrorInfo{Reason: api.Reason(reason), Domain: api.ErrorDomain})
-	if err != nil {
-		return st.Err()
-	}
-	return withInfo.Err()
+	return api.WithErrorInfo(st, api.Reason(reason)).Err()
 }
 
 // readError maps an error from a source read to a status.

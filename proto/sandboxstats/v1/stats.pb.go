@@ -306,6 +306,109 @@ func (NoSampleReason) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{3}
 }
 
+// KnownAbsent is an absent value whose field and reason are fixed: the
+// measurements a source never offers, in every one of its samples. Each
+// value's comment gives the AbsentValue it stands for, field and reason
+// word for word; a client that shows reasons expands it so.
+type KnownAbsent int32
+
+const (
+	KnownAbsent_KNOWN_ABSENT_UNSPECIFIED KnownAbsent = 0
+	// field "memory_signals.high_bytes", reason "StatsContainer carries no
+	// memory.high"
+	KnownAbsent_KNOWN_ABSENT_AGENT_HIGH_BYTES KnownAbsent = 1
+	// field "memory_signals.oom_kills", reason "StatsContainer carries no OOM
+	// kill count (failcnt counts limit hits, not kills; GetOOMEvent is the
+	// shim's)"
+	KnownAbsent_KNOWN_ABSENT_AGENT_OOM_KILLS KnownAbsent = 2
+	// field "memory_signals.oom_group_kills", reason "StatsContainer carries
+	// no memory.events (failcnt counts v1 limit hits, not max events)"
+	KnownAbsent_KNOWN_ABSENT_AGENT_OOM_GROUP_KILLS KnownAbsent = 3
+	// field "memory_signals.oom_events", the reason of
+	// KNOWN_ABSENT_AGENT_OOM_GROUP_KILLS
+	KnownAbsent_KNOWN_ABSENT_AGENT_OOM_EVENTS KnownAbsent = 4
+	// field "memory_signals.max_events", the reason of
+	// KNOWN_ABSENT_AGENT_OOM_GROUP_KILLS
+	KnownAbsent_KNOWN_ABSENT_AGENT_MAX_EVENTS KnownAbsent = 5
+	// field "memory_signals.under_oom", reason "StatsContainer carries no
+	// memory.oom_control"
+	KnownAbsent_KNOWN_ABSENT_AGENT_UNDER_OOM KnownAbsent = 6
+	// field "cpu_throttling.quota_usec", reason "StatsContainer carries no CFS
+	// quota or period (cpu.max, cpu.cfs_*_us)"
+	KnownAbsent_KNOWN_ABSENT_AGENT_QUOTA_USEC KnownAbsent = 7
+	// field "cpu_throttling.period_usec", the reason of
+	// KNOWN_ABSENT_AGENT_QUOTA_USEC
+	KnownAbsent_KNOWN_ABSENT_AGENT_PERIOD_USEC KnownAbsent = 8
+	// field "pressure", reason "StatsContainer carries no pressure stall
+	// information"
+	KnownAbsent_KNOWN_ABSENT_AGENT_PRESSURE KnownAbsent = 9
+	// field "network", reason "the agent sent no network_stats (the Rust agent
+	// never fills them; its guest-wide GetMetrics is not read)"
+	KnownAbsent_KNOWN_ABSENT_AGENT_NETWORK KnownAbsent = 10
+	// field "block_io", reason "no reply has blkio_stats entries (a guest
+	// lists only devices with IO charged); 0 would claim no IO"
+	KnownAbsent_KNOWN_ABSENT_AGENT_BLOCK_IO KnownAbsent = 11
+)
+
+// Enum value maps for KnownAbsent.
+var (
+	KnownAbsent_name = map[int32]string{
+		0:  "KNOWN_ABSENT_UNSPECIFIED",
+		1:  "KNOWN_ABSENT_AGENT_HIGH_BYTES",
+		2:  "KNOWN_ABSENT_AGENT_OOM_KILLS",
+		3:  "KNOWN_ABSENT_AGENT_OOM_GROUP_KILLS",
+		4:  "KNOWN_ABSENT_AGENT_OOM_EVENTS",
+		5:  "KNOWN_ABSENT_AGENT_MAX_EVENTS",
+		6:  "KNOWN_ABSENT_AGENT_UNDER_OOM",
+		7:  "KNOWN_ABSENT_AGENT_QUOTA_USEC",
+		8:  "KNOWN_ABSENT_AGENT_PERIOD_USEC",
+		9:  "KNOWN_ABSENT_AGENT_PRESSURE",
+		10: "KNOWN_ABSENT_AGENT_NETWORK",
+		11: "KNOWN_ABSENT_AGENT_BLOCK_IO",
+	}
+	KnownAbsent_value = map[string]int32{
+		"KNOWN_ABSENT_UNSPECIFIED":           0,
+		"KNOWN_ABSENT_AGENT_HIGH_BYTES":      1,
+		"KNOWN_ABSENT_AGENT_OOM_KILLS":       2,
+		"KNOWN_ABSENT_AGENT_OOM_GROUP_KILLS": 3,
+		"KNOWN_ABSENT_AGENT_OOM_EVENTS":      4,
+		"KNOWN_ABSENT_AGENT_MAX_EVENTS":      5,
+		"KNOWN_ABSENT_AGENT_UNDER_OOM":       6,
+		"KNOWN_ABSENT_AGENT_QUOTA_USEC":      7,
+		"KNOWN_ABSENT_AGENT_PERIOD_USEC":     8,
+		"KNOWN_ABSENT_AGENT_PRESSURE":        9,
+		"KNOWN_ABSENT_AGENT_NETWORK":         10,
+		"KNOWN_ABSENT_AGENT_BLOCK_IO":        11,
+	}
+)
+
+func (x KnownAbsent) Enum() *KnownAbsent {
+	p := new(KnownAbsent)
+	*p = x
+	return p
+}
+
+func (x KnownAbsent) String() string {
+	return protoimpl.X.EnumStringOf(x.Descriptor(), protoreflect.EnumNumber(x))
+}
+
+func (KnownAbsent) Descriptor() protoreflect.EnumDescriptor {
+	return file_sandboxstats_v1_stats_proto_enumTypes[4].Descriptor()
+}
+
+func (KnownAbsent) Type() protoreflect.EnumType {
+	return &file_sandboxstats_v1_stats_proto_enumTypes[4]
+}
+
+func (x KnownAbsent) Number() protoreflect.EnumNumber {
+	return protoreflect.EnumNumber(x)
+}
+
+// Deprecated: Use KnownAbsent.Descriptor instead.
+func (KnownAbsent) EnumDescriptor() ([]byte, []int) {
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{4}
+}
+
 // BaselineKind says where an epoch's counters start.
 type BaselineKind int32
 
@@ -347,11 +450,11 @@ func (x BaselineKind) String() string {
 }
 
 func (BaselineKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxstats_v1_stats_proto_enumTypes[4].Descriptor()
+	return file_sandboxstats_v1_stats_proto_enumTypes[5].Descriptor()
 }
 
 func (BaselineKind) Type() protoreflect.EnumType {
-	return &file_sandboxstats_v1_stats_proto_enumTypes[4]
+	return &file_sandboxstats_v1_stats_proto_enumTypes[5]
 }
 
 func (x BaselineKind) Number() protoreflect.EnumNumber {
@@ -360,7 +463,7 @@ func (x BaselineKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use BaselineKind.Descriptor instead.
 func (BaselineKind) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{4}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{5}
 }
 
 // ActivationOutcome is how an activation ended.
@@ -414,11 +517,11 @@ func (x ActivationOutcome) String() string {
 }
 
 func (ActivationOutcome) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxstats_v1_stats_proto_enumTypes[5].Descriptor()
+	return file_sandboxstats_v1_stats_proto_enumTypes[6].Descriptor()
 }
 
 func (ActivationOutcome) Type() protoreflect.EnumType {
-	return &file_sandboxstats_v1_stats_proto_enumTypes[5]
+	return &file_sandboxstats_v1_stats_proto_enumTypes[6]
 }
 
 func (x ActivationOutcome) Number() protoreflect.EnumNumber {
@@ -427,7 +530,7 @@ func (x ActivationOutcome) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use ActivationOutcome.Descriptor instead.
 func (ActivationOutcome) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{5}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{6}
 }
 
 // FinalProvenance says how an ended activation's final sample was obtained.
@@ -472,11 +575,11 @@ func (x FinalProvenance) String() string {
 }
 
 func (FinalProvenance) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxstats_v1_stats_proto_enumTypes[6].Descriptor()
+	return file_sandboxstats_v1_stats_proto_enumTypes[7].Descriptor()
 }
 
 func (FinalProvenance) Type() protoreflect.EnumType {
-	return &file_sandboxstats_v1_stats_proto_enumTypes[6]
+	return &file_sandboxstats_v1_stats_proto_enumTypes[7]
 }
 
 func (x FinalProvenance) Number() protoreflect.EnumNumber {
@@ -485,7 +588,7 @@ func (x FinalProvenance) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use FinalProvenance.Descriptor instead.
 func (FinalProvenance) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{6}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{7}
 }
 
 // DriftKind is one way in which what statsd was told no longer matches what
@@ -556,11 +659,11 @@ func (x DriftKind) String() string {
 }
 
 func (DriftKind) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxstats_v1_stats_proto_enumTypes[7].Descriptor()
+	return file_sandboxstats_v1_stats_proto_enumTypes[8].Descriptor()
 }
 
 func (DriftKind) Type() protoreflect.EnumType {
-	return &file_sandboxstats_v1_stats_proto_enumTypes[7]
+	return &file_sandboxstats_v1_stats_proto_enumTypes[8]
 }
 
 func (x DriftKind) Number() protoreflect.EnumNumber {
@@ -569,7 +672,7 @@ func (x DriftKind) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DriftKind.Descriptor instead.
 func (DriftKind) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{7}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{8}
 }
 
 // DriftEventType says whether an event opened or cleared a finding.
@@ -612,11 +715,11 @@ func (x DriftEventType) String() string {
 }
 
 func (DriftEventType) Descriptor() protoreflect.EnumDescriptor {
-	return file_sandboxstats_v1_stats_proto_enumTypes[8].Descriptor()
+	return file_sandboxstats_v1_stats_proto_enumTypes[9].Descriptor()
 }
 
 func (DriftEventType) Type() protoreflect.EnumType {
-	return &file_sandboxstats_v1_stats_proto_enumTypes[8]
+	return &file_sandboxstats_v1_stats_proto_enumTypes[9]
 }
 
 func (x DriftEventType) Number() protoreflect.EnumNumber {
@@ -625,7 +728,7 @@ func (x DriftEventType) Number() protoreflect.EnumNumber {
 
 // Deprecated: Use DriftEventType.Descriptor instead.
 func (DriftEventType) EnumDescriptor() ([]byte, []int) {
-	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{8}
+	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{9}
 }
 
 // WorkloadIdentity names a workload. The launcher sets it on Run/Restore and
@@ -1018,7 +1121,10 @@ type StatsWorkloadRequest struct {
 	// The actor the caller believes runs here. Required.
 	ActorUid string `protobuf:"bytes,1,opt,name=actor_uid,json=actorUid,proto3" json:"actor_uid,omitempty"`
 	// Also fill WorkloadStatsSample.host (runner-layer counters).
-	IncludeHost   bool `protobuf:"varint,2,opt,name=include_host,json=includeHost,proto3" json:"include_host,omitempty"`
+	IncludeHost bool `protobuf:"varint,2,opt,name=include_host,json=includeHost,proto3" json:"include_host,omitempty"`
+	// The caller knows KnownAbsent: absent values in its table come as
+	// WorkloadStatsSample.known_absent codes, not as AbsentValue entries.
+	KnownAbsent   bool `protobuf:"varint,3,opt,name=known_absent,json=knownAbsent,proto3" json:"known_absent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1063,6 +1169,13 @@ func (x *StatsWorkloadRequest) GetActorUid() string {
 func (x *StatsWorkloadRequest) GetIncludeHost() bool {
 	if x != nil {
 		return x.IncludeHost
+	}
+	return false
+}
+
+func (x *StatsWorkloadRequest) GetKnownAbsent() bool {
+	if x != nil {
+		return x.KnownAbsent
 	}
 	return false
 }
@@ -1664,8 +1777,14 @@ type WorkloadStatsSample struct {
 	// source (a guest agent reports the containers only: the VM's own cost is
 	// in the host view).
 	SandboxOwnCpuUsec *uint64 `protobuf:"varint,29,opt,name=sandbox_own_cpu_usec,json=sandboxOwnCpuUsec,proto3,oneof" json:"sandbox_own_cpu_usec,omitempty"`
-	unknownFields     protoimpl.UnknownFields
-	sizeCache         protoimpl.SizeCache
+	// Absent values named by code, each the field and reason its KnownAbsent
+	// value documents: set only when the request asked
+	// (StatsWorkloadRequest.known_absent), and then those values are not
+	// repeated in `absent`. Together the two are
+	// the sample's absent values (their order is not part of the answer).
+	KnownAbsent   []KnownAbsent `protobuf:"varint,30,rep,packed,name=known_absent,json=knownAbsent,proto3,enum=sandboxstats.v1.KnownAbsent" json:"known_absent,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WorkloadStatsSample) Reset() {
@@ -1899,6 +2018,13 @@ func (x *WorkloadStatsSample) GetSandboxOwnCpuUsec() uint64 {
 		return *x.SandboxOwnCpuUsec
 	}
 	return 0
+}
+
+func (x *WorkloadStatsSample) GetKnownAbsent() []KnownAbsent {
+	if x != nil {
+		return x.KnownAbsent
+	}
+	return nil
 }
 
 // ContainerStats is one container of a workload, measured on its own.
@@ -3347,10 +3473,11 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"containers\x18\x02 \x03(\v2\x1d.sandboxstats.v1.ContainerRefR\n" +
 	"containers\"J\n" +
 	" UpdateWorkloadContainersResponse\x12&\n" +
-	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\"V\n" +
+	"\x0fepoch_unix_nano\x18\x01 \x01(\x03R\repochUnixNano\"y\n" +
 	"\x14StatsWorkloadRequest\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12!\n" +
-	"\finclude_host\x18\x02 \x01(\bR\vincludeHost\"U\n" +
+	"\finclude_host\x18\x02 \x01(\bR\vincludeHost\x12!\n" +
+	"\fknown_absent\x18\x03 \x01(\bR\vknownAbsent\"U\n" +
 	"\x15StatsWorkloadResponse\x12<\n" +
 	"\x06sample\x18\x01 \x01(\v2$.sandboxstats.v1.WorkloadStatsSampleR\x06sample\"@\n" +
 	"\x1bStatsActiveWorkloadsRequest\x12!\n" +
@@ -3379,7 +3506,7 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x06absent\x18\x05 \x03(\v2\x1c.sandboxstats.v1.AbsentValueR\x06absent\";\n" +
 	"\vAbsentValue\x12\x14\n" +
 	"\x05field\x18\x01 \x01(\tR\x05field\x12\x16\n" +
-	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xbe\f\n" +
+	"\x06reason\x18\x02 \x01(\tR\x06reason\"\xff\f\n" +
 	"\x13WorkloadStatsSample\x12\x1b\n" +
 	"\tactor_uid\x18\x01 \x01(\tR\bactorUid\x12\x1d\n" +
 	"\n" +
@@ -3414,7 +3541,8 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\n" +
 	"containers\x18\x1c \x03(\v2\x1f.sandboxstats.v1.ContainerStatsR\n" +
 	"containers\x124\n" +
-	"\x14sandbox_own_cpu_usec\x18\x1d \x01(\x04H\x03R\x11sandboxOwnCpuUsec\x88\x01\x01B\x14\n" +
+	"\x14sandbox_own_cpu_usec\x18\x1d \x01(\x04H\x03R\x11sandboxOwnCpuUsec\x88\x01\x01\x12?\n" +
+	"\fknown_absent\x18\x1e \x03(\x0e2\x1c.sandboxstats.v1.KnownAbsentR\vknownAbsentB\x14\n" +
 	"\x12_memory_peak_bytesB\x11\n" +
 	"\x0f_cpu_usage_usecB\x14\n" +
 	"\x12_sandbox_processesB\x17\n" +
@@ -3553,7 +3681,21 @@ const file_sandboxstats_v1_stats_proto_rawDesc = "" +
 	"\x0eNoSampleReason\x12 \n" +
 	"\x1cNO_SAMPLE_REASON_UNSPECIFIED\x10\x00\x12 \n" +
 	"\x1cNO_SAMPLE_REASON_NO_WORKLOAD\x10\x01\x12'\n" +
-	"#NO_SAMPLE_REASON_NOT_MEASURABLE_YET\x10\x02*j\n" +
+	"#NO_SAMPLE_REASON_NOT_MEASURABLE_YET\x10\x02*\xa9\x03\n" +
+	"\vKnownAbsent\x12\x1c\n" +
+	"\x18KNOWN_ABSENT_UNSPECIFIED\x10\x00\x12!\n" +
+	"\x1dKNOWN_ABSENT_AGENT_HIGH_BYTES\x10\x01\x12 \n" +
+	"\x1cKNOWN_ABSENT_AGENT_OOM_KILLS\x10\x02\x12&\n" +
+	"\"KNOWN_ABSENT_AGENT_OOM_GROUP_KILLS\x10\x03\x12!\n" +
+	"\x1dKNOWN_ABSENT_AGENT_OOM_EVENTS\x10\x04\x12!\n" +
+	"\x1dKNOWN_ABSENT_AGENT_MAX_EVENTS\x10\x05\x12 \n" +
+	"\x1cKNOWN_ABSENT_AGENT_UNDER_OOM\x10\x06\x12!\n" +
+	"\x1dKNOWN_ABSENT_AGENT_QUOTA_USEC\x10\a\x12\"\n" +
+	"\x1eKNOWN_ABSENT_AGENT_PERIOD_USEC\x10\b\x12\x1f\n" +
+	"\x1bKNOWN_ABSENT_AGENT_PRESSURE\x10\t\x12\x1e\n" +
+	"\x1aKNOWN_ABSENT_AGENT_NETWORK\x10\n" +
+	"\x12\x1f\n" +
+	"\x1bKNOWN_ABSENT_AGENT_BLOCK_IO\x10\v*j\n" +
 	"\fBaselineKind\x12\x1d\n" +
 	"\x19BASELINE_KIND_UNSPECIFIED\x10\x00\x12\x1d\n" +
 	"\x19BASELINE_KIND_EPOCH_START\x10\x01\x12\x1c\n" +
@@ -3609,136 +3751,138 @@ func file_sandboxstats_v1_stats_proto_rawDescGZIP() []byte {
 	return file_sandboxstats_v1_stats_proto_rawDescData
 }
 
-var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 9)
+var file_sandboxstats_v1_stats_proto_enumTypes = make([]protoimpl.EnumInfo, 10)
 var file_sandboxstats_v1_stats_proto_msgTypes = make([]protoimpl.MessageInfo, 32)
 var file_sandboxstats_v1_stats_proto_goTypes = []any{
 	(ErrorReason)(0),                         // 0: sandboxstats.v1.ErrorReason
 	(SandboxClass)(0),                        // 1: sandboxstats.v1.SandboxClass
 	(StatsSource)(0),                         // 2: sandboxstats.v1.StatsSource
 	(NoSampleReason)(0),                      // 3: sandboxstats.v1.NoSampleReason
-	(BaselineKind)(0),                        // 4: sandboxstats.v1.BaselineKind
-	(ActivationOutcome)(0),                   // 5: sandboxstats.v1.ActivationOutcome
-	(FinalProvenance)(0),                     // 6: sandboxstats.v1.FinalProvenance
-	(DriftKind)(0),                           // 7: sandboxstats.v1.DriftKind
-	(DriftEventType)(0),                      // 8: sandboxstats.v1.DriftEventType
-	(*WorkloadIdentity)(nil),                 // 9: sandboxstats.v1.WorkloadIdentity
-	(*SandboxRef)(nil),                       // 10: sandboxstats.v1.SandboxRef
-	(*ContainerRef)(nil),                     // 11: sandboxstats.v1.ContainerRef
-	(*UpdateWorkloadContainersRequest)(nil),  // 12: sandboxstats.v1.UpdateWorkloadContainersRequest
-	(*UpdateWorkloadContainersResponse)(nil), // 13: sandboxstats.v1.UpdateWorkloadContainersResponse
-	(*StatsWorkloadRequest)(nil),             // 14: sandboxstats.v1.StatsWorkloadRequest
-	(*StatsWorkloadResponse)(nil),            // 15: sandboxstats.v1.StatsWorkloadResponse
-	(*StatsActiveWorkloadsRequest)(nil),      // 16: sandboxstats.v1.StatsActiveWorkloadsRequest
-	(*StatsActiveWorkloadsResponse)(nil),     // 17: sandboxstats.v1.StatsActiveWorkloadsResponse
-	(*PendingWorkload)(nil),                  // 18: sandboxstats.v1.PendingWorkload
-	(*StatsHostRequest)(nil),                 // 19: sandboxstats.v1.StatsHostRequest
-	(*StatsHostResponse)(nil),                // 20: sandboxstats.v1.StatsHostResponse
-	(*AbsentValue)(nil),                      // 21: sandboxstats.v1.AbsentValue
-	(*WorkloadStatsSample)(nil),              // 22: sandboxstats.v1.WorkloadStatsSample
-	(*ContainerStats)(nil),                   // 23: sandboxstats.v1.ContainerStats
-	(*EpochBaseline)(nil),                    // 24: sandboxstats.v1.EpochBaseline
-	(*EndedActivation)(nil),                  // 25: sandboxstats.v1.EndedActivation
-	(*EndedLog)(nil),                         // 26: sandboxstats.v1.EndedLog
-	(*ListEndedActivationsRequest)(nil),      // 27: sandboxstats.v1.ListEndedActivationsRequest
-	(*ListEndedActivationsResponse)(nil),     // 28: sandboxstats.v1.ListEndedActivationsResponse
-	(*ContainerReadError)(nil),               // 29: sandboxstats.v1.ContainerReadError
-	(*RunWorkloadRequest)(nil),               // 30: sandboxstats.v1.RunWorkloadRequest
-	(*RunWorkloadResponse)(nil),              // 31: sandboxstats.v1.RunWorkloadResponse
-	(*RestoreWorkloadRequest)(nil),           // 32: sandboxstats.v1.RestoreWorkloadRequest
-	(*RestoreWorkloadResponse)(nil),          // 33: sandboxstats.v1.RestoreWorkloadResponse
-	(*CheckpointWorkloadRequest)(nil),        // 34: sandboxstats.v1.CheckpointWorkloadRequest
-	(*CheckpointWorkloadResponse)(nil),       // 35: sandboxstats.v1.CheckpointWorkloadResponse
-	(*DriftFinding)(nil),                     // 36: sandboxstats.v1.DriftFinding
-	(*DriftEvent)(nil),                       // 37: sandboxstats.v1.DriftEvent
-	(*DriftCheckStatus)(nil),                 // 38: sandboxstats.v1.DriftCheckStatus
-	(*ListDriftFindingsRequest)(nil),         // 39: sandboxstats.v1.ListDriftFindingsRequest
-	(*ListDriftFindingsResponse)(nil),        // 40: sandboxstats.v1.ListDriftFindingsResponse
-	(*HostStats)(nil),                        // 41: sandboxstats.v1.HostStats
-	(*MemorySignals)(nil),                    // 42: sandboxstats.v1.MemorySignals
-	(*CpuThrottling)(nil),                    // 43: sandboxstats.v1.CpuThrottling
-	(*Pressure)(nil),                         // 44: sandboxstats.v1.Pressure
-	(*Pids)(nil),                             // 45: sandboxstats.v1.Pids
-	(*NetworkStats)(nil),                     // 46: sandboxstats.v1.NetworkStats
-	(*BlockIo)(nil),                          // 47: sandboxstats.v1.BlockIo
+	(KnownAbsent)(0),                         // 4: sandboxstats.v1.KnownAbsent
+	(BaselineKind)(0),                        // 5: sandboxstats.v1.BaselineKind
+	(ActivationOutcome)(0),                   // 6: sandboxstats.v1.ActivationOutcome
+	(FinalProvenance)(0),                     // 7: sandboxstats.v1.FinalProvenance
+	(DriftKind)(0),                           // 8: sandboxstats.v1.DriftKind
+	(DriftEventType)(0),                      // 9: sandboxstats.v1.DriftEventType
+	(*WorkloadIdentity)(nil),                 // 10: sandboxstats.v1.WorkloadIdentity
+	(*SandboxRef)(nil),                       // 11: sandboxstats.v1.SandboxRef
+	(*ContainerRef)(nil),                     // 12: sandboxstats.v1.ContainerRef
+	(*UpdateWorkloadContainersRequest)(nil),  // 13: sandboxstats.v1.UpdateWorkloadContainersRequest
+	(*UpdateWorkloadContainersResponse)(nil), // 14: sandboxstats.v1.UpdateWorkloadContainersResponse
+	(*StatsWorkloadRequest)(nil),             // 15: sandboxstats.v1.StatsWorkloadRequest
+	(*StatsWorkloadResponse)(nil),            // 16: sandboxstats.v1.StatsWorkloadResponse
+	(*StatsActiveWorkloadsRequest)(nil),      // 17: sandboxstats.v1.StatsActiveWorkloadsRequest
+	(*StatsActiveWorkloadsResponse)(nil),     // 18: sandboxstats.v1.StatsActiveWorkloadsResponse
+	(*PendingWorkload)(nil),                  // 19: sandboxstats.v1.PendingWorkload
+	(*StatsHostRequest)(nil),                 // 20: sandboxstats.v1.StatsHostRequest
+	(*StatsHostResponse)(nil),                // 21: sandboxstats.v1.StatsHostResponse
+	(*AbsentValue)(nil),                      // 22: sandboxstats.v1.AbsentValue
+	(*WorkloadStatsSample)(nil),              // 23: sandboxstats.v1.WorkloadStatsSample
+	(*ContainerStats)(nil),                   // 24: sandboxstats.v1.ContainerStats
+	(*EpochBaseline)(nil),                    // 25: sandboxstats.v1.EpochBaseline
+	(*EndedActivation)(nil),                  // 26: sandboxstats.v1.EndedActivation
+	(*EndedLog)(nil),                         // 27: sandboxstats.v1.EndedLog
+	(*ListEndedActivationsRequest)(nil),      // 28: sandboxstats.v1.ListEndedActivationsRequest
+	(*ListEndedActivationsResponse)(nil),     // 29: sandboxstats.v1.ListEndedActivationsResponse
+	(*ContainerReadError)(nil),               // 30: sandboxstats.v1.ContainerReadError
+	(*RunWorkloadRequest)(nil),               // 31: sandboxstats.v1.RunWorkloadRequest
+	(*RunWorkloadResponse)(nil),              // 32: sandboxstats.v1.RunWorkloadResponse
+	(*RestoreWorkloadRequest)(nil),           // 33: sandboxstats.v1.RestoreWorkloadRequest
+	(*RestoreWorkloadResponse)(nil),          // 34: sandboxstats.v1.RestoreWorkloadResponse
+	(*CheckpointWorkloadRequest)(nil),        // 35: sandboxstats.v1.CheckpointWorkloadRequest
+	(*CheckpointWorkloadResponse)(nil),       // 36: sandboxstats.v1.CheckpointWorkloadResponse
+	(*DriftFinding)(nil),                     // 37: sandboxstats.v1.DriftFinding
+	(*DriftEvent)(nil),                       // 38: sandboxstats.v1.DriftEvent
+	(*DriftCheckStatus)(nil),                 // 39: sandboxstats.v1.DriftCheckStatus
+	(*ListDriftFindingsRequest)(nil),         // 40: sandboxstats.v1.ListDriftFindingsRequest
+	(*ListDriftFindingsResponse)(nil),        // 41: sandboxstats.v1.ListDriftFindingsResponse
+	(*HostStats)(nil),                        // 42: sandboxstats.v1.HostStats
+	(*MemorySignals)(nil),                    // 43: sandboxstats.v1.MemorySignals
+	(*CpuThrottling)(nil),                    // 44: sandboxstats.v1.CpuThrottling
+	(*Pressure)(nil),                         // 45: sandboxstats.v1.Pressure
+	(*Pids)(nil),                             // 46: sandboxstats.v1.Pids
+	(*NetworkStats)(nil),                     // 47: sandboxstats.v1.NetworkStats
+	(*BlockIo)(nil),                          // 48: sandboxstats.v1.BlockIo
 }
 var file_sandboxstats_v1_stats_proto_depIdxs = []int32{
 	1,  // 0: sandboxstats.v1.SandboxRef.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	11, // 1: sandboxstats.v1.SandboxRef.containers:type_name -> sandboxstats.v1.ContainerRef
-	11, // 2: sandboxstats.v1.UpdateWorkloadContainersRequest.containers:type_name -> sandboxstats.v1.ContainerRef
-	22, // 3: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
-	22, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
+	12, // 1: sandboxstats.v1.SandboxRef.containers:type_name -> sandboxstats.v1.ContainerRef
+	12, // 2: sandboxstats.v1.UpdateWorkloadContainersRequest.containers:type_name -> sandboxstats.v1.ContainerRef
+	23, // 3: sandboxstats.v1.StatsWorkloadResponse.sample:type_name -> sandboxstats.v1.WorkloadStatsSample
+	23, // 4: sandboxstats.v1.StatsActiveWorkloadsResponse.samples:type_name -> sandboxstats.v1.WorkloadStatsSample
 	3,  // 5: sandboxstats.v1.StatsActiveWorkloadsResponse.no_sample_reason:type_name -> sandboxstats.v1.NoSampleReason
-	25, // 6: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	18, // 7: sandboxstats.v1.StatsActiveWorkloadsResponse.pending:type_name -> sandboxstats.v1.PendingWorkload
-	26, // 8: sandboxstats.v1.StatsActiveWorkloadsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
-	9,  // 9: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	26, // 6: sandboxstats.v1.StatsActiveWorkloadsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	19, // 7: sandboxstats.v1.StatsActiveWorkloadsResponse.pending:type_name -> sandboxstats.v1.PendingWorkload
+	27, // 8: sandboxstats.v1.StatsActiveWorkloadsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	10, // 9: sandboxstats.v1.PendingWorkload.identity:type_name -> sandboxstats.v1.WorkloadIdentity
 	1,  // 10: sandboxstats.v1.PendingWorkload.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
 	0,  // 11: sandboxstats.v1.PendingWorkload.reason:type_name -> sandboxstats.v1.ErrorReason
-	9,  // 12: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	10, // 12: sandboxstats.v1.StatsHostResponse.identity:type_name -> sandboxstats.v1.WorkloadIdentity
 	1,  // 13: sandboxstats.v1.StatsHostResponse.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	41, // 14: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
-	21, // 15: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
+	42, // 14: sandboxstats.v1.StatsHostResponse.host:type_name -> sandboxstats.v1.HostStats
+	22, // 15: sandboxstats.v1.StatsHostResponse.absent:type_name -> sandboxstats.v1.AbsentValue
 	1,  // 16: sandboxstats.v1.WorkloadStatsSample.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
 	2,  // 17: sandboxstats.v1.WorkloadStatsSample.source:type_name -> sandboxstats.v1.StatsSource
-	41, // 18: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
-	29, // 19: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
-	21, // 20: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
-	24, // 21: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
-	42, // 22: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
-	43, // 23: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
-	44, // 24: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
-	45, // 25: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
-	46, // 26: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
-	47, // 27: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
-	23, // 28: sandboxstats.v1.WorkloadStatsSample.containers:type_name -> sandboxstats.v1.ContainerStats
-	21, // 29: sandboxstats.v1.ContainerStats.absent:type_name -> sandboxstats.v1.AbsentValue
-	4,  // 30: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
-	22, // 31: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
-	9,  // 32: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	1,  // 33: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
-	2,  // 34: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
-	5,  // 35: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
-	6,  // 36: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
-	22, // 37: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
-	21, // 38: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
-	25, // 39: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	26, // 40: sandboxstats.v1.ListEndedActivationsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
-	9,  // 41: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 42: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	25, // 43: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	9,  // 44: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
-	10, // 45: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
-	25, // 46: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
-	25, // 47: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
-	7,  // 48: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
-	8,  // 49: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
-	36, // 50: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
-	36, // 51: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
-	37, // 52: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
-	38, // 53: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
-	14, // 54: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
-	16, // 55: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
-	19, // 56: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
-	39, // 57: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
-	27, // 58: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
-	30, // 59: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
-	32, // 60: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
-	34, // 61: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
-	12, // 62: sandboxstats.v1.WorkloadLifecycleService.UpdateWorkloadContainers:input_type -> sandboxstats.v1.UpdateWorkloadContainersRequest
-	15, // 63: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
-	17, // 64: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
-	20, // 65: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
-	40, // 66: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
-	28, // 67: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
-	31, // 68: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
-	33, // 69: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
-	35, // 70: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
-	13, // 71: sandboxstats.v1.WorkloadLifecycleService.UpdateWorkloadContainers:output_type -> sandboxstats.v1.UpdateWorkloadContainersResponse
-	63, // [63:72] is the sub-list for method output_type
-	54, // [54:63] is the sub-list for method input_type
-	54, // [54:54] is the sub-list for extension type_name
-	54, // [54:54] is the sub-list for extension extendee
-	0,  // [0:54] is the sub-list for field type_name
+	42, // 18: sandboxstats.v1.WorkloadStatsSample.host:type_name -> sandboxstats.v1.HostStats
+	30, // 19: sandboxstats.v1.WorkloadStatsSample.unread_containers:type_name -> sandboxstats.v1.ContainerReadError
+	22, // 20: sandboxstats.v1.WorkloadStatsSample.absent:type_name -> sandboxstats.v1.AbsentValue
+	25, // 21: sandboxstats.v1.WorkloadStatsSample.epoch_baseline:type_name -> sandboxstats.v1.EpochBaseline
+	43, // 22: sandboxstats.v1.WorkloadStatsSample.memory_signals:type_name -> sandboxstats.v1.MemorySignals
+	44, // 23: sandboxstats.v1.WorkloadStatsSample.cpu_throttling:type_name -> sandboxstats.v1.CpuThrottling
+	45, // 24: sandboxstats.v1.WorkloadStatsSample.pressure:type_name -> sandboxstats.v1.Pressure
+	46, // 25: sandboxstats.v1.WorkloadStatsSample.pids:type_name -> sandboxstats.v1.Pids
+	47, // 26: sandboxstats.v1.WorkloadStatsSample.network:type_name -> sandboxstats.v1.NetworkStats
+	48, // 27: sandboxstats.v1.WorkloadStatsSample.block_io:type_name -> sandboxstats.v1.BlockIo
+	24, // 28: sandboxstats.v1.WorkloadStatsSample.containers:type_name -> sandboxstats.v1.ContainerStats
+	4,  // 29: sandboxstats.v1.WorkloadStatsSample.known_absent:type_name -> sandboxstats.v1.KnownAbsent
+	22, // 30: sandboxstats.v1.ContainerStats.absent:type_name -> sandboxstats.v1.AbsentValue
+	5,  // 31: sandboxstats.v1.EpochBaseline.kind:type_name -> sandboxstats.v1.BaselineKind
+	23, // 32: sandboxstats.v1.EpochBaseline.first_read:type_name -> sandboxstats.v1.WorkloadStatsSample
+	10, // 33: sandboxstats.v1.EndedActivation.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	1,  // 34: sandboxstats.v1.EndedActivation.sandbox_class:type_name -> sandboxstats.v1.SandboxClass
+	2,  // 35: sandboxstats.v1.EndedActivation.source:type_name -> sandboxstats.v1.StatsSource
+	6,  // 36: sandboxstats.v1.EndedActivation.outcome:type_name -> sandboxstats.v1.ActivationOutcome
+	7,  // 37: sandboxstats.v1.EndedActivation.final_provenance:type_name -> sandboxstats.v1.FinalProvenance
+	23, // 38: sandboxstats.v1.EndedActivation.final:type_name -> sandboxstats.v1.WorkloadStatsSample
+	22, // 39: sandboxstats.v1.EndedActivation.absent:type_name -> sandboxstats.v1.AbsentValue
+	26, // 40: sandboxstats.v1.ListEndedActivationsResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	27, // 41: sandboxstats.v1.ListEndedActivationsResponse.ended_log:type_name -> sandboxstats.v1.EndedLog
+	10, // 42: sandboxstats.v1.RunWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	11, // 43: sandboxstats.v1.RunWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	26, // 44: sandboxstats.v1.RunWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	10, // 45: sandboxstats.v1.RestoreWorkloadRequest.identity:type_name -> sandboxstats.v1.WorkloadIdentity
+	11, // 46: sandboxstats.v1.RestoreWorkloadRequest.sandbox:type_name -> sandboxstats.v1.SandboxRef
+	26, // 47: sandboxstats.v1.RestoreWorkloadResponse.replaced:type_name -> sandboxstats.v1.EndedActivation
+	26, // 48: sandboxstats.v1.CheckpointWorkloadResponse.ended:type_name -> sandboxstats.v1.EndedActivation
+	8,  // 49: sandboxstats.v1.DriftFinding.kind:type_name -> sandboxstats.v1.DriftKind
+	9,  // 50: sandboxstats.v1.DriftEvent.type:type_name -> sandboxstats.v1.DriftEventType
+	37, // 51: sandboxstats.v1.DriftEvent.finding:type_name -> sandboxstats.v1.DriftFinding
+	37, // 52: sandboxstats.v1.ListDriftFindingsResponse.findings:type_name -> sandboxstats.v1.DriftFinding
+	38, // 53: sandboxstats.v1.ListDriftFindingsResponse.events:type_name -> sandboxstats.v1.DriftEvent
+	39, // 54: sandboxstats.v1.ListDriftFindingsResponse.status:type_name -> sandboxstats.v1.DriftCheckStatus
+	15, // 55: sandboxstats.v1.WorkloadStatsService.StatsWorkload:input_type -> sandboxstats.v1.StatsWorkloadRequest
+	17, // 56: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:input_type -> sandboxstats.v1.StatsActiveWorkloadsRequest
+	20, // 57: sandboxstats.v1.WorkloadStatsService.StatsHost:input_type -> sandboxstats.v1.StatsHostRequest
+	40, // 58: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:input_type -> sandboxstats.v1.ListDriftFindingsRequest
+	28, // 59: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:input_type -> sandboxstats.v1.ListEndedActivationsRequest
+	31, // 60: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:input_type -> sandboxstats.v1.RunWorkloadRequest
+	33, // 61: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:input_type -> sandboxstats.v1.RestoreWorkloadRequest
+	35, // 62: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:input_type -> sandboxstats.v1.CheckpointWorkloadRequest
+	13, // 63: sandboxstats.v1.WorkloadLifecycleService.UpdateWorkloadContainers:input_type -> sandboxstats.v1.UpdateWorkloadContainersRequest
+	16, // 64: sandboxstats.v1.WorkloadStatsService.StatsWorkload:output_type -> sandboxstats.v1.StatsWorkloadResponse
+	18, // 65: sandboxstats.v1.WorkloadStatsService.StatsActiveWorkloads:output_type -> sandboxstats.v1.StatsActiveWorkloadsResponse
+	21, // 66: sandboxstats.v1.WorkloadStatsService.StatsHost:output_type -> sandboxstats.v1.StatsHostResponse
+	41, // 67: sandboxstats.v1.WorkloadStatsService.ListDriftFindings:output_type -> sandboxstats.v1.ListDriftFindingsResponse
+	29, // 68: sandboxstats.v1.WorkloadStatsService.ListEndedActivations:output_type -> sandboxstats.v1.ListEndedActivationsResponse
+	32, // 69: sandboxstats.v1.WorkloadLifecycleService.RunWorkload:output_type -> sandboxstats.v1.RunWorkloadResponse
+	34, // 70: sandboxstats.v1.WorkloadLifecycleService.RestoreWorkload:output_type -> sandboxstats.v1.RestoreWorkloadResponse
+	36, // 71: sandboxstats.v1.WorkloadLifecycleService.CheckpointWorkload:output_type -> sandboxstats.v1.CheckpointWorkloadResponse
+	14, // 72: sandboxstats.v1.WorkloadLifecycleService.UpdateWorkloadContainers:output_type -> sandboxstats.v1.UpdateWorkloadContainersResponse
+	64, // [64:73] is the sub-list for method output_type
+	55, // [55:64] is the sub-list for method input_type
+	55, // [55:55] is the sub-list for extension type_name
+	55, // [55:55] is the sub-list for extension extendee
+	0,  // [0:55] is the sub-list for field type_name
 }
 
 func init() { file_sandboxstats_v1_stats_proto_init() }
@@ -3756,7 +3900,7 @@ func file_sandboxstats_v1_stats_proto_init() {
 		File: protoimpl.DescBuilder{
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_sandboxstats_v1_stats_proto_rawDesc), len(file_sandboxstats_v1_stats_proto_rawDesc)),
-			NumEnums:      9,
+			NumEnums:      10,
 			NumMessages:   32,
 			NumExtensions: 0,
 			NumServices:   2,
