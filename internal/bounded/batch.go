@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"strings"
 	"sync"
@@ -51,8 +52,42 @@ type Batch struct {
 // bound). Errors name the path; fs.ErrNotExist stays detectable with
 // errors.Is.
 func (b *Batch) Read(dir *os.File, name string, limit int) ([]byte, error) {
+	return b.read(dir, name, limit, readOpts{})
+}
+
+// pidListEnd: a read of a kernfs pid list (cgroup.procs, cgroup.threads,
+// tasks) shorter than its room and than this ends the file. seq_file gives
+// a read the records that fit its buffer (at least a page, 4096 bytes) and
+// stops short only when the next record does not fit: a pid's record is at
+// most 8 bytes ("4194304\n", pid_max's ceiling), so a short read that
+// stopped at the buffer's end returned more than 4096-8 bytes.
+const pidListEnd = 4096 - 64
+
+// ReadPidList is Read for a kernfs pid list (cgroup.procs, cgroup.threads,
+// tasks) in dir, a directory of a cgroup file system: a read short of its
+// room and of pidListEnd bytes ends the file, so a list of fewer than about
+// 500 pids takes one read, not two; and the file opened is not checked to
+// be a regular file (kernfs makes no FIFO or device, and a cgroup cannot
+// be named as a control file: a pid list's name is always the kernel's
+// file).
+func (b *Batch) ReadPidList(dir *os.File, name string, limit int) ([]byte, error) {
+	return b.read(dir, name, limit, readOpts{shortEnds: pidListEnd, kernfs: true})
+}
+
+// readOpts are what a read may assume of its file.
+type readOpts struct {
+	// shortEnds: a read short of its room and of this many bytes ends the
+	// file (0: only a read of 0 bytes does).
+	shortEnds int
+	// kernfs: the directory is on a cgroup file system; the file opened is
+	// not checked to be a regular file.
+	kernfs bool
+}
+
+// read is Read and ReadPidList.
+func (b *Batch) read(dir *os.File, name string, limit int, o readOpts) ([]byte, error) {
 	fd := -1
-	data, err := b.ReadKeep(dir, name, limit, &fd)
+	data, err := b.readKeep(dir, name, limit, &fd, o)
 	if fd >= 0 {
 		syscall.Close(fd)
 	}
@@ -77,7 +112,20 @@ var ErrHeldGone = fmt.Errorf("kept file removed: %w", fs.ErrNotExist)
 // fs.ErrNotExist). The caller must use a descriptor in one read at a time,
 // and must keep only descriptors of files that cannot be replaced under the
 // same name (kernfs: its files cannot be renamed or unlinked).
+//
+// A read shorter than the room it was given ends the file: no read at the
+// end to see 0 bytes (half of a sample's reads). That holds for a regular
+// file and for a kernfs file shown as one record (every cgroup file but the
+// pid lists, cgroup.procs, cgroup.threads and tasks, which print a record a
+// pid and may stop short at a page's end: read those with ReadPidList): seq_file
+// shows the one record whole into its buffer, growing it until it fits, and
+// gives the reader as much of it as the reader asked.
 func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte, error) {
+	return b.readKeep(dir, name, limit, fd, readOpts{shortEnds: math.MaxInt})
+}
+
+// readKeep is ReadKeep with what the read may assume of its file.
+func (b *Batch) readKeep(dir *os.File, name string, limit int, fd *int, o readOpts) ([]byte, error) {
 	if limit <= 0 {
 		limit = MaxFileBytes
 	}
@@ -99,13 +147,13 @@ func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte,
 
 	kept := *fd >= 0
 	if !kept {
-		f, err := b.openRegular(dir, name)
+		f, err := b.openRegular(dir, name, o.kernfs)
 		if err != nil {
 			return nil, err
 		}
 		*fd = f
 	}
-	data, err := b.readAt0(*fd, dir, name, limit)
+	data, err := b.readAt0(*fd, dir, name, limit, o.shortEnds)
 	if err != nil {
 		syscall.Close(*fd)
 		*fd = -1
@@ -118,11 +166,15 @@ func (b *Batch) ReadKeep(dir *os.File, name string, limit int, fd *int) ([]byte,
 }
 
 // openRegular opens name in dir (never following a symlink, never leaving
-// dir) and refuses anything but a regular file.
-func (b *Batch) openRegular(dir *os.File, name string) (int, error) {
+// dir) and refuses anything but a regular file; kernfs: dir is on a cgroup
+// file system, whose files are the kernel's (no fstat to check).
+func (b *Batch) openRegular(dir *os.File, name string, kernfs bool) (int, error) {
 	fd, err := b.openat(dir, name)
 	if err != nil {
 		return -1, &fs.PathError{Op: "openat", Path: dir.Name() + "/" + name, Err: err}
+	}
+	if kernfs {
+		return fd, nil
 	}
 	var st syscall.Stat_t
 	if err := retryEINTR(func() error { return syscall.Fstat(fd, &st) }); err != nil {
@@ -136,8 +188,9 @@ func (b *Batch) openRegular(dir *os.File, name string) (int, error) {
 	return fd, nil
 }
 
-// readAt0 reads fd whole from offset 0 into the buffer, at most limit bytes.
-func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int) ([]byte, error) {
+// readAt0 reads fd whole from offset 0 into the buffer, at most limit
+// bytes; a read short of its room and of shortEnds bytes ends the file.
+func (b *Batch) readAt0(fd int, dir *os.File, name string, limit, shortEnds int) ([]byte, error) {
 	start := len(b.buf)
 	for {
 		if len(b.buf) == cap(b.buf) {
@@ -166,6 +219,9 @@ func (b *Batch) readAt0(fd int, dir *os.File, name string, limit int) ([]byte, e
 		if len(b.buf)-start > limit {
 			b.buf = b.buf[:start]
 			return nil, fmt.Errorf("%w: %s/%s is larger than %d bytes", source.ErrMalformed, dir.Name(), name, limit)
+		}
+		if n < len(room) && n < shortEnds {
+			break
 		}
 	}
 	b.total += len(b.buf) - start

@@ -5,6 +5,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -164,5 +165,35 @@ func remove(t *testing.T, path string) {
 	t.Helper()
 	if err := os.Remove(path); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestBatchReadPidList: a pid list read whole however its reads end: one
+// under a page (a short read ends it) and one over a page (reads until 0).
+func TestBatchReadPidList(t *testing.T) {
+	var long strings.Builder
+	for pid := 4194304; long.Len() < 3*4096; pid-- {
+		long.WriteString(strconv.Itoa(pid) + "\n")
+	}
+	for name, content := range map[string]string{"empty": "", "short": "1\n42\n", "over a page": long.String()} {
+		t.Run(name, func(t *testing.T) {
+			dirPath := t.TempDir()
+			if err := os.WriteFile(filepath.Join(dirPath, "cgroup.procs"), []byte(content), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			dir, err := os.Open(dirPath)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer dir.Close()
+			var b Batch
+			got, err := b.ReadPidList(dir, "cgroup.procs", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if d := cmp.Diff(content, string(got)); d != "" {
+				t.Errorf("(-want +got):\n%s", d)
+			}
+		})
 	}
 }

@@ -56,9 +56,13 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 // call, to keep what a caller at its deadline may ask about it).
 func do[T any](ctx context.Context, g *Group, key string, start func(*call) func() (any, error)) (T, error) {
 	if g.timeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, g.timeout)
-		defer cancel()
+		// A caller's deadline within the Group's timeout already bounds the
+		// wait: no context (and timer) of its own then.
+		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.timeout {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, g.timeout)
+			defer cancel()
+		}
 	}
 	g.mu.Lock()
 	c, ok := g.calls[key]

@@ -90,6 +90,7 @@ func batchKey(reqs []*fileReq) string {
 func (s *cgroupSource) readBatch(b *bounded.Batch, reqs []*fileReq) []fileResult {
 	out := make([]fileResult, len(reqs))
 	var dirs batchDirs
+	dirs.held = dirs.few[:0]
 	defer dirs.release(s)
 	for i, r := range reqs {
 		out[i].b, out[i].err = s.readReq(b, &dirs, r)
@@ -101,6 +102,7 @@ func (s *cgroupSource) readBatch(b *bounded.Batch, reqs []*fileReq) []fileResult
 // hierarchy), and those it found missing.
 type batchDirs struct {
 	held []heldDir
+	few  [8]heldDir // held's first array: a v1 sample acquires 7 at most
 }
 
 type heldDir struct {

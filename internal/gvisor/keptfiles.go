@@ -149,8 +149,11 @@ func (k *keptFiles) closeAll() {
 // older than seq_file's reset of its iterator on a read from offset 0 would
 // serve a kept one empty again, its position not having moved.
 func (s *cgroupSource) readFile(b *bounded.Batch, h *dirHandle, name string) ([]byte, error) {
-	if h.kept == nil || !keepable(name) {
+	if h.kept == nil {
 		return b.Read(h.f, name, bounded.MaxFileBytes)
+	}
+	if !keepable(name) { // a pid list on a cgroup file system
+		return b.ReadPidList(h.f, name, bounded.MaxFileBytes)
 	}
 	s.mu.Lock()
 	fd, taken := h.kept.take(name)

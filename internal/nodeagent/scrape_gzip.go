@@ -29,9 +29,12 @@ var gzipEnd = []byte{0x03, 0x00}
 // gzipLevel is the pieces' compression level. promhttp's gzip writer
 // compresses at the default (6); level 2 compressed 1000 workloads' 5.3 MB
 // of text 5.5 times faster (10.9 against 60.6 ms) into 2% more bytes
-// (165 against 162 KB). The header's XFL stays 0 (what gzip writes for
-// any level but 1 and 9).
-const gzipLevel = 2
+// (165 against 162 KB), and level 1 (flate's fast matcher, whose reset
+// clears no table) 32 workloads' twice as fast again as level 2 (0.48
+// against 0.99 ms) into 3% more bytes (9.1 against 8.8 KB): a sweep
+// scraped once pays it every sweep. The header's XFL stays 0 (an
+// unspecified method; gzip writes 4 for level 1, a hint readers ignore).
+const gzipLevel = flate.BestSpeed
 
 var flatePool = sync.Pool{New: func() any {
 	w, _ := flate.NewWriter(nil, gzipLevel)
@@ -96,8 +99,22 @@ func (h *scrapeHandler) writeGzip(w io.Writer, b *sweepBody, pieces []piece) {
 	var crc uint32
 	var n int
 	run := 0
+	// The live families between two of the sweep's runs are compressed as
+	// one stream (one writer reset, their CRC run on): a reset at level 2
+	// clears 640 KB of tables, and the Go and process collectors' dozens of
+	// families come one after another (a reset and a CRC combination each
+	// were a tenth of the agent's CPU, scraped once a sweep).
+	var live *flate.Writer
+	endLive := func() {
+		if live != nil {
+			_ = live.Flush()
+			flatePool.Put(live)
+			live = nil
+		}
+	}
 	for _, p := range pieces {
 		if p.live == nil {
+			endLive()
 			r := gz.runs[run]
 			run++
 			crc, n = crc32Combine(crc, r.crc, r.n), n+r.n
@@ -110,9 +127,14 @@ func (h *scrapeHandler) writeGzip(w io.Writer, b *sweepBody, pieces []piece) {
 			}
 			continue
 		}
-		deflateSynced(&out, p.live)
-		crc, n = crc32Combine(crc, crc32.ChecksumIEEE(p.live), len(p.live)), n+len(p.live)
+		if live == nil {
+			live = flatePool.Get().(*flate.Writer)
+			live.Reset(&out)
+		}
+		_, _ = live.Write(p.live) // a bytes.Buffer does not fail
+		crc, n = crc32.Update(crc, crc32.IEEETable, p.live), n+len(p.live)
 	}
+	endLive()
 	ws := append(out.Bytes(), gzipEnd...)
 	ws = binary.LittleEndian.AppendUint32(ws, crc)
 	ws = binary.LittleEndian.AppendUint32(ws, uint32(n))
