@@ -26,9 +26,6 @@ import (
 // ErrProcStat marks a /proc/<pid>/stat line that does not parse.
 var ErrProcStat = errors.New("gvisor: /proc stat")
 
-// userHZ is the unit of /proc/<pid>/stat's times (USER_HZ, 100 on Linux).
-const userHZ = 100
-
 // maxStatBytes caps one /proc/<pid>/stat (a line of about 300 bytes; the
 // command name is at most 64).
 const maxStatBytes = 4 << 10
@@ -172,7 +169,7 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			}
 		}
 		switch {
-		case err != nil && gone(err):
+		case err != nil && process.IsGone(err):
 			if known && p.ok {
 				o.done += p.ticks
 			}
@@ -207,10 +204,10 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			if pid == sentry {
 				role = "runsc-sandbox"
 			}
-			args, cerr := sandboxCmdline(o.procRoot, int32(pid))
+			args, cerr := process.ReadCmdline(filepath.Join(o.procRoot, strconv.Itoa(pid)))
 			if cerr != nil {
 				o.release(fd)
-				if !gone(cerr) {
+				if !process.IsGone(cerr) {
 					errs = append(errs, fmt.Errorf("pid %d: %w", pid, cerr))
 				}
 				continue
@@ -265,7 +262,7 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			out.Counts++
 		}
 	}
-	out.Usec = (o.done + ticks) * (1_000_000 / userHZ)
+	out.Usec = (o.done + ticks) * (1_000_000 / process.UserHZ)
 	if p, ok := o.procs[sentry]; ok && p.ok && p.start == o.sentryStart {
 		out.KVM = o.kvm
 	} else if ok && !p.ok && p.start == o.whyStart {
@@ -393,12 +390,6 @@ func preadStat(fd int, path string, buf []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s: more than %d bytes", ErrProcStat, path, len(buf))
 	}
 	return buf[:n], nil
-}
-
-// gone reports whether err says a process is gone (its /proc directory
-// missing, or it exited during the read).
-func gone(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
 }
 
 // platformOf returns runsc's --platform from a runsc command line ("" when

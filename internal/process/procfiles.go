@@ -29,7 +29,7 @@ type Stat struct {
 }
 
 // StatFields is what ParseStatFields reads of a stat line without
-// allocating. Times are in USER_HZ clock ticks.
+// allocating. Times are in USER_HZ clock ticks (UserHZ).
 type StatFields struct {
 	State     byte   // field 3, one letter ('R', 'S', 'Z', ...)
 	PPID      int    // field 4
@@ -38,6 +38,11 @@ type StatFields struct {
 	Starttime uint64 // field 22, after boot
 	GuestTime uint64 // field 43; 0 when the line stops before it
 }
+
+// UserHZ is USER_HZ, the unit of the tick fields of /proc/<pid>/stat. It is
+// 100 on every Linux architecture (sysconf(_SC_CLK_TCK)); the kernel's HZ may
+// differ but is converted before it reaches userspace.
+const UserHZ = 100
 
 // ParseStat parses a stat line (ParseStatFields) and its command name.
 func ParseStat(b []byte) (Stat, error) {
