@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"math"
 	"os"
 	"path"
 	"path/filepath"
@@ -21,13 +20,11 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/foreign"
+	"github.com/sandboxstats/sandboxstats/internal/process"
 )
 
 // ErrProcStat marks a /proc/<pid>/stat line that does not parse.
 var ErrProcStat = errors.New("gvisor: /proc stat")
-
-// userHZ is the unit of /proc/<pid>/stat's times (USER_HZ, 100 on Linux).
-const userHZ = 100
 
 // maxStatBytes caps one /proc/<pid>/stat (a line of about 300 bytes; the
 // command name is at most 64).
@@ -40,88 +37,20 @@ type procTimes struct {
 	Start uint64 // starttime (field 22), clock ticks after boot
 }
 
-// parseProcStat parses a /proc/<pid>/stat line: the fields after the last
-// ')' (the command name before it may hold any byte), split at ASCII white
-// space, without allocating (it runs for every own process and the
-// sentry's pin at every sample).
+// parseProcStat parses a /proc/<pid>/stat line (process.ParseStatFields)
+// into what statsd keeps of it, without allocating (it runs for every own
+// process and the sentry's pin at every sample). Its errors wrap both
+// ErrProcStat and process.ErrMalformedStat and do not name the file
+// (callers do).
 func parseProcStat(b []byte) (procTimes, error) {
-	i := bytes.LastIndexByte(b, ')')
-	if i < 0 {
-		return procTimes{}, fmt.Errorf("%w: no ')'", ErrProcStat)
-	}
-	// f[n] is field n+3 (f[0] the state); only fields 3 to 22 are kept.
-	var f [20][]byte
-	n := 0
-	for rest := b[i+1:]; ; {
-		for len(rest) > 0 && asciiSpace(rest[0]) {
-			rest = rest[1:]
-		}
-		if len(rest) == 0 {
-			break
-		}
-		j := 0
-		for j < len(rest) && !asciiSpace(rest[j]) {
-			j++
-		}
-		if n < len(f) {
-			f[n] = rest[:j]
-		}
-		n++
-		rest = rest[j:]
-	}
-	if n < len(f) || len(f[0]) != 1 || !letter(f[0][0]) {
-		return procTimes{}, fmt.Errorf("%w: %d fields after the command name", ErrProcStat, n)
-	}
-	num := func(n int) (uint64, error) {
-		v, ok := decimal(f[n-3])
-		if !ok {
-			return 0, fmt.Errorf("%w: field %d: %s", ErrProcStat, n, foreign.QuoteBytes(f[n-3]))
-		}
-		return v, nil
-	}
-	ut, err := num(14)
+	f, err := process.ParseStatFields(b)
 	if err != nil {
-		return procTimes{}, err
+		return procTimes{}, fmt.Errorf("%w: %w", ErrProcStat, err)
 	}
-	st, err := num(15)
-	if err != nil {
-		return procTimes{}, err
+	if f.UTime+f.STime < f.UTime {
+		return procTimes{}, fmt.Errorf("%w: utime %d + stime %d overflows", ErrProcStat, f.UTime, f.STime)
 	}
-	start, err := num(22)
-	if err != nil {
-		return procTimes{}, err
-	}
-	if ut+st < ut {
-		return procTimes{}, fmt.Errorf("%w: utime %d + stime %d overflows", ErrProcStat, ut, st)
-	}
-	return procTimes{State: f[0][0], Ticks: ut + st, Start: start}, nil
-}
-
-// letter: a state is one (R, S, D, Z, I, ...).
-func letter(c byte) bool { return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' }
-
-func asciiSpace(c byte) bool {
-	return c == ' ' || c == '\t' || c == '\n' || c == '\v' || c == '\f' || c == '\r'
-}
-
-// decimal parses an unsigned decimal that fits a uint64
-// (strconv.ParseUint's base 10 without a string).
-func decimal(b []byte) (uint64, bool) {
-	if len(b) == 0 {
-		return 0, false
-	}
-	var v uint64
-	for _, c := range b {
-		if c < '0' || c > '9' {
-			return 0, false
-		}
-		d := uint64(c - '0')
-		if v > (math.MaxUint64-d)/10 {
-			return 0, false
-		}
-		v = v*10 + d
-	}
-	return v, true
+	return procTimes{State: f.State, Ticks: f.UTime + f.STime, Start: f.Starttime}, nil
 }
 
 // ownProc is one process the tracker looked at: its start time, whether it
@@ -235,10 +164,12 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 		}
 		var t procTimes
 		if err == nil {
-			t, err = parseProcStat(b)
+			if t, err = parseProcStat(b); err != nil {
+				err = fmt.Errorf("%s: %w", path, err)
+			}
 		}
 		switch {
-		case err != nil && gone(err):
+		case err != nil && process.IsGone(err):
 			if known && p.ok {
 				o.done += p.ticks
 			}
@@ -273,10 +204,10 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			if pid == sentry {
 				role = "runsc-sandbox"
 			}
-			args, cerr := sandboxCmdline(o.procRoot, int32(pid))
+			args, cerr := process.ReadCmdline(filepath.Join(o.procRoot, strconv.Itoa(pid)))
 			if cerr != nil {
 				o.release(fd)
-				if !gone(cerr) {
+				if !process.IsGone(cerr) {
 					errs = append(errs, fmt.Errorf("pid %d: %w", pid, cerr))
 				}
 				continue
@@ -331,7 +262,7 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			out.Counts++
 		}
 	}
-	out.Usec = (o.done + ticks) * (1_000_000 / userHZ)
+	out.Usec = (o.done + ticks) * (1_000_000 / process.UserHZ)
 	if p, ok := o.procs[sentry]; ok && p.ok && p.start == o.sentryStart {
 		out.KVM = o.kvm
 	} else if ok && !p.ok && p.start == o.whyStart {
@@ -459,12 +390,6 @@ func preadStat(fd int, path string, buf []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: %s: more than %d bytes", ErrProcStat, path, len(buf))
 	}
 	return buf[:n], nil
-}
-
-// gone reports whether err says a process is gone (its /proc directory
-// missing, or it exited during the read).
-func gone(err error) bool {
-	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ESRCH)
 }
 
 // platformOf returns runsc's --platform from a runsc command line ("" when

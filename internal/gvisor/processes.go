@@ -85,7 +85,7 @@ func SandboxProcesses(procRoot string, sentry int32) ([]int32, error) {
 // runscRoot returns the --root a runsc process (sentry or gofer) was started
 // with, from its command line, or "".
 func runscRoot(procRoot string, pid int32) string {
-	args, err := sandboxCmdline(procRoot, pid)
+	args, err := process.ReadCmdline(filepath.Join(procRoot, strconv.Itoa(int(pid))))
 	if err != nil {
 		return ""
 	}
@@ -95,16 +95,8 @@ func runscRoot(procRoot string, pid int32) string {
 // isGoferOf reports whether pid is a runsc gofer started with the given
 // runsc --root.
 func isGoferOf(procRoot string, pid int32, root string) bool {
-	args, err := sandboxCmdline(procRoot, pid)
+	args, err := process.ReadCmdline(filepath.Join(procRoot, strconv.Itoa(int(pid))))
 	return err == nil && len(args) > 0 && filepath.Base(args[0]) == "runsc-gofer" && runscRootOf(args) == root
-}
-
-func sandboxCmdline(procRoot string, pid int32) ([]string, error) {
-	b, err := bounded.ReadFile(filepath.Join(procRoot, strconv.Itoa(int(pid)), "cmdline"), bounded.MaxFileBytes)
-	if err != nil {
-		return nil, err
-	}
-	return strings.Split(string(b), "\x00"), nil
 }
 
 func runscRootOf(args []string) string {

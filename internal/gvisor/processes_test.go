@@ -4,33 +4,14 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"os"
-	"path/filepath"
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
-
-// writeProcTreeFile writes one file of a temporary /proc tree.
-func writeProcTreeFile(t *testing.T, root, rel, content string) {
-	t.Helper()
-	p := filepath.Join(root, rel)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// procStatLine is a full (52-field) stat line of process pid, child of ppid.
-func procStatLine(pid, ppid int32, comm string, start uint64) string {
-	return fmt.Sprintf("%d (%s) S %d 1 1 0 -1 4194368 1200 0 3 0 12 30 0 0 20 0 6 0 %d 1234567890 6500 18446744073709551615 1 1 0 0 0 0 0 4096 17664 0 0 0 -1 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-		pid, comm, ppid, start)
-}
 
 // TestSandboxProcessesNeedDescent: a gVisor sandbox's processes are the
 // sentry's descendants (in its cgroup when that is not the root). With runsc
@@ -49,8 +30,8 @@ func TestSandboxProcessesNeedDescent(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			root := t.TempDir()
 			proc := func(pid, ppid int32, cg string) {
-				writeProcTreeFile(t, root, fmt.Sprintf("%d/stat", pid), procStatLine(pid, ppid, "p", 1000))
-				writeProcTreeFile(t, root, fmt.Sprintf("%d/cgroup", pid), cg)
+				testenv.WriteProcFile(t, root, fmt.Sprintf("%d/stat", pid), testenv.ProcStatLine(pid, ppid, "p", 1000))
+				testenv.WriteProcFile(t, root, fmt.Sprintf("%d/cgroup", pid), cg)
 			}
 			proc(300, 1, tc.sentryCG) // the sentry
 			proc(301, 300, tc.sentryCG)
@@ -60,10 +41,10 @@ func TestSandboxProcessesNeedDescent(t *testing.T) {
 			proc(311, 310, tc.sentryCG)       // its child
 			proc(320, 1, tc.sentryCG)         // the gofer: runsc-gofer with the sentry's --root
 			proc(321, 1, tc.sentryCG)         // another sandbox's gofer (other --root)
-			writeProcTreeFile(t, root, "300/cmdline", "runsc-sandbox\x00--root=/run/runsc\x00boot\x00")
-			writeProcTreeFile(t, root, "320/cmdline", "runsc-gofer\x00--root=/run/runsc\x00gofer\x00")
-			writeProcTreeFile(t, root, "321/cmdline", "runsc-gofer\x00--root=/run/other\x00gofer\x00")
-			writeProcTreeFile(t, root, "stat", "cpu 0") // not a pid directory
+			testenv.WriteProcFile(t, root, "300/cmdline", "runsc-sandbox\x00--root=/run/runsc\x00boot\x00")
+			testenv.WriteProcFile(t, root, "320/cmdline", "runsc-gofer\x00--root=/run/runsc\x00gofer\x00")
+			testenv.WriteProcFile(t, root, "321/cmdline", "runsc-gofer\x00--root=/run/other\x00gofer\x00")
+			testenv.WriteProcFile(t, root, "stat", "cpu 0") // not a pid directory
 			got, err := gvisor.SandboxProcesses(root, 300)
 			if err != nil {
 				t.Fatal(err)
@@ -88,8 +69,8 @@ func TestSandboxProcessesSentryGone(t *testing.T) {
 // not parse is a malformed source, not a sandbox in the root cgroup.
 func TestSandboxProcessesSentryCgroupMalformed(t *testing.T) {
 	root := t.TempDir()
-	writeProcTreeFile(t, root, "300/stat", procStatLine(300, 1, "runsc-sandbox", 1000))
-	writeProcTreeFile(t, root, "300/cgroup", "garbage\n")
+	testenv.WriteProcFile(t, root, "300/stat", testenv.ProcStatLine(300, 1, "runsc-sandbox", 1000))
+	testenv.WriteProcFile(t, root, "300/cgroup", "garbage\n")
 	_, err := gvisor.SandboxProcesses(root, 300)
 	if !errors.Is(err, source.ErrMalformed) {
 		t.Errorf("err = %v, want ErrMalformed", err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
 
 // TestVMMPinned: the VMM named by vmm_pid or a pid file is pinned at its
@@ -26,10 +27,10 @@ func TestVMMPinned(t *testing.T) {
 	}{
 		{"vmm_pid, another start time", source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 4242}, func(t *testing.T, root string) {
 			writeThread(t, root, 4242, 4242, "sleep")
-			writeProcFile(t, root, "4242/stat", taskStatLine(4242, 1, "sleep", 99000))
+			testenv.WriteProcFile(t, root, "4242/stat", testenv.ProcStatLine(4242, 1, "sleep", 99000))
 		}},
 		{"reused between the pin check and the thread read", source.SandboxRef{Class: source.ClassMicroVM, VMMPID: 4242}, func(t *testing.T, root string) {
-			writeProcFile(t, root, "4242/task/4242/stat", taskStatLine(4242, 1, "sleep", 99000))
+			testenv.WriteProcFile(t, root, "4242/task/4242/stat", testenv.ProcStatLine(4242, 1, "sleep", 99000))
 		}},
 		{"pid file, another executable", source.SandboxRef{Class: source.ClassMicroVM, VMMPIDFile: pidFile}, func(t *testing.T, root string) {
 			os.Remove(filepath.Join(root, "4242", "exe"))

@@ -19,13 +19,8 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
 
-// userHZ is USER_HZ, the unit of the tick fields of /proc/<pid>/stat. It is
-// 100 on every Linux architecture (sysconf(_SC_CLK_TCK)); the kernel's HZ may
-// differ but is converted before it reaches userspace.
-const userHZ = 100
-
 // usecPerTick converts USER_HZ ticks to usec.
-const usecPerTick = 1_000_000 / userHZ
+const usecPerTick = 1_000_000 / process.UserHZ
 
 const legendThreads = "VMM threads as the host scheduler accounted them: utime/stime/guest in usec at " +
 	"USER_HZ tick resolution (utime includes guest), run/run_delay in ns from schedstat; run_delay of a " +
@@ -113,7 +108,7 @@ func threadErr(tid int, taskDir, file, what string, err error) string {
 // set when the first process's threads turned out not to be the pinned
 // process's (the other views of that pid are then refused too).
 func (s *sampler) threadsView(ctx context.Context, procs []int32, how string, perr error) (v *source.VMMThreadsView, name, nameSrc string, reused error) {
-	v = &source.VMMThreadsView{Legend: legendThreads, ProcessSource: how, UserHZ: userHZ}
+	v = &source.VMMThreadsView{Legend: legendThreads, ProcessSource: how, UserHZ: process.UserHZ}
 	name, nameSrc = guestNameFromPIDFile(s.ref.VMMPIDFile), "pid-file-dir"
 	if perr != nil {
 		v.Error = perr.Error()

@@ -14,37 +14,20 @@ import (
 	"github.com/google/go-cmp/cmp"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
+	"github.com/sandboxstats/sandboxstats/internal/testenv"
 )
-
-// writeProcFile writes one file of a temporary /proc tree.
-func writeProcFile(t *testing.T, root, rel, content string) {
-	t.Helper()
-	p := filepath.Join(root, rel)
-	if err := os.MkdirAll(filepath.Dir(p), 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(p, []byte(content), 0o644); err != nil {
-		t.Fatal(err)
-	}
-}
-
-// taskStatLine is a stat line of thread tid (process pid's parent ppid).
-func taskStatLine(tid, ppid int32, comm string, start uint64) string {
-	return fmt.Sprintf("%d (%s) S %d 1 1 0 -1 4194368 1200 0 3 0 12 30 0 0 20 0 6 0 %d 1234567890 6500 18446744073709551615 1 1 0 0 0 0 0 4096 17664 0 0 0 -1 1 0 0 0 0 0 0 0 0 0 0 0 0 0\n",
-		tid, comm, ppid, start)
-}
 
 // writeThread writes task/<tid>/{stat,schedstat,comm} of process pid, and
 // for the main thread (tid = pid) the process's own stat, as /proc has.
 func writeThread(t *testing.T, root string, pid, tid int32, comm string) {
 	t.Helper()
 	dir := filepath.Join(strconv.Itoa(int(pid)), "task", strconv.Itoa(int(tid)))
-	writeProcFile(t, root, filepath.Join(dir, "stat"), taskStatLine(tid, 1, comm, 85000))
+	testenv.WriteProcFile(t, root, filepath.Join(dir, "stat"), testenv.ProcStatLine(tid, 1, comm, 85000))
 	if tid == pid {
-		writeProcFile(t, root, filepath.Join(strconv.Itoa(int(pid)), "stat"), taskStatLine(tid, 1, comm, 85000))
+		testenv.WriteProcFile(t, root, filepath.Join(strconv.Itoa(int(pid)), "stat"), testenv.ProcStatLine(tid, 1, comm, 85000))
 	}
-	writeProcFile(t, root, filepath.Join(dir, "schedstat"), "1000 20 3\n")
-	writeProcFile(t, root, filepath.Join(dir, "comm"), comm+"\n")
+	testenv.WriteProcFile(t, root, filepath.Join(dir, "schedstat"), "1000 20 3\n")
+	testenv.WriteProcFile(t, root, filepath.Join(dir, "comm"), comm+"\n")
 }
 
 // hungFile puts a FIFO with no writer at rel: opening it never returns until
@@ -107,7 +90,7 @@ func TestThreadsViewOneBound(t *testing.T) {
 func TestThreadsViewCmdlineOnlyOfVMM(t *testing.T) {
 	root := t.TempDir()
 	writeThread(t, root, 100, 100, "qemu-system-x86")
-	writeProcFile(t, root, "100/cmdline", "qemu-system-x86_64\x00-name\x00guest=srv7\x00")
+	testenv.WriteProcFile(t, root, "100/cmdline", "qemu-system-x86_64\x00-name\x00guest=srv7\x00")
 	writeThread(t, root, 200, 200, "gofer")
 	hungFile(t, root, "200/cmdline")
 	s := tempSampler(t, root, 300*time.Millisecond)

@@ -89,7 +89,7 @@ func StartTime(procRoot string, pid int) (uint64, error) {
 	default:
 		return 0, fmt.Errorf("%w: %s/%d/stat: %w", ErrMalformedStat, procRoot, pid, err)
 	}
-	if st.State == "Z" || st.State == "X" {
+	if st.State == 'Z' || st.State == 'X' {
 		return 0, fmt.Errorf("%s/%d: %w", procRoot, pid, ErrExited)
 	}
 	return st.Starttime, nil

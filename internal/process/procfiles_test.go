@@ -1,12 +1,16 @@
 package process
 
 import (
+	"bytes"
 	"errors"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/google/go-cmp/cmp"
 )
@@ -15,6 +19,11 @@ import (
 // fields): utime 5, stime 7, starttime 86000, guest_time 9.
 const statLine = "4242 (CPU 0/KVM) S 1 4242 4242 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0 86000 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 9 0 0 0 0 0 0 0 0 0\n"
 
+// lineStat is a Stat of statLine's figures, of command name comm in state.
+func lineStat(comm string, state byte) Stat {
+	return Stat{Comm: comm, StatFields: StatFields{State: state, PPID: 1, UTime: 5, STime: 7, Starttime: 86000, GuestTime: 9}}
+}
+
 func TestParseStat(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -22,15 +31,25 @@ func TestParseStat(t *testing.T) {
 		want Stat
 		err  bool
 	}{
-		{"vCPU thread", statLine, Stat{Comm: "CPU 0/KVM", State: "S", PPID: 1, UTime: 5, STime: 7, Starttime: 86000, GuestTime: 9}, false},
-		{"name with parentheses and spaces", strings.Replace(statLine, "(CPU 0/KVM)", "(a) (b) S 9 9)", 1),
-			Stat{Comm: "a) (b) S 9 9", State: "S", PPID: 1, UTime: 5, STime: 7, Starttime: 86000, GuestTime: 9}, false},
-		{"zombie", strings.Replace(statLine, ") S ", ") Z ", 1), Stat{Comm: "CPU 0/KVM", State: "Z", PPID: 1, UTime: 5, STime: 7, Starttime: 86000, GuestTime: 9}, false},
+		{"vCPU thread", statLine, lineStat("CPU 0/KVM", 'S'), false},
+		{"name with parentheses and spaces", strings.Replace(statLine, "(CPU 0/KVM)", "(a) (b) S 9 9)", 1), lineStat("a) (b) S 9 9", 'S'), false},
+		{"name with ') ' before the state", strings.Replace(statLine, "(CPU 0/KVM) S", "(a) b) c) Z", 1), lineStat("a) b) c", 'Z'), false},
+		{"zombie", strings.Replace(statLine, ") S ", ") Z ", 1), lineStat("CPU 0/KVM", 'Z'), false},
+		{"runsc-sandbox, cut after field 24", "21385 (runsc-sandbox) S 1 21385 21385 0 -1 4194560 3064 0 0 0 5 3 0 0 20 0 12 0 1234567 1000 100",
+			Stat{Comm: "runsc-sandbox", StatFields: StatFields{State: 'S', PPID: 1, UTime: 5, STime: 3, Starttime: 1234567}}, false},
+		{"utime of 2^64-1", strings.Replace(statLine, " 5 7 ", " 18446744073709551615 7 ", 1),
+			Stat{Comm: "CPU 0/KVM", StatFields: StatFields{State: 'S', PPID: 1, UTime: 1<<64 - 1, STime: 7, Starttime: 86000, GuestTime: 9}}, false},
 		{"stops before starttime", "9 (x) S 1 9 9 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0", Stat{}, true},
 		{"ends at the name", "9 (x)", Stat{}, true},
 		{"no name", "9 x S 1", Stat{}, true},
+		{"no '(' before the last ')'", strings.Replace(statLine, "(CPU", "CPU", 1), Stat{}, true},
 		{"empty", "", Stat{}, true},
+		{"state not a letter", strings.Replace(statLine, ") S ", ") 1 ", 1), Stat{}, true},
+		{"state of two letters", strings.Replace(statLine, ") S ", ") SZ ", 1), Stat{}, true},
+		{"utime not a number", strings.Replace(statLine, " 5 7 ", " x 7 ", 1), Stat{}, true},
 		{"negative utime", strings.Replace(statLine, " 5 7 ", " -5 7 ", 1), Stat{}, true},
+		{"utime past 2^64-1", strings.Replace(statLine, " 5 7 ", " 18446744073709551616 7 ", 1), Stat{}, true},
+		{"guest_time not a number", strings.Replace(statLine, " 9 0 0 ", " x 0 0 ", 1), Stat{}, true},
 		{"ppid past pid_t", strings.Replace(statLine, ") S 1 ", ") S 4294967296 ", 1), Stat{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -59,27 +78,91 @@ func TestParseStatWithoutGuestTime(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := (Stat{Comm: "qemu", State: "S", PPID: 1, UTime: 5, STime: 7, Starttime: 86000}); got != want {
+	if want := (Stat{Comm: "qemu", StatFields: StatFields{State: 'S', PPID: 1, UTime: 5, STime: 7, Starttime: 86000}}); got != want {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
 }
 
+// TestParseStatFieldsAllocs: gvisor's own-CPU read runs ParseStatFields for
+// every own process at every sample: it must not allocate.
+func TestParseStatFieldsAllocs(t *testing.T) {
+	b := []byte(statLine)
+	if n := testing.AllocsPerRun(100, func() {
+		if _, err := ParseStatFields(b); err != nil {
+			t.Fatal(err)
+		}
+	}); n != 0 {
+		t.Errorf("%v allocations a parse, want 0", n)
+	}
+}
+
+// FuzzParseStat checks ParseStat against refParseStat (bytes.Fields and
+// strconv) and that the command name it gives stands between '(' and ')'
+// in the line.
 func FuzzParseStat(f *testing.F) {
-	for _, s := range []string{statLine, "9 (x)", "9 (a) (b) S", "", "9 (x) S 1", strings.Replace(statLine, ") S ", ") Z ", 1)} {
+	for _, s := range []string{
+		statLine, "9 (x)", "9 (a) (b) S", "", "9 (x) S 1", "7 ()", strings.Replace(statLine, ") S ", ") Z ", 1),
+		"21385 (runsc-sandbox) S 1 21385 21385 0 -1 4194560 3064 0 0 0 5 3 0 0 20 0 12 0 1234567 1000 100\n",
+		"7 (a) b) c) Z 1 1 1 0 -1 0 0 0 0 0 10 20 0 0 20 0 1 0 99 0 0",
+		"7 (a) S 1 1 1 0 -1 0 0 0 0 0 18446744073709551615 1 0 0 20 0 1 0 99 0 0",
+	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, b []byte) {
 		st, err := ParseStat(b)
+		if want, ok := refParseStat(b); !hasUnicodeSpace(b) && (ok != (err == nil) || ok && st != want) {
+			t.Fatalf("ParseStat(%q) = %+v, %v; strconv's reading %+v, %v", b, st, err, want, ok)
+		}
 		if err != nil {
 			if !errors.Is(err, ErrMalformedStat) {
 				t.Fatalf("err %v is not ErrMalformedStat", err)
 			}
 			return
 		}
-		if !strings.Contains(string(b), "("+st.Comm+")") || st.PPID < 0 {
+		if !strings.Contains(string(b), "("+st.Comm+")") || st.PPID < 0 || st.State == 0 {
 			t.Fatalf("%+v from %q", st, b)
 		}
 	})
+}
+
+// refParseStat is the parse with bytes.Fields and strconv (the parsers
+// before ParseStatFields), for FuzzParseStat to compare.
+func refParseStat(b []byte) (Stat, bool) {
+	l, r := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if l < 0 || r < l {
+		return Stat{}, false
+	}
+	f := bytes.Fields(b[r+1:])
+	if len(f) < 20 || len(f[0]) != 1 || !unicode.IsLetter(rune(f[0][0])) || f[0][0] > 0x7f {
+		return Stat{}, false
+	}
+	fields := []int{4, 14, 15, 22}
+	if len(f) > 43-3 {
+		fields = append(fields, 43)
+	}
+	var v [5]uint64
+	for k, n := range fields {
+		x, err := strconv.ParseUint(string(f[n-3]), 10, 64)
+		if err != nil {
+			return Stat{}, false
+		}
+		v[k] = x
+	}
+	if v[0] > math.MaxInt32 {
+		return Stat{}, false
+	}
+	return Stat{Comm: string(b[l+1 : r]), StatFields: StatFields{State: f[0][0], PPID: int(v[0]), UTime: v[1], STime: v[2], Starttime: v[3], GuestTime: v[4]}}, true
+}
+
+// hasUnicodeSpace reports white space bytes.Fields splits at that
+// ParseStatFields does not (non-ASCII: U+0085, U+00A0, ...).
+func hasUnicodeSpace(b []byte) bool {
+	for _, r := range string(b) {
+		if r > 0x7f && unicode.IsSpace(r) {
+			return true
+		}
+	}
+	return false
 }
 
 func TestParseCPUStat(t *testing.T) {

@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/sandboxstats/sandboxstats/internal/process"
 )
 
 // cleanup ends everything StartContainerd started. With containerd
@@ -179,10 +181,8 @@ func processesNaming(dir string) []int {
 		if err != nil || !bytes.Contains(cmdline, []byte(dir)) {
 			continue
 		}
-		if stat, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat")); err == nil {
-			if i := bytes.LastIndexByte(stat, ')'); i > 0 && len(stat) > i+2 && stat[i+2] == 'Z' {
-				continue
-			}
+		if st, err := process.ReadStat(filepath.Join("/proc", e.Name())); err == nil && st.State == 'Z' {
+			continue
 		}
 		pids = append(pids, pid)
 	}
