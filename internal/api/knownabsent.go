@@ -8,7 +8,8 @@ import (
 
 // The reasons of the KnownAbsent values, word for word as
 // proto/sandboxstats/v1/stats.proto documents them: what a guest agent's
-// StatsContainer never carries, in every micro-VM sample.
+// StatsContainer never carries (every micro-VM sample), and network and
+// block_io when no reply had entries.
 const (
 	WhyAgentNoHigh       = "StatsContainer carries no memory.high"
 	WhyAgentNoOOM        = "StatsContainer carries no OOM kill count (failcnt counts limit hits, not kills; GetOOMEvent is the shim's)"
@@ -21,7 +22,9 @@ const (
 )
 
 // knownAbsent is the AbsentValue each KnownAbsent value stands for, by
-// number (each field once).
+// number (each field once). StatsWorkloadRequest.known_absent covers
+// values 1 to 11: a value added later needs a request field of its own
+// (TestKnownAbsentTable holds the count).
 var knownAbsent = [...]struct{ field, reason string }{
 	sandboxstatsv1.KnownAbsent_KNOWN_ABSENT_AGENT_HIGH_BYTES:      {"memory_signals.high_bytes", WhyAgentNoHigh},
 	sandboxstatsv1.KnownAbsent_KNOWN_ABSENT_AGENT_OOM_KILLS:       {"memory_signals.oom_kills", WhyAgentNoOOM},

@@ -29,10 +29,13 @@ const maxSmaps = 4 << 20
 type span struct{ start, end uintptr }
 
 // file names a file by its device (major:minor, as smaps prints it, in hex)
-// and inode.
+// and inode, and by the path /proc/self/exe reads as (what smaps prints
+// where the device differs: an overlay file system may show the layer's
+// device and inode in smaps but its own to stat).
 type file struct {
-	dev string
-	ino uint64
+	dev  string
+	ino  uint64
+	path string
 }
 
 // Release drops the page-table entries of every read-only, private mapping
@@ -74,19 +77,21 @@ func Release(procRoot string) (uint64, error) {
 
 // parseSmaps returns the mappings of exe in the text of /proc/<pid>/smaps
 // that are read-only and private ("r--p", "r-xp") and hold no anonymous
-// page. A writable or shared mapping is never returned, nor a read-only
-// one with private copies (a PIE's RELRO data, relocated by the dynamic
-// loader before it was made read-only: dropping them would bring back the
-// file's unrelocated bytes), nor one whose Anonymous line is missing.
+// page, in memory or swapped out. A writable or shared mapping is never
+// returned, nor a read-only one with private copies (a PIE's RELRO data,
+// relocated by the dynamic loader before it was made read-only: dropping
+// them would bring back the file's unrelocated bytes; a copy swapped out
+// shows in Swap, not Anonymous), nor one whose Anonymous or Swap line is
+// missing.
 func parseSmaps(r io.Reader, exe file) ([]span, error) {
 	var spans []span
-	var cur *span // the exe's read-only private mapping being read
-	anon := -1    // its Anonymous kB; -1 before the line
+	var cur *span        // the exe's read-only private mapping being read
+	anon, swap := -1, -1 // its Anonymous and Swap kB; -1 before the line
 	flush := func() {
-		if cur != nil && anon == 0 {
+		if cur != nil && anon == 0 && swap == 0 {
 			spans = append(spans, *cur)
 		}
-		cur, anon = nil, -1
+		cur, anon, swap = nil, -1, -1
 	}
 	sc := bufio.NewScanner(r)
 	for sc.Scan() {
@@ -106,7 +111,7 @@ func parseSmaps(r io.Reader, exe file) ([]span, error) {
 			}
 			continue
 		}
-		if cur != nil && f[0] == "Anonymous:" {
+		if cur != nil && (f[0] == "Anonymous:" || f[0] == "Swap:") {
 			if len(f) != 3 {
 				return nil, fmt.Errorf("%w: line %q", ErrParse, line)
 			}
@@ -114,7 +119,11 @@ func parseSmaps(r io.Reader, exe file) ([]span, error) {
 			if err != nil {
 				return nil, fmt.Errorf("%w: line %q: %w", ErrParse, line, err)
 			}
-			anon = kb
+			if f[0] == "Swap:" {
+				swap = kb
+			} else {
+				anon = kb
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {
@@ -149,7 +158,8 @@ func parseMapping(f []string, exe file) (span, bool, error) {
 	if end <= start {
 		return span{}, false, errors.New("empty range")
 	}
-	if ino != exe.ino || f[3] != exe.dev {
+	sameFile := ino == exe.ino && f[3] == exe.dev
+	if !sameFile && (exe.path == "" || len(f) < 6 || strings.Join(f[5:], " ") != exe.path) {
 		return span{}, false, nil
 	}
 	if perms := f[1]; len(perms) != 4 || perms[0] != 'r' || perms[1] != '-' || perms[3] != 'p' {
@@ -182,6 +192,13 @@ func ReleaseAfter(ctx context.Context, procRoot string, delay time.Duration, log
 	n, err := Release(procRoot)
 	if err != nil {
 		logger.Warn("releasing the binary's read-only pages", "err", err)
+		return
+	}
+	if n == 0 {
+		// Nothing matched the binary (a file system whose smaps names
+		// neither its device and inode nor its path): the daemon keeps
+		// its start-up pages, which an operator should be able to see.
+		logger.Info("released none of the binary's read-only pages: no mapping of it found")
 		return
 	}
 	logger.Debug("released the binary's read-only pages", "bytes", n)

@@ -14,7 +14,11 @@ func exeFile(path string) (file, error) {
 	if err := unix.Stat(path, &st); err != nil {
 		return file{}, fmt.Errorf("exepages: %w", &os.PathError{Op: "stat", Path: path, Err: err})
 	}
-	return file{dev: fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), ino: st.Ino}, nil
+	target, err := os.Readlink(path)
+	if err != nil {
+		target = "" // matched by device and inode only
+	}
+	return file{dev: fmt.Sprintf("%02x:%02x", unix.Major(st.Dev), unix.Minor(st.Dev)), ino: st.Ino, path: target}, nil
 }
 
 // dontNeed advises MADV_DONTNEED on s.

@@ -306,8 +306,10 @@ func (NoSampleReason) EnumDescriptor() ([]byte, []int) {
 	return file_sandboxstats_v1_stats_proto_rawDescGZIP(), []int{3}
 }
 
-// KnownAbsent is an absent value whose field and reason are fixed: the
-// measurements a source never offers, in every one of its samples. Each
+// KnownAbsent is an absent value whose field and reason are fixed: what a
+// source does not offer, always with the same reason (network and block_io
+// when none of the guest agent's replies had entries, the others in every
+// micro-VM sample). Each
 // value's comment gives the AbsentValue it stands for, field and reason
 // word for word; a client that shows reasons expands it so.
 type KnownAbsent int32
@@ -1122,8 +1124,11 @@ type StatsWorkloadRequest struct {
 	ActorUid string `protobuf:"bytes,1,opt,name=actor_uid,json=actorUid,proto3" json:"actor_uid,omitempty"`
 	// Also fill WorkloadStatsSample.host (runner-layer counters).
 	IncludeHost bool `protobuf:"varint,2,opt,name=include_host,json=includeHost,proto3" json:"include_host,omitempty"`
-	// The caller knows KnownAbsent: absent values in its table come as
-	// WorkloadStatsSample.known_absent codes, not as AbsentValue entries.
+	// The caller knows KnownAbsent's values 1 to 11 (those of this file when
+	// the field was added): absent values in that table come as
+	// WorkloadStatsSample.known_absent codes, not as AbsentValue entries. A
+	// value added to KnownAbsent later is sent as a code only to a caller
+	// that says so in a field of its own; to this one as an AbsentValue.
 	KnownAbsent   bool `protobuf:"varint,3,opt,name=known_absent,json=knownAbsent,proto3" json:"known_absent,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
