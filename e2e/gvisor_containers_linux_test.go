@@ -19,7 +19,7 @@ import (
 // 0; the containers' sum plus it within 1% of the sample's cpu_usage_usec;
 // each container's CPU related to `runsc events --stats` for it: ours x
 // cgroup/(cgroup - own) within 2% (runsc splits the whole cgroup, own share
-// included), or within a sentry tick (10 ms) or 0.5% of the pod's CPU for
+// included), or within a sentry tick (10 ms) or 1% of the pod's CPU for
 // the idle one; the direct difference (the container's part of the
 // sandbox's own processes' CPU) logged. runsc before 20240325 gives a v2 host's CPU
 // in microseconds (testenv's Events converts).
@@ -89,8 +89,9 @@ func TestIntegrationGVisorContainersThroughStatsd(t *testing.T) {
 		const tickNs = 10_000_000 // the sentry's figures are multiples of 10 ms on runsc 20221219
 		// An idle container's few ticks split by increments and by
 		// cumulative proportions differ by up to about 0.5% of the pod's
-		// CPU (50 ms of 19 s under the VM lane's TCG).
-		if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > max(tickNs, 0.005*host*1000) {
+		// CPU under the VM lane's TCG (50 ms of 19 s; 71 ms of 13.7 s in
+		// internal/gvisor's test): the bound is 1%.
+		if rel > 0.02 && math.Abs(scaled*1000-float64(cli)) > max(tickNs, 0.01*host*1000) {
 			t.Errorf("%s: ours x cgroup/(cgroup-own) %.1f%% apart from runsc events, want <= 2%%", c.Name, 100*rel)
 		}
 	}
