@@ -40,31 +40,29 @@ func decodeRequest(b []byte) (id *sandboxstatsv1.WorkloadIdentity, ref *sandboxs
 
 func decodeIdentity(b []byte) (*sandboxstatsv1.WorkloadIdentity, bool) {
 	id := &sandboxstatsv1.WorkloadIdentity{}
+	ok := decodeStrings(b, &id.ActorUid, &id.ActorName, &id.ActorNamespace, &id.TemplateNamespace, &id.TemplateName, &id.WorkerPool)
+	return id, ok
+}
+
+func decodeContainer(b []byte) (*sandboxstatsv1.ContainerRef, bool) {
+	c := &sandboxstatsv1.ContainerRef{}
+	ok := decodeStrings(b, &c.Id, &c.Name)
+	return c, ok
+}
+
+// decodeStrings reads a message whose fields are strings numbered 1 to
+// len(dst), field i into *dst[i-1].
+func decodeStrings(b []byte, dst ...*string) bool {
 	var seen fields
 	for len(b) > 0 {
 		num, v, rest, ok := next(b, protowire.BytesType)
-		if !ok || !seen.first(num) || !utf8.Valid(v) {
-			return nil, false
+		if !ok || !seen.first(num) || int(num) > len(dst) || !utf8.Valid(v) {
+			return false
 		}
+		*dst[num-1] = string(v)
 		b = rest
-		switch num {
-		case 1:
-			id.ActorUid = string(v)
-		case 2:
-			id.ActorName = string(v)
-		case 3:
-			id.ActorNamespace = string(v)
-		case 4:
-			id.TemplateNamespace = string(v)
-		case 5:
-			id.TemplateName = string(v)
-		case 6:
-			id.WorkerPool = string(v)
-		default:
-			return nil, false
-		}
 	}
-	return id, true
+	return true
 }
 
 // The SandboxRef fields read as varints (int32 and the enum); the others
@@ -121,27 +119,6 @@ func decodeSandbox(b []byte) (*sandboxstatsv1.SandboxRef, bool) {
 		}
 	}
 	return ref, true
-}
-
-func decodeContainer(b []byte) (*sandboxstatsv1.ContainerRef, bool) {
-	c := &sandboxstatsv1.ContainerRef{}
-	var seen fields
-	for len(b) > 0 {
-		num, v, rest, ok := next(b, protowire.BytesType)
-		if !ok || !seen.first(num) || !utf8.Valid(v) {
-			return nil, false
-		}
-		b = rest
-		switch num {
-		case 1:
-			c.Id = string(v)
-		case 2:
-			c.Name = string(v)
-		default:
-			return nil, false
-		}
-	}
-	return c, true
 }
 
 // next reads the field at the start of b, which must have wire type typ
