@@ -52,7 +52,7 @@ func Release(procRoot string) (uint64, error) {
 	spans, err := parseSmaps(f, exe, make([]byte, lineBuf))
 	f.Close()
 	if err != nil {
-		return 0, fmt.Errorf("exepages: %s: %w", path, err)
+		return 0, fmt.Errorf("%s: %w", path, err) // err names the package
 	}
 	var n uint64
 	for _, s := range spans {
