@@ -111,6 +111,10 @@ func capSampleTo(s *sandboxstatsv1.WorkloadStatsSample, limit int, name string) 
 	if s == nil || proto.Size(s) <= limit {
 		return // within its cap: no cut (applyCuts would make none)
 	}
+	if s.EpochBaseline != nil {
+		// Shared with other answers (baselinecache.go): cut a copy.
+		s.EpochBaseline = proto.CloneOf(s.EpochBaseline)
+	}
 	p := cutParts{samples: []*sandboxstatsv1.WorkloadStatsSample{s}, host: &s.Host}
 	if fr := s.GetEpochBaseline().GetFirstRead(); fr != nil {
 		p.samples = append(p.samples, fr)

@@ -62,10 +62,11 @@ func identityToProto(id identity.Identity) *sandboxstatsv1.WorkloadIdentity {
 	}
 }
 
-// sampleFromReading attributes a reading to the binding it was read for.
-func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano int64) *sandboxstatsv1.WorkloadStatsSample {
+// sampleFromReading attributes a reading to the binding it was read for;
+// its epoch baseline is baselines' (shared: read-only).
+func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano int64, baselines *baselineCache) *sandboxstatsv1.WorkloadStatsSample {
 	s := readingToSample(b.Identity, b.Ref.Class, b.EpochUnixNano, r, observedAtUnixNano)
-	s.EpochBaseline = baselineToProto(b.Activation.Baseline(), b.Identity, b.Ref.Class, b.EpochUnixNano)
+	s.EpochBaseline = baselines.of(b.Activation.Baseline(), b.Identity, b.Ref.Class, b.EpochUnixNano)
 	if s.EpochBaseline == nil {
 		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: "epoch_baseline",
 			Reason: "not taken yet: the guest agent's counters survive a restore, and no read of this epoch has succeeded"})
