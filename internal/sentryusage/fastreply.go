@@ -218,21 +218,29 @@ func (d *fastDec) members(member func(key []byte) bool) bool {
 		if !member(key) {
 			return false
 		}
-		d.ws()
-		if d.i >= len(d.b) {
-			return false
-		}
-		switch d.b[d.i] {
-		case ',':
-			d.i++
-			d.ws()
-		case '}':
-			d.i++
-			return true
-		default:
-			return false
+		if done, ok := d.after('}'); done || !ok {
+			return ok
 		}
 	}
+}
+
+// after consumes what follows an object's member or an array's element: a
+// comma (more follow) or end, the closing bracket (done).
+func (d *fastDec) after(end byte) (done, ok bool) {
+	d.ws()
+	if d.i >= len(d.b) {
+		return false, false
+	}
+	switch d.b[d.i] {
+	case ',':
+		d.i++
+		d.ws()
+		return false, true
+	case end:
+		d.i++
+		return true, true
+	}
+	return false, false
 }
 
 // plain reads a string without escapes or control bytes and returns its
@@ -332,19 +340,8 @@ func (d *fastDec) skip(depth int) bool {
 			if !d.skip(depth + 1) {
 				return false
 			}
-			d.ws()
-			if d.i >= len(d.b) {
-				return false
-			}
-			switch d.b[d.i] {
-			case ',':
-				d.i++
-				d.ws()
-			case ']':
-				d.i++
-				return true
-			default:
-				return false
+			if done, ok := d.after(']'); done || !ok {
+				return ok
 			}
 		}
 	case c == '"':
