@@ -52,19 +52,45 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 	})
 }
 
+// Start is Do without the wait: the call for key starts (or is joined)
+// now, and wait, called once, returns its result as Do would have, bounded
+// by ctx capped by the Group's timeout from now. A caller does other work
+// between the two (the call runs meanwhile on a worker) without a
+// goroutine of its own to wait in.
+func Start[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) (wait func() (T, error)) {
+	ctx, cancel := g.bound(ctx)
+	c := g.join(key, func(*call) func() (any, error) {
+		return func() (any, error) { return fn() }
+	})
+	return func() (T, error) {
+		defer cancel()
+		return await[T](ctx, key, c)
+	}
+}
+
 // do is Do and DoBatch: start makes the function of a new call (given the
 // call, to keep what a caller at its deadline may ask about it).
 func do[T any](ctx context.Context, g *Group, key string, start func(*call) func() (any, error)) (T, error) {
+	ctx, cancel := g.bound(ctx)
+	defer cancel()
+	return await[T](ctx, key, g.join(key, start))
+}
+
+// bound caps ctx by the Group's timeout. A caller's deadline within it
+// already bounds the wait: no context (and timer) of its own then.
+func (g *Group) bound(ctx context.Context) (context.Context, context.CancelFunc) {
 	if g.timeout > 0 {
-		// A caller's deadline within the Group's timeout already bounds the
-		// wait: no context (and timer) of its own then.
 		if dl, ok := ctx.Deadline(); !ok || time.Until(dl) > g.timeout {
-			var cancel context.CancelFunc
-			ctx, cancel = context.WithTimeout(ctx, g.timeout)
-			defer cancel()
+			return context.WithTimeout(ctx, g.timeout)
 		}
 	}
+	return ctx, func() {}
+}
+
+// join returns the call in flight for key, or starts one made by start.
+func (g *Group) join(key string, start func(*call) func() (any, error)) *call {
 	g.mu.Lock()
+	defer g.mu.Unlock()
 	c, ok := g.calls[key]
 	if !ok {
 		c = &call{done: make(chan struct{})}
@@ -72,8 +98,11 @@ func do[T any](ctx context.Context, g *Group, key string, start func(*call) func
 		fn := start(c)
 		spawn(func() { g.run(key, c, fn) })
 	}
-	g.mu.Unlock()
+	return c
+}
 
+// await waits for c until ctx is done.
+func await[T any](ctx context.Context, key string, c *call) (T, error) {
 	var zero T
 	select {
 	case <-c.done:

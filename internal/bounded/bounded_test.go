@@ -110,3 +110,41 @@ func TestNilInterfaceResult(t *testing.T) {
 		t.Fatalf("Do = %v, %v", v, err)
 	}
 }
+
+// TestStart: the call runs while the caller does other work, a second
+// Start of the key joins it, and a hung call's wait ends at the bound
+// counted from Start, not from wait.
+func TestStart(t *testing.T) {
+	g := New(200 * time.Millisecond)
+	release := make(chan struct{})
+	calls := 0
+	fn := func() (int, error) {
+		calls++
+		<-release
+		return 7, nil
+	}
+	wait1 := Start(context.Background(), g, "k", fn)
+	wait2 := Start(context.Background(), g, "k", fn)
+	if n := g.InFlight(); n != 1 {
+		t.Fatalf("in flight %d, want 1 shared call", n)
+	}
+	close(release)
+	for i, wait := range []func() (int, error){wait1, wait2} {
+		if v, err := wait(); v != 7 || err != nil {
+			t.Errorf("wait %d = %d, %v, want 7", i+1, v, err)
+		}
+	}
+	if calls != 1 {
+		t.Errorf("%d calls, want 1", calls)
+	}
+
+	hang := make(chan struct{})
+	defer close(hang)
+	wait := Start(context.Background(), g, "hung", func() (int, error) { <-hang; return 0, nil })
+	time.Sleep(400 * time.Millisecond) // the caller's own work, past the bound
+	w0 := time.Now()
+	_, err := wait()
+	if took := time.Since(w0); !errors.Is(err, source.ErrTimeout) || took > 190*time.Millisecond {
+		t.Fatalf("hung call: %v after %v in wait, want ErrTimeout at once (the bound runs from Start)", err, took)
+	}
+}

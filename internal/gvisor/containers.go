@@ -85,10 +85,12 @@ func newBreakdown(roots []string, timeout, keepFor time.Duration, ref source.San
 	return b, nil
 }
 
-// read finds the containers and asks the sentry once, within the
-// breakdown's own bound (ctx's deadline when sooner). Concurrent samples
-// share one call.
-func (b *breakdown) read(ctx context.Context) (containerRead, error) {
+// start starts finding the containers and asking the sentry once, on a
+// worker; wait returns what they gave, within the breakdown's own bound
+// from now (ctx's deadline when sooner), and must be called once. The
+// sample reads the cgroup meanwhile, on its own goroutine: no goroutine
+// waits for the breakdown. Concurrent samples share one call.
+func (b *breakdown) start(ctx context.Context) (wait func() (containerRead, error)) {
 	// What a timeout names: the sandbox (once found) and how it is bound,
 	// as the sentry client's own errors name its socket.
 	b.mu.Lock()
@@ -100,7 +102,7 @@ func (b *breakdown) read(ctx context.Context) (containerRead, error) {
 	}
 	what := b.label
 	b.mu.Unlock()
-	return bounded.Do(ctx, b.g, what, func() (containerRead, error) {
+	return bounded.Start(ctx, b.g, what, func() (containerRead, error) {
 		b.mu.Lock()
 		known := b.sid
 		b.mu.Unlock()

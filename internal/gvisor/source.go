@@ -312,12 +312,9 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 	if s.ref.SentryPID != 0 {
 		wg.Go(func() { nr = s.readNetwork(ctx) })
 	}
-	var (
-		cr    containerRead
-		crErr error
-	)
+	var waitBreakdown func() (containerRead, error)
 	if s.bd != nil {
-		wg.Go(func() { cr, crErr = s.bd.read(ctx) })
+		waitBreakdown = s.bd.start(ctx)
 	}
 	var r source.Reading
 	var err error
@@ -325,6 +322,13 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 		r, err = s.readV2(ctx, loc)
 	} else {
 		r, err = s.readV1(ctx, loc)
+	}
+	var (
+		cr    containerRead
+		crErr error
+	)
+	if waitBreakdown != nil {
+		cr, crErr = waitBreakdown() // within its own bound, as the network read's
 	}
 	wg.Wait()
 	if err == nil {

@@ -279,7 +279,7 @@ func (c *Client) call(ctx context.Context, dl *time.Time, spent *time.Duration, 
 			conn.SetDeadline(time.Unix(1, 0))
 		}
 	}
-	rep, trailing, err := decodeReply(conn, c.maxReply)
+	rep, trailing, err := decodeReplyFast(conn, c.maxReply)
 	if err != nil {
 		var re *replyError
 		if errors.As(err, &re) {

@@ -19,18 +19,58 @@ const unixPathMax = 108
 // dialUnix connects to a Unix stream socket: a path, or an abstract name
 // written @name. A path too long for sun_path is opened O_PATH and
 // connected through /proc/self/fd/N, as runsc's own sandboxConnect does.
+//
+// It makes the socket itself (socket and connect, non-blocking: a full
+// backlog is EAGAIN at once, as net.Dial's) and hands it to Go's netpoller
+// as an *os.File: a read or write that must wait parks its goroutine, not a
+// thread, and the deadlines work as a net.Conn's. net.Dial's getsockname,
+// getpeername and address values are what it saves (two system calls and
+// about 2 µs of allocation a dial; a dial a read at a 10 s interval).
 func dialUnix(ctx context.Context, addr string) (net.Conn, error) {
-	var d net.Dialer
+	raddr := &net.UnixAddr{Name: addr, Net: "unix"}
+	fail := func(op string, err error) (net.Conn, error) {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: raddr, Err: os.NewSyscallError(op, err)}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, &net.OpError{Op: "dial", Net: "unix", Addr: raddr, Err: err}
+	}
+	name := addr
 	if !strings.HasPrefix(addr, "@") && len(addr) >= unixPathMax {
 		fd, err := unix.Open(addr, unix.O_PATH|unix.O_CLOEXEC, 0)
 		if err != nil {
 			return nil, &os.PathError{Op: "open", Path: addr, Err: err}
 		}
 		defer unix.Close(fd)
-		addr = "/proc/self/fd/" + strconv.Itoa(fd)
+		name = "/proc/self/fd/" + strconv.Itoa(fd)
 	}
-	return d.DialContext(ctx, "unix", addr)
+	fd, err := syscall.Socket(syscall.AF_UNIX, syscall.SOCK_STREAM|syscall.SOCK_NONBLOCK|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fail("socket", err)
+	}
+	for {
+		err = syscall.Connect(fd, &syscall.SockaddrUnix{Name: name})
+		if err != syscall.EINTR {
+			break
+		}
+	}
+	if err != nil && err != syscall.EISCONN { // EISCONN: an interrupted connect that completed
+		syscall.Close(fd)
+		return fail("connect", err)
+	}
+	f := os.NewFile(uintptr(fd), printable(addr)) // non-blocking: registered with the netpoller
+	return &fileConn{File: f, raddr: raddr}, nil
 }
+
+// fileConn is a connected socket as an *os.File (its Read, Write, Close,
+// deadlines and SyscallConn: those of Go's netpoller, and a finalizer that
+// closes a lost one), with net.Conn's addresses.
+type fileConn struct {
+	*os.File
+	raddr *net.UnixAddr
+}
+
+func (c *fileConn) LocalAddr() net.Addr  { return &net.UnixAddr{Net: "unix"} }
+func (c *fileConn) RemoteAddr() net.Addr { return c.raddr }
 
 // errUnasked: bytes from the sentry while no call was in flight.
 var errUnasked = errors.New("bytes sent unasked")

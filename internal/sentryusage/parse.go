@@ -23,26 +23,32 @@ type wireReply struct {
 // wireEventOut is runsc's boot.EventOut, only the fields that carry data;
 // pointers tell absent from zero.
 type wireEventOut struct {
-	Event *struct {
-		Type string `json:"type"`
-		ID   string `json:"id"`
-		Data struct {
-			CPU struct {
-				Usage struct {
-					Total *uint64 `json:"total"`
-				} `json:"usage"`
-			} `json:"cpu"`
-			Memory struct {
-				Usage struct {
-					Usage *uint64 `json:"usage"`
-				} `json:"usage"`
-			} `json:"memory"`
-			Pids struct {
-				Current *uint64 `json:"current"`
-			} `json:"pids"`
-		} `json:"data"`
-	} `json:"event"`
+	Event          *wireEvent        `json:"event"`
 	ContainerUsage map[string]uint64 `json:"containerUsage"`
+}
+
+// wireEvent is EventOut's event: runsc's Event of type "stats".
+type wireEvent struct {
+	Type string    `json:"type"`
+	ID   string    `json:"id"`
+	Data wireStats `json:"data"`
+}
+
+// wireStats is the event's data, the figures statsd reads.
+type wireStats struct {
+	CPU struct {
+		Usage struct {
+			Total *uint64 `json:"total"`
+		} `json:"usage"`
+	} `json:"cpu"`
+	Memory struct {
+		Usage struct {
+			Usage *uint64 `json:"usage"`
+		} `json:"usage"`
+	} `json:"memory"`
+	Pids struct {
+		Current *uint64 `json:"current"`
+	} `json:"pids"`
 }
 
 // replyError is what parseReply finds wrong: a sentinel, what, and the
