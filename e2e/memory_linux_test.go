@@ -27,19 +27,23 @@ const (
 	// collected: every byte it allocated since its start is resident. Its
 	// heap beyond the floor's, by a heap profile at idle (2026-12-07, after
 	// the cuts below): protobuf-go's descriptors of sandboxstats/v1, its
-	// files' init (about 110 KiB) and the whole stats.proto built in full
-	// with the message infos at the first RPC (about 150 KiB), the Kata
-	// agent's files' init (19 KiB), encoding/json's encoders of
-	// binding.json (25 KiB), the second gRPC server, the releaser's
-	// GCStats (11 KiB) and the state directory's sweep (an 8 KiB directory
-	// buffer). No longer paid at idle: procfs's regular expressions
-	// (0.15 MiB resident; statsd reads /proc through internal/process),
-	// the encoders of source.Reading (a baseline is encoded behind a
-	// MarshalJSON: 70 KiB), errdetails' descriptors (ErrorInfo written by
-	// hand), the read gate's refusal and runtime/metrics. A collection to
-	// free the garbage would cost more: the collector's first mark touches
-	// about 0.4 MiB of its own metadata, which is why --release-after
-	// waits for a collection the heap made itself. The bound catches a
+	// files' init (about 110 KiB), the Kata agent's files' init (19 KiB),
+	// encoding/json's encoders of binding.json (25 KiB), the second gRPC
+	// server, the releaser's GCStats (11 KiB) and the state directory's
+	// sweep (an 8 KiB directory buffer). No longer paid at idle: the whole
+	// stats.proto built in full with the message infos at the first RPC
+	// (the lifecycle socket's codec reads a bind and writes its epoch by
+	// hand, internal/lifecyclewire: about 0.2 MiB; the first poll builds
+	// them), the release of the binary's pages reading smaps into strings
+	// (internal/exepages reads it through one 4 KiB buffer: 0.27 MiB),
+	// procfs's regular expressions (0.15 MiB resident; statsd reads /proc
+	// through internal/process), the encoders of source.Reading (a
+	// baseline is encoded behind a MarshalJSON: 70 KiB), errdetails'
+	// descriptors (ErrorInfo written by hand), the read gate's refusal and
+	// runtime/metrics. A collection to free the garbage would cost more:
+	// the collector's first mark touches about 0.4 MiB of its own
+	// metadata, which is why --release-after waits for a collection the
+	// heap made itself. The bound catches a
 	// regression.
 	idleMemoryBound = 1.6
 	idleMemoryGoal  = 1.3

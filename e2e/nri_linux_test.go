@@ -81,7 +81,8 @@ func startNRIRigFor(t *testing.T, statsdArgsOf func(*testenv.Containerd) []strin
 	r := &nriRig{bin: testenv.BuildBinaries(t, "statsagent", "statsnri"), dir: fleetDir(t)}
 	// Before containerd: its cleanup runs after the harness's.
 	r.cgRoot = nriCgroupRoot(t)
-	r.c = testenv.StartContainerd(t, testenv.ContainerdOptions{Bins: bins})
+	// Its metrics: containerd's own timing of each NRI call to the bridge.
+	r.c = testenv.StartContainerd(t, testenv.ContainerdOptions{Bins: bins, Metrics: true})
 	// The bridge's placement key, which the test reads to place pods.
 	keyFile := filepath.Join(r.dir, "placement.key")
 	key, err := nribridge.LoadPlacementKey(keyFile)

@@ -29,6 +29,7 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/gvisor"
 	"github.com/sandboxstats/sandboxstats/internal/hoststat"
 	"github.com/sandboxstats/sandboxstats/internal/identity"
+	"github.com/sandboxstats/sandboxstats/internal/lifecyclewire"
 	"github.com/sandboxstats/sandboxstats/internal/microvm"
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	"github.com/sandboxstats/sandboxstats/internal/server"
@@ -117,7 +118,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	healthpb.RegisterHealthServer(statsSrv, healthSrv)
 	reflection.Register(statsSrv)
 
-	lifeSrv := grpc.NewServer(append(append(serverOptions(), rel.options()...), server.UnaryInterceptors(logger.With("component", "lifecycle")))...)
+	// The lifecycle codec reads a bind and writes its epoch without protobuf-go's
+	// descriptors of the whole API (internal/lifecyclewire).
+	lifeSrv := grpc.NewServer(append(append(serverOptions(), rel.options()...), server.UnaryInterceptors(logger.With("component", "lifecycle")), grpc.ForceServerCodecV2(lifecyclewire.Codec{}))...)
 	sandboxstatsv1.RegisterWorkloadLifecycleServiceServer(lifeSrv, server.NewLifecycleService(store, logger.With("component", "lifecycle")).WithDrift(checker))
 	healthpb.RegisterHealthServer(lifeSrv, healthSrv)
 	reflection.Register(lifeSrv)

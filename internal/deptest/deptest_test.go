@@ -24,6 +24,8 @@ var daemonPackages = []string{
 	"internal/process", "internal/source", "internal/nodeagent",
 	// sentryusage dials sentries' control servers: daemon side.
 	"internal/sentryusage",
+	// lifecyclewire: the codec of statsd's lifecycle socket.
+	"internal/lifecyclewire",
 }
 
 // statsctlAllowed are the only packages of this module statsctl may link

@@ -124,13 +124,24 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 	absent := func(field, why string) { r.Absent = append(r.Absent, source.Absent{Field: field, Reason: why}) }
 	ids := func(list []string) string { return strings.Join(list, ", ") }
 
+	// What every sample has, in one block.
+	b := new(struct {
+		mem        source.MemorySignals
+		memLimit   source.Limit
+		throttling source.CPUThrottling
+		counters   [3]uint64 // periods, throttled periods, throttled time
+		pids       source.Pids
+		pidsLimit  source.Limit
+	})
 	switch {
 	case s.limitUnlimited:
-		r.Memory = &source.MemorySignals{LimitBytes: &source.Limit{Unlimited: true}}
+		b.memLimit.Unlimited = true
+		b.mem.LimitBytes, r.Memory = &b.memLimit, &b.mem
 	case len(s.limitMissing) > 0:
 		absent("memory_signals.limit_bytes", fmt.Sprintf("container(s) %s: %s", ids(s.limitMissing), s.limitWhy))
 	default:
-		r.Memory = &source.MemorySignals{LimitBytes: &source.Limit{Value: s.limitSum}}
+		b.memLimit.Value = s.limitSum
+		b.mem.LimitBytes, r.Memory = &b.memLimit, &b.mem
 	}
 	absent("memory_signals.high_bytes", whyNoHigh)
 	absent("memory_signals.oom_kills", whyNoOOM)
@@ -145,9 +156,11 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 	case len(s.noThrottling) > 0:
 		absent("cpu_throttling", fmt.Sprintf("no throttling_data in the reply of container(s) %s (no cpu controller in the guest cgroup)", ids(s.noThrottling)))
 	default:
-		t := &source.CPUThrottling{Periods: u64p(s.periods), ThrottledPeriods: u64p(s.throttledPer)}
+		b.counters = [3]uint64{s.periods, s.throttledPer, s.throttledUsec}
+		t := &b.throttling
+		t.Periods, t.ThrottledPeriods = &b.counters[0], &b.counters[1]
 		if len(s.throttledMissing) == 0 {
-			t.ThrottledUsec = u64p(s.throttledUsec)
+			t.ThrottledUsec = &b.counters[2]
 		} else {
 			absent("cpu_throttling.throttled_usec", "container(s) "+ids(s.throttledMissing)+": "+s.throttledWhy)
 		}
@@ -161,10 +174,12 @@ func (s *signalSums) fill(r *source.Reading, addr, partial string) {
 	if len(s.noPids) > 0 {
 		absent("pids", fmt.Sprintf("no pids_stats in the reply of container(s) %s (no pids controller in the guest cgroup)", ids(s.noPids)))
 	} else {
-		r.Pids = &source.Pids{Current: s.pidsCurrent, Limit: &source.Limit{Value: s.pidsLimitSum}}
+		b.pidsLimit = source.Limit{Value: s.pidsLimitSum}
 		if s.pidsUnlimited {
-			r.Pids.Limit = &source.Limit{Unlimited: true}
+			b.pidsLimit = source.Limit{Unlimited: true}
 		}
+		b.pids = source.Pids{Current: s.pidsCurrent, Limit: &b.pidsLimit}
+		r.Pids = &b.pids
 	}
 
 	switch {
@@ -203,5 +218,3 @@ func (s *signalSums) limitDetail() string {
 		return fmt.Sprintf("; memory limit: %d bytes", s.limitSum)
 	}
 }
-
-func u64p(v uint64) *uint64 { return &v }

@@ -246,3 +246,5 @@ func TestAggregateSignalsSaturate(t *testing.T) {
 		t.Fatalf("sums %+v %+v %+v %+v; want saturated at 2^64-1", r.Memory.LimitBytes, r.Throttling, r.Pids, r.BlockIO)
 	}
 }
+
+func u64p(v uint64) *uint64 { return &v }

@@ -137,21 +137,24 @@ func convertContainer(id string, r *katagrpc.StatsContainerResponse, v agentVers
 // own is the container's figures on their own (Reading.Containers): the
 // guest cgroup is the container's, so memory is its own.
 func (s containerStats) own(id string) source.Container {
+	// The figures in one block: every sample has them.
+	v := &[6]uint64{s.MemoryBytes, s.WorkingSetBytes, s.CPUUsec, s.CPUUserUsec, s.CPUSystemUsec}
 	c := source.Container{
 		ID:                    id,
-		MemoryCurrentBytes:    u64p(s.MemoryBytes),
-		MemoryWorkingSetBytes: u64p(s.WorkingSetBytes),
+		MemoryCurrentBytes:    &v[0],
+		MemoryWorkingSetBytes: &v[1],
 		MemoryIsOwn:           true,
 	}
 	if s.CPUKnown {
-		c.CPUUsageUsec, c.CPUUserUsec, c.CPUSystemUsec = u64p(s.CPUUsec), u64p(s.CPUUserUsec), u64p(s.CPUSystemUsec)
+		c.CPUUsageUsec, c.CPUUserUsec, c.CPUSystemUsec = &v[2], &v[3], &v[4]
 	} else {
 		for _, f := range []string{"cpu_usage_usec", "cpu_user_usec", "cpu_system_usec"} {
 			c.Absent = append(c.Absent, source.Absent{Field: f, Reason: s.CPUUnknownBecause})
 		}
 	}
 	if p := s.Signals.Pids; p != nil {
-		c.PidsCurrent = u64p(p.Current)
+		v[5] = p.Current
+		c.PidsCurrent = &v[5]
 	} else {
 		c.Absent = append(c.Absent, source.Absent{Field: "pids_current", Reason: "no pids_stats in the reply (no pids controller in the guest cgroup)"})
 	}
@@ -182,12 +185,16 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 	r := source.Reading{Kind: source.KindGuestAgent}
 	var (
 		read                    int
-		guests                  []guestCgroup
+		guestsSeen              [3]guestCgroup // guestUnknown, guestV1, guestV2 at most
+		guests                  = guestsSeen[:0]
 		peakMissing, cpuMissing []string
 		cpuWhy                  string
 		fromMicros              bool
 		signals                 signalSums
+		// The sums of the peaks and of CPU, in one block.
+		sums = new([2]uint64)
 	)
+	r.Containers = make([]source.Container, 0, len(results))
 	for _, c := range results {
 		if c.Err != nil {
 			r.UnreadContainers = append(r.UnreadContainers, source.ContainerError{ID: c.ID, Reason: c.Why})
@@ -201,14 +208,14 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 		r.MemoryCurrentBytes = source.AddSat(r.MemoryCurrentBytes, s.MemoryBytes)
 		r.MemoryWorkingSetBytes = source.AddSat(r.MemoryWorkingSetBytes, s.WorkingSetBytes)
 		if s.PeakOffered {
-			p := source.AddSat(derefOr(r.MemoryPeakBytes), s.PeakBytes)
-			r.MemoryPeakBytes = &p
+			sums[0] = source.AddSat(sums[0], s.PeakBytes)
+			r.MemoryPeakBytes = &sums[0]
 		} else {
 			peakMissing = append(peakMissing, c.ID)
 		}
 		if s.CPUKnown {
-			c := source.AddSat(derefOr(r.CPUUsageUsec), s.CPUUsec)
-			r.CPUUsageUsec = &c
+			sums[1] = source.AddSat(sums[1], s.CPUUsec)
+			r.CPUUsageUsec = &sums[1]
 		} else {
 			cpuMissing = append(cpuMissing, c.ID)
 			cpuWhy = s.CPUUnknownBecause
@@ -245,14 +252,21 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 	}
 
 	var d strings.Builder
-	d.WriteString("guest agent " + addr + ", agent_version " + v.String() + "; guest cgroup ")
+	d.Grow(160 + len(addr) + len(v.String()))
+	d.WriteString("guest agent ")
+	d.WriteString(addr)
+	d.WriteString(", agent_version ")
+	d.WriteString(v.String())
+	d.WriteString("; guest cgroup ")
 	for i, g := range guests {
 		if i > 0 {
 			d.WriteByte('+')
 		}
 		d.WriteString(g.String())
 	}
-	d.WriteString("; " + strconv.Itoa(read) + " container(s) summed")
+	d.WriteString("; ")
+	d.WriteString(strconv.Itoa(read))
+	d.WriteString(" container(s) summed")
 	if fromMicros {
 		d.WriteString("; CPU corrected from us (agent < 3.9.0 on a cgroup v2 guest)")
 	}
@@ -263,13 +277,6 @@ func aggregate(addr string, v agentVersion, results []containerResult) (source.R
 	r.Detail = d.String()
 	signals.fill(&r, addr, partial)
 	return r, nil
-}
-
-func derefOr(p *uint64) uint64 {
-	if p == nil {
-		return 0
-	}
-	return *p
 }
 
 // allFailed is the error of a sweep in which no container could be read.

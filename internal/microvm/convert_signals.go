@@ -67,10 +67,15 @@ func convertSignals(r *katagrpc.StatsContainerResponse, g guestCgroup, v agentVe
 		s.Throttling = throttling(td, g, v)
 	}
 	if p := cg.GetPidsStats(); p != nil {
-		s.Pids = &source.Pids{Current: p.GetCurrent(), Limit: &source.Limit{Unlimited: true}}
+		b := &struct {
+			pids  source.Pids
+			limit source.Limit
+		}{pids: source.Pids{Current: p.GetCurrent()}, limit: source.Limit{Unlimited: true}}
 		if l := p.GetLimit(); l > 0 { // the agent encodes pids.max "max" as 0
-			s.Pids.Limit = &source.Limit{Value: l}
+			b.limit = source.Limit{Value: l}
 		}
+		b.pids.Limit = &b.limit
+		s.Pids = &b.pids
 	}
 	s.Network, s.NetworkWhy = interfaces(r.GetNetworkStats())
 	s.BlockIO = blockIO(cg.GetBlkioStats())
@@ -95,20 +100,32 @@ func memoryLimit(l uint64) (*source.Limit, string) {
 // throttling converts throttling_data; throttled_time is ns on the wire.
 func throttling(td *katagrpc.ThrottlingData, g guestCgroup, v agentVersion) *containerThrottling {
 	t := &containerThrottling{Periods: td.GetPeriods(), ThrottledPeriods: td.GetThrottledPeriods()}
-	const bug = "reads cpu.stat throttled_time, which a cgroup v2 guest lacks, so sends 0 (kata issue 13851; taken as fixed in 4.3.0)"
 	switch {
 	case g == guestV1, v.Known && !v.less(throttledTimeFixed):
 		// v1 cpu.stat throttled_time is ns on every agent; fixed agents
 		// turn v2's throttled_usec into ns.
 		t.ThrottledUsec, t.ThrottledKnown = td.GetThrottledTime()/1000, true
-	case g == guestV2 && v.Known:
-		t.ThrottledWhy = "agent " + v.String() + " " + bug
+	case g == guestV2 && v.noThrottledTime != "":
+		t.ThrottledWhy = v.noThrottledTime // made once per connection
 	case g == guestV2:
-		t.ThrottledWhy = "agent version " + v.String() + " is not a release number; an agent before the fix " + bug
+		t.ThrottledWhy = v.whyNoThrottledTime()
 	default:
-		t.ThrottledWhy = "the guest's cgroup version cannot be told from the reply; agent " + v.String() + ", unless fixed, " + bug
+		t.ThrottledWhy = "the guest's cgroup version cannot be told from the reply; agent " + v.String() + ", unless fixed, " + throttledTimeBug
 	}
 	return t
+}
+
+// throttledTimeBug is what an agent before throttledTimeFixed does on a
+// cgroup v2 guest.
+const throttledTimeBug = "reads cpu.stat throttled_time, which a cgroup v2 guest lacks, so sends 0 (kata issue 13851; taken as fixed in 4.3.0)"
+
+// whyNoThrottledTime is why a cgroup v2 guest's throttled time from agent
+// v (not known to be fixed) is not read.
+func (v agentVersion) whyNoThrottledTime() string {
+	if v.Known {
+		return "agent " + v.String() + " " + throttledTimeBug
+	}
+	return "agent version " + v.String() + " is not a release number; an agent before the fix " + throttledTimeBug
 }
 
 // interfaces turns network_stats into counters by name (cut and cleaned:

@@ -157,16 +157,16 @@ func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 		return source.Reading{}, err
 	}
 	ids := *s.ids.Load()
-	results := make([]containerResult, len(ids))
 	if len(ids) == 1 {
-		results[0] = s.readContainer(ctx, c, ids[0])
-	} else {
-		var wg sync.WaitGroup
-		for i, id := range ids {
-			wg.Go(func() { results[i] = s.readContainer(ctx, c, id) })
-		}
-		wg.Wait()
+		one := [1]containerResult{s.readContainer(ctx, c, ids[0])}
+		return aggregate(s.addrText, c.version, one[:])
 	}
+	results := make([]containerResult, len(ids))
+	var wg sync.WaitGroup
+	for i, id := range ids {
+		wg.Go(func() { results[i] = s.readContainer(ctx, c, id) })
+	}
+	wg.Wait()
 	return aggregate(s.addrText, c.version, results)
 }
 

@@ -14,6 +14,9 @@ type agentVersion struct {
 	// quoted is String's text, made once by parseAgentVersion (every
 	// sample names the version).
 	quoted string
+	// noThrottledTime is whyNoThrottledTime, made once by
+	// parseAgentVersion for a version not known to be fixed ("" if fixed).
+	noThrottledTime string
 }
 
 // cpuNanosFixed is the first agent release that reports a cgroup v2 guest's
@@ -26,6 +29,15 @@ var cpuNanosFixed = agentVersion{Known: true, Major: 3, Minor: 9, Patch: 0}
 // suffix such as "-rc0" or "+git") is ignored, so "3.9.0-rc0" counts as
 // 3.9.0. Text without a leading release number ("unknown", "") is not Known.
 func parseAgentVersion(raw, grpcVersion string) agentVersion {
+	v := parseRelease(raw, grpcVersion)
+	if !v.Known || v.less(throttledTimeFixed) {
+		v.noThrottledTime = v.whyNoThrottledTime()
+	}
+	return v
+}
+
+// parseRelease is parseAgentVersion but for noThrottledTime.
+func parseRelease(raw, grpcVersion string) agentVersion {
 	v := agentVersion{Raw: raw, GRPC: grpcVersion}
 	v.quoted = v.String()
 	s := strings.TrimPrefix(strings.TrimSpace(raw), "v")

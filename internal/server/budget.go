@@ -108,8 +108,12 @@ func capSample(s *sandboxstatsv1.WorkloadStatsSample) {
 // capSampleTo keeps s within limit bytes by sampleCuts, naming each cut (and
 // name, what the limit is) in s.Absent. nil is left alone.
 func capSampleTo(s *sandboxstatsv1.WorkloadStatsSample, limit int, name string) {
-	if s == nil {
-		return
+	if s == nil || proto.Size(s) <= limit {
+		return // within its cap: no cut (applyCuts would make none)
+	}
+	if s.EpochBaseline != nil {
+		// Shared with other answers (baselinecache.go): cut a copy.
+		s.EpochBaseline = proto.CloneOf(s.EpochBaseline)
 	}
 	p := cutParts{samples: []*sandboxstatsv1.WorkloadStatsSample{s}, host: &s.Host}
 	if fr := s.GetEpochBaseline().GetFirstRead(); fr != nil {

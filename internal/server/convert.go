@@ -62,10 +62,11 @@ func identityToProto(id identity.Identity) *sandboxstatsv1.WorkloadIdentity {
 	}
 }
 
-// sampleFromReading attributes a reading to the binding it was read for.
-func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano int64) *sandboxstatsv1.WorkloadStatsSample {
+// sampleFromReading attributes a reading to the binding it was read for;
+// its epoch baseline is baselines' (shared: read-only).
+func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano int64, baselines *baselineCache) *sandboxstatsv1.WorkloadStatsSample {
 	s := readingToSample(b.Identity, b.Ref.Class, b.EpochUnixNano, r, observedAtUnixNano)
-	s.EpochBaseline = baselineToProto(b.Activation.Baseline(), b.Identity, b.Ref.Class, b.EpochUnixNano)
+	s.EpochBaseline = baselines.of(b.Activation.Baseline(), b.Identity, b.Ref.Class, b.EpochUnixNano)
 	if s.EpochBaseline == nil {
 		s.Absent = append(s.Absent, &sandboxstatsv1.AbsentValue{Field: "epoch_baseline",
 			Reason: "not taken yet: the guest agent's counters survive a restore, and no read of this epoch has succeeded"})
@@ -75,7 +76,12 @@ func sampleFromReading(b *identity.Binding, r source.Reading, observedAtUnixNano
 
 // readingToSample attributes a reading to an identity and epoch.
 func readingToSample(id identity.Identity, class source.Class, epoch int64, r source.Reading, observedAtUnixNano int64) *sandboxstatsv1.WorkloadStatsSample {
-	s := &sandboxstatsv1.WorkloadStatsSample{
+	b := new(struct {
+		sample  sandboxstatsv1.WorkloadStatsSample
+		signals signalBlocks
+	})
+	s := &b.sample
+	*s = sandboxstatsv1.WorkloadStatsSample{
 		ActorUid:              id.ActorUID,
 		ActorName:             id.ActorName,
 		ActorNamespace:        id.ActorNamespace,
@@ -99,7 +105,7 @@ func readingToSample(id identity.Identity, class source.Class, epoch int64, r so
 	s.Absent = absentToProto(r.Absent, 1) // room for epoch_baseline's
 	s.SandboxOwnCpuUsec = r.SandboxOwnCPUUsec
 	s.Containers = containersToProto(r.Containers)
-	signalsToProto(s, r)
+	signalsToProto(s, r, &b.signals)
 	return s
 }
 
@@ -109,22 +115,16 @@ func containersToProto(cs []source.Container) []*sandboxstatsv1.ContainerStats {
 	if len(cs) == 0 {
 		return nil
 	}
-	out := make([]*sandboxstatsv1.ContainerStats, 0, len(cs))
-	for _, c := range cs {
-		m := &sandboxstatsv1.ContainerStats{
-			Id:                    c.ID,
-			Name:                  c.Name,
-			CpuUsageUsec:          c.CPUUsageUsec,
-			CpuUserUsec:           c.CPUUserUsec,
-			CpuSystemUsec:         c.CPUSystemUsec,
-			MemoryCurrentBytes:    c.MemoryCurrentBytes,
-			MemoryWorkingSetBytes: c.MemoryWorkingSetBytes,
-			MemoryIsOwn:           c.MemoryIsOwn,
-			PidsCurrent:           c.PidsCurrent,
-			Exited:                c.Exited,
-		}
+	vals := make([]sandboxstatsv1.ContainerStats, len(cs)) // the messages in one block
+	out := make([]*sandboxstatsv1.ContainerStats, len(cs))
+	for i, c := range cs {
+		m := &vals[i]
+		m.Id, m.Name = c.ID, c.Name
+		m.CpuUsageUsec, m.CpuUserUsec, m.CpuSystemUsec = c.CPUUsageUsec, c.CPUUserUsec, c.CPUSystemUsec
+		m.MemoryCurrentBytes, m.MemoryWorkingSetBytes, m.MemoryIsOwn = c.MemoryCurrentBytes, c.MemoryWorkingSetBytes, c.MemoryIsOwn
+		m.PidsCurrent, m.Exited = c.PidsCurrent, c.Exited
 		m.Absent = absentToProto(c.Absent, 0)
-		out = append(out, m)
+		out[i] = m
 	}
 	return out
 }

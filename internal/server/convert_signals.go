@@ -5,49 +5,63 @@ import (
 	sandboxstatsv1 "github.com/sandboxstats/sandboxstats/proto/sandboxstats/v1"
 )
 
-// signalsToProto fills the signals and traffic parts of s from r.
-func signalsToProto(s *sandboxstatsv1.WorkloadStatsSample, r source.Reading) {
-	s.MemorySignals = memoryToProto(r.Memory)
-	s.CpuThrottling = throttlingToProto(r.Throttling)
+// signalsToProto fills the signals and traffic parts of s from r; the
+// messages of its memory, throttling and pids signals are b's.
+func signalsToProto(s *sandboxstatsv1.WorkloadStatsSample, r source.Reading, b *signalBlocks) {
+	s.MemorySignals = b.memory.of(r.Memory)
+	s.CpuThrottling = b.throttling.of(r.Throttling)
 	s.Pressure = pressureToProto(r.Pressure)
-	s.Pids = pidsToProto(r.Pids)
+	s.Pids = b.pids.of(r.Pids)
 	s.Network = networkToProto(r.Network)
 	s.BlockIo = blockIOToProto(r.BlockIO)
 }
 
-func limitToProto(l *source.Limit) *sandboxstatsv1.Limit {
+// signalBlocks hold the messages of the signals most samples carry, made
+// with their sample in one allocation (readingToSample).
+type signalBlocks struct {
+	memory     memoryBlock
+	throttling throttlingBlock
+	pids       pidsBlock
+}
+
+// limitInto sets *dst to l and returns dst (nil for nil).
+func limitInto(dst *sandboxstatsv1.Limit, l *source.Limit) *sandboxstatsv1.Limit {
 	if l == nil {
 		return nil
 	}
-	return &sandboxstatsv1.Limit{Unlimited: l.Unlimited, Value: l.Value}
+	dst.Unlimited, dst.Value = l.Unlimited, l.Value
+	return dst
 }
 
-func memoryToProto(m *source.MemorySignals) *sandboxstatsv1.MemorySignals {
+type memoryBlock struct {
+	m           sandboxstatsv1.MemorySignals
+	limit, high sandboxstatsv1.Limit
+}
+
+// of is m as b's message (nil for nil).
+func (b *memoryBlock) of(m *source.MemorySignals) *sandboxstatsv1.MemorySignals {
 	if m == nil {
 		return nil
 	}
-	return &sandboxstatsv1.MemorySignals{
-		LimitBytes:    limitToProto(m.LimitBytes),
-		HighBytes:     limitToProto(m.HighBytes),
-		OomKills:      m.OOMKills,
-		OomGroupKills: m.OOMGroupKills,
-		OomEvents:     m.OOMEvents,
-		MaxEvents:     m.MaxEvents,
-		UnderOom:      m.UnderOOM,
-	}
+	b.m.LimitBytes = limitInto(&b.limit, m.LimitBytes)
+	b.m.HighBytes = limitInto(&b.high, m.HighBytes)
+	b.m.OomKills, b.m.OomGroupKills, b.m.OomEvents, b.m.MaxEvents, b.m.UnderOom = m.OOMKills, m.OOMGroupKills, m.OOMEvents, m.MaxEvents, m.UnderOOM
+	return &b.m
 }
 
-func throttlingToProto(t *source.CPUThrottling) *sandboxstatsv1.CpuThrottling {
+type throttlingBlock struct {
+	t     sandboxstatsv1.CpuThrottling
+	quota sandboxstatsv1.Limit
+}
+
+// of is t as b's message (nil for nil).
+func (b *throttlingBlock) of(t *source.CPUThrottling) *sandboxstatsv1.CpuThrottling {
 	if t == nil {
 		return nil
 	}
-	return &sandboxstatsv1.CpuThrottling{
-		Periods:          t.Periods,
-		ThrottledPeriods: t.ThrottledPeriods,
-		ThrottledUsec:    t.ThrottledUsec,
-		QuotaUsec:        limitToProto(t.QuotaUsec),
-		PeriodUsec:       t.PeriodUsec,
-	}
+	b.t.Periods, b.t.ThrottledPeriods, b.t.ThrottledUsec, b.t.PeriodUsec = t.Periods, t.ThrottledPeriods, t.ThrottledUsec, t.PeriodUsec
+	b.t.QuotaUsec = limitInto(&b.quota, t.QuotaUsec)
+	return &b.t
 }
 
 func stallToProto(p *source.PressureStall) *sandboxstatsv1.PressureStall {
@@ -64,11 +78,18 @@ func pressureToProto(p *source.Pressure) *sandboxstatsv1.Pressure {
 	return &sandboxstatsv1.Pressure{Cpu: stallToProto(p.CPU), Memory: stallToProto(p.Memory), Io: stallToProto(p.IO)}
 }
 
-func pidsToProto(p *source.Pids) *sandboxstatsv1.Pids {
+type pidsBlock struct {
+	p     sandboxstatsv1.Pids
+	limit sandboxstatsv1.Limit
+}
+
+// of is p as b's message (nil for nil).
+func (b *pidsBlock) of(p *source.Pids) *sandboxstatsv1.Pids {
 	if p == nil {
 		return nil
 	}
-	return &sandboxstatsv1.Pids{Current: p.Current, Limit: limitToProto(p.Limit)}
+	b.p.Current, b.p.Limit = p.Current, limitInto(&b.limit, p.Limit)
+	return &b.p
 }
 
 func ifaceToProto(c source.InterfaceCounters) *sandboxstatsv1.InterfaceCounters {

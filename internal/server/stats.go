@@ -27,6 +27,8 @@ type StatsService struct {
 	drift  *drift.Checker // nil: the check is off
 	gate   *readGate      // the reads served at once (reads.go)
 	share  activeShare    // the discovery answer being read, shared
+	// baselines holds the answers' epoch baselines (baselinecache.go).
+	baselines baselineCache
 	// afterRead, when set, runs between the read and the identity re-check
 	// (tests use it to change the binding under a read).
 	afterRead func()
@@ -102,7 +104,7 @@ func (s *StatsService) sample(ctx context.Context, b *identity.Binding, includeH
 	if knownAbsent {
 		known, reading.Absent = splitKnownAbsent(reading.Absent)
 	}
-	sample := sampleFromReading(b, reading, observed)
+	sample := sampleFromReading(b, reading, observed, &s.baselines)
 	sample.KnownAbsent = known
 	sample.Host = host
 	sample.OpenDriftFindings = s.openFindings(b.Identity.ActorUID)

@@ -34,6 +34,9 @@ type ContainerdOptions struct {
 	// plugin_registration_timeout and plugin_request_timeout; zero keeps
 	// containerd's defaults (5 s and 2 s).
 	NRIRegistrationTimeout, NRIRequestTimeout time.Duration
+	// Metrics serves containerd's Prometheus metrics (its [metrics]
+	// address) on a free loopback port: MetricsURL.
+	Metrics bool
 }
 
 // Containerd is a real containerd (BuildContainerd's) with NRI and the CRI
@@ -67,6 +70,7 @@ type Containerd struct {
 	crictlConfig string
 	wrapperLog   string // the runsc wrapper's log of its invocations
 	logLevel     string
+	metrics      string // the [metrics] address, host:port; "" none
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -126,6 +130,9 @@ func StartContainerd(t testing.TB, opts ContainerdOptions) *Containerd {
 	if c.logLevel == "" {
 		c.logLevel = "info"
 	}
+	if opts.Metrics {
+		c.metrics = fmt.Sprintf("127.0.0.1:%d", freePort(t))
+	}
 	t.Cleanup(func() { c.cleanup(t) })
 	for _, d := range []string{c.Root, c.State, filepath.Join(dir, "pods"), filepath.Dir(c.nriSocket)} {
 		if err := os.MkdirAll(d, 0o700); err != nil {
@@ -169,6 +176,10 @@ func (c *Containerd) config(opts ContainerdOptions, wrapper string) string {
 		reqTimeout = opts.NRIRequestTimeout.String()
 	}
 	p := func(name string) string { return q(filepath.Join(c.Dir, name)) }
+	metrics := ""
+	if c.metrics != "" {
+		metrics = fmt.Sprintf("\n[metrics]\n  address = %s\n", q(c.metrics))
+	}
 	runtime := func(name, binary, root string) string {
 		return fmt.Sprintf(`
 [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.%s]
@@ -193,7 +204,7 @@ state = %s
 
 [debug]
   level = %q
-
+%s
 [plugins."io.containerd.internal.v1.opt"]
   path = %s
 
@@ -232,7 +243,7 @@ state = %s
   [plugins."io.containerd.cri.v1.runtime".containerd]
     default_runtime_name = "runc"
 %s%s`,
-		q(c.Root), q(c.State), q(c.address), q(c.address+".ttrpc"), c.logLevel,
+		q(c.Root), q(c.State), q(c.address), q(c.address+".ttrpc"), c.logLevel, metrics,
 		p("opt"), p("image-verifier"), p("s"),
 		q(c.nriSocket), p("nri/plugins"), p("nri/conf.d"), regTimeout, reqTimeout,
 		q(c.PauseImage), p("cni/bin"), p("cni/net.d"),
@@ -249,6 +260,15 @@ func (c *Containerd) CRIEndpoint() string { return "unix://" + c.address }
 
 // Address is the path of containerd's gRPC socket (ctr --address).
 func (c *Containerd) Address() string { return c.address }
+
+// MetricsURL is the URL of containerd's Prometheus metrics
+// (ContainerdOptions.Metrics), "" when not served.
+func (c *Containerd) MetricsURL() string {
+	if c.metrics == "" {
+		return ""
+	}
+	return "http://" + c.metrics + "/v1/metrics"
+}
 
 // PID is containerd's pid, or 0 when it is stopped.
 func (c *Containerd) PID() int {

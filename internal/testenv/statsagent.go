@@ -65,22 +65,29 @@ func StartStatsagentProcess(t testing.TB, binDir, dir string, args ...string) (s
 // sorted); a histogram gives "name_sum{...}" and "name_count{...}".
 func Scrape(t testing.TB, base string) map[string]float64 {
 	t.Helper()
-	resp, err := http.Get(base + "/metrics")
+	return ScrapeURL(t, base+"/metrics", "sandboxstats_")
+}
+
+// ScrapeURL is Scrape of the metrics at url, the series whose name starts
+// with prefix.
+func ScrapeURL(t testing.TB, url, prefix string) map[string]float64 {
+	t.Helper()
+	resp, err := http.Get(url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("GET /metrics: %s", resp.Status)
+		t.Fatalf("GET %s: %s", url, resp.Status)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := p.TextToMetricFamilies(resp.Body)
 	if err != nil {
-		t.Fatalf("parse /metrics: %v", err)
+		t.Fatalf("parse %s: %v", url, err)
 	}
 	out := make(map[string]float64)
 	for name, f := range fams {
-		if !strings.HasPrefix(name, "sandboxstats_") {
+		if !strings.HasPrefix(name, prefix) {
 			continue
 		}
 		for _, m := range f.GetMetric() {
