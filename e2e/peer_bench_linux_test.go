@@ -1,9 +1,12 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"net/http"
 	"os"
 	"os/exec"
@@ -60,6 +63,9 @@ type peerResult struct {
 	// Anonymous memory (smaps_rollup) of each side: the rest of Pss is
 	// file pages, the binaries' shared among the shards.
 	statsdAnon, agentAnon, nriAnon, cadvisorAnon uint64
+	// ticks is each side's CPU in the window by /proc/<pid>/stat's 10 ms
+	// ticks, printed beside the ns figures.
+	ticks map[string]time.Duration
 }
 
 func (r peerResult) ourCPU() time.Duration { return r.statsdCPU + r.agentCPU + r.nriCPU }
@@ -125,6 +131,8 @@ func peerResults(b *testing.B) []peerResult {
 			s.n, s.shards, s.interval, s.window(), r.statsdCPU, r.agentCPU, r.nriCPU, r.ourCPU(), r.cadvisorCP, perSample,
 			toMiB(r.statsdPss), toMiB(r.statsdAnon), toMiB(r.agentPss), toMiB(r.agentAnon), toMiB(r.nriPss), toMiB(r.nriAnon),
 			toMiB(r.ourPss()), toMiB(r.cadvisorPs), toMiB(r.cadvisorAnon))
+		fmt.Printf("peer: n=%d: by /proc/<pid>/stat ticks: statsd %v, statsagent %v, statsnri %v, cAdvisor %v\n",
+			s.n, r.ticks["statsd"], r.ticks["agent"], r.ticks["nri"], r.ticks["cadvisor"])
 	}
 	peerRun.res = res
 	return res
@@ -159,7 +167,7 @@ func reportPeer(b *testing.B, name string, value, goal float64, extra map[string
 // adaptation, in the benchmark process, synchronizing the pods once and
 // then idle), one statsagent with --label-actor sweeping every 2 s, both
 // exporters scraped by the benchmark every 2 s. Each process's CPU over a
-// 40 s window (/proc/<pid>/stat), its Pss at the window's end
+// 40 s window (its threads' /proc/<pid>/task/<tid>/schedstat, in ns), its Pss at the window's end
 // (/proc/<pid>/smaps_rollup). Then the shipped NRI layout itself (8
 // shards, statsagent sweeping and scraped every 60 s as the deploy files
 // set it) at 110 and 256 pods, for its memory 15 s after its first sweep
@@ -168,7 +176,7 @@ func reportPeer(b *testing.B, name string, value, goal float64, extra map[string
 // unit in the benchmark's doc.
 //
 // With SANDBOXSTATS_PEER_PERF set to a directory, the 110-workload window
-// beside cAdvisor also runs `perf record -e cpu-clock -g -F 4000` (this
+// (or SANDBOXSTATS_PEER_PERF_N's) beside cAdvisor also runs `perf record -e cpu-clock -g -F 4000` (this
 // host's VM offers no cycles event) on each side's processes (the statsd
 // shards together, statsagent, statsnri, cAdvisor) for the window, into
 // <dir>/<side>.data (the CPU figures of that run then include perf's
@@ -356,7 +364,7 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 		pids["cadvisor"] = []int{cad.Process.Pid}
 	}
 	var perf []*exec.Cmd
-	if out := os.Getenv("SANDBOXSTATS_PEER_PERF"); out != "" && s.n == 110 && s.cadvisor {
+	if out := os.Getenv("SANDBOXSTATS_PEER_PERF"); out != "" && strconv.Itoa(s.n) == cmp.Or(os.Getenv("SANDBOXSTATS_PEER_PERF_N"), "110") && s.cadvisor {
 		for role, ps := range pids {
 			var list []string
 			for _, p := range ps {
@@ -371,13 +379,18 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 			perf = append(perf, c)
 		}
 	}
-	cpu0 := map[string]time.Duration{}
+	cpu0, ticks0 := map[string]time.Duration{}, map[string]time.Duration{}
 	for role, ps := range pids {
-		cpu0[role] = procCPU(b, ps)
+		cpu0[role], ticks0[role] = procCPU(b, ps)
 	}
 	time.Sleep(s.window())
 	r := peerResult{samples: float64(s.n) * float64(s.window()/s.interval)}
-	cpu := func(role string) time.Duration { return procCPU(b, pids[role]) - cpu0[role] }
+	r.ticks = map[string]time.Duration{}
+	cpu := func(role string) time.Duration {
+		ns, ticks := procCPU(b, pids[role])
+		r.ticks[role] = ticks - ticks0[role]
+		return ns - cpu0[role]
+	}
 	pss := func(role string) (pss, anon uint64) {
 		for _, p := range pids[role] {
 			v, a := smapsRollup(b, p)
@@ -403,12 +416,37 @@ func runPeer(b *testing.B, bin, peer string, s peerSetup) peerResult {
 	return r
 }
 
-// procCPU is the user and system CPU of the processes pids so far, from
-// /proc/<pid>/stat (clock ticks of 1/100 s).
-func procCPU(t testing.TB, pids []int) time.Duration {
+// procCPU is the CPU the processes pids ran so far, in ns: the first field
+// of /proc/<pid>/task/<tid>/schedstat (the scheduler's sum_exec_runtime)
+// summed over every thread. /proc/<pid>/stat's user and system time are
+// clock ticks of 10 ms, a tick's truncation at each end of a window a
+// process: about 3% of a 32-workload window's statsd or statsagent CPU
+// (a few hundred ms). A thread that exits in the window takes its time
+// with it (a Go runtime keeps its threads); ticks, that stat's figure,
+// is printed beside it.
+func procCPU(t testing.TB, pids []int) (ns, ticks time.Duration) {
 	t.Helper()
-	var ticks uint64
 	for _, p := range pids {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", p))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, task := range tasks {
+			path := fmt.Sprintf("/proc/%d/task/%s/schedstat", p, task.Name())
+			b, err := os.ReadFile(path)
+			if errors.Is(err, fs.ErrNotExist) {
+				continue // the thread exited since the listing
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := strings.Fields(string(b))
+			v, err := strconv.ParseUint(f[0], 10, 64)
+			if err != nil {
+				t.Fatalf("%s: %q: %v", path, b, err)
+			}
+			ns += time.Duration(v)
+		}
 		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p))
 		if err != nil {
 			t.Fatal(err)
@@ -421,9 +459,9 @@ func procCPU(t testing.TB, pids []int) time.Duration {
 		if err1 != nil || err2 != nil {
 			t.Fatalf("/proc/%d/stat: %q", p, s)
 		}
-		ticks += u + st
+		ticks += time.Duration(u+st) * 10 * time.Millisecond
 	}
-	return time.Duration(ticks) * 10 * time.Millisecond
+	return ns, ticks
 }
 
 // scrapeEvery GETs url every interval until ctx ends, reading each answer

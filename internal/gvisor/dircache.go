@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"syscall"
+	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -60,6 +61,14 @@ func (s *cgroupSource) acquireDir(root *os.Root, dir string) (*dirHandle, error)
 		testHook("open")
 	}
 	if err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			s.mu.Lock()
+			if s.missing == nil {
+				s.missing = map[dirID]time.Time{}
+			}
+			s.missing[id] = time.Now()
+			s.mu.Unlock()
+		}
 		return nil, err
 	}
 	kept := newKeptFiles(f)
@@ -69,6 +78,7 @@ func (s *cgroupSource) acquireDir(root *os.Root, dir string) (*dirHandle, error)
 		f.Close()
 		return nil, errClosed
 	}
+	delete(s.missing, id)
 	h := s.dirs[id]
 	if h != nil { // another read opened it meanwhile
 		f.Close()
@@ -78,6 +88,27 @@ func (s *cgroupSource) acquireDir(root *os.Root, dir string) (*dirHandle, error)
 	}
 	h.users++
 	return h, nil
+}
+
+// missingRecheck is how long a cgroup directory found missing is taken as
+// missing by the optional (signal) reads before they open it again: a
+// sandbox in no cgroup of a hierarchy (the unified one of a pod on a hybrid
+// host, whose v1 cgroups the launcher made alone) is not opened, and its
+// absence built, at every sample. A directory made meanwhile is read from
+// the first sample after the interval; a required file's read always
+// opens.
+const missingRecheck = 10 * time.Second
+
+// errMissingCached is a directory's open error while it is known missing.
+var errMissingCached = fmt.Errorf("cgroup directory missing (looked up again every %v): %w", missingRecheck, fs.ErrNotExist)
+
+// knownMissing says whether dir of root was found missing less than
+// missingRecheck ago.
+func (s *cgroupSource) knownMissing(root *os.Root, dir string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	at, ok := s.missing[dirID{root, dir}]
+	return ok && time.Since(at) < missingRecheck
 }
 
 // releaseDir ends one use of h; a dropped handle is closed by its last user.
@@ -133,6 +164,11 @@ func (s *cgroupSource) dropDirsOutsideLocked(loc *location) {
 		if !slices.Contains(keep, id.dir) {
 			delete(s.dirs, id)
 			s.dropLocked(h)
+		}
+	}
+	for id := range s.missing {
+		if !slices.Contains(keep, id.dir) {
+			delete(s.missing, id)
 		}
 	}
 }

@@ -170,3 +170,77 @@ func TestRecreatedCgroupDoesNotPinHandles(t *testing.T) {
 		t.Errorf("open fds: %d before, %d after %d recreations of the cgroup; want no growth", before, after, n)
 	}
 }
+
+// TestMissingUnifiedCgroupLookedUpAgain: a sandbox bound by path on a
+// hybrid host whose unified hierarchy lacks its cgroup (the launcher made
+// the v1 ones alone) has its pressure absent; the missing directory is not
+// opened again at the next sample, and once it is made its pressure is
+// read from the first sample after missingRecheck.
+func TestMissingUnifiedCgroupLookedUpAgain(t *testing.T) {
+	cg := copyTree(t, "testdata/cgroup/hybrid-signals")
+	unified := filepath.Join(cg, "unified", "statstest")
+	if err := os.Rename(unified, unified+".away"); err != nil {
+		t.Fatal(err)
+	}
+	src, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/statstest/pause"},
+		Config{CgroupRoot: cg, Mode: ModeHybrid, ReadTimeout: 10 * time.Second, Logger: discard()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer src.Close()
+	s := src.(*cgroupSource)
+	var mu sync.Mutex
+	opens := 0
+	testHook = func(string) { mu.Lock(); opens++; mu.Unlock() }
+	t.Cleanup(func() { testHook = nil })
+	sample := func() (source.Reading, int) {
+		t.Helper()
+		mu.Lock()
+		opens = 0
+		mu.Unlock()
+		r, err := s.Sample(context.Background())
+		if err != nil {
+			t.Fatal(err)
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		return r, opens
+	}
+	pressureWhy := func(r source.Reading) string {
+		for _, a := range r.Absent {
+			if a.Field == "pressure" {
+				return a.Reason
+			}
+		}
+		return ""
+	}
+	wantWhy := "no cgroup " + filepath.Join(cg, "unified", "statstest/pause")
+	r, n := sample()
+	if r.Pressure != nil || pressureWhy(r) != wantWhy || n == 0 {
+		t.Fatalf("first sample: pressure %v, absent %q, %d opens; want absent %q after opening the directories", r.Pressure, pressureWhy(r), n, wantWhy)
+	}
+	r, n = sample()
+	if r.Pressure != nil || pressureWhy(r) != wantWhy || n != 0 {
+		t.Fatalf("second sample: pressure %v, absent %q, %d opens; want the same absence and no open", r.Pressure, pressureWhy(r), n)
+	}
+	if err := os.Rename(unified+".away", unified); err != nil {
+		t.Fatal(err)
+	}
+	if r, _ = sample(); r.Pressure != nil {
+		t.Fatalf("within %v of the look: pressure %v, want still absent", missingRecheck, r.Pressure)
+	}
+	s.mu.Lock()
+	for id := range s.missing {
+		s.missing[id] = time.Now().Add(-missingRecheck)
+	}
+	s.mu.Unlock()
+	if r, n = sample(); r.Pressure == nil || n != 1 || pressureWhy(r) != "" {
+		t.Fatalf("after %v: pressure %v (absent %q), %d opens; want it read, the directory opened once", missingRecheck, r.Pressure, pressureWhy(r), n)
+	}
+	s.mu.Lock()
+	left := len(s.missing)
+	s.mu.Unlock()
+	if left != 0 {
+		t.Fatalf("%d directories still known missing, want none", left)
+	}
+}

@@ -106,22 +106,34 @@ type batchDirs struct {
 }
 
 type heldDir struct {
-	id   dirID
-	h    *dirHandle // nil: missing, with err
-	err  error
-	gone bool // dirState said the directory is not there
+	id  dirID
+	h   *dirHandle // nil: missing, with err
+	err error
+	// known: err is the directory known missing (knownMissing), not
+	// looked up by this batch; a required read looks it up.
+	known bool
+	gone  bool // dirState said the directory is not there
 	// checked: dirState already ran for this directory in this batch.
 	checked bool
 }
 
 // get returns the held entry of root's dir, acquiring the directory the
-// first time the batch needs it.
-func (d *batchDirs) get(s *cgroupSource, root *os.Root, dir string) *heldDir {
+// first time the batch needs it. For an optional read a directory found
+// missing a moment ago (knownMissing) is missing without a look.
+func (d *batchDirs) get(s *cgroupSource, root *os.Root, dir string, optional bool) *heldDir {
 	id := dirID{root, dir}
 	for i := range d.held {
-		if d.held[i].id == id {
-			return &d.held[i]
+		if e := &d.held[i]; e.id == id {
+			if e.known && !optional {
+				e.h, e.err = s.acquireDir(root, dir)
+				e.known, e.gone, e.checked = false, false, false
+			}
+			return e
 		}
+	}
+	if optional && s.knownMissing(root, dir) {
+		d.held = append(d.held, heldDir{id: id, err: errMissingCached, known: true})
+		return &d.held[len(d.held)-1]
 	}
 	h, err := s.acquireDir(root, dir)
 	d.held = append(d.held, heldDir{id: id, h: h, err: err})
@@ -156,7 +168,7 @@ func (s *cgroupSource) readReq(b *bounded.Batch, dirs *batchDirs, r *fileReq) ([
 		return fmt.Errorf("gvisor: %w: %s: %w", source.ErrNotMeasurable, display(r.root, r.dir), errCgroupGone)
 	}
 	for attempt := 0; ; attempt++ {
-		e := dirs.get(s, r.root, r.dir)
+		e := dirs.get(s, r.root, r.dir, r.optional)
 		if e.gone {
 			return nil, gone()
 		}

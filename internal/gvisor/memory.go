@@ -22,7 +22,7 @@ func workingSet(usage, inactive uint64, ok bool) uint64 {
 // readMemory fills current (required), peak (absent with peakMissing when the
 // file is not there) and the working set (current minus the inactiveKey of
 // memory.stat, floored at 0) from files already read.
-func readMemory(r *source.Reading, cur, peak, stat *fileReq, inactiveKey, peakMissing string) error {
+func readMemory(r *source.Reading, cur, peak, stat *fileReq, inactiveKey string, peakMissing func() string) error {
 	var err error
 	if r.MemoryCurrentBytes, err = reqUint(cur); err != nil {
 		return err
@@ -34,7 +34,7 @@ func readMemory(r *source.Reading, cur, peak, stat *fileReq, inactiveKey, peakMi
 	if ok {
 		r.MemoryPeakBytes = &p
 	} else {
-		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes", Reason: peakMissing})
+		r.Absent = append(r.Absent, source.Absent{Field: "memory_peak_bytes", Reason: peakMissing()})
 	}
 	inactive, ok, err := optKeyed(stat, inactiveKey)
 	if err != nil {

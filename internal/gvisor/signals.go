@@ -50,11 +50,15 @@ func set[T any](p *part, dst **T, v T, ok bool, field, why string) {
 }
 
 // keyed takes key of a parsed flat keyed file into *dst, or records field
-// absent: why when the file was not read, missingKey when it lacks the key.
-func keyed(p *part, dst **uint64, m map[string]uint64, ok bool, key, field, why, missingKey string) {
+// absent: why when the file was not read, missingKey(key) when it lacks the
+// key (made only then: a sample's paths are joined only for a reason).
+func keyed(p *part, dst **uint64, m map[string]uint64, ok bool, key, field, why string, missingKey func(key string) string) {
 	if ok {
-		v, has := m[key]
-		set(p, dst, v, has, field, missingKey)
+		if v, has := m[key]; has {
+			set(p, dst, v, true, field, "")
+		} else {
+			p.absent(field, missingKey(key))
+		}
 		return
 	}
 	p.absent(field, why)

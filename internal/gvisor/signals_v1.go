@@ -88,7 +88,7 @@ func fillMemoryV1(r *source.Reading, limitF, oomF *fileReq, pageSize uint64) err
 	if err != nil {
 		return err
 	}
-	keyed(&p, &m.OOMKills, oc, ok, "oom_kill", "oom_kills", why, oomF.path()+" has no oom_kill (Linux < 4.13)")
+	keyed(&p, &m.OOMKills, oc, ok, "oom_kill", "oom_kills", why, func(key string) string { return oomF.path() + " has no " + key + " (Linux < 4.13)" })
 	for _, f := range []string{"oom_group_kills", "oom_events", "max_events"} {
 		p.absent(f, "cgroup v1 has no memory.events")
 	}
@@ -97,7 +97,11 @@ func fillMemoryV1(r *source.Reading, limitF, oomF *fileReq, pageSize uint64) err
 		if has && u > 1 {
 			return oomF.malformed(fmt.Errorf("under_oom %d: want 0 or 1", u))
 		}
-		set(&p, &m.UnderOOM, u == 1, has, "under_oom", oomF.path()+" has no under_oom")
+		if has {
+			set(&p, &m.UnderOOM, u == 1, true, "under_oom", "")
+		} else {
+			p.absent("under_oom", oomF.path()+" has no under_oom")
+		}
 	} else {
 		p.absent("under_oom", why)
 	}
@@ -120,13 +124,13 @@ func fillThrottlingV1(r *source.Reading, statF, quotaF, periodF *fileReq, whyNil
 		}
 		return statF.path() + " has no " + key
 	}
-	keyed(&p, &t.Periods, st, ok, "nr_periods", "periods", why, has("nr_periods"))
-	keyed(&p, &t.ThrottledPeriods, st, ok, "nr_throttled", "throttled_periods", why, has("nr_throttled"))
+	keyed(&p, &t.Periods, st, ok, "nr_periods", "periods", why, has)
+	keyed(&p, &t.ThrottledPeriods, st, ok, "nr_throttled", "throttled_periods", why, has)
 	if ns, hasNs := st["throttled_time"]; ok && hasNs {
 		usec := ns / nsPerUsec
 		t.ThrottledUsec, p.present = &usec, true
 	} else {
-		keyed(&p, &t.ThrottledUsec, st, ok, "throttled_time", "throttled_usec", why, has("throttled_time"))
+		keyed(&p, &t.ThrottledUsec, st, ok, "throttled_time", "throttled_usec", why, has)
 	}
 	q, ok, why, err := optParse(quotaF, whyNil, parseCFSQuota)
 	if err != nil {

@@ -64,10 +64,10 @@ func fillMemoryV2(r *source.Reading, maxF, highF, eventsF *fileReq) error {
 		return err
 	}
 	has := func(key string) string { return eventsF.path() + " has no " + key }
-	keyed(&p, &m.OOMKills, ev, ok, "oom_kill", "oom_kills", why, has("oom_kill"))
-	keyed(&p, &m.OOMGroupKills, ev, ok, "oom_group_kill", "oom_group_kills", why, has("oom_group_kill")+" (Linux < 5.19)")
-	keyed(&p, &m.OOMEvents, ev, ok, "oom", "oom_events", why, has("oom"))
-	keyed(&p, &m.MaxEvents, ev, ok, "max", "max_events", why, has("max"))
+	keyed(&p, &m.OOMKills, ev, ok, "oom_kill", "oom_kills", why, has)
+	keyed(&p, &m.OOMGroupKills, ev, ok, "oom_group_kill", "oom_group_kills", why, func(key string) string { return has(key) + " (Linux < 5.19)" })
+	keyed(&p, &m.OOMEvents, ev, ok, "oom", "oom_events", why, has)
+	keyed(&p, &m.MaxEvents, ev, ok, "max", "max_events", why, has)
 	p.absent("under_oom", "cgroup v2 has no under_oom (a v1 memory.oom_control field)")
 	if p.done(r) {
 		r.Memory = m
@@ -85,9 +85,9 @@ func fillThrottlingV2(r *source.Reading, statF, maxF *fileReq) error {
 	has := func(key string) string {
 		return statF.path() + " has no " + key + " (the cpu controller is not enabled for this cgroup)"
 	}
-	keyed(&p, &t.Periods, st, ok, "nr_periods", "periods", why, has("nr_periods"))
-	keyed(&p, &t.ThrottledPeriods, st, ok, "nr_throttled", "throttled_periods", why, has("nr_throttled"))
-	keyed(&p, &t.ThrottledUsec, st, ok, "throttled_usec", "throttled_usec", why, has("throttled_usec"))
+	keyed(&p, &t.Periods, st, ok, "nr_periods", "periods", why, has)
+	keyed(&p, &t.ThrottledPeriods, st, ok, "nr_throttled", "throttled_periods", why, has)
+	keyed(&p, &t.ThrottledUsec, st, ok, "throttled_usec", "throttled_usec", why, has)
 	type cpuMax struct {
 		quota  source.Limit
 		period uint64

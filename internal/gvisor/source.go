@@ -89,6 +89,10 @@ type cgroupSource struct {
 	mu   sync.Mutex
 	loc  *location            // nil until resolved (by sentry pid: at Open or a Sample); replaced when the cgroup disappears
 	dirs map[dirID]*dirHandle // open cgroup directories
+	// missing are the cgroup directories found missing, and when: an
+	// optional read takes one as missing again until missingRecheck has
+	// passed (dircache.go).
+	missing map[dirID]time.Time
 	// batchBytes is what the last sample read, the size of the next one's
 	// buffer.
 	batchBytes atomic.Int64

@@ -44,7 +44,7 @@ func (s *cgroupSource) readV1(ctx context.Context, loc *location) (source.Readin
 	}
 	r.Detail = fmt.Sprintf("cgroup v1 (%s) memory %s, %s%s", s.mode, display(root, dir), cpuDetail, s.suffix())
 
-	if err := readMemory(&r, cur, peak, stat, "total_inactive_file", "no "+peak.path()); err != nil {
+	if err := readMemory(&r, cur, peak, stat, "total_inactive_file", func() string { return "no " + peak.path() }); err != nil {
 		return source.Reading{}, err
 	}
 

@@ -22,7 +22,9 @@ func (s *cgroupSource) readV2(ctx context.Context, loc *location) (source.Readin
 		Kind:   source.KindCgroup,
 		Detail: "cgroup v2 (unified) " + display(root, dir) + s.suffix(),
 	}
-	if err := readMemory(&r, cur, peak, stat, "inactive_file", "memory.peak not offered by this kernel (needs Linux 5.19): no "+peak.path()); err != nil {
+	if err := readMemory(&r, cur, peak, stat, "inactive_file", func() string {
+		return "memory.peak not offered by this kernel (needs Linux 5.19): no " + peak.path()
+	}); err != nil {
 		return source.Reading{}, err
 	}
 	usec, ok, err := optKeyed(cpu, "usage_usec")
