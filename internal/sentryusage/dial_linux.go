@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -58,17 +59,28 @@ func dialUnix(ctx context.Context, addr string) (net.Conn, error) {
 		return fail("connect", err)
 	}
 	f := os.NewFile(uintptr(fd), printable(addr)) // non-blocking: registered with the netpoller
-	return &fileConn{File: f, raddr: raddr}, nil
+	return &fileConn{f: f, raddr: raddr}, nil
 }
 
 // fileConn is a connected socket as an *os.File (its Read, Write, Close,
 // deadlines and SyscallConn: those of Go's netpoller, and a finalizer that
-// closes a lost one), with net.Conn's addresses.
+// closes a lost one), with net.Conn's addresses. The file is not embedded:
+// its Fd would put the socket back in blocking mode, and a wait would then
+// hold a thread and ignore the deadlines.
 type fileConn struct {
-	*os.File
+	f     *os.File
 	raddr *net.UnixAddr
 }
 
+func (c *fileConn) Read(b []byte) (int, error)         { return c.f.Read(b) }
+func (c *fileConn) Write(b []byte) (int, error)        { return c.f.Write(b) }
+func (c *fileConn) Close() error                       { return c.f.Close() }
+func (c *fileConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
+func (c *fileConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
+func (c *fileConn) SetWriteDeadline(t time.Time) error { return c.f.SetWriteDeadline(t) }
+func (c *fileConn) SyscallConn() (syscall.RawConn, error) {
+	return c.f.SyscallConn()
+}
 func (c *fileConn) LocalAddr() net.Addr  { return &net.UnixAddr{Net: "unix"} }
 func (c *fileConn) RemoteAddr() net.Addr { return c.raddr }
 
