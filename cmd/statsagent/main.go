@@ -19,7 +19,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -32,6 +31,7 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/cli"
 	"github.com/sandboxstats/sandboxstats/internal/exepages"
 	"github.com/sandboxstats/sandboxstats/internal/nodeagent"
+	_ "github.com/sandboxstats/sandboxstats/internal/oneproc" // one Go processor (its doc)
 	"github.com/sandboxstats/sandboxstats/internal/otlp"
 	"github.com/sandboxstats/sandboxstats/internal/sockaddr"
 	"github.com/sandboxstats/sandboxstats/internal/sweep"
@@ -44,13 +44,6 @@ Exit status: 0 after a clean shutdown (SIGINT, SIGTERM), --help or --version;
 `
 
 func main() {
-	// One P unless GOMAXPROCS says otherwise (docs/design.md, "The node's
-	// cost beside the kubelet's cAdvisor"): a node daemon's work comes in
-	// short bursts, and a second P made each burst's goroutine hand-offs
-	// wake and park threads (the peer rows at 256 workloads: ours 15% less CPU).
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(1)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()

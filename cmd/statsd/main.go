@@ -31,6 +31,7 @@ import (
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/lifecyclewire"
 	"github.com/sandboxstats/sandboxstats/internal/microvm"
+	_ "github.com/sandboxstats/sandboxstats/internal/oneproc" // one Go processor (its doc)
 	"github.com/sandboxstats/sandboxstats/internal/peercred"
 	"github.com/sandboxstats/sandboxstats/internal/server"
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -38,13 +39,6 @@ import (
 )
 
 func main() {
-	// One P unless GOMAXPROCS says otherwise (docs/design.md, "The node's
-	// cost beside the kubelet's cAdvisor"): a node daemon's work comes in
-	// short bursts, and a second P made each burst's goroutine hand-offs
-	// wake and park threads (the peer rows at 256 workloads: ours 15% less CPU).
-	if os.Getenv("GOMAXPROCS") == "" {
-		runtime.GOMAXPROCS(1)
-	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stderr)
 	stop()
