@@ -176,8 +176,8 @@ func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 // for it to its end makes it on its own goroutine (bounded.DoHere).
 func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string) containerResult {
 	call := func() (*katagrpc.StatsContainerResponse, error) {
-		cctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
-		defer cancel()
+		cctx := startCall(s.cfg.CallTimeout)
+		defer cctx.end()
 		var resp katagrpc.StatsContainerResponse
 		err := c.client.Call(cctx, agentService, statsMethod, &katagrpc.StatsContainerRequest{ContainerId: id}, &resp)
 		if err != nil {
