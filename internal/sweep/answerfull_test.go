@@ -50,7 +50,9 @@ func (v1Source) Close() error { return nil }
 func startFullDaemon(t *testing.T, n int, fail error) (socket string, actors []string) {
 	t.Helper()
 	store, err := identity.NewStore(identity.Config{
-		Open:         func(ref source.SandboxRef) (source.Source, source.HostSampler, error) { return v1Source{ref.CgroupPath}, nil, nil },
+		Open: func(ref source.SandboxRef) (source.Source, source.HostSampler, error) {
+			return v1Source{ref.CgroupPath}, nil, nil
+		},
 		MaxWorkloads: identity.LimitMaxWorkloads,
 	})
 	if err != nil {
