@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/identity"
 	"github.com/sandboxstats/sandboxstats/internal/server"
@@ -112,7 +113,7 @@ func TestPollReadsWorkloadsTheAnswerHadNoRoomFor(t *testing.T) {
 	t.Run("read", func(t *testing.T) {
 		socket, actors := startFullDaemon(t, identity.LimitMaxWorkloads, nil)
 		// The answer itself leaves some out: what this test is about.
-		answered := answerFull(t, socket)
+		answered, _ := answerFull(t, socket)
 		if len(answered) == 0 {
 			t.Fatal("the discovery answer holds all 64 samples: no ANSWER_FULL to read")
 		}
@@ -129,7 +130,7 @@ func TestPollReadsWorkloadsTheAnswerHadNoRoomFor(t *testing.T) {
 	})
 	t.Run("reads fail", func(t *testing.T) {
 		socket, _ := startFullDaemon(t, identity.LimitMaxWorkloads, status.Error(codes.Unavailable, "no"))
-		answered := answerFull(t, socket)
+		answered, _ := answerFull(t, socket)
 		for name, poll := range polls {
 			r := poll(socket)
 			if r.Status != StatusOK || len(r.Samples)+len(r.Pending) != identity.LimitMaxWorkloads {
@@ -149,9 +150,31 @@ func TestPollReadsWorkloadsTheAnswerHadNoRoomFor(t *testing.T) {
 	})
 }
 
+// TestPollAnswerFullWithinReplyBytes: the reads of the ANSWER_FULL
+// workloads stay, with the answer, within Limits.MaxReplyBytes; those over
+// it stay pending, the cap named ("reply-bytes").
+func TestPollAnswerFullWithinReplyBytes(t *testing.T) {
+	socket, _ := startFullDaemon(t, identity.LimitMaxWorkloads, nil)
+	answered, size := answerFull(t, socket)
+	// Room for three samples of about 1.1 KiB, not a fourth.
+	cfg := Config{Concurrency: 1, Timeout: 10 * time.Second, Limits: Limits{MaxReplyBytes: size + 3*1200}}
+	r := cfg.PollAll(context.Background(), []string{socket})[0]
+	if r.Status != StatusOK || len(r.Samples)+len(r.Pending) != identity.LimitMaxWorkloads || !slices.Contains(r.Capped, "reply-bytes") {
+		t.Fatalf("status %s, %d samples, %d pending, capped %v", r.Status, len(r.Samples), len(r.Pending), r.Capped)
+	}
+	if read := len(answered) - len(r.Pending); read != 3 {
+		t.Errorf("%d of the %d ANSWER_FULL workloads read within %d bytes, want 3", read, len(answered), cfg.Limits.MaxReplyBytes)
+	}
+	for _, p := range r.Pending {
+		if !strings.Contains(p.GetDetail(), "; read on its own: over the poll's") {
+			t.Errorf("pending %v", p)
+		}
+	}
+}
+
 // answerFull is the actors a discovery answer of the daemon at socket
-// lists as pending ANSWER_FULL, sorted.
-func answerFull(t *testing.T, socket string) []string {
+// lists as pending ANSWER_FULL, sorted, and the answer's size.
+func answerFull(t *testing.T, socket string) ([]string, int) {
 	t.Helper()
 	dc, err := Config{}.poller().dial(socket, socketFile{})
 	if err != nil {
@@ -169,6 +192,6 @@ func answerFull(t *testing.T, socket string) []string {
 		}
 	}
 	slices.Sort(out)
-	t.Logf("discovery answer: %d samples, %d pending ANSWER_FULL", len(resp.GetSamples()), len(out))
-	return out
+	t.Logf("discovery answer: %d samples, %d pending ANSWER_FULL, %d bytes", len(resp.GetSamples()), len(out), proto.Size(resp))
+	return out, proto.Size(resp)
 }
