@@ -20,7 +20,7 @@ import (
 // --max-workloads 64, with 64 workloads bound by --cgroup-path to 64 real
 // cgroups (a process each), polled by statsagent: every workload's series
 // is on its /metrics, and on `statsctl poll`'s table. On a v1 host the
-// discovery answer holds about 41 of the 64 samples (each about 1.1 KiB,
+// discovery answer holds 41 to 53 of the 64 samples (each about 1.1 KiB,
 // its absent list the most of it) and lists the rest as pending
 // ANSWER_FULL, which the poller reads with StatsWorkload
 // (internal/sweep/answerfull.go); before, those workloads were never
