@@ -1,7 +1,8 @@
 // This file measures a gVisor sandbox's own processes, the sentry and the
 // gofers, from /proc: the host CPU the kernel charged them (utime+stime of
-// /proc/<pid>/stat, exited threads included), each process checked once to
-// be the sandbox's and its last figure kept when it exits.
+// /proc/<pid>/stat, exited threads included; once checked, the same sum
+// from the process's CPU clock: owncpu_clock_linux.go), each process
+// checked once to be the sandbox's and its last figure kept when it exits.
 
 package gvisor
 
@@ -59,14 +60,17 @@ type ownProc struct {
 	start uint64
 	ok    bool
 	ticks uint64
-	// fd is the process's /proc/<pid>/stat held open once it is checked
-	// (-1: not held): a read is then one pread(2), and the descriptor names
-	// that process only (a reused pid is another process: ESRCH here).
-	fd int
+	// fd is what is held of the process once it is checked (-1: nothing):
+	// a pidfd when clock (a read is then its CPU clock, owncpu_clock_linux.go),
+	// else its /proc/<pid>/stat (one pread(2)). Either names that process
+	// only (a reused pid is another process: ESRCH, or the pidfd exited).
+	fd    int
+	clock bool
 }
 
-// maxHeldStatFDs bounds the /proc stat descriptors one sandbox holds (the
-// sentry and the first gofers); the others are opened at each read.
+// maxHeldStatFDs bounds the descriptors (pidfds or /proc stat) one sandbox
+// holds (the sentry and the first gofers); the others' stat is opened at
+// each read.
 const maxHeldStatFDs = 8
 
 // ownTracker adds up the host CPU of one sandbox's sentry and gofers. A
@@ -152,6 +156,17 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			continue
 		}
 		p, known := o.procs[pid]
+		if known && p.fd >= 0 && p.clock {
+			if ticks, live := clockTicks(pid, p.fd); live {
+				p.ticks = max(p.ticks, ticks)
+				o.procs[pid] = p
+				continue
+			}
+			// Exited (or the clock did not read): its final figure, or its
+			// end, from its stat (a zombie's still reads).
+			o.release(p.fd)
+			p.fd, p.clock = -1, false
+		}
 		path := filepath.Join(o.procRoot, strconv.Itoa(pid), "stat")
 		fd := -1
 		var b []byte
@@ -247,7 +262,11 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 		p.ticks = max(p.ticks, t.Ticks)
 		if fd != p.fd {
 			if p.ok && p.fd < 0 && !o.closed && o.held < maxHeldStatFDs {
-				p.fd = fd // held from now on
+				p.fd = fd // held from now on: its clock when it reads by pid here, else the stat
+				if pidfd, ok := holdClock(o.procRoot, pid, fd, t.State, o.buf[:]); ok {
+					syscall.Close(fd)
+					p.fd, p.clock = pidfd, true
+				}
 				o.held++
 			} else {
 				o.release(fd)
@@ -335,7 +354,7 @@ func (o *ownTracker) release(fd int) {
 	}
 	for pid, p := range o.procs {
 		if p.fd == fd {
-			p.fd = -1
+			p.fd, p.clock = -1, false
 			o.procs[pid] = p
 			o.held--
 		}
@@ -352,7 +371,7 @@ func (o *ownTracker) close() {
 	for pid, p := range o.procs {
 		if p.fd >= 0 {
 			syscall.Close(p.fd)
-			p.fd = -1
+			p.fd, p.clock = -1, false
 			o.procs[pid] = p
 		}
 	}

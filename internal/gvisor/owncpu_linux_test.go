@@ -5,13 +5,14 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
 
-// TestOwnTrackerHeldStat: on the real /proc, a checked gofer's stat is held
-// open (one pread a read) and, once the process exits and is reaped, that
-// descriptor answers ESRCH: the process keeps its last figure, the
+// TestOwnTrackerHeldStat: on the real /proc, a checked gofer is held as a
+// pidfd (its CPU clock a read); once it exits its stat gives its final
+// figure (a zombie's), and once it is reaped it keeps its last figure, the
 // descriptor is closed, and a process that reuses nothing is never read
 // through it. close releases what is held.
 func TestOwnTrackerHeldStat(t *testing.T) {
@@ -57,14 +58,33 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 	p := o.procs[gofer]
 	held := o.held
 	o.mu.Unlock()
-	if p.fd < 0 || held != 1 {
-		t.Fatalf("the gofer's stat is not held: fd %d, %d held", p.fd, held)
+	if p.fd < 0 || !p.clock || held != 1 {
+		t.Fatalf("the gofer is not held by its pidfd: fd %d (clock %v), %d held", p.fd, p.clock, held)
 	}
-	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(p.fd)); err != nil || target != "/proc/"+strconv.Itoa(gofer)+"/stat" {
-		t.Errorf("the held descriptor is %q (%v), want the gofer's stat", target, err)
+	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(p.fd)); err != nil || target != "anon_inode:[pidfd]" {
+		t.Errorf("the held descriptor is %q (%v), want the gofer's pidfd", target, err)
 	}
 	cmd.Process.Kill()
-	cmd.Wait() // reaped: the held descriptor now answers ESRCH
+	// A zombie (killed, not yet reaped): its clock is not read (the pidfd
+	// has exited); its stat, by path, still gives its final figure.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(gofer) + "/stat"); strings.Contains(string(b), ") Z ") {
+			break
+		}
+	}
+	z, err := o.read(root, self, []int{gofer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.ReadFile("/proc/" + strconv.Itoa(gofer) + "/stat")
+	pt, err := parseProcStat(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z.Usec < first.Usec || z.Usec < pt.Ticks*(1_000_000/100) || z.Counts != 1 {
+		t.Errorf("the zombie: %+v, want it counted with at least its stat's %d ticks and %d us", z, pt.Ticks, first.Usec)
+	}
+	cmd.Wait() // reaped: what is held of it now answers ESRCH
 	r, err := o.read(root, self, []int{gofer})
 	if err != nil {
 		t.Fatal(err)
@@ -78,5 +98,50 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 	o.close()
 	if o.held != 0 {
 		t.Errorf("%d held after close", o.held)
+	}
+}
+
+// TestClockTicks: this process's CPU clock, held by its pidfd, agrees with
+// its /proc stat (utime + stime, each truncated to a tick: the clock's
+// figure is at least the stat's before it and at most two ticks past the
+// stat's after it); a pidfd's fdinfo names its pid, and only it.
+func TestClockTicks(t *testing.T) {
+	self := os.Getpid()
+	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(statFD)
+	pidfd, ok := holdClock("/proc", self, statFD, 'R', make([]byte, maxStatBytes))
+	if !ok {
+		t.Fatal("holdClock refused this process")
+	}
+	defer syscall.Close(pidfd)
+	for i := 0; i < 3e7; i++ { // burn a few ticks
+		_ = i * i
+	}
+	ticks := func() uint64 {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(self) + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pt, err := parseProcStat(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pt.Ticks
+	}
+	before := ticks()
+	got, live := clockTicks(self, pidfd)
+	after := ticks()
+	if !live || got < before || got > after+2 {
+		t.Errorf("clock %d ticks (live %v), want between the stat's %d and %d+2", got, live, before, after)
+	}
+	fdinfo, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(pidfd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fdinfoNames(fdinfo, self) || fdinfoNames(fdinfo, self+1) || fdinfoNames([]byte("pos:\t0\n"), self) {
+		t.Errorf("fdinfoNames of %q: wrong", fdinfo)
 	}
 }
