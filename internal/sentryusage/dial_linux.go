@@ -10,7 +10,6 @@ import (
 	"strings"
 	"syscall"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -60,12 +59,7 @@ func dialUnix(ctx context.Context, addr string) (net.Conn, error) {
 		return fail("connect", err)
 	}
 	f := os.NewFile(uintptr(fd), printable(addr)) // non-blocking: registered with the netpoller
-	rc, err := f.SyscallConn()
-	if err != nil {
-		f.Close()
-		return fail("socket", err)
-	}
-	return &fileConn{f: f, rc: rc, raddr: raddr}, nil
+	return &fileConn{f: f, raddr: raddr}, nil
 }
 
 // fileConn is a connected socket as an *os.File (its Read, Write, Close,
@@ -73,80 +67,13 @@ func dialUnix(ctx context.Context, addr string) (net.Conn, error) {
 // closes a lost one), with net.Conn's addresses. The file is not embedded:
 // its Fd would put the socket back in blocking mode, and a wait would then
 // hold a thread and ignore the deadlines.
-//
-// Read and Write make their read(2) and write(2) as raw system calls inside
-// the netpoller's wait (RawConn): the socket is non-blocking, so neither
-// can block (EAGAIN: the goroutine parks, bounded by the deadline, as
-// os.File's). A plain system call tells Go's scheduler the thread may
-// block: the request's write wakes the sentry, which the kernel often runs
-// on this thread's CPU at once, and Go then counted the preempted write as
-// a blocked system call, handed the P to another thread and woke sysmon
-// (about 2.5 extra context switches a read, measured with perf).
 type fileConn struct {
 	f     *os.File
-	rc    syscall.RawConn
 	raddr *net.UnixAddr
 }
 
-func (c *fileConn) Read(b []byte) (int, error) {
-	if len(b) == 0 {
-		return 0, nil
-	}
-	var n int
-	var errno syscall.Errno
-	err := c.rc.Read(func(fd uintptr) bool {
-		for {
-			r, _, e := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
-			switch e {
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false // park until readable or the deadline
-			}
-			n, errno = int(r), e
-			return true
-		}
-	})
-	switch {
-	case err != nil:
-		return 0, err // the deadline, or closed: os.File's *PathError
-	case errno != 0:
-		return 0, &os.PathError{Op: "read", Path: c.f.Name(), Err: errno}
-	case n == 0:
-		return 0, io.EOF
-	}
-	return n, nil
-}
-
-func (c *fileConn) Write(b []byte) (int, error) {
-	var n int
-	var errno syscall.Errno
-	err := c.rc.Write(func(fd uintptr) bool {
-		for n < len(b) {
-			r, _, e := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&b[n])), uintptr(len(b)-n))
-			switch e {
-			case 0:
-				n += int(r)
-				continue
-			case syscall.EINTR:
-				continue
-			case syscall.EAGAIN:
-				return false // park until writable or the deadline
-			}
-			errno = e
-			return true
-		}
-		return true
-	})
-	switch {
-	case err != nil:
-		return n, err
-	case errno != 0:
-		return n, &os.PathError{Op: "write", Path: c.f.Name(), Err: errno}
-	}
-	return n, nil
-}
-
+func (c *fileConn) Read(b []byte) (int, error)         { return c.f.Read(b) }
+func (c *fileConn) Write(b []byte) (int, error)        { return c.f.Write(b) }
 func (c *fileConn) Close() error                       { return c.f.Close() }
 func (c *fileConn) SetDeadline(t time.Time) error      { return c.f.SetDeadline(t) }
 func (c *fileConn) SetReadDeadline(t time.Time) error  { return c.f.SetReadDeadline(t) }
