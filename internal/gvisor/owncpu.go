@@ -27,6 +27,9 @@ import (
 // ErrProcStat marks a /proc/<pid>/stat line that does not parse.
 var ErrProcStat = errors.New("gvisor: /proc stat")
 
+// tickUsec is one USER_HZ tick (the unit of /proc/<pid>/stat's times) in µs.
+const tickUsec = 1_000_000 / process.UserHZ
+
 // maxStatBytes caps one /proc/<pid>/stat (a line of about 300 bytes; the
 // command name is at most 64).
 const maxStatBytes = 4 << 10
@@ -59,7 +62,7 @@ func parseProcStat(b []byte) (procTimes, error) {
 type ownProc struct {
 	start uint64
 	ok    bool
-	ticks uint64
+	usec  uint64 // its CPU, µs (its stat's ticks, or its clock's nanoseconds, truncated)
 	// fd is what is held of the process once it is checked (-1: nothing):
 	// a pidfd when clock (a read is then its CPU clock, owncpu_clock_linux.go),
 	// else its /proc/<pid>/stat (one pread(2)). Either names that process
@@ -83,7 +86,7 @@ type ownTracker struct {
 	procRoot string
 
 	mu     sync.Mutex
-	done   uint64 // ticks of the sandbox's processes that are gone
+	done   uint64 // µs of the sandbox's processes that are gone
 	procs  map[int]ownProc
 	held   int  // descriptors held (ownProc.fd)
 	closed bool // close was called (or holding is off, for a fake /proc): hold nothing more
@@ -157,8 +160,8 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 		}
 		p, known := o.procs[pid]
 		if known && p.fd >= 0 && p.clock {
-			if ticks, live := clockTicks(pid, p.fd); live {
-				p.ticks = max(p.ticks, ticks)
+			if usec, live := clockUsec(pid, p.fd); live {
+				p.usec = max(p.usec, usec)
 				o.procs[pid] = p
 				continue
 			}
@@ -186,7 +189,7 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 		switch {
 		case err != nil && process.IsGone(err):
 			if known && p.ok {
-				o.done += p.ticks
+				o.done += p.usec
 			}
 			o.release(fd)
 			delete(o.procs, pid)
@@ -202,7 +205,7 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			// A reused pid (read through a new descriptor: a held one
 			// names the old process only): the old process is gone.
 			if p.ok {
-				o.done += p.ticks
+				o.done += p.usec
 			}
 			if p.fd >= 0 && p.fd == fd {
 				o.held-- // not from the kernel (a held descriptor names one process); the fd is weighed anew below
@@ -259,13 +262,20 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 				}
 			}
 		}
-		p.ticks = max(p.ticks, t.Ticks)
+		p.usec = max(p.usec, t.Ticks*tickUsec)
 		if fd != p.fd {
 			if p.ok && p.fd < 0 && !o.closed && o.held < maxHeldStatFDs {
 				p.fd = fd // held from now on: its clock when it reads by pid here, else the stat
 				if pidfd, ok := holdClock(o.procRoot, pid, fd, t.State, o.buf[:]); ok {
 					syscall.Close(fd)
 					p.fd, p.clock = pidfd, true
+					// Its clock from this first read on: the stat's two
+					// truncated tick counts run up to 2 ticks behind it, and
+					// a jump of the own figure between two samples would be
+					// taken from the containers' next increase.
+					if usec, live := clockUsec(pid, pidfd); live {
+						p.usec = max(p.usec, usec)
+					}
 				}
 				o.held++
 			} else {
@@ -274,14 +284,14 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 		}
 		o.procs[pid] = p
 	}
-	var ticks uint64
+	var usec uint64
 	for _, p := range o.procs {
 		if p.ok {
-			ticks += p.ticks
+			usec += p.usec
 			out.Counts++
 		}
 	}
-	out.Usec = (o.done + ticks) * (1_000_000 / process.UserHZ)
+	out.Usec = o.done + usec
 	if p, ok := o.procs[sentry]; ok && p.ok && p.start == o.sentryStart {
 		out.KVM = o.kvm
 	} else if ok && !p.ok && p.start == o.whyStart {

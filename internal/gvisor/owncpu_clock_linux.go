@@ -23,8 +23,6 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/sandboxstats/sandboxstats/internal/process"
 )
 
 // holdClock returns a pidfd of the process whose stat statFD holds (pid in
@@ -64,10 +62,10 @@ func fdinfoNames(fdinfo []byte, pid int) bool {
 	return false
 }
 
-// clockTicks returns the CPU of process pid (held as pidfd, holdClock) in
-// USER_HZ ticks; live is false when it has exited (or the clock did not
+// clockUsec returns the CPU of process pid (held as pidfd, holdClock) in
+// µs; live is false when it has exited (or the clock did not
 // read): the figure is then not its.
-func clockTicks(pid, pidfd int) (ticks uint64, live bool) {
+func clockUsec(pid, pidfd int) (usec uint64, live bool) {
 	// MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED): ~pid << 3 | 2.
 	clk := int32(^pid<<3 | 2)
 	var ts unix.Timespec
@@ -88,6 +86,5 @@ func clockTicks(pid, pidfd int) (ticks uint64, live bool) {
 		}
 		break
 	}
-	ns := uint64(ts.Sec)*1_000_000_000 + uint64(ts.Nsec)
-	return ns / (1_000_000_000 / process.UserHZ), true
+	return uint64(ts.Sec)*1_000_000 + uint64(ts.Nsec)/1000, true
 }

@@ -7,5 +7,5 @@ func holdClock(procRoot string, pid, statFD int, state byte, buf []byte) (int, b
 	return -1, false
 }
 
-// clockTicks is never called without a held clock.
-func clockTicks(pid, pidfd int) (uint64, bool) { return 0, false }
+// clockUsec is never called without a held clock.
+func clockUsec(pid, pidfd int) (uint64, bool) { return 0, false }

@@ -103,8 +103,8 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 
 // TestClockTicks: this process's CPU clock, held by its pidfd, agrees with
 // its /proc stat (utime + stime, each truncated to a tick: the clock's
-// figure is at least the stat's before it and at most two ticks past the
-// stat's after it); a pidfd's fdinfo names its pid, and only it.
+// figure, in µs, is at least the stat's before it and at most two ticks
+// past the stat's after it); a pidfd's fdinfo names its pid, and only it.
 func TestClockTicks(t *testing.T) {
 	self := os.Getpid()
 	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
@@ -132,10 +132,10 @@ func TestClockTicks(t *testing.T) {
 		return pt.Ticks
 	}
 	before := ticks()
-	got, live := clockTicks(self, pidfd)
+	got, live := clockUsec(self, pidfd)
 	after := ticks()
-	if !live || got < before || got > after+2 {
-		t.Errorf("clock %d ticks (live %v), want between the stat's %d and %d+2", got, live, before, after)
+	if !live || got < before*tickUsec || got > (after+2)*tickUsec {
+		t.Errorf("clock %d µs (live %v), want between the stat's %d ticks and %d+2", got, live, before, after)
 	}
 	fdinfo, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(pidfd))
 	if err != nil {
