@@ -118,8 +118,11 @@ func newActivation(ref source.SandboxRef, epoch int64, baseline *Baseline) *Acti
 func (a *Activation) Observe(r source.Reading, atUnixNano int64) source.Reading {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.last == nil || atUnixNano >= a.last.AtUnixNano {
+	switch {
+	case a.last == nil:
 		a.last = &Observed{Reading: r, AtUnixNano: atUnixNano}
+	case atUnixNano >= a.last.AtUnixNano:
+		*a.last = Observed{Reading: r, AtUnixNano: atUnixNano} // only read under mu, by copy
 	}
 	// Every reading tracks, whatever its time (reads' clocks may disagree,
 	// a wall clock may step back): a read that began before a container

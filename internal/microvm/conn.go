@@ -134,7 +134,7 @@ func (s *guestSource) connect() (*agentConn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("microvm: %w", err)
 	}
-	c := &agentConn{guard: newFrameGuard(conn, s.cfg.MaxFrameBytes), born: s.now(), gone: make(chan struct{})}
+	c := &agentConn{guard: newFrameGuard(conn, s.cfg.MaxFrameBytes, s.cfg.CallTimeout), born: s.now(), gone: make(chan struct{})}
 	c.client = ttrpc.NewClient(c.guard, ttrpc.WithOnClose(func() { close(c.gone) }),
 		ttrpc.WithUnaryClientInterceptor(payloadBudget()))
 

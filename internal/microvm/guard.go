@@ -9,7 +9,9 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
+	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
 )
@@ -45,10 +47,18 @@ var errHostileFrame = errors.New("microvm: the agent sent a frame statsd refuses
 // empty details in one frame cost 43-50 ms and 32 MB) fails the read, before
 // ttrpc has the frame's last byte, and closes the connection, so the ttrpc
 // client ends and the source redials with backoff.
+//
+// Every write has a deadline, writeBound from its start, when the
+// connection takes one: an agent that takes no request bytes for that long
+// (a guest that gives no vsock credit) has its connection cut, and so no
+// call blocks past its own bound in the write.
 type frameGuard struct {
 	net.Conn
 
 	maxFrame uint32
+	// writeBound bounds each write; 0 if the connection refused a write
+	// deadline (then a write may block until the connection closes).
+	writeBound time.Duration
 
 	mu          sync.Mutex
 	outstanding map[uint32]bool // requests written, no response read yet
@@ -58,9 +68,16 @@ type frameGuard struct {
 	body   []byte      // the incoming frame's payload so far (ttrpc's reader only), at most maxFrame
 }
 
-func newFrameGuard(c net.Conn, maxFrame int) *frameGuard {
-	return &frameGuard{Conn: c, maxFrame: uint32(maxFrame), outstanding: make(map[uint32]bool)}
+func newFrameGuard(c net.Conn, maxFrame int, writeBound time.Duration) *frameGuard {
+	g := &frameGuard{Conn: c, maxFrame: uint32(maxFrame), outstanding: make(map[uint32]bool)}
+	if c.SetWriteDeadline(time.Time{}) == nil {
+		g.writeBound = writeBound
+	}
+	return g
 }
+
+// writesBounded reports whether every write has its deadline.
+func (g *frameGuard) writesBounded() bool { return g.writeBound > 0 }
 
 // Violation is why the guard cut the connection, or nil.
 func (g *frameGuard) Violation() error {
@@ -79,7 +96,25 @@ func (g *frameGuard) Write(p []byte) (int, error) {
 		}
 		return nil
 	}, nil)
-	return g.Conn.Write(p)
+	if g.writeBound <= 0 {
+		return g.Conn.Write(p)
+	}
+	if err := g.Conn.SetWriteDeadline(time.Now().Add(g.writeBound)); err != nil {
+		return 0, err
+	}
+	n, err := g.Conn.Write(p)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		// A frame cut anywhere leaves the stream unusable: cut it all.
+		verr := fmt.Errorf("%w: the agent took no request bytes for %s (%d of a %d-byte write taken)", source.ErrTimeout, g.writeBound, n, len(p))
+		g.mu.Lock()
+		if g.violation == nil {
+			g.violation = verr
+		}
+		g.mu.Unlock()
+		g.Conn.Close()
+		return n, verr
+	}
+	return n, err
 }
 
 func (g *frameGuard) Read(p []byte) (int, error) {

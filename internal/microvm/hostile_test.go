@@ -5,12 +5,16 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"io"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/containerd/ttrpc"
 	"github.com/google/go-cmp/cmp"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/sandboxstats/sandboxstats/internal/kataagentfake"
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -275,4 +279,53 @@ func FuzzFrameParser(f *testing.F) {
 			t.Fatalf("%d headers from %d bytes", len(whole.headers), len(stream))
 		}
 	})
+}
+
+// An agent that answers Version and then takes no request bytes (a vsock
+// guest that gives no credit): the request's write times out at
+// CallTimeout, the connection is cut, and the read ends then, even for a
+// caller with no deadline of its own; the source redials only after a
+// backoff.
+func TestAgentTakesNoRequests(t *testing.T) {
+	cfg := testConfig()
+	cfg.CallTimeout = 100 * time.Millisecond
+	cfg.MinBackoff, cfg.MaxBackoff = time.Minute, time.Minute
+	dials := 0
+	cfg.DialVsock = func(context.Context, uint32, uint32) (net.Conn, error) {
+		dials++
+		ours, agents := net.Pipe() // a write blocks until the other end reads
+		done := make(chan struct{})
+		go answerVersionThenDeaf(agents, done)
+		t.Cleanup(func() { close(done); agents.Close() })
+		return ours, nil
+	}
+	s := mustOpen(t, "vsock://3:1024", cfg, "a")
+	start := time.Now()
+	_, err := s.Sample(context.Background())
+	if took := time.Since(start); !errors.Is(err, source.ErrTimeout) || !strings.Contains(err.Error(), "took no request bytes") || took > 2*time.Second {
+		t.Fatalf("Sample = %v after %v; want ErrTimeout naming the untaken request at about %v", err, took, cfg.CallTimeout)
+	}
+	if _, err := s.Sample(context.Background()); !errors.Is(err, source.ErrTimeout) || !strings.Contains(err.Error(), "next dial in") || dials != 1 {
+		t.Fatalf("second Sample = %v after %d dials; want ErrTimeout in the backoff, no redial", err, dials)
+	}
+}
+
+// answerVersionThenDeaf answers the first request on c (Version) and reads
+// nothing more until done.
+func answerVersionThenDeaf(c net.Conn, done <-chan struct{}) {
+	var hdr [frameHeaderBytes]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return
+	}
+	if _, err := io.CopyN(io.Discard, c, int64(binary.BigEndian.Uint32(hdr[0:4]))); err != nil {
+		return
+	}
+	p, _ := proto.Marshal(&katagrpc.VersionCheckResponse{GrpcVersion: "0.0.1", AgentVersion: "3.9.0"})
+	b, _ := proto.Marshal(&ttrpc.Response{Payload: p})
+	binary.BigEndian.PutUint32(hdr[0:4], uint32(len(b)))
+	hdr[8] = frameTypeResponse
+	if _, err := c.Write(append(hdr[:], b...)); err != nil {
+		return
+	}
+	<-done
 }

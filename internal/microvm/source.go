@@ -171,11 +171,13 @@ func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 }
 
 // readContainer calls StatsContainer for id (one call in flight per id) and
-// converts the reply.
+// converts the reply. The call bounds itself (CallTimeout for the answer,
+// the guard's write deadline for the request), so a caller that would wait
+// for it to its end makes it on its own goroutine (bounded.DoHere).
 func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string) containerResult {
-	resp, err := bounded.Do(ctx, s.calls, id, func() (*katagrpc.StatsContainerResponse, error) {
-		cctx, cancel := context.WithTimeout(context.Background(), s.cfg.CallTimeout)
-		defer cancel()
+	call := func() (*katagrpc.StatsContainerResponse, error) {
+		cctx := startCall(s.cfg.CallTimeout)
+		defer cctx.end()
 		var resp katagrpc.StatsContainerResponse
 		err := c.client.Call(cctx, agentService, statsMethod, &katagrpc.StatsContainerRequest{ContainerId: id}, &resp)
 		if err != nil {
@@ -183,7 +185,16 @@ func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string
 		}
 		s.answered(c)
 		return &resp, nil
-	})
+	}
+	var (
+		resp *katagrpc.StatsContainerResponse
+		err  error
+	)
+	if c.guard.writesBounded() {
+		resp, err = bounded.DoHere(ctx, s.calls, id, s.cfg.CallTimeout, call)
+	} else {
+		resp, err = bounded.Do(ctx, s.calls, id, call)
+	}
 	if err != nil {
 		return containerResult{ID: id, Err: err, Why: reason(err)}
 	}
