@@ -8,7 +8,6 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -206,25 +205,6 @@ func TestScrapeLiveNotStale(t *testing.T) {
 	s.sweep(1)
 	if got := line(scrape(t, h, "/metrics", hdr).Body, "sandboxstats_agent_sweeps_total"); got != "sandboxstats_agent_sweeps_total 102" {
 		t.Errorf("after the next sweep: %q, want sandboxstats_agent_sweeps_total 102", got)
-	}
-}
-
-// TestFlateKeptAcrossGC: the idle deflate writer outlives a garbage
-// collection (a sync.Pool's would not), and compresses afresh after it.
-func TestFlateKeptAcrossGC(t *testing.T) {
-	w := getFlate()
-	putFlate(w)
-	runtime.GC()
-	runtime.GC()
-	got := getFlate()
-	defer putFlate(got)
-	if got != w {
-		t.Fatal("a new deflate writer after a collection")
-	}
-	var buf bytes.Buffer
-	deflateSynced(&buf, []byte("a text"))
-	if buf.Len() == 0 {
-		t.Fatal("deflateSynced wrote nothing")
 	}
 }
 
