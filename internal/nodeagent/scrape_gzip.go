@@ -7,6 +7,7 @@ import (
 	"hash/crc32"
 	"io"
 	"slices"
+	"sync"
 )
 
 // A gzip body is one gzip member (RFC 1952) whose deflate stream is the
@@ -35,32 +36,10 @@ var gzipEnd = []byte{0x03, 0x00}
 // unspecified method; gzip writes 4 for level 1, a hint readers ignore).
 const gzipLevel = flate.BestSpeed
 
-// flateKept holds one idle deflate writer across garbage collections. A
-// flate.Writer is a 1.2 MB allocation (its compressor holds hash tables
-// inline, which level 1 does not use), zeroed when made: held in a
-// sync.Pool, which a collection empties, the agent made one again after
-// most collections (its heap is a few MB), and zeroing and faulting it
-// in was an eighth of the agent's CPU at 32 workloads (perf). A second
-// scrape at the same time makes its own and drops it.
-var flateKept = make(chan *flate.Writer, 1)
-
-func getFlate() *flate.Writer {
-	select {
-	case w := <-flateKept:
-		return w
-	default:
-		w, _ := flate.NewWriter(nil, gzipLevel)
-		return w
-	}
-}
-
-func putFlate(w *flate.Writer) {
-	w.Reset(io.Discard) // no reference to the body's buffer
-	select {
-	case flateKept <- w:
-	default:
-	}
-}
+var flatePool = sync.Pool{New: func() any {
+	w, _ := flate.NewWriter(nil, gzipLevel)
+	return w
+}}
 
 // gzipPieces is a sweepBody's runs compressed, for one way the live
 // families split the sweep's.
@@ -78,8 +57,8 @@ type gzipRun struct {
 
 // deflateSynced compresses p as a deflate stream ended by a sync flush.
 func deflateSynced(dst *bytes.Buffer, p []byte) {
-	fw := getFlate()
-	defer putFlate(fw)
+	fw := flatePool.Get().(*flate.Writer)
+	defer flatePool.Put(fw)
 	fw.Reset(dst)
 	_, _ = fw.Write(p) // a bytes.Buffer does not fail
 	_ = fw.Flush()
@@ -130,7 +109,7 @@ func (h *scrapeHandler) writeGzip(w io.Writer, b *sweepBody, pieces []piece) {
 	endLive := func() {
 		if live != nil {
 			_ = live.Flush()
-			putFlate(live)
+			flatePool.Put(live)
 			live = nil
 		}
 	}
@@ -150,7 +129,7 @@ func (h *scrapeHandler) writeGzip(w io.Writer, b *sweepBody, pieces []piece) {
 			continue
 		}
 		if live == nil {
-			live = getFlate()
+			live = flatePool.Get().(*flate.Writer)
 			live.Reset(&out)
 		}
 		_, _ = live.Write(p.live) // a bytes.Buffer does not fail
