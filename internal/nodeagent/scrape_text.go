@@ -121,7 +121,7 @@ func appendText(dst []byte, f *dto.MetricFamily, legal map[string]bool) ([]byte,
 func legacyName(s string, legal map[string]bool) bool {
 	v, seen := legal[s]
 	if !seen {
-		v = model.IsValidLegacyMetricName(s)
+		v = model.LegacyValidation.IsValidMetricName(s)
 		legal[s] = v
 	}
 	return v

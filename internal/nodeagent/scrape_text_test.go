@@ -89,7 +89,7 @@ func TestAppendTextAsExpfmt(t *testing.T) {
 func FuzzAppendText(f *testing.F) {
 	f.Add("sandboxstats_x_total", "help \\ \n", "actor_uid", "v\"\\\n", 1.5, int64(0), uint8(0))
 	f.Add("a:b", "", "é", "", math.Inf(1), int64(-5), uint8(4))
-	f.Add("x", "h", "__name__", "a.b", -0.0, int64(7), uint8(3))
+	f.Add("x", "h", "__name__", "a.b", math.Copysign(0, -1), int64(7), uint8(3))
 	f.Fuzz(func(t *testing.T, name, help, label, value string, v float64, ts int64, kind uint8) {
 		m := &dto.Metric{Label: []*dto.LabelPair{lp(label, value)}}
 		typ := dto.MetricType(kind % 6)
