@@ -120,7 +120,11 @@ func peerResults(b *testing.B) []peerResult {
 	bin := testenv.BuildBinaries(b, "statsagent", "statsnri")
 	peer := testenv.BuildCadvisorPeer(b)
 	res := make([]peerResult, len(peerSetups))
+	only := os.Getenv("SANDBOXSTATS_PEER_ONLY_N")
 	for i, s := range peerSetups {
+		if only != "" && (strconv.Itoa(s.n) != only || !s.cadvisor) {
+			continue
+		}
 		res[i] = runPeer(b, bin, peer, s)
 		r := res[i]
 		perSample := "none in the window"
@@ -180,7 +184,8 @@ func reportPeer(b *testing.B, name string, value, goal float64, extra map[string
 // host's VM offers no cycles event) on each side's processes (the statsd
 // shards together, statsagent, statsnri, cAdvisor) for the window, into
 // <dir>/<side>.data (the CPU figures of that run then include perf's
-// disturbance).
+// disturbance). With SANDBOXSTATS_PEER_ONLY_N set to 32, 110 or 256 only
+// that setup beside cAdvisor runs (its CPU row alone; the others skip).
 
 // BenchmarkPeerCPUPerSample32: ns of CPU per workload sample, ours (the
 // shards, statsnri and statsagent) over cAdvisor's, at 32 workloads.
@@ -193,10 +198,19 @@ func BenchmarkPeerCPUPerSample110(b *testing.B) { benchPeerCPU(b, 1) }
 func BenchmarkPeerCPUPerSample256(b *testing.B) { benchPeerCPU(b, 2) }
 
 func benchPeerCPU(b *testing.B, i int) {
-	r := peerResults(b)[i]
+	r := measured(b, peerResults(b)[i])
 	reportPeer(b, "baseline", r.perSample(r.cadvisorCP), 0, nil)
 	reportPeer(b, "ours", r.perSample(r.ourCPU()), 0.1, map[string]float64{
 		"statsd-ns/sample": r.perSample(r.statsdCPU), "agent-ns/sample": r.perSample(r.agentCPU), "nri-ns/sample": r.perSample(r.nriCPU)})
+}
+
+// measured returns r, skipping b when SANDBOXSTATS_PEER_ONLY_N left r's
+// setup out.
+func measured(b *testing.B, r peerResult) peerResult {
+	if r.samples == 0 {
+		b.Skip("not measured (SANDBOXSTATS_PEER_ONLY_N)")
+	}
+	return r
 }
 
 // BenchmarkPeerPss32: the node's Pss in bytes, ours (the shards, statsnri
@@ -210,7 +224,7 @@ func BenchmarkPeerPss110(b *testing.B) { benchPeerPss(b, 1) }
 func BenchmarkPeerPss256(b *testing.B) { benchPeerPss(b, 2) }
 
 func benchPeerPss(b *testing.B, i int) {
-	r := peerResults(b)[i]
+	r := measured(b, peerResults(b)[i])
 	reportPeer(b, "baseline", float64(r.cadvisorPs), 0, map[string]float64{"MiB": toMiB(r.cadvisorPs)})
 	reportPeer(b, "ours", float64(r.ourPss()), 0.8, map[string]float64{
 		"MiB": toMiB(r.ourPss()), "statsd-MiB": toMiB(r.statsdPss), "agent-MiB": toMiB(r.agentPss), "nri-MiB": toMiB(r.nriPss)})
@@ -220,8 +234,9 @@ func benchPeerPss(b *testing.B, i int) {
 // workloads over ours at 32.
 func BenchmarkPeerCPUScaling(b *testing.B) {
 	res := peerResults(b)
-	reportPeer(b, "baseline", res[0].perSample(res[0].ourCPU()), 0, nil)
-	reportPeer(b, "at-256", res[2].perSample(res[2].ourCPU()), 1.2, nil)
+	at32, at256 := measured(b, res[0]), measured(b, res[2])
+	reportPeer(b, "baseline", at32.perSample(at32.ourCPU()), 0, nil)
+	reportPeer(b, "at-256", at256.perSample(at256.ourCPU()), 1.2, nil)
 }
 
 // BenchmarkPeerNRILayoutPss110: the shipped NRI layout's Pss in bytes (8
@@ -234,7 +249,7 @@ func BenchmarkPeerNRILayoutPss256(b *testing.B) { benchNRILayout(b, 2, 4) }
 
 func benchNRILayout(b *testing.B, peer, layout int) {
 	res := peerResults(b)
-	nri := res[layout]
+	nri := measured(b, res[layout])
 	reportPeer(b, "baseline", float64(res[peer].cadvisorPs), 0, map[string]float64{"MiB": toMiB(res[peer].cadvisorPs)})
 	reportPeer(b, "8-shards-60s", float64(nri.ourPss()), 0, map[string]float64{
 		"MiB": toMiB(nri.ourPss()), "statsd-MiB": toMiB(nri.statsdPss), "agent-MiB": toMiB(nri.agentPss), "nri-MiB": toMiB(nri.nriPss)})

@@ -68,34 +68,6 @@ func Start[T any](ctx context.Context, g *Group, key string, fn func() (T, error
 	}
 }
 
-// DoHere is Do for a fn that bounds itself: it returns within limit of
-// its start, whatever it waits for. When no call for key is in flight and
-// ctx leaves at least limit before its deadline (or has none), the caller
-// starts the call and runs fn on its own goroutine: it would wait for the
-// call to its end anyway, and the hand-off to a worker and back is work for
-// nothing (about 1 µs and 2 allocations a call; docs/design.md,
-// StatsWorkloadAgent). A caller cancelled meanwhile returns when fn does,
-// within limit. Callers
-// asking for key meanwhile join it as they join a worker's call; any other
-// call is Do's.
-func DoHere[T any](ctx context.Context, g *Group, key string, limit time.Duration, fn func() (T, error)) (T, error) {
-	if g.timeout > 0 && limit > g.timeout {
-		return Do(ctx, g, key, fn) // the Group's bound is the shorter
-	}
-	if dl, ok := ctx.Deadline(); !ok || time.Until(dl) >= limit {
-		g.mu.Lock()
-		if _, busy := g.calls[key]; !busy {
-			c := &call{done: make(chan struct{})}
-			g.calls[key] = c
-			g.mu.Unlock()
-			g.run(key, c, func() (any, error) { return fn() })
-			return resultOf[T](c)
-		}
-		g.mu.Unlock()
-	}
-	return Do(ctx, g, key, fn)
-}
-
 // do is Do and DoBatch: start makes the function of a new call (given the
 // call, to keep what a caller at its deadline may ask about it).
 func do[T any](ctx context.Context, g *Group, key string, start func(*call) func() (any, error)) (T, error) {
@@ -134,7 +106,11 @@ func await[T any](ctx context.Context, key string, c *call) (T, error) {
 	var zero T
 	select {
 	case <-c.done:
-		return resultOf[T](c)
+		if c.err != nil {
+			return zero, c.err
+		}
+		v, _ := c.val.(T) // a nil interface value asserts to the zero T
+		return v, nil
 	case <-ctx.Done():
 		what := strings.ReplaceAll(key, "\x00", "/")
 		if c.batch != nil {
@@ -148,16 +124,6 @@ func await[T any](ctx context.Context, key string, c *call) (T, error) {
 		}
 		return zero, fmt.Errorf("%w: %s: %w", source.ErrTimeout, what, ctx.Err())
 	}
-}
-
-// resultOf is the result of c, which has finished.
-func resultOf[T any](c *call) (T, error) {
-	if c.err != nil {
-		var zero T
-		return zero, c.err
-	}
-	v, _ := c.val.(T) // a nil interface value asserts to the zero T
-	return v, nil
 }
 
 func (g *Group) run(key string, c *call, fn func() (any, error)) {

@@ -6,7 +6,6 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -148,88 +147,4 @@ func TestStart(t *testing.T) {
 	if took := time.Since(w0); !errors.Is(err, source.ErrTimeout) || took > 190*time.Millisecond {
 		t.Fatalf("hung call: %v after %v in wait, want ErrTimeout at once (the bound runs from Start)", err, took)
 	}
-}
-
-// goroutineID is the running goroutine's id, from its stack header.
-func goroutineID() string {
-	buf := make([]byte, 64)
-	buf = buf[:runtime.Stack(buf, false)]
-	id, _, _ := strings.Cut(strings.TrimPrefix(string(buf), "goroutine "), " ")
-	return id
-}
-
-// TestDoHere: a caller with no deadline, or one at least the call's limit
-// away, runs the call itself; a caller whose deadline is sooner hands it
-// to a worker and gets ErrTimeout at its deadline; a caller that finds the
-// key in flight joins the call, whoever runs it.
-func TestDoHere(t *testing.T) {
-	const limit = time.Second
-	g := New(0)
-	ranOn := func() (string, error) { return goroutineID(), nil }
-	long, cancelLong := context.WithTimeout(context.Background(), 2*limit)
-	defer cancelLong()
-	short, cancelShort := context.WithTimeout(context.Background(), limit/2)
-	defer cancelShort()
-	for _, tc := range []struct {
-		name string
-		ctx  context.Context
-		here bool
-	}{
-		{"no deadline", context.Background(), true},
-		{"deadline beyond the limit", long, true},
-		{"deadline within the limit", short, false},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			me := goroutineID()
-			got, err := DoHere(tc.ctx, g, "k", limit, ranOn)
-			if err != nil || (got == me) != tc.here {
-				t.Fatalf("ran on goroutine %s (the caller is %s), err %v; want on the caller: %v", got, me, err, tc.here)
-			}
-		})
-	}
-
-	t.Run("a sooner deadline is kept", func(t *testing.T) {
-		release := make(chan struct{})
-		defer close(release)
-		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
-		defer cancel()
-		start := time.Now()
-		_, err := DoHere(ctx, g, "hung", limit, func() (int, error) { <-release; return 0, nil })
-		if took := time.Since(start); !errors.Is(err, source.ErrTimeout) || took > limit/2 {
-			t.Fatalf("%v after %v, want ErrTimeout at the caller's 50ms", err, took)
-		}
-	})
-
-	t.Run("joined", func(t *testing.T) {
-		release := make(chan struct{})
-		calls := 0
-		fn := func() (int, error) { calls++; <-release; return 7, nil }
-		first := make(chan int)
-		go func() { v, _ := DoHere(context.Background(), g, "shared", limit, fn); first <- v }()
-		for g.InFlight() == 0 {
-			time.Sleep(time.Millisecond)
-		}
-		second := make(chan int)
-		go func() { v, _ := DoHere(context.Background(), g, "shared", limit, fn); second <- v }()
-		time.Sleep(20 * time.Millisecond) // the second caller waits on the first's call
-		close(release)
-		if a, b := <-first, <-second; a != 7 || b != 7 || calls != 1 {
-			t.Fatalf("results %d and %d from %d calls, want 7 and 7 from 1", a, b, calls)
-		}
-	})
-
-	t.Run("panic", func(t *testing.T) {
-		_, err := DoHere(context.Background(), g, "boom", limit, func() (int, error) { panic("parser bug") })
-		if !errors.Is(err, source.ErrMalformed) || g.InFlight() != 0 {
-			t.Fatalf("err = %v with %d in flight, want ErrMalformed and none", err, g.InFlight())
-		}
-	})
-
-	t.Run("a Group bound shorter than the limit", func(t *testing.T) {
-		me := goroutineID()
-		got, err := DoHere(context.Background(), New(limit/2), "k", limit, ranOn)
-		if err != nil || got == me {
-			t.Fatalf("ran on goroutine %s (the caller is %s), err %v; want on a worker", got, me, err)
-		}
-	})
 }

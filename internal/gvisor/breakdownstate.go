@@ -156,7 +156,7 @@ func (s *splitter) restoreState(st breakdownState) {
 func (o *ownTracker) exportState(st *breakdownState) {
 	o.snapMu.Lock()
 	defer o.snapMu.Unlock()
-	st.DoneTicks, st.SentryStart, st.KVM = o.snap.done, o.snap.sentryStart, o.snap.kvm
+	st.DoneTicks, st.SentryStart, st.KVM = o.snap.done/tickUsec, o.snap.sentryStart, o.snap.kvm
 	st.Procs = append(st.Procs, o.snap.procs[:min(len(o.snap.procs), maxStateProcs)]...)
 }
 
@@ -166,7 +166,7 @@ func (o *ownTracker) exportState(st *breakdownState) {
 func (o *ownTracker) restoreState(st breakdownState) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.done, o.sentryStart, o.kvm = st.DoneTicks, st.SentryStart, st.KVM
+	o.done, o.sentryStart, o.kvm = st.DoneTicks*tickUsec, st.SentryStart, st.KVM
 	for _, p := range o.procs {
 		if p.fd >= 0 {
 			syscall.Close(p.fd)
@@ -175,7 +175,7 @@ func (o *ownTracker) restoreState(st breakdownState) {
 	o.held = 0
 	clear(o.procs)
 	for _, p := range st.Procs {
-		o.procs[p.PID] = ownProc{start: p.Start, ok: true, ticks: p.Ticks, fd: -1}
+		o.procs[p.PID] = ownProc{start: p.Start, ok: true, usec: p.Ticks * tickUsec, fd: -1}
 	}
 	o.snapshotLocked()
 }
@@ -194,7 +194,7 @@ func (o *ownTracker) snapshotLocked() {
 	o.snap.procs = o.snap.procs[:0]
 	for pid, p := range o.procs {
 		if p.ok {
-			o.snap.procs = append(o.snap.procs, procState{PID: pid, Start: p.start, Ticks: p.ticks})
+			o.snap.procs = append(o.snap.procs, procState{PID: pid, Start: p.start, Ticks: p.usec / tickUsec})
 		}
 	}
 	slices.SortFunc(o.snap.procs, func(a, b procState) int { return a.PID - b.PID })

@@ -1,7 +1,8 @@
 // This file measures a gVisor sandbox's own processes, the sentry and the
 // gofers, from /proc: the host CPU the kernel charged them (utime+stime of
-// /proc/<pid>/stat, exited threads included), each process checked once to
-// be the sandbox's and its last figure kept when it exits.
+// /proc/<pid>/stat, exited threads included; once checked, the same sum
+// from the process's CPU clock: owncpu_clock_linux.go), each process
+// checked once to be the sandbox's and its last figure kept when it exits.
 
 package gvisor
 
@@ -25,6 +26,9 @@ import (
 
 // ErrProcStat marks a /proc/<pid>/stat line that does not parse.
 var ErrProcStat = errors.New("gvisor: /proc stat")
+
+// tickUsec is one USER_HZ tick (the unit of /proc/<pid>/stat's times) in µs.
+const tickUsec = 1_000_000 / process.UserHZ
 
 // maxStatBytes caps one /proc/<pid>/stat (a line of about 300 bytes; the
 // command name is at most 64).
@@ -58,15 +62,18 @@ func parseProcStat(b []byte) (procTimes, error) {
 type ownProc struct {
 	start uint64
 	ok    bool
-	ticks uint64
-	// fd is the process's /proc/<pid>/stat held open once it is checked
-	// (-1: not held): a read is then one pread(2), and the descriptor names
-	// that process only (a reused pid is another process: ESRCH here).
-	fd int
+	usec  uint64 // its CPU, µs (its stat's ticks, or its clock's nanoseconds, truncated)
+	// fd is what is held of the process once it is checked (-1: nothing):
+	// a pidfd when clock (a read is then its CPU clock, owncpu_clock_linux.go),
+	// else its /proc/<pid>/stat (one pread(2)). Either names that process
+	// only (a reused pid is another process: ESRCH, or the pidfd exited).
+	fd    int
+	clock bool
 }
 
-// maxHeldStatFDs bounds the /proc stat descriptors one sandbox holds (the
-// sentry and the first gofers); the others are opened at each read.
+// maxHeldStatFDs bounds the descriptors (pidfds or /proc stat) one sandbox
+// holds (the sentry and the first gofers); the others' stat is opened at
+// each read.
 const maxHeldStatFDs = 8
 
 // ownTracker adds up the host CPU of one sandbox's sentry and gofers. A
@@ -79,7 +86,7 @@ type ownTracker struct {
 	procRoot string
 
 	mu     sync.Mutex
-	done   uint64 // ticks of the sandbox's processes that are gone
+	done   uint64 // µs of the sandbox's processes that are gone
 	procs  map[int]ownProc
 	held   int  // descriptors held (ownProc.fd)
 	closed bool // close was called (or holding is off, for a fake /proc): hold nothing more
@@ -152,6 +159,17 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			continue
 		}
 		p, known := o.procs[pid]
+		if known && p.fd >= 0 && p.clock {
+			if usec, live := clockUsec(pid, p.fd); live {
+				p.usec = max(p.usec, usec)
+				o.procs[pid] = p
+				continue
+			}
+			// Exited (or the clock did not read): its final figure, or its
+			// end, from its stat (a zombie's still reads).
+			o.release(p.fd)
+			p.fd, p.clock = -1, false
+		}
 		path := filepath.Join(o.procRoot, strconv.Itoa(pid), "stat")
 		fd := -1
 		var b []byte
@@ -171,7 +189,7 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 		switch {
 		case err != nil && process.IsGone(err):
 			if known && p.ok {
-				o.done += p.ticks
+				o.done += p.usec
 			}
 			o.release(fd)
 			delete(o.procs, pid)
@@ -187,7 +205,7 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 			// A reused pid (read through a new descriptor: a held one
 			// names the old process only): the old process is gone.
 			if p.ok {
-				o.done += p.ticks
+				o.done += p.usec
 			}
 			if p.fd >= 0 && p.fd == fd {
 				o.held-- // not from the kernel (a held descriptor names one process); the fd is weighed anew below
@@ -244,10 +262,21 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 				}
 			}
 		}
-		p.ticks = max(p.ticks, t.Ticks)
+		p.usec = max(p.usec, t.Ticks*tickUsec)
 		if fd != p.fd {
 			if p.ok && p.fd < 0 && !o.closed && o.held < maxHeldStatFDs {
-				p.fd = fd // held from now on
+				p.fd = fd // held from now on: its clock when it reads by pid here, else the stat
+				if pidfd, ok := holdClock(o.procRoot, pid, fd, t.State, o.buf[:]); ok {
+					syscall.Close(fd)
+					p.fd, p.clock = pidfd, true
+					// Its clock from this first read on: the stat's two
+					// truncated tick counts run up to 2 ticks behind it, and
+					// a jump of the own figure between two samples would be
+					// taken from the containers' next increase.
+					if usec, live := clockUsec(pid, pidfd); live {
+						p.usec = max(p.usec, usec)
+					}
+				}
 				o.held++
 			} else {
 				o.release(fd)
@@ -255,14 +284,14 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 		}
 		o.procs[pid] = p
 	}
-	var ticks uint64
+	var usec uint64
 	for _, p := range o.procs {
 		if p.ok {
-			ticks += p.ticks
+			usec += p.usec
 			out.Counts++
 		}
 	}
-	out.Usec = (o.done + ticks) * (1_000_000 / process.UserHZ)
+	out.Usec = o.done + usec
 	if p, ok := o.procs[sentry]; ok && p.ok && p.start == o.sentryStart {
 		out.KVM = o.kvm
 	} else if ok && !p.ok && p.start == o.whyStart {
@@ -335,7 +364,7 @@ func (o *ownTracker) release(fd int) {
 	}
 	for pid, p := range o.procs {
 		if p.fd == fd {
-			p.fd = -1
+			p.fd, p.clock = -1, false
 			o.procs[pid] = p
 			o.held--
 		}
@@ -352,7 +381,7 @@ func (o *ownTracker) close() {
 	for pid, p := range o.procs {
 		if p.fd >= 0 {
 			syscall.Close(p.fd)
-			p.fd = -1
+			p.fd, p.clock = -1, false
 			o.procs[pid] = p
 		}
 	}

@@ -5,13 +5,14 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 )
 
-// TestOwnTrackerHeldStat: on the real /proc, a checked gofer's stat is held
-// open (one pread a read) and, once the process exits and is reaped, that
-// descriptor answers ESRCH: the process keeps its last figure, the
+// TestOwnTrackerHeldStat: on the real /proc, a checked gofer is held as a
+// pidfd (its CPU clock a read); once it exits its stat gives its final
+// figure (a zombie's), and once it is reaped it keeps its last figure, the
 // descriptor is closed, and a process that reuses nothing is never read
 // through it. close releases what is held.
 func TestOwnTrackerHeldStat(t *testing.T) {
@@ -57,14 +58,33 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 	p := o.procs[gofer]
 	held := o.held
 	o.mu.Unlock()
-	if p.fd < 0 || held != 1 {
-		t.Fatalf("the gofer's stat is not held: fd %d, %d held", p.fd, held)
+	if p.fd < 0 || !p.clock || held != 1 {
+		t.Fatalf("the gofer is not held by its pidfd: fd %d (clock %v), %d held", p.fd, p.clock, held)
 	}
-	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(p.fd)); err != nil || target != "/proc/"+strconv.Itoa(gofer)+"/stat" {
-		t.Errorf("the held descriptor is %q (%v), want the gofer's stat", target, err)
+	if target, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(p.fd)); err != nil || target != "anon_inode:[pidfd]" {
+		t.Errorf("the held descriptor is %q (%v), want the gofer's pidfd", target, err)
 	}
 	cmd.Process.Kill()
-	cmd.Wait() // reaped: the held descriptor now answers ESRCH
+	// A zombie (killed, not yet reaped): its clock is not read (the pidfd
+	// has exited); its stat, by path, still gives its final figure.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if b, _ := os.ReadFile("/proc/" + strconv.Itoa(gofer) + "/stat"); strings.Contains(string(b), ") Z ") {
+			break
+		}
+	}
+	z, err := o.read(root, self, []int{gofer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, _ := os.ReadFile("/proc/" + strconv.Itoa(gofer) + "/stat")
+	pt, err := parseProcStat(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if z.Usec < first.Usec || z.Usec < pt.Ticks*(1_000_000/100) || z.Counts != 1 {
+		t.Errorf("the zombie: %+v, want it counted with at least its stat's %d ticks and %d us", z, pt.Ticks, first.Usec)
+	}
+	cmd.Wait() // reaped: what is held of it now answers ESRCH
 	r, err := o.read(root, self, []int{gofer})
 	if err != nil {
 		t.Fatal(err)
@@ -79,4 +99,91 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 	if o.held != 0 {
 		t.Errorf("%d held after close", o.held)
 	}
+}
+
+// TestClockTicks: this process's CPU clock, held by its pidfd, agrees with
+// its /proc stat (utime + stime, each truncated to a tick: the clock's
+// figure, in µs, is at least the stat's before it and at most two ticks
+// past the stat's after it); a pidfd's fdinfo names its pid, and only it.
+func TestClockTicks(t *testing.T) {
+	self := os.Getpid()
+	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(statFD)
+	pidfd, ok := holdClock("/proc", self, statFD, 'R', make([]byte, maxStatBytes))
+	if !ok {
+		t.Fatal("holdClock refused this process")
+	}
+	defer syscall.Close(pidfd)
+	for i := 0; i < 3e7; i++ { // burn a few ticks
+		_ = i * i
+	}
+	ticks := func() uint64 {
+		b, err := os.ReadFile("/proc/" + strconv.Itoa(self) + "/stat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		pt, err := parseProcStat(b)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return pt.Ticks
+	}
+	before := ticks()
+	got, live := clockUsec(self, pidfd)
+	after := ticks()
+	if !live || got < before*tickUsec || got > (after+2)*tickUsec {
+		t.Errorf("clock %d µs (live %v), want between the stat's %d ticks and %d+2", got, live, before, after)
+	}
+	fdinfo, err := os.ReadFile("/proc/self/fdinfo/" + strconv.Itoa(pidfd))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !fdinfoNames(fdinfo, self) || fdinfoNames(fdinfo, self+1) || fdinfoNames([]byte("pos:\t0\n"), self) {
+		t.Errorf("fdinfoNames of %q: wrong", fdinfo)
+	}
+}
+
+// BenchmarkOwnTrackerRead: one read of a sandbox's own processes as the
+// breakdown makes it, a "sentry" and four "gofers" (shells with runsc's
+// argv[0] and --root=, checked once and held); cpu-ns/op is this process's
+// CPU (user + system) a read.
+func BenchmarkOwnTrackerRead(b *testing.B) {
+	const root = "/run/sbs-own-bench"
+	start := func(role string) int {
+		cmd := exec.Command("/bin/sh", "-c", "while :; do sleep 1; done", "x", "--root="+root)
+		cmd.Args[0] = role
+		if err := cmd.Start(); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+			if c, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline"); strings.HasPrefix(string(c), role+"\x00") {
+				break
+			}
+		}
+		return cmd.Process.Pid
+	}
+	sentry := start("runsc-sandbox")
+	var gofers []int
+	for range 4 {
+		gofers = append(gofers, start("runsc-gofer"))
+	}
+	o := newOwnTracker("/proc")
+	defer o.close()
+	if r, err := o.read(root, sentry, gofers); err != nil || r.Counts != 5 {
+		b.Fatalf("first read: %+v, %v: want 5 counted", r, err)
+	}
+	var r0, r1 syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r0)
+	for b.Loop() {
+		if _, err := o.read(root, sentry, gofers); err != nil {
+			b.Fatal(err)
+		}
+	}
+	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
+	cpu := time.Duration(r1.Utime.Nano() - r0.Utime.Nano() + r1.Stime.Nano() - r0.Stime.Nano())
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 }

@@ -13,7 +13,8 @@ import (
 
 // callContext is a context with only a deadline: no values, no parent,
 // Done closed by its timer at the deadline. One call holds it from
-// startCall to end.
+// startCall to end. Never derive a context from it (context.WithCancel and
+// the like would keep a reference past end, when it is reused).
 type callContext struct {
 	deadline time.Time
 	done     chan struct{}

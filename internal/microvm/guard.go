@@ -76,9 +76,6 @@ func newFrameGuard(c net.Conn, maxFrame int, writeBound time.Duration) *frameGua
 	return g
 }
 
-// writesBounded reports whether every write has its deadline.
-func (g *frameGuard) writesBounded() bool { return g.writeBound > 0 }
-
 // Violation is why the guard cut the connection, or nil.
 func (g *frameGuard) Violation() error {
 	g.mu.Lock()

@@ -171,9 +171,10 @@ func (s *guestSource) Sample(ctx context.Context) (source.Reading, error) {
 }
 
 // readContainer calls StatsContainer for id (one call in flight per id) and
-// converts the reply. The call bounds itself (CallTimeout for the answer,
-// the guard's write deadline for the request), so a caller that would wait
-// for it to its end makes it on its own goroutine (bounded.DoHere).
+// converts the reply. The call runs on a bounded worker, never on the
+// caller's goroutine: ttrpc writes a connection's requests one at a time,
+// so a call may wait behind its siblings' writes (each bounded by the
+// guard's write deadline) longer than its caller may wait.
 func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string) containerResult {
 	call := func() (*katagrpc.StatsContainerResponse, error) {
 		cctx := startCall(s.cfg.CallTimeout)
@@ -186,15 +187,7 @@ func (s *guestSource) readContainer(ctx context.Context, c *agentConn, id string
 		s.answered(c)
 		return &resp, nil
 	}
-	var (
-		resp *katagrpc.StatsContainerResponse
-		err  error
-	)
-	if c.guard.writesBounded() {
-		resp, err = bounded.DoHere(ctx, s.calls, id, s.cfg.CallTimeout, call)
-	} else {
-		resp, err = bounded.Do(ctx, s.calls, id, call)
-	}
+	resp, err := bounded.Do(ctx, s.calls, id, call)
 	if err != nil {
 		return containerResult{ID: id, Err: err, Why: reason(err)}
 	}

@@ -110,7 +110,7 @@ func New(cfg Config, logger *slog.Logger) (*Agent, error) {
 		return nil, err
 	}
 	reg, live := prometheus.NewRegistry(), prometheus.NewRegistry()
-	live.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	live.MustRegister(collectors.NewGoCollector(), newProcessCollector(procRoot))
 	started := time.Now()
 	m, err := newStatefulMetrics(reg, metricsConfig{LabelActor: cfg.LabelActor, LabelInterface: cfg.LabelInterface, Grace: cfg.Grace,
 		Started: started, EndedHorizon: cfg.EndedHorizon, MaxTemplates: cfg.MaxTemplates,

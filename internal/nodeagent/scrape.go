@@ -158,20 +158,40 @@ func (h *scrapeHandler) body(format expfmt.Format) *sweepBody {
 		return nil
 	}
 	b := &sweepBody{names: make([]string, len(fams)), ends: make([]int, len(fams))}
-	var buf bytes.Buffer
-	enc := expfmt.NewEncoder(&buf, format)
-	for i, f := range fams {
-		if err := enc.Encode(f); err != nil {
-			return nil
+	if !encodeText(b, fams, format) {
+		var buf bytes.Buffer
+		enc := expfmt.NewEncoder(&buf, format)
+		for i, f := range fams {
+			if err := enc.Encode(f); err != nil {
+				return nil
+			}
+			b.names[i], b.ends[i] = f.GetName(), buf.Len()
 		}
-		b.names[i], b.ends[i] = f.GetName(), buf.Len()
+		b.text = slices.Clip(buf.Bytes())
 	}
 	if !slices.IsSorted(b.names) {
 		return nil
 	}
-	b.text = slices.Clip(buf.Bytes())
 	h.bodies[format] = b
 	return b
+}
+
+// encodeText encodes fams into b with appendText when format is the text
+// format and appendText writes every family; false leaves b to expfmt.
+func encodeText(b *sweepBody, fams []*dto.MetricFamily, format expfmt.Format) bool {
+	if format.FormatType() != expfmt.TypeTextPlain {
+		return false
+	}
+	text, legal := make([]byte, 0, 4096), map[string]bool{}
+	for i, f := range fams {
+		var ok bool
+		if text, ok = appendText(text, f, legal); !ok {
+			return false
+		}
+		b.names[i], b.ends[i] = f.GetName(), len(text)
+	}
+	b.text = slices.Clip(text)
+	return true
 }
 
 // piece is a run of the sweep's families (live == nil) or one live

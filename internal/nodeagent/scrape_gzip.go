@@ -52,6 +52,7 @@ type gzipRun struct {
 	deflated []byte
 	crc      uint32
 	n        int
+	shift    [32]uint32 // crc32Shift(n)
 }
 
 // deflateSynced compresses p as a deflate stream ended by a sync flush.
@@ -86,7 +87,7 @@ func (h *scrapeHandler) gzipRuns(b *sweepBody, pieces []piece) *gzipPieces {
 		var buf bytes.Buffer
 		deflateSynced(&buf, text)
 		want[i].deflated = slices.Clip(buf.Bytes())
-		want[i].crc, want[i].n = crc32.ChecksumIEEE(text), len(text)
+		want[i].crc, want[i].n, want[i].shift = crc32.ChecksumIEEE(text), len(text), crc32Shift(len(text))
 	}
 	b.gz = &gzipPieces{runs: want}
 	return b.gz
@@ -117,7 +118,7 @@ func (h *scrapeHandler) writeGzip(w io.Writer, b *sweepBody, pieces []piece) {
 			endLive()
 			r := gz.runs[run]
 			run++
-			crc, n = crc32Combine(crc, r.crc, r.n), n+r.n
+			crc, n = gf2Times(&r.shift, crc)^r.crc, n+r.n
 			if _, err := w.Write(out.Bytes()); err != nil { // the header, live pieces before
 				return
 			}
@@ -143,40 +144,43 @@ func (h *scrapeHandler) writeGzip(w io.Writer, b *sweepBody, pieces []piece) {
 
 // crc32Combine returns the CRC-32 (IEEE) of a text whose first part has
 // crc1 and whose second part, n2 bytes long, has crc2 (zlib's
-// crc32_combine: the first CRC shifted by n2 zero bytes through the
-// polynomial's matrix, squared per bit of n2).
+// crc32_combine).
 func crc32Combine(crc1, crc2 uint32, n2 int) uint32 {
-	if n2 <= 0 {
-		return crc1
+	op := crc32Shift(n2)
+	return gf2Times(&op, crc1) ^ crc2
+}
+
+// crc32Shift returns the operator that takes a CRC-32 (IEEE) state over n
+// zero bytes: the polynomial's one-zero-bit matrix raised to the 8n-th
+// power by squaring. A run's is made once per sweep (gzipRuns): making it
+// at every scrape was a tenth of the live families' compression.
+func crc32Shift(n int) [32]uint32 {
+	var op [32]uint32 // the identity
+	for i := range op {
+		op[i] = 1 << i
 	}
-	var even, odd [32]uint32
-	odd[0] = 0xedb88320 // the reversed IEEE polynomial: one zero bit
-	row := uint32(1)
+	if n <= 0 {
+		return op
+	}
+	var cur, next [32]uint32
+	cur[0] = 0xedb88320 // the reversed IEEE polynomial: one zero bit
 	for i := 1; i < 32; i++ {
-		odd[i] = row
-		row <<= 1
+		cur[i] = 1 << (i - 1)
 	}
-	gf2Square(&even, &odd) // two zero bits
-	gf2Square(&odd, &even) // four zero bits
-	for {
-		gf2Square(&even, &odd) // the first pass: one zero byte
-		if n2&1 != 0 {
-			crc1 = gf2Times(&even, crc1)
-		}
-		n2 >>= 1
-		if n2 == 0 {
-			break
-		}
-		gf2Square(&odd, &even)
-		if n2&1 != 0 {
-			crc1 = gf2Times(&odd, crc1)
-		}
-		n2 >>= 1
-		if n2 == 0 {
-			break
-		}
+	for range 3 { // one zero bit -> one zero byte
+		gf2Square(&next, &cur)
+		cur = next
 	}
-	return crc1 ^ crc2
+	for ; n > 0; n >>= 1 {
+		if n&1 != 0 {
+			for i := range op {
+				op[i] = gf2Times(&cur, op[i])
+			}
+		}
+		gf2Square(&next, &cur)
+		cur = next
+	}
+	return op
 }
 
 func gf2Times(mat *[32]uint32, vec uint32) uint32 {

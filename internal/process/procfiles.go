@@ -36,6 +36,8 @@ type StatFields struct {
 	UTime     uint64 // field 14
 	STime     uint64 // field 15
 	Starttime uint64 // field 22, after boot
+	VSize     uint64 // field 23, virtual memory size in bytes; 0 when the line stops before it
+	RSS       uint64 // field 24, resident set size in pages; 0 when the line stops before it
 	GuestTime uint64 // field 43; 0 when the line stops before it
 }
 
@@ -57,7 +59,8 @@ func ParseStat(b []byte) (Stat, error) {
 // before it, after the first '(', may hold any byte, ')' and spaces
 // included), its fields split at ASCII white space. Fields 3 to 22 are
 // required (the kernel writes 52): the state one letter, the others
-// unsigned decimals that fit a uint64 (the ppid a pid_t). It does not
+// unsigned decimals that fit a uint64 (the ppid a pid_t), as are 23, 24
+// and 43 when the line has them. It does not
 // allocate unless it fails: gvisor's own-CPU read runs it for every own
 // process at every sample.
 func ParseStatFields(b []byte) (StatFields, error) {
@@ -65,8 +68,9 @@ func ParseStatFields(b []byte) (StatFields, error) {
 	if l < 0 || r < l {
 		return StatFields{}, fmt.Errorf("%w: no command name in (): %s", ErrMalformedStat, foreign.QuoteBytes(b))
 	}
-	// f[n] is field n+3 (f[0] the state); fields 3 to 22 and 43 are kept.
-	var f [20][]byte
+	// f[n] is field n+3 (f[0] the state); fields 3 to 24 and 43 are kept,
+	// 3 to 22 required.
+	var f [22][]byte
 	var guest []byte
 	n := 0
 	for rest := b[r+1:]; ; n++ {
@@ -88,7 +92,7 @@ func ParseStatFields(b []byte) (StatFields, error) {
 		}
 		rest = rest[j:]
 	}
-	if n < len(f) {
+	if n < 20 {
 		return StatFields{}, fmt.Errorf("%w: %d fields after the command name, want at least 20", ErrMalformedStat, n)
 	}
 	if len(f[0]) != 1 || !letter(f[0][0]) {
@@ -107,6 +111,12 @@ func ParseStatFields(b []byte) (StatFields, error) {
 	}
 	if err == nil {
 		st.Starttime, err = statNumber(f[22-3], 22)
+	}
+	if err == nil && f[23-3] != nil {
+		st.VSize, err = statNumber(f[23-3], 23)
+	}
+	if err == nil && f[24-3] != nil {
+		st.RSS, err = statNumber(f[24-3], 24)
 	}
 	if err == nil && guest != nil {
 		st.GuestTime, err = statNumber(guest, 43)
@@ -275,4 +285,24 @@ func ParseCPUStat(b []byte) (total CPUStat, perCPU map[int64]CPUStat, err error)
 		perCPU[id] = c
 	}
 	return total, perCPU, nil
+}
+
+// ParseBootTime returns the "btime" line of /proc/stat: when the machine
+// booted, in seconds since the Unix epoch.
+func ParseBootTime(b []byte) (uint64, error) {
+	for line := range bytes.Lines(b) {
+		f := bytes.Fields(line)
+		if len(f) == 0 || string(f[0]) != "btime" {
+			continue
+		}
+		if len(f) != 2 {
+			return 0, fmt.Errorf("%w: /proc/stat line %s: want btime and one figure", ErrMalformedStat, foreign.QuoteBytes(line))
+		}
+		v, ok := decimal(f[1])
+		if !ok {
+			return 0, fmt.Errorf("%w: /proc/stat btime %s: not a count of seconds", ErrMalformedStat, foreign.QuoteBytes(f[1]))
+		}
+		return v, nil
+	}
+	return 0, fmt.Errorf("%w: /proc/stat has no btime line", ErrMalformedStat)
 }

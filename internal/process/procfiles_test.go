@@ -16,12 +16,12 @@ import (
 )
 
 // statLine is a kernel's /proc/<pid>/stat line of a QEMU vCPU thread (52
-// fields): utime 5, stime 7, starttime 86000, guest_time 9.
+// fields): utime 5, stime 7, starttime 86000, vsize 1, rss 1, guest_time 9.
 const statLine = "4242 (CPU 0/KVM) S 1 4242 4242 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0 86000 1 1 1 1 1 1 0 0 0 0 0 0 0 0 0 17 1 0 0 0 9 0 0 0 0 0 0 0 0 0\n"
 
 // lineStat is a Stat of statLine's figures, of command name comm in state.
 func lineStat(comm string, state byte) Stat {
-	return Stat{Comm: comm, StatFields: StatFields{State: state, PPID: 1, UTime: 5, STime: 7, Starttime: 86000, GuestTime: 9}}
+	return Stat{Comm: comm, StatFields: StatFields{State: state, PPID: 1, UTime: 5, STime: 7, Starttime: 86000, VSize: 1, RSS: 1, GuestTime: 9}}
 }
 
 func TestParseStat(t *testing.T) {
@@ -36,9 +36,11 @@ func TestParseStat(t *testing.T) {
 		{"name with ') ' before the state", strings.Replace(statLine, "(CPU 0/KVM) S", "(a) b) c) Z", 1), lineStat("a) b) c", 'Z'), false},
 		{"zombie", strings.Replace(statLine, ") S ", ") Z ", 1), lineStat("CPU 0/KVM", 'Z'), false},
 		{"runsc-sandbox, cut after field 24", "21385 (runsc-sandbox) S 1 21385 21385 0 -1 4194560 3064 0 0 0 5 3 0 0 20 0 12 0 1234567 1000 100",
-			Stat{Comm: "runsc-sandbox", StatFields: StatFields{State: 'S', PPID: 1, UTime: 5, STime: 3, Starttime: 1234567}}, false},
+			Stat{Comm: "runsc-sandbox", StatFields: StatFields{State: 'S', PPID: 1, UTime: 5, STime: 3, Starttime: 1234567, VSize: 1000, RSS: 100}}, false},
+		{"cut after field 23", "7 (x) S 1 7 7 0 -1 0 0 0 0 0 5 3 0 0 20 0 1 0 99 4096",
+			Stat{Comm: "x", StatFields: StatFields{State: 'S', PPID: 1, UTime: 5, STime: 3, Starttime: 99, VSize: 4096}}, false},
 		{"utime of 2^64-1", strings.Replace(statLine, " 5 7 ", " 18446744073709551615 7 ", 1),
-			Stat{Comm: "CPU 0/KVM", StatFields: StatFields{State: 'S', PPID: 1, UTime: 1<<64 - 1, STime: 7, Starttime: 86000, GuestTime: 9}}, false},
+			Stat{Comm: "CPU 0/KVM", StatFields: StatFields{State: 'S', PPID: 1, UTime: 1<<64 - 1, STime: 7, Starttime: 86000, VSize: 1, RSS: 1, GuestTime: 9}}, false},
 		{"stops before starttime", "9 (x) S 1 9 9 0 -1 4194368 100 0 0 0 5 7 0 0 20 0 3 0", Stat{}, true},
 		{"ends at the name", "9 (x)", Stat{}, true},
 		{"no name", "9 x S 1", Stat{}, true},
@@ -50,6 +52,8 @@ func TestParseStat(t *testing.T) {
 		{"negative utime", strings.Replace(statLine, " 5 7 ", " -5 7 ", 1), Stat{}, true},
 		{"utime past 2^64-1", strings.Replace(statLine, " 5 7 ", " 18446744073709551616 7 ", 1), Stat{}, true},
 		{"guest_time not a number", strings.Replace(statLine, " 9 0 0 ", " x 0 0 ", 1), Stat{}, true},
+		{"vsize not a number", strings.Replace(statLine, " 86000 1 1 ", " 86000 -1 1 ", 1), Stat{}, true},
+		{"rss not a number", strings.Replace(statLine, " 86000 1 1 ", " 86000 1 x ", 1), Stat{}, true},
 		{"ppid past pid_t", strings.Replace(statLine, ") S 1 ", ") S 4294967296 ", 1), Stat{}, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -136,12 +140,11 @@ func refParseStat(b []byte) (Stat, bool) {
 	if len(f) < 20 || len(f[0]) != 1 || !unicode.IsLetter(rune(f[0][0])) || f[0][0] > 0x7f {
 		return Stat{}, false
 	}
-	fields := []int{4, 14, 15, 22}
-	if len(f) > 43-3 {
-		fields = append(fields, 43)
-	}
-	var v [5]uint64
-	for k, n := range fields {
+	var v [7]uint64 // fields 4, 14, 15, 22, 23, 24, 43; 0 past the line's end
+	for k, n := range []int{4, 14, 15, 22, 23, 24, 43} {
+		if n-3 >= len(f) {
+			continue
+		}
 		x, err := strconv.ParseUint(string(f[n-3]), 10, 64)
 		if err != nil {
 			return Stat{}, false
@@ -151,7 +154,8 @@ func refParseStat(b []byte) (Stat, bool) {
 	if v[0] > math.MaxInt32 {
 		return Stat{}, false
 	}
-	return Stat{Comm: string(b[l+1 : r]), StatFields: StatFields{State: f[0][0], PPID: int(v[0]), UTime: v[1], STime: v[2], Starttime: v[3], GuestTime: v[4]}}, true
+	return Stat{Comm: string(b[l+1 : r]), StatFields: StatFields{State: f[0][0], PPID: int(v[0]), UTime: v[1], STime: v[2], Starttime: v[3],
+		VSize: v[4], RSS: v[5], GuestTime: v[6]}}, true
 }
 
 // hasUnicodeSpace reports white space bytes.Fields splits at that
@@ -202,6 +206,68 @@ func TestParseCPUStat(t *testing.T) {
 			}
 		})
 	}
+}
+
+func TestParseBootTime(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		text string
+		want uint64
+		err  bool
+	}{
+		{"a kernel's /proc/stat", "cpu  10 1 20 300 4 5 6 7 8 9\ncpu0 5 1 10 150 2 3 3 4 4 5\nintr 1 0\nctxt 99\nbtime 1765000000\nprocesses 7\n", 1765000000, false},
+		{"last line without a newline", "ctxt 99\nbtime 42", 42, false},
+		{"no btime", "cpu  10 1 20 300\nctxt 99\n", 0, true},
+		{"btime not a number", "btime -1\n", 0, true},
+		{"btime past 2^64-1", "btime 18446744073709551616\n", 0, true},
+		{"btime without its figure", "btime\n", 0, true},
+		{"btime with two figures", "btime 1 2\n", 0, true},
+		{"a longer name is not btime", "btimes 7\nbtime 8\n", 8, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseBootTime([]byte(tc.text))
+			if tc.err {
+				if !errors.Is(err, ErrMalformedStat) {
+					t.Fatalf("got %d, %v; want ErrMalformedStat", got, err)
+				}
+				return
+			}
+			if err != nil || got != tc.want {
+				t.Fatalf("got %d, %v; want %d", got, err, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzParseBootTime checks ParseBootTime against strconv's reading of the
+// first btime line.
+func FuzzParseBootTime(f *testing.F) {
+	f.Add([]byte("cpu  10 1 20 300 4 5 6 7 8 9\nbtime 1765000000\nprocesses 7\n"))
+	f.Add([]byte("btime x\n"))
+	f.Add([]byte("btime 1 2\nbtime 3\n"))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		got, err := ParseBootTime(b)
+		if err != nil && !errors.Is(err, ErrMalformedStat) {
+			t.Fatalf("err %v is not ErrMalformedStat", err)
+		}
+		if hasUnicodeSpace(b) {
+			return
+		}
+		for line := range bytes.Lines(b) {
+			f := bytes.Fields(line)
+			if len(f) == 0 || string(f[0]) != "btime" {
+				continue
+			}
+			want, perr := strconv.ParseUint(string(f[len(f)-1]), 10, 64)
+			if ok := len(f) == 2 && perr == nil; ok != (err == nil) || ok && got != want {
+				t.Fatalf("ParseBootTime(%q) = %d, %v; strconv's reading %d, %v", b, got, err, want, perr)
+			}
+			return
+		}
+		if err == nil {
+			t.Fatalf("ParseBootTime(%q) = %d without a btime line", b, got)
+		}
+	})
 }
 
 func FuzzParseCPUStat(f *testing.F) {
