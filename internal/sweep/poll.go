@@ -125,7 +125,8 @@ func (p poller) pollOnce(ctx context.Context, socket string) DaemonResult {
 	return p.poll(ctx, socket, dc)
 }
 
-// poll calls StatsActiveWorkloads on dc, and ListDriftFindings and
+// poll calls StatsActiveWorkloads on dc, StatsWorkload for each workload
+// its answer had no room for (ANSWER_FULL), and ListDriftFindings and
 // ListEndedActivations when its answer (or failure) calls for them, all
 // under ctx.
 func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonResult {
@@ -159,22 +160,30 @@ func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonR
 		return DaemonResult{Status: StatusError, Code: codes.ResourceExhausted, Capped: []string{"samples"},
 			Err: fmt.Errorf("sweep: poll %s: %d samples, over the cap of %d: answer dropped", socket, n, p.limits.MaxSamples)}
 	}
+	// The workloads the answer had no room for (ANSWER_FULL), each read on
+	// its own: with the answer, within Limits.MaxReplyBytes (the ended
+	// pages have their own).
+	samples, pending := resp.GetSamples(), resp.GetPending()
+	var capped []string
+	if len(pending) <= p.limits.MaxSamples {
+		samples, pending, capped = p.readAnswerFull(ctx, client, samples, pending, proto.Size(resp))
+	}
 	var r DaemonResult
-	if len(resp.GetSamples()) == 0 {
+	if len(samples) == 0 {
 		r = DaemonResult{Status: StatusNoSample, NoSampleReason: resp.GetNoSampleReason(), NoSampleDetail: resp.GetNoSampleDetail()}
 		if r.NoSampleReason == sandboxstatsv1.NoSampleReason_NO_SAMPLE_REASON_NOT_MEASURABLE_YET {
 			p.listDrift(ctx, client, socket, &r)
 		}
 	} else {
-		r = DaemonResult{Status: StatusOK, Samples: resp.GetSamples()}
+		r = DaemonResult{Status: StatusOK, Samples: samples}
 		// A workload without a sample beside the others (its read timed
 		// out, its sandbox may be gone): drift may say why, as for a
 		// daemon that answered no sample.
-		if len(resp.GetPending()) > 0 || slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
+		if len(pending) > 0 || slices.ContainsFunc(r.Samples, func(s *sandboxstatsv1.WorkloadStatsSample) bool { return s.GetOpenDriftFindings() > 0 }) {
 			p.listDrift(ctx, client, socket, &r)
 		}
 	}
-	r.Pending = resp.GetPending()
+	r.Pending, r.Capped = pending, append(r.Capped, capped...)
 	r.EndedLog = resp.GetEndedLog()
 	if len(r.Pending) > p.limits.MaxSamples {
 		r.Pending, r.Capped = nil, append(r.Capped, "pending")

@@ -104,7 +104,8 @@ type DaemonResult struct {
 // DefaultLimits.
 type Limits struct {
 	// MaxSamples: samples of one StatsActiveWorkloads answer (statsd serves
-	// one workload; the API leaves room for more).
+	// at most 64 workloads, --max-workloads), and of one poll with those
+	// read on their own (ANSWER_FULL).
 	MaxSamples int
 	// MaxFindings: open drift findings of one ListDriftFindings answer.
 	MaxFindings int
