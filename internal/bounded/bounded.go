@@ -53,20 +53,40 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 }
 
 // Start is Do without the wait: the call for key starts (or is joined)
-// now, and wait, called once, returns its result as Do would have, bounded
-// by ctx capped by the Group's timeout from now. A caller does other work
-// between the two (the call runs meanwhile on a worker) without a
-// goroutine of its own to wait in.
-func Start[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) (wait func() (T, error)) {
+// now, and the Pending's Wait, called once, returns its result as Do would
+// have, bounded by ctx capped by the Group's timeout from now. A caller does
+// other work between the two (the call runs meanwhile on a worker) without a
+// goroutine of its own to wait in; a caller that no longer wants the result
+// calls Abandon instead of Wait (the call goes on, shared, as after a
+// deadline).
+func Start[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) Pending[T] {
 	ctx, cancel := g.bound(ctx)
 	c := g.join(key, func(*call) func() (any, error) {
 		return func() (any, error) { return fn() }
 	})
-	return func() (T, error) {
-		defer cancel()
-		return await[T](ctx, key, c)
-	}
+	return Pending[T]{ctx: ctx, cancel: cancel, key: key, c: c}
 }
+
+// Pending is a call started by Start. Exactly one of Wait and Abandon is
+// called, once; the zero Pending is none (Started reports false).
+type Pending[T any] struct {
+	ctx    context.Context
+	cancel context.CancelFunc
+	key    string
+	c      *call
+}
+
+// Started reports whether p is a started call.
+func (p Pending[T]) Started() bool { return p.c != nil }
+
+// Wait returns the call's result as Do would have.
+func (p Pending[T]) Wait() (T, error) {
+	defer p.cancel()
+	return await[T](p.ctx, p.key, p.c)
+}
+
+// Abandon gives the result up without waiting for it.
+func (p Pending[T]) Abandon() { p.cancel() }
 
 // do is Do and DoBatch: start makes the function of a new call (given the
 // call, to keep what a caller at its deadline may ask about it).

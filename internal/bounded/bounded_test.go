@@ -129,8 +129,8 @@ func TestStart(t *testing.T) {
 		t.Fatalf("in flight %d, want 1 shared call", n)
 	}
 	close(release)
-	for i, wait := range []func() (int, error){wait1, wait2} {
-		if v, err := wait(); v != 7 || err != nil {
+	for i, wait := range []Pending[int]{wait1, wait2} {
+		if v, err := wait.Wait(); v != 7 || err != nil {
 			t.Errorf("wait %d = %d, %v, want 7", i+1, v, err)
 		}
 	}
@@ -143,8 +143,29 @@ func TestStart(t *testing.T) {
 	wait := Start(context.Background(), g, "hung", func() (int, error) { <-hang; return 0, nil })
 	time.Sleep(400 * time.Millisecond) // the caller's own work, past the bound
 	w0 := time.Now()
-	_, err := wait()
+	_, err := wait.Wait()
 	if took := time.Since(w0); !errors.Is(err, source.ErrTimeout) || took > 190*time.Millisecond {
 		t.Fatalf("hung call: %v after %v in wait, want ErrTimeout at once (the bound runs from Start)", err, took)
+	}
+
+	// Abandoned: the caller leaves at once; the call goes on, shared, and a
+	// later caller of the key joins it.
+	slow := make(chan struct{})
+	p := Start(context.Background(), g, "abandoned", func() (int, error) { <-slow; return 9, nil })
+	a0 := time.Now()
+	p.Abandon()
+	if took := time.Since(a0); took > 50*time.Millisecond {
+		t.Errorf("Abandon took %v", took)
+	}
+	if n := g.InFlight(); n != 2 { // the hung call's and this one
+		t.Errorf("in flight after Abandon %d, want the call still running", n)
+	}
+	joined := Start(context.Background(), g, "abandoned", func() (int, error) { return 0, errors.New("a second call") })
+	close(slow)
+	if v, err := joined.Wait(); v != 9 || err != nil {
+		t.Errorf("joined the abandoned call: %d, %v, want 9", v, err)
+	}
+	if (Pending[int]{}).Started() || !p.Started() {
+		t.Error("Started: the zero Pending is none, a started one is")
 	}
 }

@@ -86,11 +86,11 @@ func newBreakdown(roots []string, timeout, keepFor time.Duration, ref source.San
 }
 
 // start starts finding the containers and asking the sentry once, on a
-// worker; wait returns what they gave, within the breakdown's own bound
-// from now (ctx's deadline when sooner), and must be called once. The
+// worker; its Wait returns what they gave, within the breakdown's own bound
+// from now (ctx's deadline when sooner); Wait or Abandon is called once. The
 // sample reads the cgroup meanwhile, on its own goroutine: no goroutine
 // waits for the breakdown. Concurrent samples share one call.
-func (b *breakdown) start(ctx context.Context) (wait func() (containerRead, error)) {
+func (b *breakdown) start(ctx context.Context) bounded.Pending[containerRead] {
 	// What a timeout names: the sandbox (once found) and how it is bound,
 	// as the sentry client's own errors name its socket.
 	b.mu.Lock()

@@ -324,6 +324,31 @@ func TestSampleContainers(t *testing.T) {
 			t.Errorf("the sandbox's figures lost: %+v", r)
 		}
 	})
+	t.Run("hung sentry, the cgroup read failed: the sample's error at once", func(t *testing.T) {
+		root := getRunscRoot(t, boundToV2)
+		fakeSentry(t, root, "gvx-sbx", nil)
+		cg := t.TempDir()
+		if err := os.CopyFS(cg, os.DirFS(filepath.Join("testdata", "cgroup", "v2"))); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(source.SandboxRef{Class: source.ClassGVisor, CgroupPath: "/sandbox"}, Config{
+			CgroupRoot: cg, ProcRoot: filepath.Join("testdata", "proc"),
+			ReadTimeout: time.Second, Logger: discard(), Mode: ModeUnified,
+			RunscRoots: []string{root}, SentryTimeout: 500 * time.Millisecond,
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { s.Close() })
+		if err := os.Remove(filepath.Join(cg, "sandbox", "memory.current")); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		_, err = s.Sample(t.Context())
+		if took := time.Since(start); err == nil || took > 250*time.Millisecond {
+			t.Errorf("sample: %v after %v, want the cgroup read's error before the 500ms sentry bound", err, took)
+		}
+	})
 	t.Run("lying sentry: another container's reply", func(t *testing.T) {
 		root := getRunscRoot(t, boundToV2)
 		fakeSentry(t, root, "gvx-sbx", bytes.Replace(reply, []byte(`"id":"gvx-sbx"`), []byte(`"id":"other"`), 1))

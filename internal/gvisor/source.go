@@ -316,9 +316,9 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 	if s.ref.SentryPID != 0 {
 		wg.Go(func() { nr = s.readNetwork(ctx) })
 	}
-	var waitBreakdown func() (containerRead, error)
+	var breakdown bounded.Pending[containerRead]
 	if s.bd != nil {
-		waitBreakdown = s.bd.start(ctx)
+		breakdown = s.bd.start(ctx)
 	}
 	var r source.Reading
 	var err error
@@ -331,8 +331,12 @@ func (s *cgroupSource) read(ctx context.Context, loc *location) (source.Reading,
 		cr    containerRead
 		crErr error
 	)
-	if waitBreakdown != nil {
-		cr, crErr = waitBreakdown() // within its own bound, as the network read's
+	switch {
+	case !breakdown.Started():
+	case err != nil:
+		breakdown.Abandon() // no sample to add it to: no wait for it
+	default:
+		cr, crErr = breakdown.Wait() // within its own bound, as the network read's
 	}
 	wg.Wait()
 	if err == nil {
