@@ -1,15 +1,16 @@
 package nodeagent
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/process"
+	"golang.org/x/sys/unix"
 )
 
 // procRoot is where procfs is mounted: the agent's own process metrics
@@ -41,9 +42,12 @@ type processCollector struct {
 	// entries' count as their size (Linux 6.2 and later; 0 before).
 	fdSize bool
 
-	startOnce sync.Once
-	start     float64 // process_start_time_seconds
-	startErr  error
+	// bootTime is when the machine booted, whole seconds since the epoch,
+	// as /proc/stat's btime: on a procfs root from the clocks (REALTIME
+	// less BOOTTIME, as the kernel computes btime: no file read, and a
+	// wall-clock step, as the first NTP sync after boot, is followed at
+	// the next scrape), else from <root>/stat each scrape.
+	bootTime func() (uint64, error)
 
 	cpu, openFDs, maxFDs, vsize, maxVsize, rss, startTime *prometheus.Desc
 }
@@ -53,9 +57,22 @@ type processCollector struct {
 func newProcessCollector(procRoot string) *processCollector {
 	desc := func(name, help string) *prometheus.Desc { return prometheus.NewDesc(name, help, nil, nil) }
 	var fs syscall.Statfs_t
+	isProc := syscall.Statfs(procRoot, &fs) == nil && fs.Type == procSuperMagic
+	bootTime := clockBootTime
+	if !isProc {
+		stat := filepath.Join(procRoot, "stat")
+		bootTime = func() (uint64, error) {
+			b, err := bounded.ReadFile(stat, bounded.MaxFileBytes)
+			if err != nil {
+				return 0, err
+			}
+			return process.ParseBootTime(b)
+		}
+	}
 	return &processCollector{
 		dir:       filepath.Join(procRoot, "self"),
-		fdSize:    syscall.Statfs(procRoot, &fs) == nil && fs.Type == procSuperMagic,
+		fdSize:    isProc,
+		bootTime:  bootTime,
 		cpu:       desc("process_cpu_seconds_total", "Total user and system CPU time spent in seconds."),
 		openFDs:   desc("process_open_fds", "Number of open file descriptors."),
 		maxFDs:    desc("process_max_fds", "Maximum number of open file descriptors."),
@@ -96,19 +113,31 @@ func (c *processCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 // startSeconds is the process's start time since the epoch: the boot
-// time (/proc/stat's btime, read once) plus starttime, the clock ticks
-// from boot to the process's start.
+// time plus starttime, the clock ticks from boot to the process's start.
 func (c *processCollector) startSeconds(starttime uint64) (float64, error) {
-	c.startOnce.Do(func() {
-		b, err := bounded.ReadFile(filepath.Join(filepath.Dir(c.dir), "stat"), bounded.MaxFileBytes)
-		if err != nil {
-			c.startErr = err
-			return
-		}
-		boot, err := process.ParseBootTime(b)
-		c.start, c.startErr = float64(boot)+float64(starttime)/process.UserHZ, err
-	})
-	return c.start, c.startErr
+	boot, err := c.bootTime()
+	if err != nil {
+		return 0, err
+	}
+	return float64(boot) + float64(starttime)/process.UserHZ, nil
+}
+
+// clockBootTime is the boot time as the kernel gives /proc/stat's btime:
+// the wall clock less the time since boot (suspend included), in whole
+// seconds.
+func clockBootTime() (uint64, error) {
+	var wall, boot unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_REALTIME, &wall); err != nil {
+		return 0, fmt.Errorf("clock_gettime(CLOCK_REALTIME): %w", err)
+	}
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot); err != nil {
+		return 0, fmt.Errorf("clock_gettime(CLOCK_BOOTTIME): %w", err)
+	}
+	ns := wall.Nano() - boot.Nano()
+	if ns < 0 {
+		return 0, fmt.Errorf("boot time before the epoch: %d ns", ns)
+	}
+	return uint64(ns / 1e9), nil
 }
 
 // procSuperMagic is procfs's statfs f_type (PROC_SUPER_MAGIC).

@@ -12,6 +12,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	dto "github.com/prometheus/client_model/go"
+
+	"github.com/sandboxstats/sandboxstats/internal/process"
 )
 
 // droppedProcessMetrics are client_golang's process metrics the agent's
@@ -151,9 +153,17 @@ func TestProcessCollectorFakeRoot(t *testing.T) {
 		t.Fatalf("(-want +got):\n%s", diff)
 	}
 
-	write(filepath.Join(root, "stat"), "btime 1800000000\n")
-	if got := values()["process_start_time_seconds"]; got != want["process_start_time_seconds"] {
-		t.Errorf("start time %v after /proc/stat changed, want %v: the boot time is read once", got, want["process_start_time_seconds"])
+	write(filepath.Join(root, "stat"), "btime 1800000000\n") // a wall-clock step
+	if got, want := values()["process_start_time_seconds"], 1800000000+12.34; got != want {
+		t.Errorf("start time %v after /proc/stat changed, want %v: the boot time is read each scrape", got, want)
+	}
+	os.Remove(filepath.Join(root, "stat"))
+	if _, ok := values()["process_start_time_seconds"]; ok {
+		t.Error("start time exported without /proc/stat")
+	}
+	write(filepath.Join(root, "stat"), "btime 1800000000\n") // a failed read is not kept
+	if _, ok := values()["process_start_time_seconds"]; !ok {
+		t.Error("start time not exported again once /proc/stat reads")
 	}
 
 	if err := os.Remove(filepath.Join(self, "stat")); err != nil {
@@ -167,5 +177,25 @@ func TestProcessCollectorFakeRoot(t *testing.T) {
 	}
 	if got["process_open_fds"] != 3 {
 		t.Errorf("process_open_fds = %v without self/stat, want 3", got["process_open_fds"])
+	}
+}
+
+// TestClockBootTime: the clocks give the kernel's btime (a second apart at
+// most: the kernel truncates the same difference).
+func TestClockBootTime(t *testing.T) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		t.Skipf("no /proc/stat: %v", err)
+	}
+	want, err := process.ParseBootTime(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := clockBootTime()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := int64(got) - int64(want); d < -1 || d > 1 {
+		t.Errorf("clockBootTime %d, /proc/stat's btime %d", got, want)
 	}
 }
