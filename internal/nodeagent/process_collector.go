@@ -1,7 +1,6 @@
 package nodeagent
 
 import (
-	"fmt"
 	"os"
 	"path/filepath"
 	"syscall"
@@ -10,7 +9,6 @@ import (
 
 	"github.com/sandboxstats/sandboxstats/internal/bounded"
 	"github.com/sandboxstats/sandboxstats/internal/process"
-	"golang.org/x/sys/unix"
 )
 
 // procRoot is where procfs is mounted: the agent's own process metrics
@@ -120,24 +118,6 @@ func (c *processCollector) startSeconds(starttime uint64) (float64, error) {
 		return 0, err
 	}
 	return float64(boot) + float64(starttime)/process.UserHZ, nil
-}
-
-// clockBootTime is the boot time as the kernel gives /proc/stat's btime:
-// the wall clock less the time since boot (suspend included), in whole
-// seconds.
-func clockBootTime() (uint64, error) {
-	var wall, boot unix.Timespec
-	if err := unix.ClockGettime(unix.CLOCK_REALTIME, &wall); err != nil {
-		return 0, fmt.Errorf("clock_gettime(CLOCK_REALTIME): %w", err)
-	}
-	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &boot); err != nil {
-		return 0, fmt.Errorf("clock_gettime(CLOCK_BOOTTIME): %w", err)
-	}
-	ns := wall.Nano() - boot.Nano()
-	if ns < 0 {
-		return 0, fmt.Errorf("boot time before the epoch: %d ns", ns)
-	}
-	return uint64(ns / 1e9), nil
 }
 
 // procSuperMagic is procfs's statfs f_type (PROC_SUPER_MAGIC).
