@@ -183,7 +183,12 @@ func (p poller) poll(ctx context.Context, socket string, dc *daemonConn) DaemonR
 			p.listDrift(ctx, client, socket, &r)
 		}
 	}
-	r.Pending, r.Capped = pending, append(r.Capped, capped...)
+	r.Pending = pending
+	for _, c := range capped {
+		if !slices.Contains(r.Capped, c) {
+			r.Capped = append(r.Capped, c)
+		}
+	}
 	r.EndedLog = resp.GetEndedLog()
 	if len(r.Pending) > p.limits.MaxSamples {
 		r.Pending, r.Capped = nil, append(r.Capped, "pending")
