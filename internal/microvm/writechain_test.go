@@ -59,7 +59,11 @@ func dripAgent(c net.Conn, drip time.Duration, done <-chan struct{}, taken *atom
 	}
 }
 
-func dripSource(t *testing.T, ct, drip time.Duration, ids ...string) (*guestSource, *atomic.Int32) {
+// agentSource opens a source of ids whose every dial reaches a fake agent
+// run by agent on the other end of a pipe (done closed at the test's end),
+// with CallTimeout ct and no redial within the test; taken counts the
+// requests the agent took.
+func agentSource(t *testing.T, ct time.Duration, agent func(c net.Conn, done <-chan struct{}, taken *atomic.Int32), ids ...string) (*guestSource, *atomic.Int32) {
 	cfg := testConfig()
 	cfg.CallTimeout = ct
 	cfg.MinBackoff, cfg.MaxBackoff = time.Minute, time.Minute
@@ -67,11 +71,15 @@ func dripSource(t *testing.T, ct, drip time.Duration, ids ...string) (*guestSour
 	cfg.DialVsock = func(context.Context, uint32, uint32) (net.Conn, error) {
 		ours, agents := net.Pipe()
 		done := make(chan struct{})
-		go dripAgent(agents, drip, done, taken)
+		go agent(agents, done, taken)
 		t.Cleanup(func() { close(done); agents.Close() })
 		return ours, nil
 	}
 	return mustOpen(t, "vsock://3:1024", cfg, ids...), taken
+}
+
+func dripSource(t *testing.T, ct, drip time.Duration, ids ...string) (*guestSource, *atomic.Int32) {
+	return agentSource(t, ct, func(c net.Conn, done <-chan struct{}, taken *atomic.Int32) { dripAgent(c, drip, done, taken) }, ids...)
 }
 
 // TestCancelledCallerLeavesAtOnce: a caller cancelled before or during a
@@ -173,18 +181,9 @@ func TestCallerLeavesAtItsDeadline(t *testing.T) {
 	for i := range ids {
 		ids[i] = fmt.Sprintf("c%02d", i)
 	}
-	cfg := testConfig()
-	cfg.CallTimeout = ct
-	cfg.MinBackoff, cfg.MaxBackoff = time.Minute, time.Minute
-	taken := new(atomic.Int32)
-	cfg.DialVsock = func(context.Context, uint32, uint32) (net.Conn, error) {
-		ours, agents := net.Pipe()
-		done := make(chan struct{})
-		go preAnswerAgent(agents, 300*time.Millisecond, done, taken)
-		t.Cleanup(func() { close(done); agents.Close() })
-		return ours, nil
-	}
-	s := mustOpen(t, "vsock://3:1024", cfg, ids...)
+	s, taken := agentSource(t, ct, func(c net.Conn, done <-chan struct{}, taken *atomic.Int32) {
+		preAnswerAgent(c, 300*time.Millisecond, done, taken)
+	}, ids...)
 	if _, err := s.connection(context.Background()); err != nil {
 		t.Fatal(err)
 	}

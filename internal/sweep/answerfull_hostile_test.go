@@ -6,8 +6,6 @@ package sweep
 import (
 	"context"
 	"fmt"
-	"net"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"sync"
@@ -70,16 +68,7 @@ func (d *probeDaemon) ListDriftFindings(context.Context, *sandboxstatsv1.ListDri
 
 func startProbe(t *testing.T, d *probeDaemon) string {
 	t.Helper()
-	socket := filepath.Join(t.TempDir(), "p.sock")
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.MaxSendMsgSize(8 << 20))
-	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, d)
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
-	return socket
+	return serveDaemon(t, d, grpc.MaxSendMsgSize(8<<20))
 }
 
 func fullPending(uids ...string) []*sandboxstatsv1.PendingWorkload {

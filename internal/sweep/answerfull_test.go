@@ -3,8 +3,6 @@ package sweep
 import (
 	"context"
 	"fmt"
-	"net"
-	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -68,20 +66,12 @@ func startFullDaemon(t *testing.T, n int, fail error) (socket string, actors []s
 		}
 		actors = append(actors, id.ActorUID)
 	}
-	socket = filepath.Join(t.TempDir(), "statsd.sock")
-	ln, err := net.Listen("unix", socket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	socket = serveDaemon(t, server.NewStatsService(store, nil, nil), grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		if fail != nil && strings.HasSuffix(info.FullMethod, "/StatsWorkload") {
 			return nil, fail
 		}
 		return h(ctx, req)
 	}))
-	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, server.NewStatsService(store, nil, nil))
-	go func() { _ = srv.Serve(ln) }()
-	t.Cleanup(srv.Stop)
 	return socket, actors
 }
 

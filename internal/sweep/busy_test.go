@@ -48,12 +48,19 @@ func (d *busyDaemon) ListEndedActivations(context.Context, *sandboxstatsv1.ListE
 
 func startBusyDaemon(t *testing.T, d *busyDaemon) string {
 	t.Helper()
-	socket := filepath.Join(t.TempDir(), "busy.sock")
+	return serveDaemon(t, d)
+}
+
+// serveDaemon serves d on a Unix socket of its own until the test ends and
+// returns the socket's path.
+func serveDaemon(t *testing.T, d sandboxstatsv1.WorkloadStatsServiceServer, opts ...grpc.ServerOption) string {
+	t.Helper()
+	socket := filepath.Join(t.TempDir(), "daemon.sock")
 	ln, err := net.Listen("unix", socket)
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(opts...)
 	sandboxstatsv1.RegisterWorkloadStatsServiceServer(srv, d)
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(srv.Stop)
