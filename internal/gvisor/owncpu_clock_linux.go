@@ -15,14 +15,14 @@
 package gvisor
 
 import (
-	"bytes"
-	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 )
 
 // holdClock returns a pidfd of the process whose stat statFD holds (pid in
@@ -40,7 +40,7 @@ func holdClock(procRoot string, pid, statFD int, state byte, buf []byte) (pidfd 
 	if err != nil {
 		return -1, false
 	}
-	fdinfo, err := os.ReadFile(filepath.Join(procRoot, "self", "fdinfo", strconv.Itoa(pidfd)))
+	fdinfo, err := bounded.ReadFile(filepath.Join(procRoot, "self", "fdinfo", strconv.Itoa(pidfd)), maxFdinfoBytes)
 	if err != nil || !fdinfoNames(fdinfo, pid) {
 		syscall.Close(pidfd)
 		return -1, false
@@ -50,16 +50,6 @@ func holdClock(procRoot string, pid, statFD int, state byte, buf []byte) (pidfd 
 		return -1, false
 	}
 	return pidfd, true
-}
-
-// fdinfoNames reports whether a pidfd's fdinfo has the line "Pid:\t<pid>".
-func fdinfoNames(fdinfo []byte, pid int) bool {
-	for line := range bytes.SplitSeq(fdinfo, []byte("\n")) {
-		if v, ok := bytes.CutPrefix(line, []byte("Pid:")); ok {
-			return string(bytes.TrimSpace(v)) == strconv.Itoa(pid)
-		}
-	}
-	return false
 }
 
 // clockUsec returns the CPU of process pid (held as pidfd, holdClock) in

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -186,4 +187,48 @@ func BenchmarkOwnTrackerRead(b *testing.B) {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
 	cpu := time.Duration(r1.Utime.Nano() - r0.Utime.Nano() + r1.Stime.Nano() - r0.Stime.Nano())
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// TestHoldClockFdinfoCapped: the pidfd's fdinfo is read with a size cap: a
+// /proc whose fdinfo names the pid but runs past maxFdinfoBytes is refused
+// (the stat is held instead), the same text within the cap is taken.
+func TestHoldClockFdinfoCapped(t *testing.T) {
+	self := os.Getpid()
+	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(statFD)
+	line := "Pid:\t" + strconv.Itoa(self) + "\n"
+	for _, tc := range []struct {
+		name   string
+		fdinfo string
+		want   bool
+	}{
+		{"within the cap", "pos:\t0\n" + line, true},
+		{"at the cap", line + strings.Repeat("x", maxFdinfoBytes-len(line)), true},
+		{"past the cap", line + strings.Repeat("x", maxFdinfoBytes+1-len(line)), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A fake /proc/self/fdinfo with this text for every descriptor
+			// the pidfd may get.
+			proc := t.TempDir()
+			dir := filepath.Join(proc, "self", "fdinfo")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for fd := range 1024 {
+				if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(fd)), []byte(tc.fdinfo), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pidfd, ok := holdClock(proc, self, statFD, 'R', make([]byte, maxStatBytes))
+			if ok {
+				syscall.Close(pidfd)
+			}
+			if ok != tc.want {
+				t.Errorf("holdClock with an fdinfo of %d bytes: %v, want %v", len(tc.fdinfo), ok, tc.want)
+			}
+		})
+	}
 }
