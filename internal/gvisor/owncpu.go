@@ -182,8 +182,13 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 				o.procs[pid] = p
 				continue
 			}
-			// Exited (or the clock did not read): its final figure, or its
-			// end, from its stat (a zombie's still reads).
+			// Exited (or the clock did not read): a zombie's clock gives its
+			// final figure exactly (its stat's runs up to 2 ticks below);
+			// its stat then tells a zombie (held as such) from one reaped
+			// (its figure kept in done).
+			if usec, ok := exitedClockUsec(pid, p.fd); ok {
+				p.usec = max(p.usec, usec)
+			}
 			o.release(p.fd)
 			p.fd, p.clock = -1, false
 		}
