@@ -107,12 +107,7 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 // figure, in µs, is at least the stat's before it and at most two ticks
 // past the stat's after it); a pidfd's fdinfo names its pid, and only it.
 func TestClockTicks(t *testing.T) {
-	self := os.Getpid()
-	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(statFD)
+	self, statFD := openSelfStat(t)
 	pidfd, ok := holdClock("/proc", self, statFD, 'R', make([]byte, maxStatBytes))
 	if !ok {
 		t.Fatal("holdClock refused this process")
@@ -184,12 +179,7 @@ func BenchmarkOwnTrackerRead(b *testing.B) {
 // /proc whose fdinfo names the pid but runs past maxFdinfoBytes is refused
 // (the stat is held instead), the same text within the cap is taken.
 func TestHoldClockFdinfoCapped(t *testing.T) {
-	self := os.Getpid()
-	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(statFD)
+	self, statFD := openSelfStat(t)
 	line := "Pid:\t" + strconv.Itoa(self) + "\n"
 	for _, tc := range []struct {
 		name   string
@@ -292,4 +282,17 @@ func TestOwnTrackerExitedClock(t *testing.T) {
 	if r, err := o.read(root, self, []int{gofer}); err != nil || r.Usec != z.Usec || r.Counts != 0 {
 		t.Errorf("reaped: %+v, %v: want its final %d µs kept, none counted", r, err, z.Usec)
 	}
+}
+
+// openSelfStat returns this process's pid and its /proc stat, open until
+// the test ends.
+func openSelfStat(t *testing.T) (int, int) {
+	t.Helper()
+	self := os.Getpid()
+	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(statFD) })
+	return self, statFD
 }
