@@ -43,9 +43,13 @@ type breakdownState struct {
 	Own        uint64           `json:"own_usec"`
 	Split      uint64           `json:"split_usec"`
 	Containers []containerState `json:"containers,omitempty"`
-	// The own tracker's: ticks of the processes gone, the checked ones
-	// (pid, start time, ticks), the sentry's platform.
+	// The own tracker's: the CPU of the processes gone, the checked ones
+	// (pid, start time, CPU), the sentry's platform. The CPU is in µs
+	// (DoneUsec, procState.Usec) beside the USER_HZ ticks an older statsd
+	// wrote alone (the µs truncated to ticks; a state without µs is
+	// restored from its ticks, up to a tick below a process's figure).
 	DoneTicks   uint64      `json:"done_ticks,omitempty"`
+	DoneUsec    uint64      `json:"done_usec,omitempty"`
 	Procs       []procState `json:"procs,omitempty"`
 	SentryStart uint64      `json:"sentry_start,omitempty"`
 	KVM         bool        `json:"kvm,omitempty"`
@@ -61,7 +65,12 @@ type procState struct {
 	PID   int    `json:"pid"`
 	Start uint64 `json:"start"`
 	Ticks uint64 `json:"ticks"`
+	Usec  uint64 `json:"usec,omitempty"` // absent (0) in an older statsd's state
 }
+
+// usecOf is a persisted CPU figure in µs: usec when given (validate: its
+// ticks are usec's, truncated), else ticks.
+func usecOf(ticks, usec uint64) uint64 { return max(usec, ticks*tickUsec) }
 
 // validate checks a decoded state against the caps and itself.
 func (st *breakdownState) validate() error {
@@ -88,10 +97,16 @@ func (st *breakdownState) validate() error {
 	if sum > st.Split {
 		return fmt.Errorf("%w: containers hold %d usec, more than the %d split", ErrBreakdownState, sum, st.Split)
 	}
+	if st.DoneUsec != 0 && st.DoneUsec/tickUsec != st.DoneTicks {
+		return fmt.Errorf("%w: done_usec %d is not done_ticks %d", ErrBreakdownState, st.DoneUsec, st.DoneTicks)
+	}
 	pids := map[int]bool{}
 	for i, p := range st.Procs {
 		if p.PID <= 0 || pids[p.PID] {
 			return fmt.Errorf("%w: process %d: pid %d", ErrBreakdownState, i, p.PID)
+		}
+		if p.Usec != 0 && p.Usec/tickUsec != p.Ticks {
+			return fmt.Errorf("%w: process %d: usec %d is not its ticks %d", ErrBreakdownState, i, p.Usec, p.Ticks)
 		}
 		pids[p.PID] = true
 	}
@@ -156,7 +171,7 @@ func (s *splitter) restoreState(st breakdownState) {
 func (o *ownTracker) exportState(st *breakdownState) {
 	o.snapMu.Lock()
 	defer o.snapMu.Unlock()
-	st.DoneTicks, st.SentryStart, st.KVM = o.snap.done/tickUsec, o.snap.sentryStart, o.snap.kvm
+	st.DoneTicks, st.DoneUsec, st.SentryStart, st.KVM = o.snap.done/tickUsec, o.snap.done, o.snap.sentryStart, o.snap.kvm
 	st.Procs = append(st.Procs, o.snap.procs[:min(len(o.snap.procs), maxStateProcs)]...)
 }
 
@@ -166,7 +181,7 @@ func (o *ownTracker) exportState(st *breakdownState) {
 func (o *ownTracker) restoreState(st breakdownState) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.done, o.sentryStart, o.kvm = st.DoneTicks*tickUsec, st.SentryStart, st.KVM
+	o.done, o.sentryStart, o.kvm = usecOf(st.DoneTicks, st.DoneUsec), st.SentryStart, st.KVM
 	for _, p := range o.procs {
 		if p.fd >= 0 {
 			syscall.Close(p.fd)
@@ -175,7 +190,7 @@ func (o *ownTracker) restoreState(st breakdownState) {
 	o.held = 0
 	clear(o.procs)
 	for _, p := range st.Procs {
-		o.procs[p.PID] = ownProc{start: p.Start, ok: true, usec: p.Ticks * tickUsec, fd: -1}
+		o.procs[p.PID] = ownProc{start: p.Start, ok: true, usec: usecOf(p.Ticks, p.Usec), fd: -1}
 	}
 	o.snapshotLocked()
 }
@@ -194,7 +209,7 @@ func (o *ownTracker) snapshotLocked() {
 	o.snap.procs = o.snap.procs[:0]
 	for pid, p := range o.procs {
 		if p.ok {
-			o.snap.procs = append(o.snap.procs, procState{PID: pid, Start: p.start, Ticks: p.usec / tickUsec})
+			o.snap.procs = append(o.snap.procs, procState{PID: pid, Start: p.start, Ticks: p.usec / tickUsec, Usec: p.usec})
 		}
 	}
 	slices.SortFunc(o.snap.procs, func(a, b procState) int { return a.PID - b.PID })

@@ -245,6 +245,8 @@ func TestBreakdownStateRefused(t *testing.T) {
 		{"more attributed than split", enc(func(s *breakdownState) { s.Split = 10 })},
 		{"a repeated container", enc(func(s *breakdownState) { s.Containers = append(s.Containers, s.Containers[0]) })},
 		{"a bad pid", enc(func(s *breakdownState) { s.Procs = []procState{{PID: 0}} })},
+		{"done in µs not its ticks", enc(func(s *breakdownState) { s.DoneTicks, s.DoneUsec = 3, 40_000 })},
+		{"a process's µs not its ticks", enc(func(s *breakdownState) { s.Procs = []procState{{PID: 1, Ticks: 2, Usec: 19_999}} })},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			b := &breakdown{own: newOwnTracker(t.TempDir())}
@@ -297,6 +299,48 @@ func TestOwnTrackerRestored(t *testing.T) {
 	b.dropRestored()
 	if r, _ := n.read(root, 10, nil); r.Usec != 0 {
 		t.Errorf("own %d usec after dropping another sandbox's state, want 0", r.Usec)
+	}
+}
+
+// TestOwnTrackerRestoredUsec: the own processes' CPU persisted in µs
+// comes back to the µs (the processes gone while statsd was down keep
+// their figures exactly); an older statsd's state, in ticks alone, still
+// restores, each figure its ticks.
+func TestOwnTrackerRestoredUsec(t *testing.T) {
+	const root = "/run/runsc"
+	for _, tc := range []struct {
+		name  string
+		state string
+		want  uint64
+	}{
+		{"ticks alone (an older statsd's)", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_ticks":3,"procs":[{"pid":11,"start":1001,"ticks":2}]}`, 50_000},
+		{"µs beside the ticks", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_ticks":3,"done_usec":34567,"procs":[{"pid":11,"start":1001,"ticks":2,"usec":25678}]}`, 60_245},
+		{"µs under a tick", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_usec":9999,"procs":[{"pid":11,"start":1001,"ticks":0,"usec":1}]}`, 10_000},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := newFakeProc(t) // every process gone: each keeps its restored figure
+			b := &breakdown{own: newOwnTracker(p.dir)}
+			if err := (&cgroupSource{bd: b}).RestoreBreakdownState([]byte(tc.state)); err != nil {
+				t.Fatal(err)
+			}
+			// Saved again, as read, and restored: the same figure.
+			var st breakdownState
+			b.own.exportState(&st)
+			st.Version, st.SandboxID = breakdownStateVersion, "sbx"
+			enc, err := json.Marshal(st)
+			if err != nil {
+				t.Fatal(err)
+			}
+			again := &breakdown{own: newOwnTracker(p.dir)}
+			if err := (&cgroupSource{bd: again}).RestoreBreakdownState(enc); err != nil {
+				t.Fatalf("%s: %v", enc, err)
+			}
+			for _, o := range []*ownTracker{b.own, again.own} {
+				if r, err := o.read(root, 10, nil); err != nil || r.Usec != tc.want || r.Counts != 0 {
+					t.Errorf("own %+v, %v after the restart, want %d µs (state %s)", r, err, tc.want, enc)
+				}
+			}
+		})
 	}
 }
 

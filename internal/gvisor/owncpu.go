@@ -34,6 +34,11 @@ const tickUsec = 1_000_000 / process.UserHZ
 // command name is at most 64).
 const maxStatBytes = 4 << 10
 
+// maxFdinfoBytes caps one /proc/self/fdinfo/<fd> of a pidfd (about 80
+// bytes: short lines pos, flags, mnt_id, ino, Pid, and NSpid with one pid a
+// pid namespace level).
+const maxFdinfoBytes = 4 << 10
+
 // procTimes is what statsd keeps of one /proc/<pid>/stat.
 type procTimes struct {
 	State byte   // field 3 ('R', 'S', 'Z', ...)
@@ -55,6 +60,18 @@ func parseProcStat(b []byte) (procTimes, error) {
 		return procTimes{}, fmt.Errorf("%w: utime %d + stime %d overflows", ErrProcStat, f.UTime, f.STime)
 	}
 	return procTimes{State: f.State, Ticks: f.UTime + f.STime, Start: f.Starttime}, nil
+}
+
+// fdinfoNames reports whether a pidfd's fdinfo (/proc/<pid>/fdinfo/<fd>
+// text) has the line "Pid:\t<pid>": its first "Pid:" line names pid, in
+// decimal, and nothing else.
+func fdinfoNames(fdinfo []byte, pid int) bool {
+	for line := range bytes.SplitSeq(fdinfo, []byte("\n")) {
+		if v, ok := bytes.CutPrefix(line, []byte("Pid:")); ok {
+			return string(bytes.TrimSpace(v)) == strconv.Itoa(pid)
+		}
+	}
+	return false
 }
 
 // ownProc is one process the tracker looked at: its start time, whether it
@@ -165,8 +182,13 @@ func (o *ownTracker) read(root string, sentry int, gofers []int) (ownRead, error
 				o.procs[pid] = p
 				continue
 			}
-			// Exited (or the clock did not read): its final figure, or its
-			// end, from its stat (a zombie's still reads).
+			// Exited (or the clock did not read): a zombie's clock gives its
+			// final figure exactly (its stat's runs up to 2 ticks below);
+			// its stat then tells a zombie (held as such) from one reaped
+			// (its figure kept in done).
+			if usec, ok := exitedClockUsec(pid, p.fd); ok {
+				p.usec = max(p.usec, usec)
+			}
 			o.release(p.fd)
 			p.fd, p.clock = -1, false
 		}

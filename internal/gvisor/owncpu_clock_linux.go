@@ -9,20 +9,21 @@
 // is reaped, so the process is held as a pidfd: a read takes the clock,
 // then polls the pidfd, and the figure is the process's only when it had
 // not exited by then (its pid could not have been reused before). An
-// exited process goes back to its stat (ownTracker.read): a zombie's
-// still reads, with its final figure.
+// exited process's final figure is its clock still while it is a zombie
+// (exitedClockUsec); then it goes back to its stat (ownTracker.read),
+// which tells a zombie from one reaped.
 
 package gvisor
 
 import (
-	"bytes"
-	"os"
 	"path/filepath"
 	"strconv"
 	"syscall"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/sandboxstats/sandboxstats/internal/bounded"
 )
 
 // holdClock returns a pidfd of the process whose stat statFD holds (pid in
@@ -40,7 +41,7 @@ func holdClock(procRoot string, pid, statFD int, state byte, buf []byte) (pidfd 
 	if err != nil {
 		return -1, false
 	}
-	fdinfo, err := os.ReadFile(filepath.Join(procRoot, "self", "fdinfo", strconv.Itoa(pidfd)))
+	fdinfo, err := bounded.ReadFile(filepath.Join(procRoot, "self", "fdinfo", strconv.Itoa(pidfd)), maxFdinfoBytes)
 	if err != nil || !fdinfoNames(fdinfo, pid) {
 		syscall.Close(pidfd)
 		return -1, false
@@ -52,24 +53,12 @@ func holdClock(procRoot string, pid, statFD int, state byte, buf []byte) (pidfd 
 	return pidfd, true
 }
 
-// fdinfoNames reports whether a pidfd's fdinfo has the line "Pid:\t<pid>".
-func fdinfoNames(fdinfo []byte, pid int) bool {
-	for line := range bytes.SplitSeq(fdinfo, []byte("\n")) {
-		if v, ok := bytes.CutPrefix(line, []byte("Pid:")); ok {
-			return string(bytes.TrimSpace(v)) == strconv.Itoa(pid)
-		}
-	}
-	return false
-}
-
 // clockUsec returns the CPU of process pid (held as pidfd, holdClock) in
 // µs; live is false when it has exited (or the clock did not
 // read): the figure is then not its.
 func clockUsec(pid, pidfd int) (usec uint64, live bool) {
-	// MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED): ~pid << 3 | 2.
-	clk := int32(^pid<<3 | 2)
-	var ts unix.Timespec
-	if _, _, e := unix.RawSyscall(unix.SYS_CLOCK_GETTIME, uintptr(clk), uintptr(unsafe.Pointer(&ts)), 0); e != 0 || ts.Sec < 0 {
+	usec, ok := processClockUsec(pid)
+	if !ok {
 		return 0, false
 	}
 	// ppoll with a zero timeout never blocks: a raw system call, as the
@@ -86,5 +75,34 @@ func clockUsec(pid, pidfd int) (usec uint64, live bool) {
 		}
 		break
 	}
+	return usec, true
+}
+
+// processClockUsec reads process pid's CPU clock, in µs.
+func processClockUsec(pid int) (usec uint64, ok bool) {
+	// MAKE_PROCESS_CPUCLOCK(pid, CPUCLOCK_SCHED): ~pid << 3 | 2.
+	clk := int32(^pid<<3 | 2)
+	var ts unix.Timespec
+	if _, _, e := unix.RawSyscall(unix.SYS_CLOCK_GETTIME, uintptr(clk), uintptr(unsafe.Pointer(&ts)), 0); e != 0 || ts.Sec < 0 {
+		return 0, false
+	}
 	return uint64(ts.Sec)*1_000_000 + uint64(ts.Nsec)/1000, true
+}
+
+// exitedClockUsec returns the final CPU, in µs, of process pid, held as
+// pidfd, which clockUsec found exited: a zombie's clock still reads (the
+// kernel sums its threads as while it ran; clock_gettime fails with EINVAL
+// once it is reaped), and exactly, where its /proc stat's two tick counts,
+// each truncated, run up to 2 ticks (20 ms) below. The figure is the
+// process's only if it was not reaped yet when the clock was read (its pid
+// could be another's after): a signal 0 sent through the pidfd after the
+// clock succeeds only while the process exists (ESRCH once reaped), so it
+// existed, and held its pid, at the clock read before. ok is false
+// otherwise (reaped, or it could not be told).
+func exitedClockUsec(pid, pidfd int) (usec uint64, ok bool) {
+	usec, ok = processClockUsec(pid)
+	if !ok || unix.PidfdSendSignal(pidfd, 0, nil, 0) != nil {
+		return 0, false
+	}
+	return usec, true
 }

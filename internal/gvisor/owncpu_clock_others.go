@@ -9,3 +9,6 @@ func holdClock(procRoot string, pid, statFD int, state byte, buf []byte) (int, b
 
 // clockUsec is never called without a held clock.
 func clockUsec(pid, pidfd int) (uint64, bool) { return 0, false }
+
+// exitedClockUsec is never called without a held clock.
+func exitedClockUsec(pid, pidfd int) (uint64, bool) { return 0, false }

@@ -3,6 +3,7 @@ package gvisor
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -106,12 +107,7 @@ func TestOwnTrackerHeldStat(t *testing.T) {
 // figure, in µs, is at least the stat's before it and at most two ticks
 // past the stat's after it); a pidfd's fdinfo names its pid, and only it.
 func TestClockTicks(t *testing.T) {
-	self := os.Getpid()
-	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer syscall.Close(statFD)
+	self, statFD := openSelfStat(t)
 	pidfd, ok := holdClock("/proc", self, statFD, 'R', make([]byte, maxStatBytes))
 	if !ok {
 		t.Fatal("holdClock refused this process")
@@ -153,17 +149,8 @@ func TestClockTicks(t *testing.T) {
 func BenchmarkOwnTrackerRead(b *testing.B) {
 	const root = "/run/sbs-own-bench"
 	start := func(role string) int {
-		cmd := exec.Command("/bin/sh", "-c", "while :; do sleep 1; done", "x", "--root="+root)
-		cmd.Args[0] = role
-		if err := cmd.Start(); err != nil {
-			b.Fatal(err)
-		}
+		cmd := startOwnProc(b, role, root, "while :; do sleep 1; done")
 		b.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-		for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
-			if c, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline"); strings.HasPrefix(string(c), role+"\x00") {
-				break
-			}
-		}
 		return cmd.Process.Pid
 	}
 	sentry := start("runsc-sandbox")
@@ -186,4 +173,126 @@ func BenchmarkOwnTrackerRead(b *testing.B) {
 	syscall.Getrusage(syscall.RUSAGE_SELF, &r1)
 	cpu := time.Duration(r1.Utime.Nano() - r0.Utime.Nano() + r1.Stime.Nano() - r0.Stime.Nano())
 	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
+
+// TestHoldClockFdinfoCapped: the pidfd's fdinfo is read with a size cap: a
+// /proc whose fdinfo names the pid but runs past maxFdinfoBytes is refused
+// (the stat is held instead), the same text within the cap is taken.
+func TestHoldClockFdinfoCapped(t *testing.T) {
+	self, statFD := openSelfStat(t)
+	line := "Pid:\t" + strconv.Itoa(self) + "\n"
+	for _, tc := range []struct {
+		name   string
+		fdinfo string
+		want   bool
+	}{
+		{"within the cap", "pos:\t0\n" + line, true},
+		{"at the cap", line + strings.Repeat("x", maxFdinfoBytes-len(line)), true},
+		{"past the cap", line + strings.Repeat("x", maxFdinfoBytes+1-len(line)), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// A fake /proc/self/fdinfo with this text for every descriptor
+			// the pidfd may get.
+			proc := t.TempDir()
+			dir := filepath.Join(proc, "self", "fdinfo")
+			if err := os.MkdirAll(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			for fd := range 1024 {
+				if err := os.WriteFile(filepath.Join(dir, strconv.Itoa(fd)), []byte(tc.fdinfo), 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pidfd, ok := holdClock(proc, self, statFD, 'R', make([]byte, maxStatBytes))
+			if ok {
+				syscall.Close(pidfd)
+			}
+			if ok != tc.want {
+				t.Errorf("holdClock with an fdinfo of %d bytes: %v, want %v", len(tc.fdinfo), ok, tc.want)
+			}
+		})
+	}
+}
+
+// startOwnProc starts a shell running script as a sandbox's own process:
+// argv[0] role (runsc-sandbox or runsc-gofer), --root=root; it returns once
+// the kernel shows that argv (a check between fork and exec would see this
+// test's for good). The caller kills and waits.
+func startOwnProc(tb testing.TB, role, root, script string) *exec.Cmd {
+	tb.Helper()
+	cmd := exec.Command("/bin/sh", "-c", script, "x", "--root="+root)
+	cmd.Args[0] = role
+	if err := cmd.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if c, _ := os.ReadFile("/proc/" + strconv.Itoa(cmd.Process.Pid) + "/cmdline"); strings.HasPrefix(string(c), role+"\x00") {
+			break
+		}
+	}
+	return cmd
+}
+
+// TestOwnTrackerExitedClock: a held gofer killed while it burns CPU is
+// counted, once exited, with its zombie's clock (its final figure to the
+// µs), not its stat's ticks (up to 2 ticks below) nor its last live clock
+// figure; reaped, that figure is kept.
+func TestOwnTrackerExitedClock(t *testing.T) {
+	const root = "/run/sbs-exited-test"
+	cmd := startOwnProc(t, "runsc-gofer", root, "while :; do :; done")
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	gofer := cmd.Process.Pid
+	o := newOwnTracker("/proc")
+	defer o.close()
+	self := os.Getpid()
+	live, err := o.read(root, self, []int{gofer})
+	if err != nil || live.Counts != 1 {
+		t.Fatalf("first read: %+v, %v: want the gofer counted", live, err)
+	}
+	if p := o.procs[gofer]; !p.clock {
+		t.Fatalf("the gofer is not held by its clock: %+v", p)
+	}
+	time.Sleep(60 * time.Millisecond) // it burns past its last read
+	cmd.Process.Kill()
+	var st procTimes
+	for deadline := time.Now().Add(5 * time.Second); st.State != 'Z' && time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		b, _ := os.ReadFile("/proc/" + strconv.Itoa(gofer) + "/stat")
+		st, _ = parseProcStat(b)
+	}
+	if st.State != 'Z' {
+		t.Fatalf("the gofer is not a zombie: state %c", st.State)
+	}
+	z, err := o.read(root, self, []int{gofer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The zombie's clock now, read by this test: its final figure.
+	// (Within 200 µs: the CPU of its last switch away, after it was seen
+	// a zombie, would come after the tracker's read.)
+	final, ok := processClockUsec(gofer)
+	if !ok {
+		t.Fatal("the zombie's clock does not read")
+	}
+	if z.Usec > final || final-z.Usec > 200 || z.Usec < st.Ticks*tickUsec {
+		t.Errorf("the zombie counted with %d µs, want its final clock %d µs (its stat %d µs, its last live read %d µs)",
+			z.Usec, final, st.Ticks*tickUsec, live.Usec)
+	}
+	t.Logf("final %d µs: the stat's %d µs, the last live read's %d µs", final, st.Ticks*tickUsec, live.Usec)
+	cmd.Wait()
+	if r, err := o.read(root, self, []int{gofer}); err != nil || r.Usec != z.Usec || r.Counts != 0 {
+		t.Errorf("reaped: %+v, %v: want its final %d µs kept, none counted", r, err, z.Usec)
+	}
+}
+
+// openSelfStat returns this process's pid and its /proc stat, open until
+// the test ends.
+func openSelfStat(t *testing.T) (int, int) {
+	t.Helper()
+	self := os.Getpid()
+	statFD, _, err := openStat("/proc/"+strconv.Itoa(self)+"/stat", make([]byte, maxStatBytes))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Close(statFD) })
+	return self, statFD
 }

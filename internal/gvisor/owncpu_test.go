@@ -247,3 +247,62 @@ func TestParseProcStatAllocs(t *testing.T) {
 		t.Errorf("%v allocations a parse, want 0", n)
 	}
 }
+
+// TestFdinfoNames: a pidfd's fdinfo names its pid on its first "Pid:" line
+// only (NSpid is another line; a pid namespace that cannot see the process
+// shows -1).
+func TestFdinfoNames(t *testing.T) {
+	const real = "pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nPid:\t5694\nNSpid:\t5694\n"
+	for _, tc := range []struct {
+		name, fdinfo string
+		pid          int
+		want         bool
+	}{
+		{"this kernel's", real, 5694, true},
+		{"another pid", real, 5695, false},
+		{"a prefix of it", real, 569, false},
+		{"no trailing newline", "pos:\t0\nPid:\t42", 42, true},
+		{"spaces", "Pid:   42  \n", 42, true},
+		{"not a pidfd's", "pos:\t0\nflags:\t0100000\nmnt_id:\t24\nino:\t3\n", 42, false},
+		{"another namespace", "Pid:\t-1\nNSpid:\t-1\n", 42, false},
+		{"NSpid only", "NSpid:\t42\n", 42, false},
+		{"the first Pid line counts", "Pid:\t7\nPid:\t42\n", 42, false},
+		{"more after the number", "Pid:\t42 43\n", 42, false},
+		{"a sign", "Pid:\t+42\n", 42, false},
+		{"leading zero", "Pid:\t042\n", 42, false},
+		{"indented", " Pid:\t42\n", 42, false},
+		{"empty", "", 42, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := fdinfoNames([]byte(tc.fdinfo), tc.pid); got != tc.want {
+				t.Errorf("fdinfoNames(%q, %d) = %v, want %v", tc.fdinfo, tc.pid, got, tc.want)
+			}
+		})
+	}
+}
+
+// FuzzFdinfoNames: any text: no panic; a match means the first "Pid:" line
+// is the pid's decimal (spaces around); the pid's line put first always
+// matches. `go test -fuzz FuzzFdinfoNames ./internal/gvisor`.
+func FuzzFdinfoNames(f *testing.F) {
+	f.Add([]byte("pos:\t0\nflags:\t02000002\nmnt_id:\t15\nino:\t1057\nPid:\t5694\nNSpid:\t5694\n"), 5694)
+	f.Add([]byte("Pid:\t-1\n"), -1)
+	f.Add([]byte("Pid:\t\n"), 0)
+	f.Fuzz(func(t *testing.T, b []byte, pid int) {
+		if fdinfoNames(b, pid) {
+			first := ""
+			for line := range strings.SplitSeq(string(b), "\n") {
+				if v, ok := strings.CutPrefix(line, "Pid:"); ok {
+					first = v
+					break
+				}
+			}
+			if n, err := strconv.Atoi(strings.TrimSpace(first)); err != nil || n != pid {
+				t.Errorf("fdinfoNames(%q, %d): true, but its first Pid line holds %q", b, pid, first)
+			}
+		}
+		if !fdinfoNames(append([]byte("Pid:\t"+strconv.Itoa(pid)+"\n"), b...), pid) {
+			t.Errorf("fdinfoNames: the line of %d put first does not name it", pid)
+		}
+	})
+}
