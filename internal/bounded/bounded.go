@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -30,10 +31,11 @@ type Group struct {
 }
 
 type call struct {
-	done  chan struct{}
-	val   any
-	err   error
-	batch *Batch // DoBatch's: names the file in progress at a deadline
+	done    chan struct{}
+	val     any
+	err     error
+	batch   *Batch      // DoBatch's: names the file in progress at a deadline
+	running atomic.Bool // its worker has begun it (Start's yield)
 }
 
 // New returns a Group whose calls each get at most timeout (0 means only the
@@ -66,16 +68,20 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 // call's worker. With one Go processor (statsd's: internal/oneproc) the
 // worker would otherwise run only once the caller blocks, after the
 // caller's own work, and then wait for its peer alone; so the peer works
-// while the caller does. A call that blocks in a system call instead (a
-// hung file) gets the processor taken back from it by the runtime's
-// monitor, as any such call does: the caller goes on within it (at most
-// about 10 ms; TestStartYields).
+// while the caller does. The caller waits behind the goroutines already
+// runnable, and a call that blocks in a system call instead (a hung file)
+// holds the processor until the runtime's monitor takes it back, as from
+// any goroutine blocked so: at its second look, about 20 ms at most
+// (TestStartYields).
 func Start[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) Pending[T] {
 	ctx, cancel := g.bound(ctx)
 	c, started := g.join(key, func(*call) func() (any, error) {
 		return func() (any, error) { return fn() }
 	})
-	if started {
+	// A yield can come back to the caller first: the scheduler takes
+	// the global run queue, where Gosched puts the caller, before the
+	// worker at every 61st turn. The second then runs the worker.
+	for i := 0; started && i < 2 && !c.running.Load(); i++ {
 		runtime.Gosched()
 	}
 	return Pending[T]{ctx: ctx, cancel: cancel, key: key, c: c}
@@ -174,6 +180,7 @@ func (g *Group) run(key string, c *call, fn func() (any, error)) {
 		g.mu.Unlock()
 		close(c.done)
 	}()
+	c.running.Store(true)
 	c.val, c.err = fn()
 }
 
