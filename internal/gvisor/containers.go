@@ -136,11 +136,15 @@ func (b *breakdown) start(ctx context.Context) bounded.Pending[containerRead] {
 		}
 		u, err := b.sentry.Read(context.Background(), q) // bounded by the client's Timeout
 		// The own processes after the reply, also a failed one (an own
-		// process that exits keeps its last figure only if it was read):
-		// after the cgroup's read, which the sample does while the sentry
-		// answers (bounded.Start runs this call up to its wait for the
-		// reply first), so that the own share does not run ahead of the
-		// cgroup it is a part of. Their clocks cost a few µs
+		// process that exits keeps its last figure only if it was read).
+		// So they are read after the cgroup, which the sample reads while
+		// the sentry answers (bounded.Start runs this call up to its wait
+		// for the reply first): the application part (the cgroup less
+		// them) is then never larger than at the cgroup's read, and the
+		// split never gives back what it gave the containers. Usually, not
+		// always: a reply that comes within microseconds can be read
+		// before the cgroup's read ends, and the split makes up for it at
+		// the next sample. Their clocks cost a few µs
 		// (owncpu_clock_linux.go).
 		var sentry int
 		var gofers []int
