@@ -9,7 +9,8 @@ import (
 )
 
 // processCPU is this process's CPU so far (user + system: the benchmark's
-// client, server and fake agent together).
+// client, and the server and fake agent where they run in it: not the
+// gVisor breakdown's rows, whose statsd is a process of its own).
 func processCPU() time.Duration {
 	var ru syscall.Rusage
 	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {

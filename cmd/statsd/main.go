@@ -56,6 +56,11 @@ func run(ctx context.Context, args []string, stderr io.Writer) error {
 	if err != nil {
 		return err
 	}
+	return serve(ctx, cfg, stderr)
+}
+
+// serve is statsd with cfg until ctx is done.
+func serve(ctx context.Context, cfg config, stderr io.Writer) error {
 	logger := newLogger(stderr, cfg.logLevel)
 	quietContainerdLog(logger)
 	rctx, stopRelease := context.WithCancel(ctx)

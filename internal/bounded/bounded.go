@@ -12,8 +12,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/sandboxstats/sandboxstats/internal/source"
@@ -29,10 +31,11 @@ type Group struct {
 }
 
 type call struct {
-	done  chan struct{}
-	val   any
-	err   error
-	batch *Batch // DoBatch's: names the file in progress at a deadline
+	done    chan struct{}
+	val     any
+	err     error
+	batch   *Batch      // DoBatch's: names the file in progress at a deadline
+	running atomic.Bool // its worker has begun it (Start's yield)
 }
 
 // New returns a Group whose calls each get at most timeout (0 means only the
@@ -59,11 +62,28 @@ func Do[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) 
 // goroutine of its own to wait in; a caller that no longer wants the result
 // calls Abandon instead of Wait (the call goes on, shared, as after a
 // deadline).
+//
+// A call Start begins runs before Start returns, up to its first wait (a
+// request written, its reply awaited): Start yields its processor to the
+// call's worker. With one Go processor (statsd's: internal/oneproc) the
+// worker would otherwise run only once the caller blocks, after the
+// caller's own work, and then wait for its peer alone; so the peer works
+// while the caller does. The caller waits behind the goroutines already
+// runnable, and a call that blocks in a system call instead (a hung file)
+// holds the processor until the runtime's monitor takes it back, as from
+// any goroutine blocked so: at its second look, about 20 ms at most
+// (TestStartYields).
 func Start[T any](ctx context.Context, g *Group, key string, fn func() (T, error)) Pending[T] {
 	ctx, cancel := g.bound(ctx)
-	c := g.join(key, func(*call) func() (any, error) {
+	c, started := g.join(key, func(*call) func() (any, error) {
 		return func() (any, error) { return fn() }
 	})
+	// A yield can come back to the caller first: the scheduler takes
+	// the global run queue, where Gosched puts the caller, before the
+	// worker at every 61st turn. The second then runs the worker.
+	for i := 0; started && i < 2 && !c.running.Load(); i++ {
+		runtime.Gosched()
+	}
 	return Pending[T]{ctx: ctx, cancel: cancel, key: key, c: c}
 }
 
@@ -93,7 +113,8 @@ func (p Pending[T]) Abandon() { p.cancel() }
 func do[T any](ctx context.Context, g *Group, key string, start func(*call) func() (any, error)) (T, error) {
 	ctx, cancel := g.bound(ctx)
 	defer cancel()
-	return await[T](ctx, key, g.join(key, start))
+	c, _ := g.join(key, start)
+	return await[T](ctx, key, c)
 }
 
 // bound caps ctx by the Group's timeout. A caller's deadline within it
@@ -107,8 +128,9 @@ func (g *Group) bound(ctx context.Context) (context.Context, context.CancelFunc)
 	return ctx, func() {}
 }
 
-// join returns the call in flight for key, or starts one made by start.
-func (g *Group) join(key string, start func(*call) func() (any, error)) *call {
+// join returns the call in flight for key, or starts one made by start
+// (started true).
+func (g *Group) join(key string, start func(*call) func() (any, error)) (c *call, started bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	c, ok := g.calls[key]
@@ -118,7 +140,7 @@ func (g *Group) join(key string, start func(*call) func() (any, error)) *call {
 		fn := start(c)
 		spawn(func() { g.run(key, c, fn) })
 	}
-	return c
+	return c, !ok
 }
 
 // await waits for c until ctx is done.
@@ -158,6 +180,7 @@ func (g *Group) run(key string, c *call, fn func() (any, error)) {
 		g.mu.Unlock()
 		close(c.done)
 	}()
+	c.running.Store(true)
 	c.val, c.err = fn()
 }
 

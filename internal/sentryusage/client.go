@@ -68,13 +68,6 @@ type Query struct {
 	// key of the reply is left out of Usage.CPU and counted in
 	// Usage.Foreign.
 	Containers []string
-	// Meanwhile, when not nil, is called once by Read right after the
-	// request is written, before the reply is read: the caller's own work
-	// of the same sample done while the sentry works on the call, with no
-	// goroutine. It runs within the Read's deadline, so it must be short
-	// (and bounded by the caller). A Read that writes no request does not
-	// call it.
-	Meanwhile func()
 }
 
 // Client reads usage from sentries' control servers. It is safe for
@@ -144,7 +137,6 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 	if d, ok := ctx.Deadline(); ok && d.Before(dl) {
 		dl = d
 	}
-	var spent time.Duration  // by Meanwhile, out of dl
 	var dctx context.Context // made at the first dial of this Read
 	var cancel context.CancelFunc
 	defer func() {
@@ -158,25 +150,6 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 		}
 		return dctx
 	}
-	if f := q.Meanwhile; f != nil { // once, though a Read may write again
-		called := false
-		q.Meanwhile = func() {
-			if !called {
-				called = true
-				t0 := time.Now()
-				f()
-				// statsd's own read is not the sentry's time: the reply's
-				// deadline moves out by it, within ctx's.
-				took := time.Since(t0)
-				ndl := dl.Add(took)
-				if d, ok := ctx.Deadline(); ok && d.Before(ndl) {
-					ndl = d
-				}
-				dl, spent = ndl, took
-			}
-		}
-	}
-
 	kc := s.take(q.SandboxID)
 	if kc != nil && unasked(kc.conn) != nil {
 		// The sentry closed it, or sent bytes nobody asked for (a
@@ -208,7 +181,7 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 			d = DialectNoArg // an abstract socket is runsc before release-20230920: likely the old form
 		}
 	}
-	u, keep, err := c.call(ctx, &dl, &spent, kc.conn, addr, d, q)
+	u, keep, err := c.call(ctx, dl, kc.conn, addr, d, q)
 	if err != nil && reused && errors.Is(err, errStale) {
 		// A kept connection the sentry closed (or reset) before
 		// answering: the one dial of this Read, within its deadline.
@@ -219,7 +192,7 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 			return Usage{}, c.wireError(dctx, printable(addr), q.ContainerID, "dial again (kept connection closed: "+err.Error()+")", derr)
 		}
 		kc = s.wrap(conn, q.SandboxID, addr)
-		u, keep, err = c.call(ctx, &dl, &spent, kc.conn, addr, d, q)
+		u, keep, err = c.call(ctx, dl, kc.conn, addr, d, q)
 	}
 	if err != nil && (wantsNoArg(err) && d == DialectContainerID || first && d == DialectNoArg && errors.Is(err, ErrRemote)) {
 		// The other argument form, once, on a new connection (urpc
@@ -232,7 +205,7 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 			return Usage{}, errorf(ErrIO, addr, q.ContainerID, "dial again", derr)
 		}
 		kc = s.wrap(conn, q.SandboxID, addr)
-		u, keep, err = c.call(ctx, &dl, &spent, kc.conn, addr, d, q)
+		u, keep, err = c.call(ctx, dl, kc.conn, addr, d, q)
 	}
 	if err != nil {
 		kc.close() // whatever went wrong, the framing is not trusted again
@@ -253,15 +226,12 @@ func (c *Client) read(ctx context.Context, q Query, s *Session) (Usage, error) {
 var errStale = errors.New("connection closed before the reply")
 
 // call sends one request on conn, reads one bounded reply and parses it,
-// by the deadline *dl (or until ctx is done). q.Meanwhile moves *dl out by
-// the time it took (*spent), within ctx's deadline: statsd's own read does
-// not eat the sentry's time, and when ctx leaves it no room, the deadline's
-// error names that read. It leaves conn open; keep says that nothing but
-// the reply came and the deadline did not fire, so that conn can carry
-// another call.
-func (c *Client) call(ctx context.Context, dl *time.Time, spent *time.Duration, conn net.Conn, addr string, d Dialect, q Query) (u Usage, keep bool, err error) {
+// by the deadline dl (or until ctx is done). It leaves conn open; keep says
+// that nothing but the reply came and the deadline did not fire, so that
+// conn can carry another call.
+func (c *Client) call(ctx context.Context, dl time.Time, conn net.Conn, addr string, d Dialect, q Query) (u Usage, keep bool, err error) {
 	where := printable(addr)
-	conn.SetDeadline(*dl)
+	conn.SetDeadline(dl)
 	stop := context.AfterFunc(ctx, func() { conn.SetDeadline(time.Unix(1, 0)) })
 	defer func() {
 		if !stop() {
@@ -272,24 +242,13 @@ func (c *Client) call(ctx context.Context, dl *time.Time, spent *time.Duration, 
 	if _, err := conn.Write(encodeRequest(d, q.ContainerID)); err != nil {
 		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "write request", err)
 	}
-	if q.Meanwhile != nil {
-		q.Meanwhile()
-		conn.SetDeadline(*dl)
-		if ctx.Err() != nil { // the AfterFunc's past deadline stands
-			conn.SetDeadline(time.Unix(1, 0))
-		}
-	}
 	rep, trailing, err := decodeReplyFast(conn, c.maxReply)
 	if err != nil {
 		var re *replyError
 		if errors.As(err, &re) {
 			return Usage{}, false, errorf(re.sentinel, where, q.ContainerID, re.what, re.cause)
 		}
-		what := "read reply"
-		if *spent > 0 && (errors.Is(err, os.ErrDeadlineExceeded) || ctx.Err() != nil) {
-			what = fmt.Sprintf("read reply (statsd's own read took %s of the time before it)", spent.Round(time.Millisecond))
-		}
-		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, what, err)
+		return Usage{}, false, c.staleError(ctx, where, q.ContainerID, "read reply", err)
 	}
 	u, err = checkReply(rep, d, q)
 	if err != nil {
