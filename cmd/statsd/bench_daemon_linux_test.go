@@ -37,10 +37,12 @@ import (
 const benchDaemonEnv = "SANDBOXSTATS_BENCH_DAEMON"
 
 // benchDaemonSpec is a benchmark statsd's flags, and what no flag sets:
-// how long the breakdown keeps its sentry connection (0: the default).
+// how long the breakdown keeps its sentry connection (0: the default);
+// ProcsFile is where it writes its Go processors, as it runs with them.
 type benchDaemonSpec struct {
-	Args    []string
-	KeepFor time.Duration
+	Args      []string
+	KeepFor   time.Duration
+	ProcsFile string
 }
 
 // TestBenchDaemon is the statsd process of serveGVisorDaemon; run
@@ -62,6 +64,9 @@ func TestBenchDaemon(t *testing.T) {
 		t.Fatal(err)
 	}
 	cfg.sentryKeepFor = spec.KeepFor
+	if err := os.WriteFile(spec.ProcsFile, []byte(strconv.Itoa(runtime.GOMAXPROCS(0))), 0o644); err != nil {
+		t.Fatal(err)
+	}
 	ctx, stop := context.WithCancel(context.Background())
 	go func() {
 		io.Copy(io.Discard, os.Stdin)
@@ -109,7 +114,8 @@ func serveGVisorDaemon(b testing.TB, ref source.SandboxRef, roots []string, keep
 	for _, r := range roots {
 		args = append(args, "--runsc-root", r)
 	}
-	spec, err := json.Marshal(benchDaemonSpec{Args: args, KeepFor: keepFor})
+	procsFile := filepath.Join(dir, "procs")
+	spec, err := json.Marshal(benchDaemonSpec{Args: args, KeepFor: keepFor, ProcsFile: procsFile})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -171,11 +177,13 @@ func serveGVisorDaemon(b testing.TB, ref source.SandboxRef, roots []string, keep
 	}); err != nil {
 		b.Fatalf("bind the bench statsd: %v", err)
 	}
-	procs := 1
-	if v, set := os.LookupEnv("GOMAXPROCS"); set {
-		if procs, err = strconv.Atoi(v); err != nil {
-			b.Fatalf("GOMAXPROCS=%q: %v", v, err)
-		}
+	raw, err := os.ReadFile(procsFile) // written before it listened
+	if err != nil {
+		b.Fatal(err)
+	}
+	procs, err := strconv.Atoi(string(raw))
+	if err != nil {
+		b.Fatalf("%s: %q: %v", procsFile, raw, err)
 	}
 	return sandboxstatsv1.NewWorkloadStatsServiceClient(conn(stats)), benchDaemon{pid: cmd.Process.Pid, procs: procs}
 }

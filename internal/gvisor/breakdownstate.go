@@ -44,10 +44,13 @@ type breakdownState struct {
 	Split      uint64           `json:"split_usec"`
 	Containers []containerState `json:"containers,omitempty"`
 	// The own tracker's: the CPU of the processes gone, the checked ones
-	// (pid, start time, CPU), the sentry's platform. The CPU is in µs
-	// (DoneUsec, procState.Usec) beside the USER_HZ ticks an older statsd
-	// wrote alone (the µs truncated to ticks; a state without µs is
-	// restored from its ticks, up to a tick below a process's figure).
+	// (pid, start time, CPU), the sentry's platform. The CPU is written in
+	// USER_HZ ticks (up to a tick below a process's figure). µs beside
+	// them (DoneUsec, procState.Usec; the ticks their truncation) are read
+	// when present but not written yet: a statsd before this one refuses
+	// unknown fields, so writing them would make a rollback to it drop
+	// every gVisor binding's state (the split started afresh). The release
+	// after this one writes them (writeOwnUsec).
 	DoneTicks   uint64      `json:"done_ticks,omitempty"`
 	DoneUsec    uint64      `json:"done_usec,omitempty"`
 	Procs       []procState `json:"procs,omitempty"`
@@ -67,6 +70,11 @@ type procState struct {
 	Ticks uint64 `json:"ticks"`
 	Usec  uint64 `json:"usec,omitempty"` // absent (0) in an older statsd's state
 }
+
+// writeOwnUsec says whether exportState writes the own CPU in µs beside
+// the ticks: false until every statsd a rollback may go back to reads them
+// (this one is the first that does).
+const writeOwnUsec = false
 
 // usecOf is a persisted CPU figure in µs: usec when given (validate: its
 // ticks are usec's, truncated), else ticks.
@@ -171,8 +179,15 @@ func (s *splitter) restoreState(st breakdownState) {
 func (o *ownTracker) exportState(st *breakdownState) {
 	o.snapMu.Lock()
 	defer o.snapMu.Unlock()
-	st.DoneTicks, st.DoneUsec, st.SentryStart, st.KVM = o.snap.done/tickUsec, o.snap.done, o.snap.sentryStart, o.snap.kvm
+	st.DoneTicks, st.SentryStart, st.KVM = o.snap.done/tickUsec, o.snap.sentryStart, o.snap.kvm
 	st.Procs = append(st.Procs, o.snap.procs[:min(len(o.snap.procs), maxStateProcs)]...)
+	if writeOwnUsec {
+		st.DoneUsec = o.snap.done
+		return
+	}
+	for i := range st.Procs {
+		st.Procs[i].Usec = 0
+	}
 }
 
 // restoreState sets the tracker from a validated state: the processes are

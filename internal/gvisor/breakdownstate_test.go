@@ -1,6 +1,7 @@
 package gvisor
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -312,10 +313,13 @@ func TestOwnTrackerRestoredUsec(t *testing.T) {
 		name  string
 		state string
 		want  uint64
+		// again: saved and restored once more; the µs are not written yet
+		// (writeOwnUsec), so the ticks' figure.
+		again uint64
 	}{
-		{"ticks alone (an older statsd's)", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_ticks":3,"procs":[{"pid":11,"start":1001,"ticks":2}]}`, 50_000},
-		{"µs beside the ticks", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_ticks":3,"done_usec":34567,"procs":[{"pid":11,"start":1001,"ticks":2,"usec":25678}]}`, 60_245},
-		{"µs under a tick", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_usec":9999,"procs":[{"pid":11,"start":1001,"ticks":0,"usec":1}]}`, 10_000},
+		{"ticks alone (an older statsd's)", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_ticks":3,"procs":[{"pid":11,"start":1001,"ticks":2}]}`, 50_000, 50_000},
+		{"µs beside the ticks", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_ticks":3,"done_usec":34567,"procs":[{"pid":11,"start":1001,"ticks":2,"usec":25678}]}`, 60_245, 50_000},
+		{"µs under a tick", `{"v":1,"sandbox_id":"sbx","own_usec":0,"split_usec":0,"done_usec":9999,"procs":[{"pid":11,"start":1001,"ticks":0,"usec":1}]}`, 10_000, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p := newFakeProc(t) // every process gone: each keeps its restored figure
@@ -323,7 +327,6 @@ func TestOwnTrackerRestoredUsec(t *testing.T) {
 			if err := (&cgroupSource{bd: b}).RestoreBreakdownState([]byte(tc.state)); err != nil {
 				t.Fatal(err)
 			}
-			// Saved again, as read, and restored: the same figure.
 			var st breakdownState
 			b.own.exportState(&st)
 			st.Version, st.SandboxID = breakdownStateVersion, "sbx"
@@ -331,13 +334,19 @@ func TestOwnTrackerRestoredUsec(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
+			if (bytes.Contains(enc, []byte(`"done_usec"`)) || bytes.Contains(enc, []byte(`,"usec"`))) && !writeOwnUsec {
+				t.Errorf("saved %s: µs written before every statsd a rollback may go to reads them", enc)
+			}
 			again := &breakdown{own: newOwnTracker(p.dir)}
 			if err := (&cgroupSource{bd: again}).RestoreBreakdownState(enc); err != nil {
 				t.Fatalf("%s: %v", enc, err)
 			}
-			for _, o := range []*ownTracker{b.own, again.own} {
-				if r, err := o.read(root, 10, nil); err != nil || r.Usec != tc.want || r.Counts != 0 {
-					t.Errorf("own %+v, %v after the restart, want %d µs (state %s)", r, err, tc.want, enc)
+			for _, c := range []struct {
+				o    *ownTracker
+				want uint64
+			}{{b.own, tc.want}, {again.own, tc.again}} {
+				if r, err := c.o.read(root, 10, nil); err != nil || r.Usec != c.want || r.Counts != 0 {
+					t.Errorf("own %+v, %v after the restart, want %d µs (state %s)", r, err, c.want, enc)
 				}
 			}
 		})
